@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Generate small, real PyTorch profiler (Kineto JSON) traces of a multi-rank
+CPU training job that uses the gloo backend and several collective types.
+
+Usage:
+    python datasets/generators/gloo_training.py OUT_DIR [--world-size 2] [--steps N]
+
+Writes OUT_DIR/rank-{r}.pt.trace.json.gz, one per rank.
+
+Each rank:
+  * joins a gloo process group (MASTER_ADDR=127.0.0.1, a free local port),
+  * trains a tiny conv + transformer-ish model wrapped in DistributedDataParallel
+    (DDP all_reduce of gradient buckets),
+  * runs extra explicit collectives each step: all_gather, broadcast,
+    all_to_all_single (falls back to reduce_scatter if unsupported) and barrier,
+  * is profiled with torch.profiler (CPU activity, record_shapes, profile_memory,
+    with_flops) using schedule(wait=1, warmup=1, active=3, repeat=1), calling
+    prof.step() each iteration so ProfilerStep#N annotations exist.
+
+Everything is seeded; timings of course differ between runs.
+"""
+import argparse
+import gzip
+import os
+import shutil
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+WAIT, WARMUP, ACTIVE = 1, 1, 3
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TinyModel(nn.Module):
+    """conv2d -> tokens -> [LayerNorm, MultiheadAttention, MLP(GELU)] -> head."""
+
+    def __init__(self, d: int = 32, heads: int = 4, classes: int = 10):
+        super().__init__()
+        self.conv = nn.Conv2d(3, d, kernel_size=4, stride=4)  # 16x16 -> 4x4 = 16 tokens
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.conv(x).flatten(2).transpose(1, 2)  # (B, 16, d)
+        h = self.ln1(x)
+        a, _ = self.attn(h, h, h, need_weights=False)
+        x = x + a
+        x = x + self.mlp(self.ln2(x))
+        return self.head(x.mean(dim=1))
+
+
+def extra_collectives(rank: int, world: int) -> None:
+    with record_function("extra_collectives"):
+        t = torch.full((8,), float(rank))
+        gathered = [torch.empty(8) for _ in range(world)]
+        dist.all_gather(gathered, t)
+
+        b = torch.arange(16, dtype=torch.float32) if rank == 0 else torch.zeros(16)
+        dist.broadcast(b, src=0)
+
+        inp = torch.arange(4 * world, dtype=torch.int64) + 100 * rank
+        out = torch.empty_like(inp)
+        try:
+            dist.all_to_all_single(out, inp)
+        except (RuntimeError, NotImplementedError):
+            pass
+        # newer torch renamed reduce_scatter_tensor -> reduce_scatter_single
+        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        try:
+            rs(torch.empty(4), torch.ones(4 * world))
+        except (RuntimeError, NotImplementedError, ValueError):
+            pass  # older gloo builds may not implement reduce_scatter
+        dist.barrier()
+
+
+def worker(rank: int, world: int, port: int, steps: int, out_dir: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    model = DDP(TinyModel(), bucket_cap_mb=0.01)  # small buckets -> several all_reduces
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(1234 + rank)
+    batch = 8
+
+    # exported uncompressed next to the final file (its path ends up in the
+    # trace's "traceName"), then gzipped and removed
+    raw = os.path.join(out_dir, f"rank-{rank}.pt.trace.json")
+
+    def on_ready(prof):
+        prof.export_chrome_trace(raw)
+
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        profile_memory=True,
+        with_flops=True,
+        with_stack=False,
+        schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1),
+        on_trace_ready=on_ready,
+    ) as prof:
+        for _ in range(steps):
+            x = torch.randn(batch, 3, 16, 16, generator=gen)
+            y = torch.randint(0, 10, (batch,), generator=gen)
+            opt.zero_grad(set_to_none=True)
+            with record_function("forward"):
+                loss = loss_fn(model(x), y)
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer_step"):
+                opt.step()
+            extra_collectives(rank, world)
+            prof.step()
+
+    dist.barrier()
+    dist.destroy_process_group()
+    dst = os.path.join(out_dir, f"rank-{rank}.pt.trace.json.gz")
+    # mtime=0 and no embedded filename -> gzip header is reproducible
+    with open(raw, "rb") as src, open(dst, "wb") as fo:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz:
+            shutil.copyfileobj(src, gz)
+    os.remove(raw)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=WAIT + WARMUP + ACTIVE + 1)
+    args = ap.parse_args()
+    if args.steps < WAIT + WARMUP + ACTIVE:
+        ap.error(f"--steps must be >= {WAIT + WARMUP + ACTIVE}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    mp.spawn(worker, args=(args.world_size, free_port(), args.steps, args.out_dir),
+             nprocs=args.world_size, join=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+-- temporal_breakdown: Where each device's time went: compute, exposed communication, exposed memory, idle.
+--
+-- Over the device's window (first to last activity in the analysis window), as unions over all streams:
+--   compute = |union(compute)|, exposed_comm = |union(comm) − union(compute)|,
+--   exposed_memory = |union(memory) − union(compute) − union(comm)|, idle = window − |union(all)|.
+-- The four add up to the window. HTA reports compute, idle and non_compute = window − compute − idle
+-- (= exposed_comm + exposed_memory); its percentages are given too.
+--
+-- Parameters:
+--   class_scheme = 'default'   kernel class rules from kernel_classes: 'default' or 'hta'
+--   analysis_window = 'all'    'all' device work, or 'hta' (launched before the last ProfilerStep began)
+--   time_unit_ns = 1           1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
+-- Columns:
+--   run_id              VARCHAR  run
+--   rank                INTEGER  rank
+--   device_id           INTEGER  device
+--   window_ns           BIGINT   first to last device activity
+--   compute_ns          BIGINT   time with compute running
+--   exposed_comm_ns     BIGINT   time with communication but no compute
+--   exposed_memory_ns   BIGINT   time with only memory operations
+--   idle_ns             BIGINT   time with nothing running
+--   non_compute_ns      BIGINT   exposed_comm_ns + exposed_memory_ns (HTA's non_compute_time)
+--   compute_pct         DOUBLE   compute_ns / window_ns, percent (2 decimals)
+--   exposed_comm_pct    DOUBLE   exposed_comm_ns / window_ns, percent
+--   exposed_memory_pct  DOUBLE   exposed_memory_ns / window_ns, percent
+--   idle_pct            DOUBLE   idle_ns / window_ns, percent
+--   non_compute_pct     DOUBLE   non_compute_ns / window_ns, percent
+SELECT
+    run_id, rank, device_id,
+    CAST(sum(dur) AS BIGINT) AS window_ns,
+    CAST(COALESCE(sum(dur) FILTER (WHERE classes & 1 = 1), 0) AS BIGINT) AS compute_ns,
+    CAST(COALESCE(sum(dur) FILTER (WHERE classes & 3 = 2), 0) AS BIGINT) AS exposed_comm_ns,
+    CAST(COALESCE(sum(dur) FILTER (WHERE classes & 7 = 4), 0) AS BIGINT) AS exposed_memory_ns,
+    CAST(COALESCE(sum(dur) FILTER (WHERE classes = 0), 0) AS BIGINT) AS idle_ns,
+    exposed_comm_ns + exposed_memory_ns AS non_compute_ns,
+    round(100.0 * compute_ns / window_ns, 2) AS compute_pct,
+    round(100.0 * exposed_comm_ns / window_ns, 2) AS exposed_comm_pct,
+    round(100.0 * exposed_memory_ns / window_ns, 2) AS exposed_memory_pct,
+    round(100.0 * idle_ns / window_ns, 2) AS idle_pct,
+    round(100.0 * non_compute_ns / window_ns, 2) AS non_compute_pct
+FROM device_timeline(
+    class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
+    analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
+    time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
+GROUP BY run_id, rank, device_id
+ORDER BY run_id, rank, device_id;

@@ -1,0 +1,235 @@
+"""The `tracesql` command. Thin: each command calls the Python API (tracesql.ingest / connect / queries.run)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from pathlib import Path
+
+import click
+import duckdb
+
+from . import __version__, engine, queries, schema
+from .ingestion import ingest as ingest_traces
+from .errors import TraceError
+
+FORMATS = ("table", "csv", "json", "markdown", "parquet")
+
+
+def _errors_as_messages(fn):
+    """Bad input and SQL errors become one line `Error: ...` with exit status 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TraceError as e:
+            raise click.ClickException(str(e)) from None
+        except duckdb.Error as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise click.ClickException(f"SQL error: {first}") from None
+
+    return wrapper
+
+
+@click.group()
+@click.version_option(__version__, prog_name="tracesql")
+def main():
+    """ML profiler traces as SQL: ingest traces into Parquet tables, then query them."""
+
+
+@main.command()
+@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path), help="Run folder to write.")
+@click.option("--rank", type=int, help="Rank of a single trace file that does not say its rank.")
+@click.option("--run-id", help="Name of the run stored in every row (default: the output folder's name).")
+@click.option("-j", "--jobs", type=int, help="Files read in parallel (default: one per core).")
+@click.option("--strict", is_flag=True, help="Fail on damaged events instead of skipping them with a warning.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
+@_errors_as_messages
+def ingest(sources, out, rank, run_id, jobs, strict, quiet):
+    """Read trace files (or folders of them) into a run folder of Parquet tables.
+
+    Unchanged files already in the run are not read again. On any error the run folder is left as it was.
+
+    Example:
+
+        tracesql ingest traces/run-1234/ -o runs/1234/
+    """
+    t0 = time.perf_counter()
+    result = ingest_traces(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
+                               progress=not quiet and sys.stderr.isatty())
+    for w in result.warnings:
+        click.echo(f"Warning: {w}", err=True)
+    if quiet:
+        return
+    if not result.changed:
+        click.echo(f"{out}: up to date ({len(result.reused)} files unchanged)")
+        return
+    con = engine.connect(out)
+    counts = con.execute("SELECT (SELECT count(*) FROM ranks), (SELECT count(*) FROM slices), "
+                         "(SELECT count(*) FROM ops), (SELECT count(*) FROM collectives)").fetchone()
+    click.echo(f"{out}: {len(result.ingested)} file(s) ingested, {len(result.reused)} unchanged, "
+               f"{len(result.removed)} removed in {time.perf_counter() - t0:.2f} s — {counts[0]} rank(s), "
+               f"{counts[1]:,} slices, {counts[2]:,} ops, {counts[3]:,} collectives")
+
+
+def _parse_params(pairs) -> dict:
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"expected NAME=VALUE, got {pair!r}", param_hint="--param")
+        params[name.strip()] = value
+    return params
+
+
+@main.command()
+@click.argument("query")
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("-p", "--param", "params", multiple=True, metavar="NAME=VALUE", help="Query parameter (repeatable).")
+@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
+@_errors_as_messages
+def query(query, target, params, fmt, output):
+    """Run a curated query (by name, e.g. `overlap`) or your own .sql file on a run.
+
+    TARGET is a run folder, a folder of runs, or raw traces (ingested on the fly into a cache).
+
+    Example:
+
+        tracesql query overlap runs/1234/ --param class_scheme=hta
+    """
+    q = queries.find(query)
+    con = engine.connect(target)
+    rel = queries.run(con, q, _parse_params(params))
+    _emit(rel, fmt, output)
+
+
+def _emit(rel, fmt: str, output: Path | None) -> None:
+    if fmt == "parquet":
+        if output is None:
+            raise click.UsageError("--format parquet needs --output FILE")
+        rel.to_parquet(str(output))
+        return
+    df = rel.df()
+    if fmt == "csv":
+        text = df.to_csv(index=False)
+    elif fmt == "json":
+        text = df.to_json(orient="records", indent=1) + "\n"
+    elif fmt == "markdown":
+        text = _markdown(df) + "\n"
+    else:
+        text = _table(df)
+    if output:
+        output.write_text(text)
+    else:
+        click.echo(text, nl=False)
+
+
+def _cell(v, width: int = 80) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "NULL"
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
+    s = str(v)
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _markdown(df) -> str:
+    cols = list(df.columns)
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    rows += ["| " + " | ".join(_cell(v).replace("|", "\\|") for v in row) + " |"
+             for row in df.itertuples(index=False)]
+    return "\n".join(rows)
+
+
+def _table(df) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_edge=False, header_style="bold")
+    for c in df.columns:
+        table.add_column(str(c), overflow="fold")
+    for row in df.itertuples(index=False):
+        table.add_row(*(_cell(v) for v in row))
+    console = Console(width=max(100, min(250, 12 * len(df.columns) + 60)), record=True, file=open("/dev/null", "w"))
+    console.print(table)
+    return console.export_text() + f"({len(df)} rows)\n"
+
+
+@main.command(name="queries")
+def list_queries():
+    """List the curated queries, one line each."""
+    for q in queries.catalogue():
+        click.echo(f"{q.name:20s} {q.title}")
+
+
+@main.command(name="schema")
+@click.argument("table", required=False)
+@click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown"]), default="text", show_default=True)
+def schema_cmd(table, fmt):
+    """The tables and their columns, with what each column means."""
+    if fmt == "markdown":
+        click.echo(schema.markdown())
+        return
+    if table and table not in schema.TABLES:
+        raise click.ClickException(f"no table {table!r} (tables: {', '.join(schema.TABLES)})")
+    click.echo(f"schema version {schema.SCHEMA_VERSION}; times in integer nanoseconds")
+    for t in [schema.TABLES[table]] if table else schema.TABLES.values():
+        click.echo(f"\n{t.name}: {t.doc}")
+        for c in t.columns:
+            click.echo(f"  {c.name:24s} {c.type:12s} {c.doc}")
+
+
+@main.command()
+@click.argument("target", type=click.Path(path_type=Path))
+@_errors_as_messages
+def shell(target):
+    """An interactive SQL session on a run: the tables are views and the functions exist.
+
+    End each statement with `;`. `.tables` lists the tables, `.quit` leaves. SQL piped on standard input runs
+    without prompts.
+
+    Example:
+
+        tracesql shell runs/1234/
+    """
+    con = engine.connect(target)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history)
+        except ImportError:
+            pass
+        click.echo(f"tracesql {__version__} — tables: {', '.join(schema.TABLES)}. End statements with ';', .quit to leave.")
+    buffer = ""
+    while True:
+        try:
+            line = input("tracesql> " if not buffer else "     ...> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            break
+        if not interactive and line == "":
+            break
+        stripped = line.strip()
+        if not buffer and stripped in (".quit", ".exit"):
+            break
+        if not buffer and stripped == ".tables":
+            click.echo("  ".join(schema.TABLES))
+            continue
+        buffer += line + "\n"
+        if not stripped.endswith(";"):
+            continue
+        sql, buffer = buffer, ""
+        try:
+            statements = con.extract_statements(sql)
+            for st in statements[:-1]:
+                con.execute(st.query)
+            rel = con.sql(statements[-1].query) if statements else None
+            if rel is not None:
+                click.echo(_table(rel.df()), nl=False)
+        except duckdb.Error as e:
+            click.echo(f"Error: {str(e).strip().splitlines()[0]}", err=True)
+    if buffer.strip():
+        click.echo("Error: statement not terminated with ';'", err=True)

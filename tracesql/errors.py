@@ -1,0 +1,10 @@
+"""The one error type users see: a file (or run) and what is wrong with it, on one line."""
+
+
+class TraceError(Exception):
+    """Bad input or an unusable run. `str(err)` is the one-line message shown to users."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        self.problem = " ".join(str(problem).split())  # one line, whatever the cause said
+        super().__init__(f"{self.path}: {self.problem}")

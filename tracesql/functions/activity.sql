@@ -1,0 +1,78 @@
+-- Device activity, its classes, and the timeline of which classes are busy when.
+-- Used by the curated queries and available in every session on a run.
+
+-- Kernels, copies and memsets, each with its class (compute / communication / memory) from `kernel_classes`.
+-- class_scheme: 'default' (tracesql's rules) or 'hta' (Holistic Trace Analysis' name rules).
+-- analysis_window: 'all' (every device event) or 'hta' (HTA's: only events launched by a host call that started
+-- before the last ProfilerStep began; with a single step, launched inside it; with no steps, every launched event;
+-- on MTIA also the DMA requests that start inside a step, as HTA's MTIA path does).
+-- time_unit_ns: 1 keeps nanoseconds; 1000 shrinks every event to whole microseconds (start rounded up, end rounded
+-- down), as HTA does with fractional-microsecond Kineto timestamps: up to 1 µs less busy time per event.
+CREATE OR REPLACE MACRO device_activity(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
+WITH names AS (
+    SELECT DISTINCT kind, name FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')
+), classes AS (
+    SELECT n.kind, n.name, arg_min(r.class, r.priority) AS class
+    FROM names n
+    JOIN kernel_classes r
+      ON r.scheme = class_scheme AND (r.kind IS NULL OR r.kind = n.kind)
+     AND (r.name_regex IS NULL OR regexp_matches(n.name, r.name_regex))
+    GROUP BY n.kind, n.name
+), step_bounds AS (
+    SELECT run_id, rank, count(*) AS n_steps, max(ts) AS last_start, min(ts) AS first_start,
+        max(ts + dur) AS last_end
+    FROM steps GROUP BY run_id, rank
+)
+SELECT s.* REPLACE (
+        (s.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS ts,
+        greatest((s.ts + s.dur) // time_unit_ns * time_unit_ns
+                 - (s.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns, 0) AS dur),
+    c.class, l.ts AS launch_ts
+FROM slices s
+JOIN classes c ON c.kind = s.kind AND c.name = s.name
+LEFT JOIN slices l ON l.run_id = s.run_id AND l.rank = s.rank AND l.slice_id = s.launch_id
+LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
+WHERE analysis_window = 'all'
+   OR (analysis_window = 'hta' AND l.ts IS NOT NULL AND (
+          b.n_steps IS NULL
+       OR (b.n_steps = 1 AND l.ts BETWEEN b.first_start AND b.last_end)
+       OR (b.n_steps > 1 AND l.ts < b.last_start)))
+   OR (analysis_window = 'hta' AND s.category = 'mtia_ccp_events' AND c.class = 'memory'
+       AND EXISTS (SELECT 1 FROM steps st WHERE st.run_id = s.run_id AND st.rank = s.rank
+                   AND s.ts BETWEEN st.ts AND st.ts + st.dur));
+
+-- The busy timeline of each device: consecutive segments from its first to its last activity, each with the set
+-- of classes running then as bits (1 compute, 2 communication, 4 memory; 0 = idle). Summing `dur` over segments
+-- gives unions and intersections of intervals exactly, however many streams overlap.
+CREATE OR REPLACE MACRO device_timeline(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
+WITH bits AS (
+    SELECT run_id, rank, device_id, ts, ts + dur AS te,
+        CASE class WHEN 'compute' THEN 1 WHEN 'communication' THEN 2 WHEN 'memory' THEN 4 ELSE 0 END AS bit
+    FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
+                         time_unit_ns := time_unit_ns)
+), ordered AS (
+    SELECT *, max(te) OVER (PARTITION BY run_id, rank, device_id, bit ORDER BY ts, te
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM bits WHERE bit > 0
+), islands AS (
+    -- merge overlapping events of one class so that each class adds at most its bit at any instant
+    SELECT *, sum(CASE WHEN ts > prev_end THEN 1 ELSE 0 END)
+                  OVER (PARTITION BY run_id, rank, device_id, bit ORDER BY ts, te ROWS UNBOUNDED PRECEDING) AS island
+    FROM ordered
+), merged AS (
+    SELECT run_id, rank, device_id, bit, min(ts) AS ts, max(te) AS te FROM islands
+    GROUP BY run_id, rank, device_id, bit, island
+), edges AS (
+    SELECT run_id, rank, device_id, t, sum(delta) AS delta FROM (
+        SELECT run_id, rank, device_id, ts AS t, bit AS delta FROM merged
+        UNION ALL
+        SELECT run_id, rank, device_id, te AS t, -bit AS delta FROM merged
+    ) GROUP BY run_id, rank, device_id, t
+), states AS (
+    SELECT run_id, rank, device_id, t,
+        sum(delta) OVER (PARTITION BY run_id, rank, device_id ORDER BY t ROWS UNBOUNDED PRECEDING) AS classes,
+        lead(t) OVER (PARTITION BY run_id, rank, device_id ORDER BY t) AS t_next
+    FROM edges
+)
+SELECT run_id, rank, device_id, t AS ts, t_next - t AS dur, CAST(classes AS INTEGER) AS classes
+FROM states WHERE t_next IS NOT NULL AND t_next > t;

@@ -1,0 +1,50 @@
+-- Element sizes, collective names and tensor sizes from what profilers record.
+
+-- Bytes per element of a dtype as PyTorch, Kineto, XLA and NCCL spell it ('float', 'c10::BFloat16', 'bf16',
+-- 'Float8_e4m3fn', 'f32', ...). NULL for non-tensor entries ('Scalar', 'TensorList', '').
+CREATE OR REPLACE MACRO dtype_bytes(dtype) AS (
+    CASE
+        WHEN dtype IS NULL THEN NULL
+        WHEN regexp_matches(lower(dtype), '(float8|fp8|f8|e4m3|e5m2|uint8|int8|byte|char|bool|^u8$|^s8$|^i8$|^pred$)') THEN 1
+        WHEN regexp_matches(lower(dtype), '(bfloat16|bf16|half|float16|fp16|^f16$|int16|short|^s16$|^u16$|^i16$)') THEN 2
+        WHEN regexp_matches(lower(dtype), '(complexdouble|complex128|^c128$)') THEN 16
+        WHEN regexp_matches(lower(dtype), '(double|float64|fp64|^f64$|int64|long|uint64|^s64$|^u64$|^i64$|complexfloat|complex64|^c64$)') THEN 8
+        WHEN regexp_matches(lower(dtype), '(float|fp32|^f32$|tf32|int32|^int$|uint32|^s32$|^u32$|^i32$)') THEN 4
+        ELSE NULL
+    END
+);
+
+-- A collective's canonical name from what the trace calls it: 'allreduce', '_allgather_base', 'c10d::allreduce_',
+-- 'ncclKernel_AllReduce_RING_LL_Sum_float(...)', 'ncclDevKernel_AllGather_RING_LL', 'all-reduce.3' (XLA) ...
+CREATE OR REPLACE MACRO collective_kind(source_name) AS (
+    CASE
+        WHEN source_name IS NULL THEN NULL
+        WHEN regexp_matches(lower(source_name), 'all_?-?reduce') THEN 'all_reduce'
+        WHEN regexp_matches(lower(source_name), 'reduce_?-?scatter') THEN 'reduce_scatter'
+        WHEN regexp_matches(lower(source_name), 'all_?-?gather') THEN 'all_gather'
+        WHEN regexp_matches(lower(source_name), 'all_?-?to_?-?all') THEN 'all_to_all'
+        WHEN regexp_matches(lower(source_name), 'sendrecv') THEN 'send_recv'
+        WHEN regexp_matches(lower(source_name), 'broadcast|bcast') THEN 'broadcast'
+        WHEN regexp_matches(lower(source_name), 'barrier') THEN 'barrier'
+        WHEN regexp_matches(lower(source_name), 'collective-?permute') THEN 'collective_permute'
+        WHEN regexp_matches(lower(source_name), '(^|[^a-z])send') THEN 'send'
+        WHEN regexp_matches(lower(source_name), '(^|[^a-z])recv') THEN 'recv'
+        WHEN regexp_matches(lower(source_name), '(^|[^a-z_])reduce') THEN 'reduce'
+        WHEN regexp_matches(lower(source_name), 'gather') THEN 'gather'
+        WHEN regexp_matches(lower(source_name), 'scatter') THEN 'scatter'
+        ELSE lower(source_name)
+    END
+);
+
+-- Elements of the first tensor (or tensor list, summed) in a Kineto 'Input Dims' JSON value such as
+-- [[], [[8]], [], []] or [[4458]]: the message of c10d ops that record no 'In msg nelems'.
+CREATE OR REPLACE MACRO first_tensor_numel(input_dims) AS (
+    list_filter(
+        list_transform(TRY_CAST(input_dims AS JSON[]), lambda d:
+            CASE WHEN TRY_CAST(d AS BIGINT[]) IS NOT NULL AND len(TRY_CAST(d AS BIGINT[])) > 0
+                     THEN list_product(TRY_CAST(d AS BIGINT[]))
+                 WHEN TRY_CAST(d AS BIGINT[][]) IS NOT NULL AND len(TRY_CAST(d AS BIGINT[][])) > 0
+                     THEN list_sum(list_transform(TRY_CAST(d AS BIGINT[][]), lambda t: list_product(t)))
+            END),
+        lambda x: x IS NOT NULL)[1]
+);

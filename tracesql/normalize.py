@@ -1,0 +1,323 @@
+"""What every source needs after reading: nesting, CPU->device links, steps, and the derived tables.
+
+Input: a reader's TraceData for one file. Output: every table of `schema.TABLES`, as Arrow, for that rank.
+Sequential work (the nesting stack) is one Python pass over plain ints; everything else is numpy or DuckDB SQL
+over the Arrow columns, so a trace of a few hundred thousand events normalizes in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import functions, schema
+from .readers import TraceData
+
+STEP_PATTERN = r"^ProfilerStep#(\d+)$"
+LAUNCH_KINDS = ("runtime", "driver")
+DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
+SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
+
+
+def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict[str, pa.Table]:
+    s = data.slices
+    n = s.num_rows
+    kind = _strings(s["kind"])
+    name = _strings(s["name"])
+    ts = s["ts"].to_numpy()
+    end = ts + s["dur"].to_numpy()
+    is_op = kind == "cpu_op"
+    is_collective_call = _collective_calls(s, kind, name)
+    lane = pc.dictionary_encode(s["track"]).combine_chunks().indices.to_numpy(zero_copy_only=False)
+
+    parent, depth, enclosing_op, op_depth, enclosing_call = _nest(lane, ts, end, is_op, is_collective_call)
+
+    # device work -> the runtime/driver call with the same correlation id (CUDA graphs: many kernels, one call)
+    correlation = s["correlation"]
+    launch = np.full(n, -1, np.int64)
+    on_device = np.isin(kind, DEVICE_WORK_KINDS)
+    has_corr = ~np.asarray(correlation.is_null())
+    corr = correlation.fill_null(-1).to_numpy()
+    launchers = np.flatnonzero(np.isin(kind, LAUNCH_KINDS) & has_corr)
+    if len(launchers):
+        order = launchers[np.lexsort((launchers, corr[launchers]))]
+        keys, first = np.unique(corr[order], return_index=True)
+        targets = np.flatnonzero(on_device & has_corr)
+        pos = np.clip(np.searchsorted(keys, corr[targets]), 0, len(keys) - 1)
+        hit = keys[pos] == corr[targets]
+        launch[targets[hit]] = order[first[pos[hit]]]
+    launched = launch >= 0
+    enclosing_op[launched] = enclosing_op[launch[launched]]
+    enclosing_call[launched] = enclosing_call[launch[launched]]
+
+    # steps: host events by time inside the step range; device events by their launch's step
+    step_rows = np.flatnonzero(np.isin(kind, ("user_annotation", "cpu_op")) & pc.match_substring_regex(
+        s["name"].cast(pa.string()), STEP_PATTERN).to_numpy(zero_copy_only=False))
+    step_rows = step_rows[np.argsort(ts[step_rows], kind="stable")]
+    step_numbers = np.array([int(name[i].split("#", 1)[1]) for i in step_rows], np.int64)
+    step = np.full(n, -1, np.int64)
+    if len(step_rows):
+        k = np.searchsorted(ts[step_rows], ts, side="right") - 1
+        inside = (k >= 0) & (ts < end[step_rows][np.clip(k, 0, None)])
+        step[inside] = step_numbers[k[inside]]
+        step[on_device] = -1
+        step[launched] = step[launch[launched]]
+
+    # device time each op caused: directly (self) and through nested ops (total)
+    dev_dur = np.where(on_device & (kind != "gpu_annotation") & (kind != "sync") & (enclosing_op >= 0),
+                       s["dur"].to_numpy(), 0)
+    dev_count = (dev_dur > 0) | (on_device & (enclosing_op >= 0) & np.isin(kind, ("kernel", "memcpy", "memset")))
+    owner = np.where(enclosing_op >= 0, enclosing_op, 0)
+    device_self = np.bincount(owner, weights=dev_dur, minlength=n).astype(np.int64)
+    kernel_self = np.bincount(owner, weights=dev_count, minlength=n).astype(np.int64)
+    device_total, kernel_total = device_self.copy(), kernel_self.copy()
+    op_parent = np.where(is_op, enclosing_op, -1)
+    for d in range(int(op_depth[is_op].max(initial=0)), 0, -1):
+        rows = np.flatnonzero(is_op & (op_depth == d) & (op_parent >= 0))
+        device_total += np.bincount(op_parent[rows], weights=device_total[rows], minlength=n).astype(np.int64)
+        kernel_total += np.bincount(op_parent[rows], weights=kernel_total[rows], minlength=n).astype(np.int64)
+    child = np.flatnonzero(np.isin(kind, SELF_TIME_CHILD_KINDS) & (parent >= 0))
+    child_time = np.bincount(parent[child], weights=s["dur"].to_numpy()[child], minlength=n).astype(np.int64)
+
+    def ids(a):
+        return pa.array(a, pa.int64(), mask=a < 0)
+
+    slices = s.append_column("run_id", pa.array([run_id] * n, pa.string()).dictionary_encode())
+    slices = slices.append_column("rank", pa.array(np.full(n, rank, np.int32)))
+    for col, values in (("parent_id", ids(parent)), ("depth", pa.array(depth, pa.int32())),
+                        ("launch_id", ids(launch)), ("op_id", ids(enclosing_op)),
+                        ("step", pa.array(step, pa.int32(), mask=step < 0))):
+        slices = slices.append_column(col, values)
+    extra = pa.table({
+        "slice_id": s["slice_id"],
+        "op_depth": pa.array(op_depth, pa.int32()),
+        "self_dur": pa.array(s["dur"].to_numpy() - child_time),
+        "kernel_count": pa.array(kernel_self), "device_self_ns": pa.array(device_self),
+        "kernel_count_total": pa.array(kernel_total), "device_total_ns": pa.array(device_total),
+        "collective_call": ids(enclosing_call),
+    })
+    return _derive(slices, extra, data, run_id, rank, threads)
+
+
+def _strings(col) -> np.ndarray:
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(col.type):
+        return np.asarray(col.dictionary.to_pylist(), dtype=object)[col.indices.to_numpy(zero_copy_only=False)]
+    return np.asarray(col.to_pylist(), dtype=object)
+
+
+def _collective_calls(s: pa.Table, kind, name) -> np.ndarray:
+    """Host ops that are communication calls: record_param_comms that carry collective metadata; when a trace
+    has none (older PyTorch, gloo), the c10d::* ops."""
+    rpc = (kind == "cpu_op") & (name == "record_param_comms")
+    if rpc.any():
+        args = s["args"].filter(pa.array(rpc)).fill_null("")
+        with_meta = pc.match_substring(args, '"Collective name"').to_numpy(zero_copy_only=False)
+        if with_meta.any():
+            calls = np.zeros(len(kind), bool)
+            calls[np.flatnonzero(rpc)[with_meta]] = True
+            return calls
+    return (kind == "cpu_op") & np.char.startswith(name.astype(str), "c10d::")
+
+
+def _nest(lane, ts, end, is_op, is_call):
+    """Parent, depth, innermost enclosing op (and op depth), innermost enclosing collective call, per event.
+
+    Events are visited per lane in (start, longest first) order with a stack of open events. An event that starts
+    inside the top of the stack but ends after it (a partial overlap: clock jitter) is not its child."""
+    n = len(ts)
+    parent = np.full(n, -1, np.int64)
+    depth = np.zeros(n, np.int32)
+    enclosing_op = np.full(n, -1, np.int64)
+    op_depth = np.zeros(n, np.int32)
+    enclosing_call = np.full(n, -1, np.int64)
+    order = np.lexsort((np.arange(n), -(end - ts), ts, lane))
+    lane_l, ts_l, end_l = lane[order].tolist(), ts[order].tolist(), end[order].tolist()
+    op_l, call_l = is_op[order].tolist(), is_call[order].tolist()
+    par, dep, eop, odep, ecall = [-1] * n, [0] * n, [-1] * n, [0] * n, [-1] * n
+    stack_end: list[int] = []
+    stack_idx: list[int] = []  # positions in `order`
+    current_lane = None
+    for i in range(n):
+        t, e = ts_l[i], end_l[i]
+        if lane_l[i] != current_lane:
+            current_lane = lane_l[i]
+            stack_end.clear()
+            stack_idx.clear()
+        while stack_end and (stack_end[-1] <= t and not (stack_end[-1] == t == e) or stack_end[-1] < e):
+            stack_end.pop()
+            stack_idx.pop()
+        if stack_idx:
+            p = stack_idx[-1]
+            par[i] = p
+            dep[i] = len(stack_idx)
+            eop[i] = p if op_l[p] else eop[p]
+            ecall[i] = p if call_l[p] else ecall[p]
+            odep[i] = (odep[p] + 1) if op_l[p] else odep[p]
+        stack_end.append(e)
+        stack_idx.append(i)
+    par_a, eop_a, ecall_a = np.array(par), np.array(eop), np.array(ecall)
+    # positions in `order` -> slice ids
+    parent[order] = np.where(par_a >= 0, order[par_a], -1)
+    enclosing_op[order] = np.where(eop_a >= 0, order[eop_a], -1)
+    enclosing_call[order] = np.where(ecall_a >= 0, order[ecall_a], -1)
+    depth[order] = dep
+    op_depth[order] = odep
+    return parent, depth, enclosing_op, op_depth, enclosing_call
+
+
+def _derive(slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str, rank: int, threads: int):
+    con = duckdb.connect(config={"threads": threads})
+    con.register("slices_in", slices)
+    con.register("extra", extra)
+    con.execute(f"CREATE TEMP TABLE slices AS SELECT {schema.select_list('slices')} FROM slices_in")
+    con.execute(f"CREATE TEMP TABLE steps AS SELECT {schema.select_list('steps')} FROM ({STEPS_SQL})")
+    functions.install(con)  # its macros read `slices` and `steps`
+    out = {"slices": _table(con, "slices", "SELECT * FROM slices"), "steps": _table(con, "steps", "FROM steps")}
+    out["ops"] = _table(con, "ops", OPS_SQL)
+    out["collectives"] = _table(con, "collectives", COLLECTIVES_SQL)
+    out["memory"] = _table(con, "memory", MEMORY_SQL)
+    out.update(_metadata_tables(con, out["slices"], data, run_id, rank))
+    return out
+
+
+def _table(con, name: str, sql: str) -> pa.Table:
+    return con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})").to_arrow_table()
+
+
+OPS_SQL = """
+SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s.pid, s.tid,
+    p.op_id AS parent_op_id, x.op_depth, s.step, s.external_id,
+    TRY_CAST(json_extract_string(s.args, '$."Sequence number"') AS BIGINT) AS sequence_number,
+    TRY_CAST(json_extract_string(s.args, '$."Fwd thread id"') AS BIGINT) AS fwd_thread_id,
+    list_transform(TRY_CAST(json_extract(s.args, '$."Input Dims"') AS JSON[]),
+                   lambda d: TRY_CAST(d AS BIGINT[])) AS input_dims,
+    TRY_CAST(json_extract(s.args, '$."Input type"') AS VARCHAR[]) AS input_types,
+    list_transform(TRY_CAST(json_extract(s.args, '$."Input Strides"') AS JSON[]),
+                   lambda d: TRY_CAST(d AS BIGINT[])) AS input_strides,
+    TRY_CAST(json_extract(s.args, '$."Concrete Inputs"') AS VARCHAR[]) AS concrete_inputs,
+    TRY_CAST(json_extract_string(s.args, '$.flops') AS DOUBLE) AS flops,
+    x.kernel_count, x.device_self_ns, x.kernel_count_total, x.device_total_ns, s.args
+FROM slices s
+JOIN extra x USING (slice_id)
+LEFT JOIN slices p ON p.slice_id = s.op_id  -- s.op_id of an op is its enclosing op
+WHERE s.kind = 'cpu_op'
+ORDER BY s.slice_id
+"""
+
+# Host calls carry group and size; the kernels carry device time (and, in newer traces, the same metadata).
+COLLECTIVES_SQL = """
+WITH comm_kernels AS (
+    SELECT a.*, x.collective_call
+    FROM device_activity() a JOIN extra x USING (slice_id)
+    WHERE a.class = 'communication'
+), per_call AS (
+    SELECT collective_call, count(*) AS kernel_count, any_value(device_id) AS device_id,
+        arg_min(stream, ts) AS stream, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur,
+        sum(dur) AS kernel_dur
+    FROM comm_kernels WHERE collective_call IS NOT NULL GROUP BY collective_call
+), calls AS (
+    SELECT s.run_id, s.rank, s.slice_id AS collective_id, s.args, s.step, s.ts AS cpu_ts, s.dur AS cpu_dur,
+        COALESCE(json_extract_string(s.args, '$."Collective name"'), s.name) AS source_name,
+        k.kernel_count, k.device_id, k.stream, k.device_ts, k.device_dur, k.kernel_dur
+    FROM slices s JOIN extra x USING (slice_id) LEFT JOIN per_call k ON k.collective_call = s.slice_id
+    WHERE s.slice_id IN (SELECT collective_call FROM extra WHERE collective_call IS NOT NULL)
+       OR s.slice_id IN (SELECT collective_call FROM per_call)
+), kernel_only AS (
+    SELECT run_id, rank, slice_id AS collective_id, args, step, NULL AS cpu_ts, NULL AS cpu_dur,
+        COALESCE(json_extract_string(args, '$."Collective name"'), name) AS source_name,
+        1 AS kernel_count, device_id, stream, ts AS device_ts, dur AS device_dur, dur AS kernel_dur
+    FROM comm_kernels WHERE collective_call IS NULL
+), rows AS (
+    SELECT *,
+        json_extract_string(args, '$."Process Group Name"') AS pg_name,
+        json_extract_string(args, '$."Process Group Description"') AS pg_desc,
+        TRY_CAST(json_extract_string(args, '$."Group size"') AS INTEGER) AS group_size,
+        TRY_CAST(json_extract_string(args, '$."Process Group Ranks"') AS INTEGER[]) AS group_ranks,
+        COALESCE(json_extract_string(args, '$.dtype'),
+                 list_filter(TRY_CAST(json_extract(args, '$."Input type"') AS VARCHAR[]),
+                             lambda t: dtype_bytes(t) IS NOT NULL)[1]) AS dtype,
+        COALESCE(TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT),
+                 first_tensor_numel(json_extract(args, '$."Input Dims"'))) AS in_nelems,
+        TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT) AS out_nelems,
+        TRY_CAST(COALESCE(json_extract_string(args, '$.Seq'), json_extract_string(args, '$.seq')) AS BIGINT)
+            AS seq_recorded
+    FROM (SELECT * FROM calls UNION ALL BY NAME SELECT * FROM kernel_only)
+)
+SELECT *, collective_kind(source_name) AS collective, dtype_bytes(dtype) AS dtype_bytes,
+    CASE WHEN collective_kind(source_name) = 'all_gather' THEN COALESCE(out_nelems, in_nelems * group_size)
+         ELSE in_nelems END * dtype_bytes(dtype) AS size_bytes,
+    COALESCE(seq_recorded,
+             row_number() OVER (PARTITION BY COALESCE(pg_name, '') ORDER BY COALESCE(cpu_ts, device_ts)) - 1) AS seq
+FROM rows
+ORDER BY COALESCE(cpu_ts, device_ts)
+"""
+
+MEMORY_SQL = """
+SELECT run_id, rank, slice_id AS memory_id, ts,
+    CASE TRY_CAST(json_extract_string(args, '$."Device Type"') AS INTEGER)
+        WHEN 0 THEN 'cpu' WHEN 1 THEN 'gpu' ELSE 'other' END AS device_type,
+    TRY_CAST(json_extract_string(args, '$."Device Id"') AS INTEGER) AS device_id,
+    TRY_CAST(json_extract_string(args, '$.Addr') AS BIGINT) AS addr,
+    TRY_CAST(json_extract_string(args, '$.Bytes') AS BIGINT) AS bytes,
+    TRY_CAST(json_extract_string(args, '$."Total Allocated"') AS BIGINT) AS total_allocated_bytes,
+    TRY_CAST(json_extract_string(args, '$."Total Reserved"') AS BIGINT) AS total_reserved_bytes,
+    pid, tid, op_id, step
+FROM slices WHERE kind = 'memory'
+ORDER BY ts, slice_id
+"""
+
+STEPS_SQL = f"""
+WITH step_ranges AS (
+    SELECT run_id, rank, CAST(regexp_extract(name, '{STEP_PATTERN}', 1) AS INTEGER) AS step, name, slice_id, ts, dur
+    FROM slices
+    WHERE kind IN ('user_annotation', 'cpu_op') AND regexp_matches(name, '{STEP_PATTERN}')
+), device AS (
+    SELECT step, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur, count(*) AS kernel_count
+    FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset') AND step IS NOT NULL GROUP BY step
+)
+SELECT r.*, d.device_ts, d.device_dur, COALESCE(d.kernel_count, 0) AS kernel_count
+FROM step_ranges r LEFT JOIN device d USING (step)
+ORDER BY r.ts
+"""
+
+
+def _metadata_tables(con, slices: pa.Table, data: TraceData, run_id: str, rank: int) -> dict[str, pa.Table]:
+    span = con.execute("SELECT min(ts), max(ts + dur) FROM slices").fetchone()
+    ranks = pa.table({
+        "run_id": [run_id], "rank": [rank], "source_path": [None], "source_format": [data.format],
+        "source_bytes": [None], "world_size": [data.world_size], "backend": [data.backend],
+        "host_name": [data.host_name], "base_time_ns": [data.base_time_ns], "trace_start_ns": [span[0]],
+        "trace_end_ns": [span[1]], "event_count": [data.event_count], "skipped_count": [sum(data.skipped.values())],
+        "metadata": [json.dumps(data.metadata, default=str)],
+    })
+    known = {d["device_id"]: d for d in data.devices}
+    seen = con.execute("SELECT DISTINCT device_id FROM slices WHERE device_id IS NOT NULL ORDER BY 1").fetchall()
+    for (device_id,) in seen:
+        known.setdefault(device_id, {"device_id": device_id})
+    devices = [
+        {"run_id": run_id, "rank": rank, **{k: d.get(k) for k in ("device_id", "name", "total_memory_bytes",
+                                                                   "compute_capability", "sm_count")},
+         "properties": json.dumps(d.get("properties")) if d.get("properties") is not None else None}
+        for d in sorted(known.values(), key=lambda d: d["device_id"])
+    ]
+    groups = [{"run_id": run_id, "rank": rank, **g} for g in data.process_groups]
+    return {
+        "ranks": _conform(con, "ranks", ranks),
+        "devices": _conform(con, "devices", pa.Table.from_pylist(devices) if devices else None),
+        "process_groups": _conform(con, "process_groups", pa.Table.from_pylist(groups) if groups else None),
+    }
+
+
+def _conform(con, name: str, table: pa.Table | None) -> pa.Table:
+    if table is None:
+        return schema.arrow_schema(name).empty_table()
+    con.register("_rows", table)
+    try:
+        return con.sql(f"SELECT {schema.select_list(name)} FROM _rows").to_arrow_table()
+    finally:
+        con.unregister("_rows")

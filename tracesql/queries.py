@@ -1,0 +1,142 @@
+"""The curated query library: plain `.sql` files whose header says what they answer.
+
+Header format (a test checks every curated file against it and against what the query really returns):
+
+    -- overlap: one line saying what the query answers
+    --
+    -- Free text: the definition, conventions, caveats.
+    --
+    -- Parameters:
+    --   name = default   what it means
+    -- Columns:
+    --   name  TYPE  what it means
+
+Parameters reach the SQL as DuckDB variables: the file reads them with COALESCE(getvariable('name'), default),
+so it also runs unchanged in a plain DuckDB session (`SET VARIABLE name = ...` to change one).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import TraceError
+
+_PARAM = re.compile(r"^--\s+(\w+)\s*=\s*('(?:[^']|'')*'|\S+)\s+(.*)$")
+_COLUMN = re.compile(r"^--\s+(\w+)\s+([A-Z][A-Z0-9_]*(?:\[\])*)\s+(.*)$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def queries_dir() -> Path:
+    """Where the curated queries are: inside the installed package, or the repository's `queries/`."""
+    packaged = Path(__file__).parent / "queries"
+    return packaged if packaged.is_dir() else Path(__file__).parent.parent / "queries"
+
+
+@dataclass
+class Param:
+    name: str
+    default: str  # a SQL literal
+    doc: str
+
+
+@dataclass
+class Query:
+    name: str
+    path: Path
+    title: str
+    doc: str
+    params: dict[str, Param] = field(default_factory=dict)
+    columns: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def sql(self) -> str:
+        return self.path.read_text()
+
+
+def parse(path: Path) -> Query:
+    text = path.read_text()
+    header = []
+    for line in text.splitlines():
+        if not line.startswith("--"):
+            break
+        header.append(line.rstrip())
+    first = header[0][2:].strip() if header else ""
+    name, _, title = first.partition(":")
+    if not title:
+        name, title = path.stem, first
+    query = Query(name=path.stem, path=path, title=title.strip(), doc="")
+    section, doc = None, []
+    for line in header[1:]:
+        body = line[2:].strip()
+        if body in ("Parameters:", "Columns:"):
+            section = body
+            continue
+        if section == "Parameters:" and (m := _PARAM.match(line)):
+            query.params[m[1]] = Param(m[1], m[2], m[3].strip())
+        elif section == "Columns:" and (m := _COLUMN.match(line)):
+            query.columns.append((m[1], m[2], m[3].strip()))
+        elif section is None:
+            doc.append(body)
+    query.doc = "\n".join(doc).strip()
+    return query
+
+
+def catalogue() -> list[Query]:
+    return [parse(p) for p in sorted(queries_dir().glob("*.sql"))]
+
+
+def find(name_or_path) -> Query:
+    """A curated query by name ('overlap' or 'overlap.sql'), or the user's SQL file by path."""
+    text = str(name_or_path)
+    curated = queries_dir() / (text if text.endswith(".sql") else text + ".sql")
+    if "/" not in text and curated.is_file():
+        return parse(curated)
+    path = Path(text)
+    if path.is_file():
+        return parse(path)
+    known = ", ".join(q.name for q in catalogue())
+    raise TraceError(text, f"no such query file or curated query (curated: {known})")
+
+
+def literal(value) -> str:
+    """A Python value (or a CLI string) as a SQL literal: numbers stay numbers, the rest become strings."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if re.fullmatch(r"-?\d+", text) or re.fullmatch(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?", text):
+        return text
+    return "'" + text.replace("'", "''") + "'"
+
+
+def run(con, query: Query, params: dict | None = None):
+    """Run `query` on `con` with `params` (name -> value). Returns a DuckDB relation of the last statement."""
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(query.params))
+    if unknown:
+        known = ", ".join(query.params) or "none"
+        raise TraceError(query.path, f"unknown parameter {', '.join(unknown)} (this query takes: {known})")
+    for name, p in query.params.items():
+        value = literal(params[name]) if name in params else p.default
+        con.execute(f"SET VARIABLE {name} = {value}")
+    statements = con.extract_statements(query.sql)
+    if not statements:
+        raise TraceError(query.path, "the file has no SQL statement")
+    for st in statements[:-1]:
+        con.execute(st.query)
+    return con.sql(statements[-1].query)
+
+
+def query(name_or_path, target, **params) -> pd.DataFrame:
+    """Run a curated query (or a SQL file) on a run, fleet or raw traces and return a DataFrame.
+
+    >>> tracesql.query("overlap", "runs/1234", class_scheme="hta")   # doctest: +SKIP
+    """
+    from .engine import connect
+
+    return run(connect(target), find(name_or_path), params).df()

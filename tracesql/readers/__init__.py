@@ -1,0 +1,101 @@
+"""Readers: one module per source format, listed in READERS.
+
+Each reader module has `FORMAT` (its name), `detect(path, head) -> bool` (head: the first bytes of the file,
+decompressed) and `read(path) -> TraceData`. A reader turns one file into the common schema's host/device
+events (`slices` columns that need no cross-event reasoning) plus the file's metadata; everything that links
+events (nesting, launches, steps, ops, collectives, memory) is format-agnostic and lives in `normalize`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from ..errors import TraceError
+from . import kineto
+
+#: Tried in order; the first whose detect() says yes reads the file.
+READERS = [kineto]
+
+#: Columns a reader's `slices` table must have (normalize adds the rest of `schema.TABLES['slices']`).
+READER_SLICE_COLUMNS = [
+    "slice_id", "kind", "category", "name", "ts", "dur", "pid", "tid",
+    "device_id", "stream", "track", "correlation", "external_id", "args",
+]
+
+
+@dataclass
+class TraceData:
+    """What a reader returns for one file."""
+
+    format: str
+    slices: pa.Table
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    host_name: str | None = None
+    base_time_ns: int = 0
+    event_count: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count of damaged events
+    notes: list[str] = field(default_factory=list)  # other things worth a warning
+    metadata: dict = field(default_factory=dict)
+    devices: list[dict] = field(default_factory=list)  # device_id, name, total_memory_bytes, ..., properties
+    process_groups: list[dict] = field(default_factory=list)
+
+
+HEAD_BYTES = 1 << 16
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's content, gunzipped when it is gzip (by magic number, not by name)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    if not raw:
+        raise TraceError(path, "empty file")
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(raw)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            problem = "truncated gzip" if isinstance(e, EOFError) else f"damaged gzip ({e})"
+            raise TraceError(path, problem) from None
+    return raw
+
+
+def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(2)
+            f.seek(0)
+            if magic == b"\x1f\x8b":
+                with gzip.open(f) as g:
+                    try:
+                        return g.read(n)
+                    except (EOFError, gzip.BadGzipFile, zlib.error):
+                        return b""
+            return f.read(n)
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+
+
+def reader_for(path: Path):
+    """The reader module that understands `path`, or a TraceError saying why none does."""
+    head = read_head(path)
+    if not head:
+        raise TraceError(path, "empty file" if path.stat().st_size == 0 else "not a trace: no readable content")
+    for reader in READERS:
+        if reader.detect(path, head):
+            return reader
+    raise TraceError(path, f"not a trace tracesql can read (formats: {', '.join(r.FORMAT for r in READERS)})")
+
+
+def read_trace(path: Path) -> TraceData:
+    data = reader_for(path).read(path)
+    missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
+    assert not missing, f"reader {data.format} left out {missing}"
+    return data

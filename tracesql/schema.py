@@ -1,0 +1,250 @@
+"""The tables every trace becomes: names, column types and meaning, and the schema version.
+
+This module is the only place that defines them. Readers and the normalizer produce columns by these names,
+the store casts every table to these types before writing, the engine exposes them as views, and
+`tracesql schema` / the README print them from here.
+
+Conventions: integer nanoseconds for every time (`ts`, `dur`, `*_ns`); ids are `*_id` and unique within
+(run_id, rank); units are suffixes (`_bytes`, `_ns`); unknown values are NULL, never 0 or -1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Bumped whenever a column is added, removed, renamed or changes meaning. Written into every run.
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # DuckDB type
+    doc: str
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+
+def _cols(*rows: tuple[str, str, str]) -> tuple[Column, ...]:
+    return tuple(Column(*row) for row in rows)
+
+
+_RUN_RANK = (
+    ("run_id", "VARCHAR", "Name of the run (the ingested folder's name unless given with --run-id)."),
+    ("rank", "INTEGER", "Global rank of the process that wrote the trace."),
+)
+
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in [
+        Table(
+            "ranks",
+            "One row per ingested trace file: which rank it is, where it came from, and its time span.",
+            _cols(
+                *_RUN_RANK,
+                ("source_path", "VARCHAR", "Path of the trace file, relative to the ingested folder."),
+                ("source_format", "VARCHAR", "Detected format of the file (e.g. 'kineto')."),
+                ("source_bytes", "BIGINT", "Size of the file on disk (compressed if it was compressed)."),
+                ("world_size", "INTEGER", "Number of ranks in the job, when the trace says."),
+                ("backend", "VARCHAR", "Distributed backend named by the trace (nccl, gloo, ...)."),
+                ("host_name", "VARCHAR", "Host that wrote the trace, when recorded."),
+                ("base_time_ns", "BIGINT", "Offset added to the file's timestamps to make them absolute (0 if none)."),
+                ("trace_start_ns", "BIGINT", "First timestamp of any event in the file."),
+                ("trace_end_ns", "BIGINT", "Last end timestamp of any event in the file."),
+                ("event_count", "BIGINT", "Events read from the file (metadata and flow events included)."),
+                ("skipped_count", "BIGINT", "Damaged events skipped (no timestamp, negative duration, bad types)."),
+                ("metadata", "JSON", "The file's remaining top-level fields (trace id, schema version, ...)."),
+            ),
+        ),
+        Table(
+            "devices",
+            "Accelerators seen in each rank's trace, with the properties the profiler recorded.",
+            _cols(
+                *_RUN_RANK,
+                ("device_id", "INTEGER", "Device index as used by `slices.device_id`."),
+                ("name", "VARCHAR", "Device name as reported (e.g. 'NVIDIA H100 80GB HBM3'); NULL if not recorded."),
+                ("total_memory_bytes", "BIGINT", "Device memory size."),
+                ("compute_capability", "VARCHAR", "'major.minor' for NVIDIA devices, gfx version for AMD when given."),
+                ("sm_count", "INTEGER", "Streaming multiprocessors / compute units."),
+                ("properties", "JSON", "Every property the trace recorded for the device."),
+            ),
+        ),
+        Table(
+            "process_groups",
+            "Communication process groups each rank belonged to (from the trace's distributed info).",
+            _cols(
+                *_RUN_RANK,
+                ("pg_name", "VARCHAR", "Process group name, as used by `collectives.pg_name`."),
+                ("pg_desc", "VARCHAR", "Process group description (default_pg, ...)."),
+                ("backend", "VARCHAR", "Backend configuration of the group."),
+                ("group_size", "INTEGER", "Number of ranks in the group."),
+                ("group_ranks", "INTEGER[]", "Global ranks in the group, in group order."),
+            ),
+        ),
+        Table(
+            "slices",
+            "Every timed event, on the host (ops, annotations, runtime calls) and on devices (kernels, copies).",
+            _cols(
+                *_RUN_RANK,
+                ("slice_id", "BIGINT", "Id of the event, unique within (run_id, rank)."),
+                (
+                    "kind",
+                    "VARCHAR",
+                    "Normalized kind: cpu_op, user_annotation, python_function, runtime, driver, kernel, memcpy, "
+                    "memset, gpu_annotation, sync, memory (allocator instant), instant, profiler, other.",
+                ),
+                ("category", "VARCHAR", "The event's category as the source named it (Kineto `cat`)."),
+                ("name", "VARCHAR", "Event name (op, kernel, annotation text)."),
+                ("ts", "BIGINT", "Start, absolute nanoseconds."),
+                ("dur", "BIGINT", "Duration in nanoseconds (0 for instants)."),
+                ("pid", "BIGINT", "Host process id; for device events the device index the source used as pid."),
+                ("tid", "BIGINT", "Host thread id; for device events the source's lane (stream)."),
+                ("device_id", "INTEGER", "Device index for device events; NULL on the host."),
+                ("stream", "BIGINT", "Device stream / queue for device events; NULL on the host."),
+                ("track", "VARCHAR", "Human label of the lane the event sits on (process/thread or device/stream)."),
+                ("parent_id", "BIGINT", "slice_id of the innermost event on the same track that encloses this one."),
+                ("depth", "INTEGER", "Nesting depth on the track (0 = top level)."),
+                ("correlation", "BIGINT", "Correlation id linking a runtime launch and the device work it caused."),
+                ("external_id", "BIGINT", "Framework-level external id (Kineto 'External id')."),
+                ("launch_id", "BIGINT", "For device events: slice_id of the host runtime/driver call that launched it."),
+                (
+                    "op_id",
+                    "BIGINT",
+                    "The innermost enclosing cpu_op (for device events: of the launching call); joins `ops.op_id`.",
+                ),
+                ("step", "INTEGER", "Training/inference step the event belongs to (device events: their launch's)."),
+                ("args", "JSON", "Every remaining argument the source recorded, as JSON."),
+            ),
+        ),
+        Table(
+            "ops",
+            "Framework operators (aten::*, custom ops) with their inputs and the device time they caused.",
+            _cols(
+                *_RUN_RANK,
+                ("op_id", "BIGINT", "slice_id of the op."),
+                ("name", "VARCHAR", "Operator name (e.g. aten::addmm)."),
+                ("ts", "BIGINT", "Start, absolute ns."),
+                ("dur", "BIGINT", "Host duration, ns (inclusive of child ops)."),
+                ("self_dur", "BIGINT", "Host duration minus the durations of directly nested ops and annotations."),
+                ("pid", "BIGINT", "Host process id."),
+                ("tid", "BIGINT", "Host thread id."),
+                ("parent_op_id", "BIGINT", "The enclosing op, if any (NULL for top-level ops)."),
+                ("op_depth", "INTEGER", "Number of enclosing ops (0 = top-level op)."),
+                ("step", "INTEGER", "Step the op belongs to."),
+                ("external_id", "BIGINT", "Kineto 'External id'."),
+                ("sequence_number", "BIGINT", "Autograd sequence number (links forward and backward ops)."),
+                ("fwd_thread_id", "BIGINT", "For backward ops: the thread of the matching forward op."),
+                ("input_dims", "BIGINT[][]", "Shape of each input (record_shapes); NULL entries for non-tensor inputs."),
+                ("input_types", "VARCHAR[]", "Dtype or kind of each input (float, c10::BFloat16, Scalar, ...)."),
+                ("input_strides", "BIGINT[][]", "Strides of each tensor input, when recorded."),
+                ("concrete_inputs", "VARCHAR[]", "Values of scalar inputs, when recorded."),
+                ("flops", "DOUBLE", "FLOPs the profiler counted for the op (with_flops=True); NULL if not recorded."),
+                ("kernel_count", "BIGINT", "Device events launched directly by this op (not by nested ops)."),
+                ("device_self_ns", "BIGINT", "Summed duration of device events launched directly by this op."),
+                ("kernel_count_total", "BIGINT", "Device events launched by this op or any op nested in it."),
+                ("device_total_ns", "BIGINT", "Summed duration of device events launched by this op or nested ops."),
+                ("args", "JSON", "The op's remaining arguments."),
+            ),
+        ),
+        Table(
+            "collectives",
+            "Each communication call: its size, group and timing on the host and on the device.",
+            _cols(
+                *_RUN_RANK,
+                ("collective_id", "BIGINT", "slice_id of the host call (record_param_comms), or of the kernel."),
+                (
+                    "collective",
+                    "VARCHAR",
+                    "Normalized collective: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, reduce, "
+                    "send, recv, send_recv, barrier, gather, scatter, or the source's name.",
+                ),
+                ("source_name", "VARCHAR", "The collective's name as recorded (Collective name or kernel name)."),
+                ("pg_name", "VARCHAR", "Process group name."),
+                ("pg_desc", "VARCHAR", "Process group description."),
+                ("group_size", "INTEGER", "Ranks in the group."),
+                ("group_ranks", "INTEGER[]", "Global ranks in the group."),
+                ("seq", "BIGINT", "Sequence number of the call within (rank, pg_name): matches calls across ranks."),
+                ("dtype", "VARCHAR", "Element type."),
+                ("dtype_bytes", "INTEGER", "Bytes per element."),
+                ("in_nelems", "BIGINT", "Input elements."),
+                ("out_nelems", "BIGINT", "Output elements."),
+                ("size_bytes", "BIGINT", "Message size (nccl-tests convention: output for all_gather, else input)."),
+                ("cpu_ts", "BIGINT", "Start of the host call, ns (NULL for kernel-only rows)."),
+                ("cpu_dur", "BIGINT", "Duration of the host call, ns."),
+                ("kernel_count", "INTEGER", "Communication kernels that ran for the call."),
+                ("device_id", "INTEGER", "Device the kernels ran on."),
+                ("stream", "BIGINT", "Stream of the (first) kernel."),
+                ("device_ts", "BIGINT", "Start of the first kernel, ns."),
+                ("device_dur", "BIGINT", "From the first kernel's start to the last kernel's end, ns."),
+                ("kernel_dur", "BIGINT", "Summed kernel durations, ns."),
+                ("step", "INTEGER", "Step of the call."),
+            ),
+        ),
+        Table(
+            "memory",
+            "Allocator events (profile_memory=True): each allocation or free with the running totals.",
+            _cols(
+                *_RUN_RANK,
+                ("memory_id", "BIGINT", "slice_id of the allocator event."),
+                ("ts", "BIGINT", "When, absolute ns."),
+                ("device_type", "VARCHAR", "'cpu', 'gpu' or 'other' (from the event's Device Type)."),
+                ("device_id", "INTEGER", "Device index (-1 for host memory)."),
+                ("addr", "BIGINT", "Address of the block."),
+                ("bytes", "BIGINT", "Bytes allocated (positive) or freed (negative)."),
+                ("total_allocated_bytes", "BIGINT", "Allocated bytes on the device after the event."),
+                ("total_reserved_bytes", "BIGINT", "Bytes reserved by the caching allocator after the event."),
+                ("pid", "BIGINT", "Host process id."),
+                ("tid", "BIGINT", "Host thread id."),
+                ("op_id", "BIGINT", "The op that was running on that thread (the allocating op)."),
+                ("step", "INTEGER", "Step of the event."),
+            ),
+        ),
+        Table(
+            "steps",
+            "Steps (ProfilerStep#N ranges) per rank, on the host and projected onto the device.",
+            _cols(
+                *_RUN_RANK,
+                ("step", "INTEGER", "Step number N."),
+                ("name", "VARCHAR", "Name of the range that defines the step."),
+                ("slice_id", "BIGINT", "slice_id of that range."),
+                ("ts", "BIGINT", "Host start, ns."),
+                ("dur", "BIGINT", "Host duration, ns."),
+                ("device_ts", "BIGINT", "Start of the first device event launched in the step."),
+                ("device_dur", "BIGINT", "From that start to the end of the last device event launched in the step."),
+                ("kernel_count", "BIGINT", "Device events launched in the step."),
+            ),
+        ),
+    ]
+}
+
+
+def arrow_schema(table: str):
+    """The pyarrow schema of a table (used for empty tables and checks)."""
+    import duckdb
+
+    cols = ", ".join(f'NULL::{c.type} AS "{c.name}"' for c in TABLES[table].columns)
+    return duckdb.connect().sql(f"SELECT {cols} LIMIT 0").to_arrow_table().schema
+
+
+def select_list(table: str) -> str:
+    """`CAST(col AS type) AS col, ...` in schema order: the projection that makes a relation conform."""
+    return ", ".join(f'CAST("{c.name}" AS {c.type}) AS "{c.name}"' for c in TABLES[table].columns)
+
+
+def markdown() -> str:
+    """The schema as Markdown (README and `tracesql schema --format markdown`)."""
+    out = [f"Schema version {SCHEMA_VERSION}. Times are integer nanoseconds.\n"]
+    for t in TABLES.values():
+        out.append(f"### `{t.name}`\n{t.doc}\n\n| column | type | meaning |\n|---|---|---|")
+        out += [f"| `{c.name}` | {c.type} | {c.doc} |" for c in t.columns]
+        out.append("")
+    return "\n".join(out)
