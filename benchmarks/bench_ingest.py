@@ -220,6 +220,16 @@ def tracesql_command(args) -> tuple[list[str] | None, str]:
     return None, "skipped: tracesql not installed (no `tracesql` on PATH, no `python -m tracesql`)"
 
 
+def _git_rev() -> str | None:
+    """Commit of the checkout holding this script (+ '-dirty'), to date tracesql numbers."""
+    try:
+        r = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=HERE,
+                           capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def du_bytes(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)
@@ -484,7 +494,7 @@ def main(argv=None) -> int:
     env = {
         "python": sys.version.split()[0], "platform": platform.platform(),
         "cpus": os.cpu_count(), "mem_limit_gb": round(mem_limit / 2**30, 1),
-        "hta_version": hta_version, "tracesql_cmd": ts_desc,
+        "hta_version": hta_version, "tracesql_cmd": ts_desc, "tracesql_git": _git_rev(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     print(f"# HTA: {hta_version or 'not installed'}; tracesql: {ts_desc}; "
@@ -497,7 +507,8 @@ def main(argv=None) -> int:
             with open(args.json_out, "w") as fh:
                 json.dump({"env": env, "traces": results}, fh, indent=1)
 
-    print(f"HTA {hta_version or 'not installed'}; tracesql: {ts_desc}; python {env['python']}, "
+    print(f"HTA {hta_version or 'not installed'}; tracesql: {ts_desc} (checkout {env['tracesql_git']}); "
+          f"python {env['python']}, "
           f"{env['cpus']} CPUs. Times: best of N runs, whole fresh process; RSS: max ru_maxrss over runs.\n")
     print(markdown(results))
     return 0

@@ -132,7 +132,7 @@ def _cell(v, width: int = 80) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "NULL"
     if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.4g}"
     s = str(v)
     return s if len(s) <= width else s[: width - 1] + "…"
 
@@ -223,12 +223,10 @@ def shell(target):
             continue
         sql, buffer = buffer, ""
         try:
-            statements = con.extract_statements(sql)
-            for st in statements[:-1]:
-                con.execute(st.query)
-            rel = con.sql(statements[-1].query) if statements else None
-            if rel is not None:
-                click.echo(_table(rel.df()), nl=False)
+            for st in con.extract_statements(sql):
+                rel = con.sql(st.query)  # None for statements without a result (SET, CREATE, ...)
+                if rel is not None:
+                    click.echo(_table(rel.df()), nl=False)
         except duckdb.Error as e:
             click.echo(f"Error: {str(e).strip().splitlines()[0]}", err=True)
     if buffer.strip():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -62,13 +63,17 @@ def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
     from .readers import read_trace
 
     p = Path(path)
-    data = read_trace(p)
-    chosen, fallback = ranks
-    rank = next((r for r in (chosen, data.rank, fallback) if r is not None), None)
-    if rank is None:
-        raise TraceError(p, "cannot tell which rank this is: no distributedInfo, no rank-N/workerN in the name; "
-                            "ingest it alone with --rank N")
-    tables = normalize(data, run_id, rank, threads=threads)
+    gc.disable()  # bulk allocation of short-lived, acyclic objects: the cycle collector only costs time here
+    try:
+        data = read_trace(p)
+        chosen, fallback = ranks
+        rank = next((r for r in (chosen, data.rank, fallback) if r is not None), None)
+        if rank is None:
+            raise TraceError(p, "cannot tell which rank this is: no distributedInfo, no rank-N/workerN in the name; "
+                                "ingest it alone with --rank N")
+        tables = normalize(data, run_id, rank, threads=threads)
+    finally:
+        gc.enable()
     ranks = tables["ranks"]
     ranks = ranks.set_column(ranks.schema.get_field_index("source_path"), "source_path", pa.array([rel]))
     ranks = ranks.set_column(ranks.schema.get_field_index("source_bytes"), "source_bytes",

@@ -7,7 +7,9 @@ over the Arrow columns, so a trace of a few hundred thousand events normalizes i
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 
 import duckdb
 import numpy as np
@@ -26,12 +28,11 @@ SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
 def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict[str, pa.Table]:
     s = data.slices
     n = s.num_rows
-    kind = _strings(s["kind"])
-    name = _strings(s["name"])
+    is_kind = functools.partial(_is_in, s["kind"])
     ts = s["ts"].to_numpy()
     end = ts + s["dur"].to_numpy()
-    is_op = kind == "cpu_op"
-    is_collective_call = _collective_calls(s, kind, name)
+    is_op = is_kind(("cpu_op",))
+    is_collective_call = _collective_calls(s, is_op)
     lane = pc.dictionary_encode(s["track"]).combine_chunks().indices.to_numpy(zero_copy_only=False)
 
     parent, depth, enclosing_op, op_depth, enclosing_call = _nest(lane, ts, end, is_op, is_collective_call)
@@ -39,10 +40,10 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
     # device work -> the runtime/driver call with the same correlation id (CUDA graphs: many kernels, one call)
     correlation = s["correlation"]
     launch = np.full(n, -1, np.int64)
-    on_device = np.isin(kind, DEVICE_WORK_KINDS)
+    on_device = is_kind(DEVICE_WORK_KINDS)
     has_corr = ~np.asarray(correlation.is_null())
     corr = correlation.fill_null(-1).to_numpy()
-    launchers = np.flatnonzero(np.isin(kind, LAUNCH_KINDS) & has_corr)
+    launchers = np.flatnonzero(is_kind(LAUNCH_KINDS) & has_corr)
     if len(launchers):
         order = launchers[np.lexsort((launchers, corr[launchers]))]
         keys, first = np.unique(corr[order], return_index=True)
@@ -55,10 +56,10 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
     enclosing_call[launched] = enclosing_call[launch[launched]]
 
     # steps: host events by time inside the step range; device events by their launch's step
-    step_rows = np.flatnonzero(np.isin(kind, ("user_annotation", "cpu_op")) & pc.match_substring_regex(
-        s["name"].cast(pa.string()), STEP_PATTERN).to_numpy(zero_copy_only=False))
+    step_rows = np.flatnonzero(is_kind(("user_annotation", "cpu_op")) & _name_matches(s["name"], STEP_PATTERN))
     step_rows = step_rows[np.argsort(ts[step_rows], kind="stable")]
-    step_numbers = np.array([int(name[i].split("#", 1)[1]) for i in step_rows], np.int64)
+    step_names = s["name"].take(pa.array(step_rows, pa.int64())).cast(pa.string()).to_pylist()
+    step_numbers = np.array([int(nm.split("#", 1)[1]) for nm in step_names], np.int64)
     step = np.full(n, -1, np.int64)
     if len(step_rows):
         k = np.searchsorted(ts[step_rows], ts, side="right") - 1
@@ -68,9 +69,9 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
         step[launched] = step[launch[launched]]
 
     # device time each op caused: directly (self) and through nested ops (total)
-    dev_dur = np.where(on_device & (kind != "gpu_annotation") & (kind != "sync") & (enclosing_op >= 0),
-                       s["dur"].to_numpy(), 0)
-    dev_count = (dev_dur > 0) | (on_device & (enclosing_op >= 0) & np.isin(kind, ("kernel", "memcpy", "memset")))
+    device_work = is_kind(("kernel", "memcpy", "memset")) & (enclosing_op >= 0)
+    dev_dur = np.where(device_work, s["dur"].to_numpy(), 0)
+    dev_count = device_work
     owner = np.where(enclosing_op >= 0, enclosing_op, 0)
     device_self = np.bincount(owner, weights=dev_dur, minlength=n).astype(np.int64)
     kernel_self = np.bincount(owner, weights=dev_count, minlength=n).astype(np.int64)
@@ -80,7 +81,7 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
         rows = np.flatnonzero(is_op & (op_depth == d) & (op_parent >= 0))
         device_total += np.bincount(op_parent[rows], weights=device_total[rows], minlength=n).astype(np.int64)
         kernel_total += np.bincount(op_parent[rows], weights=kernel_total[rows], minlength=n).astype(np.int64)
-    child = np.flatnonzero(np.isin(kind, SELF_TIME_CHILD_KINDS) & (parent >= 0))
+    child = np.flatnonzero(is_kind(SELF_TIME_CHILD_KINDS) & (parent >= 0))
     child_time = np.bincount(parent[child], weights=s["dur"].to_numpy()[child], minlength=n).astype(np.int64)
 
     def ids(a):
@@ -99,29 +100,44 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
         "kernel_count": pa.array(kernel_self), "device_self_ns": pa.array(device_self),
         "kernel_count_total": pa.array(kernel_total), "device_total_ns": pa.array(device_total),
         "collective_call": ids(enclosing_call),
+        "is_collective_call": pa.array(is_collective_call),
     })
     return _derive(slices, extra, data, run_id, rank, threads)
 
 
-def _strings(col) -> np.ndarray:
+def _dictionary(col) -> pa.DictionaryArray:
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_dictionary(col.type):
-        return np.asarray(col.dictionary.to_pylist(), dtype=object)[col.indices.to_numpy(zero_copy_only=False)]
-    return np.asarray(col.to_pylist(), dtype=object)
+    return col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)
 
 
-def _collective_calls(s: pa.Table, kind, name) -> np.ndarray:
+def _per_value(col, test) -> np.ndarray:
+    """test(distinct value) -> bool, evaluated once per distinct value and spread to every row (nulls: False)."""
+    d = _dictionary(col)
+    hits = np.array([bool(v is not None and test(v)) for v in d.dictionary.to_pylist()] + [False])
+    return hits[d.indices.fill_null(len(d.dictionary)).to_numpy(zero_copy_only=False)]
+
+
+def _is_in(col, values) -> np.ndarray:
+    return _per_value(col, lambda v: v in values)
+
+
+def _name_matches(col, pattern: str) -> np.ndarray:
+    regex = re.compile(pattern)
+    return _per_value(col, lambda v: regex.search(v) is not None)
+
+
+def _collective_calls(s: pa.Table, is_op) -> np.ndarray:
     """Host ops that are communication calls: record_param_comms that carry collective metadata; when a trace
     has none (older PyTorch, gloo), the c10d::* ops."""
-    rpc = (kind == "cpu_op") & (name == "record_param_comms")
+    rpc = is_op & _is_in(s["name"], ("record_param_comms",))
     if rpc.any():
         args = s["args"].filter(pa.array(rpc)).fill_null("")
         with_meta = pc.match_substring(args, '"Collective name"').to_numpy(zero_copy_only=False)
         if with_meta.any():
-            calls = np.zeros(len(kind), bool)
+            calls = np.zeros(len(is_op), bool)
             calls[np.flatnonzero(rpc)[with_meta]] = True
             return calls
-    return (kind == "cpu_op") & np.char.startswith(name.astype(str), "c10d::")
+    return is_op & _per_value(s["name"], lambda v: v.startswith("c10d::"))
 
 
 def _nest(lane, ts, end, is_op, is_call):
@@ -172,12 +188,13 @@ def _nest(lane, ts, end, is_op, is_call):
 
 def _derive(slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str, rank: int, threads: int):
     con = duckdb.connect(config={"threads": threads})
-    con.register("slices_in", slices)
+    slices = schema.conform("slices", slices)
+    con.register("slices", slices)
     con.register("extra", extra)
-    con.execute(f"CREATE TEMP TABLE slices AS SELECT {schema.select_list('slices')} FROM slices_in")
-    con.execute(f"CREATE TEMP TABLE steps AS SELECT {schema.select_list('steps')} FROM ({STEPS_SQL})")
+    steps = _table(con, "steps", STEPS_SQL)
+    con.register("steps", steps)
     functions.install(con)  # its macros read `slices` and `steps`
-    out = {"slices": _table(con, "slices", "SELECT * FROM slices"), "steps": _table(con, "steps", "FROM steps")}
+    out = {"slices": slices, "steps": steps}
     out["ops"] = _table(con, "ops", OPS_SQL)
     out["collectives"] = _table(con, "collectives", COLLECTIVES_SQL)
     out["memory"] = _table(con, "memory", MEMORY_SQL)
@@ -186,7 +203,7 @@ def _derive(slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str, ran
 
 
 def _table(con, name: str, sql: str) -> pa.Table:
-    return con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})").to_arrow_table()
+    return schema.conform(name, con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})").to_arrow_table())
 
 
 OPS_SQL = """
@@ -225,8 +242,7 @@ WITH comm_kernels AS (
         COALESCE(json_extract_string(s.args, '$."Collective name"'), s.name) AS source_name,
         k.kernel_count, k.device_id, k.stream, k.device_ts, k.device_dur, k.kernel_dur
     FROM slices s JOIN extra x USING (slice_id) LEFT JOIN per_call k ON k.collective_call = s.slice_id
-    WHERE s.slice_id IN (SELECT collective_call FROM extra WHERE collective_call IS NOT NULL)
-       OR s.slice_id IN (SELECT collective_call FROM per_call)
+    WHERE x.is_collective_call
 ), kernel_only AS (
     SELECT run_id, rank, slice_id AS collective_id, args, step, NULL AS cpu_ts, NULL AS cpu_dur,
         COALESCE(json_extract_string(args, '$."Collective name"'), name) AS source_name,
@@ -287,7 +303,7 @@ ORDER BY r.ts
 
 
 def _metadata_tables(con, slices: pa.Table, data: TraceData, run_id: str, rank: int) -> dict[str, pa.Table]:
-    span = con.execute("SELECT min(ts), max(ts + dur) FROM slices").fetchone()
+    span = con.execute("SELECT min(ts), max(ts + dur) FROM slices").fetchone()  # noqa: F841
     ranks = pa.table({
         "run_id": [run_id], "rank": [rank], "source_path": [None], "source_format": [data.format],
         "source_bytes": [None], "world_size": [data.world_size], "backend": [data.backend],
@@ -318,6 +334,6 @@ def _conform(con, name: str, table: pa.Table | None) -> pa.Table:
         return schema.arrow_schema(name).empty_table()
     con.register("_rows", table)
     try:
-        return con.sql(f"SELECT {schema.select_list(name)} FROM _rows").to_arrow_table()
+        return _table(con, name, "FROM _rows")
     finally:
         con.unregister("_rows")

@@ -21,8 +21,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
-
 from .errors import TraceError
 
 _PARAM = re.compile(r"^--\s+(\w+)\s*=\s*('(?:[^']|'')*'|\S+)\s+(.*)$")
@@ -123,16 +121,16 @@ def run(con, query: Query, params: dict | None = None):
         raise TraceError(query.path, f"unknown parameter {', '.join(unknown)} (this query takes: {known})")
     for name, p in query.params.items():
         value = literal(params[name]) if name in params else p.default
-        con.execute(f"SET VARIABLE {name} = {value}")
+        con.execute(f"SET VARIABLE {name} = {value}").fetchall()
     statements = con.extract_statements(query.sql)
     if not statements:
         raise TraceError(query.path, "the file has no SQL statement")
     for st in statements[:-1]:
-        con.execute(st.query)
+        con.execute(st.query).fetchall()
     return con.sql(statements[-1].query)
 
 
-def query(name_or_path, target, **params) -> pd.DataFrame:
+def query(name_or_path, target, **params):
     """Run a curated query (or a SQL file) on a run, fleet or raw traces and return a DataFrame.
 
     >>> tracesql.query("overlap", "runs/1234", class_scheme="hta")   # doctest: +SKIP

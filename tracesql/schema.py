@@ -227,12 +227,46 @@ TABLES: dict[str, Table] = {
 }
 
 
-def arrow_schema(table: str):
-    """The pyarrow schema of a table (used for empty tables and checks)."""
-    import duckdb
+_ARROW_SCALARS = {
+    "VARCHAR": lambda pa: pa.string(),
+    "JSON": lambda pa: pa.json_(pa.string()),
+    "BIGINT": lambda pa: pa.int64(),
+    "INTEGER": lambda pa: pa.int32(),
+    "DOUBLE": lambda pa: pa.float64(),
+    "BOOLEAN": lambda pa: pa.bool_(),
+}
 
-    cols = ", ".join(f'NULL::{c.type} AS "{c.name}"' for c in TABLES[table].columns)
-    return duckdb.connect().sql(f"SELECT {cols} LIMIT 0").to_arrow_table().schema
+
+def arrow_type(duckdb_type: str):
+    """The Arrow type a column of this DuckDB type is stored as (JSON keeps Parquet's JSON logical type)."""
+    import pyarrow as pa
+
+    if duckdb_type.endswith("[]"):
+        return pa.list_(arrow_type(duckdb_type[:-2]))
+    return _ARROW_SCALARS[duckdb_type](pa)
+
+
+def arrow_schema(table: str):
+    import pyarrow as pa
+
+    return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in TABLES[table].columns])
+
+
+def conform(table: str, data):
+    """`data` (an Arrow table) with exactly the table's columns, in order and of its types. Dictionary-encoded
+    strings stay dictionary-encoded (same logical type, smaller and faster to write)."""
+    import pyarrow as pa
+
+    columns = []
+    for c in TABLES[table].columns:
+        col = data[c.name]
+        target = arrow_type(c.type)
+        if pa.types.is_dictionary(col.type) and target == pa.string():
+            target = pa.dictionary(col.type.index_type, pa.string())
+        if col.type != target:
+            col = col.cast(target)
+        columns.append(col)
+    return pa.Table.from_arrays(columns, names=TABLES[table].column_names)
 
 
 def select_list(table: str) -> str:

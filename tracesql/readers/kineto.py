@@ -148,6 +148,15 @@ def _codes(values: list) -> tuple[np.ndarray, list]:
     return codes, list(lookup)
 
 
+def _dictionary(codes: np.ndarray, values: list) -> pa.DictionaryArray:
+    """Codes + values -> a dictionary array; a None value becomes a null entry (Parquet cannot store a null key)."""
+    mask = None
+    if None in values:
+        mask = codes == values.index(None)
+        values = ["" if v is None else v for v in values]
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=mask), pa.array(values, pa.string()))
+
+
 def _ns(us: np.ndarray) -> np.ndarray:
     """Float microseconds -> int64 nanoseconds, rounding the fraction separately so large epoch values keep ns."""
     whole = np.floor(us)
@@ -217,8 +226,8 @@ def read(path: Path):
     tid = _ids([e.tid for e in kept], labels)
     name_codes, names = _codes([e.name for e in kept])
     cat_codes, cats = _codes([e.cat for e in kept])
-    kind = _kinds(cat_codes, cats, name_codes, names, ~is_x[keep])
-    on_device = np.isin(kind, DEVICE_KINDS)
+    kind_codes, kinds = _kinds(cat_codes, cats, name_codes, names, ~is_x[keep])
+    on_device = np.isin(kind_codes, [i for i, k in enumerate(kinds) if k in DEVICE_KINDS])
 
     kept_links = [links[i].args for i in keep.tolist()] if links is not None else [_link_args(e) for e in kept]
     device = np.array([a.device for a in kept_links], np.float64)
@@ -233,9 +242,9 @@ def read(path: Path):
     slices = pa.table(
         {
             "slice_id": pa.array(np.arange(len(kept), dtype=np.int64)),
-            "kind": pa.array(kind, pa.string()).dictionary_encode(),
-            "category": pa.DictionaryArray.from_arrays(pa.array(cat_codes), pa.array(cats, pa.string())),
-            "name": pa.DictionaryArray.from_arrays(pa.array(name_codes), pa.array(names, pa.string())),
+            "kind": _dictionary(kind_codes, kinds),
+            "category": _dictionary(cat_codes, cats),
+            "name": _dictionary(name_codes, names),
             "ts": pa.array(_ns(ts[keep]) + base_time_ns),
             "dur": pa.array(_ns(dur[keep])),
             "pid": pa.array(pid),
@@ -278,18 +287,22 @@ def _link_args(e: Event) -> LinkArgs:
         return LinkArgs()
 
 
-def _kinds(cat_codes, cats, name_codes, names, instant) -> np.ndarray:
-    """slices.kind for each event: by category, then the (category, name) exceptions, then instants."""
-    kind = np.array([CATEGORY_KINDS.get((c or "").lower(), "other") for c in cats] or ["other"], dtype=object)[cat_codes]
+def _kinds(cat_codes, cats, name_codes, names, instant) -> tuple[np.ndarray, list[str]]:
+    """slices.kind for each event, as (codes, kinds): by category, then the (category, name) exceptions, then
+    instants. Works on codes: comparing strings per event would cost more than the whole decode."""
+    kinds = sorted(set(CATEGORY_KINDS.values()) | set(NAME_KINDS.values()) | {"other", "instant", "memory"})
+    code = {k: i for i, k in enumerate(kinds)}
+    per_cat = np.array([code[CATEGORY_KINDS.get((c or "").lower(), "other")] for c in cats] or [0], np.int32)
+    kind = per_cat[cat_codes]
     name_index = {nm: i for i, nm in enumerate(names)}
     cat_index = {c: i for i, c in enumerate(cats)}
     for (cat, nm), k in NAME_KINDS.items():
         if nm in name_index and cat in cat_index:
-            kind[(name_codes == name_index[nm]) & (cat_codes == cat_index[cat])] = k
-    kind[instant] = "instant"
+            kind[(name_codes == name_index[nm]) & (cat_codes == cat_index[cat])] = code[k]
+    kind[instant] = code["instant"]
     if "[memory]" in name_index:
-        kind[name_codes == name_index["[memory]"]] = "memory"
-    return kind
+        kind[name_codes == name_index["[memory]"]] = code["memory"]
+    return kind, kinds
 
 
 def _tracks(metadata_events, labels, lanes) -> pa.Array:
@@ -310,14 +323,18 @@ def _tracks(metadata_events, labels, lanes) -> pa.Array:
             procs.setdefault(e.pid, label)
         elif type(e.tid) is int:
             threads.setdefault((e.pid, e.tid), label)  # first name wins: threads get renamed mid-trace
-    uniques, codes = np.unique(lanes, axis=0, return_inverse=True)
+    # factorize the (on_device, a, b) rows with 1-D sorts: a row-wise np.unique sorts whole rows, 10x slower
+    a_codes = np.unique(lanes[:, 1], return_inverse=True)[1].reshape(-1)
+    b_values, b_codes = np.unique(lanes[:, 2], return_inverse=True)
+    combined = (a_codes.astype(np.int64) * len(b_values) + b_codes.reshape(-1)) * 2 + lanes[:, 0]
+    first_rows, codes = np.unique(combined, return_index=True, return_inverse=True)[1:]
     text = []
-    for dev, a, b in uniques.tolist():
+    for dev, a, b in lanes[first_rows].tolist():
         if dev:
             text.append(f"device {a} / stream {b}")
         else:
             text.append(f"{procs.get(a) or f'process {a}'} / {threads.get((a, b)) or labels.get(b) or f'thread {b}'}")
-    return pa.DictionaryArray.from_arrays(pa.array(codes.reshape(-1).astype(np.int32)), pa.array(text, pa.string()))
+    return _dictionary(codes.reshape(-1).astype(np.int32), text)
 
 
 def _devices(props) -> list[dict]:
