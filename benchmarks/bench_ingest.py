@@ -46,7 +46,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import zlib
@@ -497,7 +496,8 @@ def main(argv=None) -> int:
         "hta_version": hta_version, "tracesql_cmd": ts_desc, "tracesql_git": _git_rev(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    print(f"# HTA: {hta_version or 'not installed'}; tracesql: {ts_desc}; "
+    hta_desc = (hta_version or "not installed") if "hta" in args.only else "not requested"
+    print(f"# HTA: {hta_desc}; tracesql: {ts_desc}; "
           f"memory guard {env['mem_limit_gb']} GiB", file=sys.stderr, flush=True)
 
     results = []
@@ -507,7 +507,7 @@ def main(argv=None) -> int:
             with open(args.json_out, "w") as fh:
                 json.dump({"env": env, "traces": results}, fh, indent=1)
 
-    print(f"HTA {hta_version or 'not installed'}; tracesql: {ts_desc} (checkout {env['tracesql_git']}); "
+    print(f"HTA {hta_desc}; tracesql: {ts_desc} (checkout {env['tracesql_git']}); "
           f"python {env['python']}, "
           f"{env['cpus']} CPUs. Times: best of N runs, whole fresh process; RSS: max ru_maxrss over runs.\n")
     print(markdown(results))

@@ -8,3 +8,6 @@ class TraceError(Exception):
         self.path = str(path)
         self.problem = " ".join(str(problem).split())  # one line, whatever the cause said
         super().__init__(f"{self.path}: {self.problem}")
+
+    def __reduce__(self):  # rebuilt from (path, problem) when it crosses from a worker process
+        return TraceError, (self.path, self.problem)

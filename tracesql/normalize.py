@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import functions, schema
+from .arrays import array, strings, to_numpy
 from .readers import TraceData
 
 STEP_PATTERN = r"^ProfilerStep#(\d+)$"
@@ -29,11 +30,12 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
     s = data.slices
     n = s.num_rows
     is_kind = functools.partial(_is_in, s["kind"])
-    ts = s["ts"].to_numpy()
-    end = ts + s["dur"].to_numpy()
+    ts = to_numpy(s["ts"])
+    dur = to_numpy(s["dur"])
+    end = ts + dur
     is_op = is_kind(("cpu_op",))
     is_collective_call = _collective_calls(s, is_op)
-    lane = pc.dictionary_encode(s["track"]).combine_chunks().indices.to_numpy(zero_copy_only=False)
+    lane = to_numpy(_dictionary(s["track"]).indices)
 
     parent, depth, enclosing_op, op_depth, enclosing_call = _nest(lane, ts, end, is_op, is_collective_call)
 
@@ -41,8 +43,8 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
     correlation = s["correlation"]
     launch = np.full(n, -1, np.int64)
     on_device = is_kind(DEVICE_WORK_KINDS)
-    has_corr = ~np.asarray(correlation.is_null())
-    corr = correlation.fill_null(-1).to_numpy()
+    has_corr = ~to_numpy(correlation.is_null())
+    corr = to_numpy(correlation.fill_null(-1))
     launchers = np.flatnonzero(is_kind(LAUNCH_KINDS) & has_corr)
     if len(launchers):
         order = launchers[np.lexsort((launchers, corr[launchers]))]
@@ -58,7 +60,7 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
     # steps: host events by time inside the step range; device events by their launch's step
     step_rows = np.flatnonzero(is_kind(("user_annotation", "cpu_op")) & _name_matches(s["name"], STEP_PATTERN))
     step_rows = step_rows[np.argsort(ts[step_rows], kind="stable")]
-    step_names = s["name"].take(pa.array(step_rows, pa.int64())).cast(pa.string()).to_pylist()
+    step_names = s["name"].take(array(step_rows)).cast(pa.string()).to_pylist()
     step_numbers = np.array([int(nm.split("#", 1)[1]) for nm in step_names], np.int64)
     step = np.full(n, -1, np.int64)
     if len(step_rows):
@@ -70,7 +72,7 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
 
     # device time each op caused: directly (self) and through nested ops (total)
     device_work = is_kind(("kernel", "memcpy", "memset")) & (enclosing_op >= 0)
-    dev_dur = np.where(device_work, s["dur"].to_numpy(), 0)
+    dev_dur = np.where(device_work, dur, 0)
     dev_count = device_work
     owner = np.where(enclosing_op >= 0, enclosing_op, 0)
     device_self = np.bincount(owner, weights=dev_dur, minlength=n).astype(np.int64)
@@ -82,25 +84,25 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
         device_total += np.bincount(op_parent[rows], weights=device_total[rows], minlength=n).astype(np.int64)
         kernel_total += np.bincount(op_parent[rows], weights=kernel_total[rows], minlength=n).astype(np.int64)
     child = np.flatnonzero(is_kind(SELF_TIME_CHILD_KINDS) & (parent >= 0))
-    child_time = np.bincount(parent[child], weights=s["dur"].to_numpy()[child], minlength=n).astype(np.int64)
+    child_time = np.bincount(parent[child], weights=dur[child], minlength=n).astype(np.int64)
 
     def ids(a):
-        return pa.array(a, pa.int64(), mask=a < 0)
+        return array(a, pa.int64(), a < 0)
 
-    slices = s.append_column("run_id", pa.array([run_id] * n, pa.string()).dictionary_encode())
-    slices = slices.append_column("rank", pa.array(np.full(n, rank, np.int32)))
-    for col, values in (("parent_id", ids(parent)), ("depth", pa.array(depth, pa.int32())),
+    slices = s.append_column("run_id", pa.DictionaryArray.from_arrays(array(np.zeros(n, np.int32)), strings([run_id])))
+    slices = slices.append_column("rank", array(np.full(n, rank, np.int32)))
+    for col, values in (("parent_id", ids(parent)), ("depth", array(depth, pa.int32())),
                         ("launch_id", ids(launch)), ("op_id", ids(enclosing_op)),
-                        ("step", pa.array(step, pa.int32(), mask=step < 0))):
+                        ("step", array(step, pa.int32(), step < 0))):
         slices = slices.append_column(col, values)
     extra = pa.table({
         "slice_id": s["slice_id"],
-        "op_depth": pa.array(op_depth, pa.int32()),
-        "self_dur": pa.array(s["dur"].to_numpy() - child_time),
-        "kernel_count": pa.array(kernel_self), "device_self_ns": pa.array(device_self),
-        "kernel_count_total": pa.array(kernel_total), "device_total_ns": pa.array(device_total),
+        "op_depth": array(op_depth, pa.int32()),
+        "self_dur": array(dur - child_time),
+        "kernel_count": array(kernel_self), "device_self_ns": array(device_self),
+        "kernel_count_total": array(kernel_total), "device_total_ns": array(device_total),
         "collective_call": ids(enclosing_call),
-        "is_collective_call": pa.array(is_collective_call),
+        "is_collective_call": array(is_collective_call),
     })
     return _derive(slices, extra, data, run_id, rank, threads)
 
@@ -114,7 +116,7 @@ def _per_value(col, test) -> np.ndarray:
     """test(distinct value) -> bool, evaluated once per distinct value and spread to every row (nulls: False)."""
     d = _dictionary(col)
     hits = np.array([bool(v is not None and test(v)) for v in d.dictionary.to_pylist()] + [False])
-    return hits[d.indices.fill_null(len(d.dictionary)).to_numpy(zero_copy_only=False)]
+    return hits[to_numpy(d.indices.fill_null(len(d.dictionary)))]
 
 
 def _is_in(col, values) -> np.ndarray:
@@ -131,8 +133,8 @@ def _collective_calls(s: pa.Table, is_op) -> np.ndarray:
     has none (older PyTorch, gloo), the c10d::* ops."""
     rpc = is_op & _is_in(s["name"], ("record_param_comms",))
     if rpc.any():
-        args = s["args"].filter(pa.array(rpc)).fill_null("")
-        with_meta = pc.match_substring(args, '"Collective name"').to_numpy(zero_copy_only=False)
+        args = s["args"].filter(array(rpc)).fill_null("")
+        with_meta = to_numpy(pc.match_substring(args, '"Collective name"'))
         if with_meta.any():
             calls = np.zeros(len(is_op), bool)
             calls[np.flatnonzero(rpc)[with_meta]] = True

@@ -68,19 +68,18 @@ def read_bytes(path: Path) -> bytes:
 
 
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
+    """The first `n` bytes of content (decompressed when gzip), as far as the file has any: enough to detect."""
     try:
         with open(path, "rb") as f:
-            magic = f.read(2)
-            f.seek(0)
-            if magic == b"\x1f\x8b":
-                with gzip.open(f) as g:
-                    try:
-                        return g.read(n)
-                    except (EOFError, gzip.BadGzipFile, zlib.error):
-                        return b""
-            return f.read(n)
+            head = f.read(n)
     except OSError as e:
         raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    if head[:2] == b"\x1f\x8b":
+        try:  # a decompressor object returns what it can of a truncated stream instead of raising
+            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, n)
+        except zlib.error:
+            return b""
+    return head
 
 
 def reader_for(path: Path):

@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
+from .. import arrays
 from ..errors import TraceError
 
 FORMAT = "kineto"
@@ -100,16 +101,14 @@ def _decode(path: Path, data: bytes, notes: list[str]):
     try:
         events = msgspec.json.decode(raw_events, type=list[Event])
         skipped_types = 0
-    except msgspec.ValidationError as e:
-        if "Expected `array`" in str(e) and str(e).endswith("`$`"):
-            raise TraceError(path, "not a trace: 'traceEvents' is not a list") from None
-        events, skipped_types = _decode_one_by_one(raw_events)
-    except msgspec.DecodeError as e:
-        if "utf-8" not in str(e).lower():
+    except msgspec.ValidationError:
+        events, skipped_types = _decode_one_by_one(path, raw_events)
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
+        if not isinstance(e, UnicodeDecodeError) and "utf-8" not in str(e).lower():
             raise TraceError(path, f"not valid JSON ({e})") from None
         notes.append("invalid UTF-8 in names replaced by U+FFFD")
         fixed = bytes(raw_events).decode("utf-8", "replace").encode()
-        events, skipped_types = _decode_one_by_one(fixed)
+        events, skipped_types = _decode_one_by_one(path, fixed)
     links = _decode_links(raw_events, len(events)) if not skipped_types else None
     meta = {}
     for key, raw in top.items():
@@ -128,9 +127,12 @@ def _decode_links(raw_events, n: int) -> list[EventLinks] | None:
     return links if len(links) == n else None
 
 
-def _decode_one_by_one(raw_events) -> tuple[list[Event], int]:
+def _decode_one_by_one(path: Path, raw_events) -> tuple[list[Event], int]:
     """Slow path for a trace with some malformed events: keep the good ones, count the rest."""
-    raws = msgspec.json.decode(raw_events, type=list[msgspec.Raw])
+    try:
+        raws = msgspec.json.decode(raw_events, type=list[msgspec.Raw])
+    except msgspec.ValidationError:
+        raise TraceError(path, "not a trace: 'traceEvents' is not a list") from None
     decode = msgspec.json.Decoder(Event).decode
     events, bad = [], 0
     for raw in raws:
@@ -154,7 +156,7 @@ def _dictionary(codes: np.ndarray, values: list) -> pa.DictionaryArray:
     if None in values:
         mask = codes == values.index(None)
         values = ["" if v is None else v for v in values]
-    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=mask), pa.array(values, pa.string()))
+    return pa.DictionaryArray.from_arrays(arrays.array(codes, pa.int32(), mask), arrays.strings(values))
 
 
 def _ns(us: np.ndarray) -> np.ndarray:
@@ -168,7 +170,7 @@ def _raw_json_column(raws: list) -> pa.Array:
     lengths = np.array([len(r) for r in raws], np.int64)
     offsets = np.zeros(len(raws) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    validity = pa.array(lengths > 0).buffers()[1] if (lengths == 0).any() else None
+    validity = arrays.bitmap(lengths > 0) if (lengths == 0).any() else None
     return pa.LargeStringArray.from_buffers(len(raws), pa.py_buffer(offsets), pa.py_buffer(b"".join(raws)), validity)
 
 
@@ -188,7 +190,7 @@ def _ids(values: list, labels: dict[int, str]) -> np.ndarray:
 def _nullable_int(values: list, arrow_type=pa.int64()) -> pa.Array:
     arr = np.array(values, dtype=np.float64)  # None -> NaN; ids are far below 2**53
     missing = np.isnan(arr)
-    return pa.array(np.where(missing, 0, arr).astype(np.int64), arrow_type, mask=missing)
+    return arrays.array(np.where(missing, 0, arr).astype(np.int64), arrow_type, missing)
 
 
 def read(path: Path):
@@ -235,20 +237,20 @@ def read(path: Path):
     device = np.where(np.isnan(device), pid, device)  # Kineto puts the device in pid and the stream in tid
     stream = np.where(np.isnan(stream), tid, stream)
     lanes = np.stack([on_device, np.where(on_device, device, pid), np.where(on_device, stream, tid)], 1).astype(np.int64)
-    device_id = pa.array(device.astype(np.int32), pa.int32(), mask=~on_device)
-    stream_id = pa.array(stream.astype(np.int64), pa.int64(), mask=~on_device)
+    device_id = arrays.array(device.astype(np.int32), pa.int32(), ~on_device)
+    stream_id = arrays.array(stream.astype(np.int64), pa.int64(), ~on_device)
 
     base_time_ns = int(meta.get("baseTimeNanoseconds") or 0)
     slices = pa.table(
         {
-            "slice_id": pa.array(np.arange(len(kept), dtype=np.int64)),
+            "slice_id": arrays.array(np.arange(len(kept), dtype=np.int64)),
             "kind": _dictionary(kind_codes, kinds),
             "category": _dictionary(cat_codes, cats),
             "name": _dictionary(name_codes, names),
-            "ts": pa.array(_ns(ts[keep]) + base_time_ns),
-            "dur": pa.array(_ns(dur[keep])),
-            "pid": pa.array(pid),
-            "tid": pa.array(tid),
+            "ts": arrays.array(_ns(ts[keep]) + base_time_ns),
+            "dur": arrays.array(_ns(dur[keep])),
+            "pid": arrays.array(pid),
+            "tid": arrays.array(tid),
             "device_id": device_id,
             "stream": stream_id,
             "track": _tracks([events[i] for i in np.flatnonzero(ph_is(("M",))).tolist()], labels, lanes),

@@ -1,0 +1,149 @@
+"""What users do: the CLI, Python sessions, plain DuckDB clients, fleets of runs, raw traces on the fly."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import tracesql
+from conftest import DATASETS, REPO, raw_events
+from tracesql import schema
+from tracesql.cli import main
+
+TRACE_FILTER = DATASETS / "hta_trace_filter"
+
+
+def cli(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input, catch_exceptions=False)
+
+
+def test_views_have_the_schema_types(ingested):
+    con = tracesql.connect(ingested(TRACE_FILTER))
+    for name, table in schema.TABLES.items():
+        described = con.execute(f"DESCRIBE {name}").fetchall()
+        assert [(r[0], r[1]) for r in described] == [(c.name, c.type) for c in table.columns], name
+
+
+def test_parquet_files_are_plain_parquet_with_the_schema(ingested):
+    run = ingested(TRACE_FILTER)
+    for name in schema.TABLES:
+        files = sorted((run / name).glob("*.parquet"))
+        assert len(files) == 2, name  # one per rank
+        assert pq.read_schema(files[0]).names == schema.TABLES[name].column_names
+
+
+def test_plain_duckdb_client_sees_tables_and_macros(ingested, tmp_path):
+    """init.sql in the run: a DuckDB session that never imports tracesql gets the views and the functions."""
+    run = ingested(TRACE_FILTER)
+    script = (
+        "import duckdb, os, sys\n"
+        f"os.chdir({str(run)!r})\n"
+        "con = duckdb.connect()\n"
+        "con.execute(open('init.sql').read())\n"
+        "print(con.execute(\"SELECT count(*) FROM slices WHERE kind = 'kernel'\").fetchone()[0])\n"
+        "print(con.execute(\"SELECT dtype_bytes('c10::BFloat16'), collective_kind('_allgather_base')\").fetchone())\n"
+        "print(con.execute(open(sys.argv[1]).read()).fetchall()[0][-1])\n"
+        "print('tracesql' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(tracesql.queries.find("overlap").path)],
+                         capture_output=True, text=True, cwd=tmp_path, check=True).stdout.split("\n")
+    kernels = sum(1 for f in TRACE_FILTER.glob("*.json.gz") for e in raw_events(f) if e.get("cat") == "kernel")
+    assert out[0] == str(kernels) == "2258"
+    assert out[1] == "(2, 'all_gather')"
+    assert out[2] == "14.95"  # overlap_pct of rank 0 with the defaults, same as through tracesql
+    assert out[3] == "False"
+
+
+def test_fleet_folder_reads_as_one_dataset(tmp_path):
+    tracesql.ingest([TRACE_FILTER / "sampled_rank-0.json.gz"], tmp_path / "fleet" / "run-a")
+    tracesql.ingest([DATASETS / "tracelens_mi210_gpu_only"], tmp_path / "fleet" / "run-b")
+    df = tracesql.query("temporal_breakdown", tmp_path / "fleet")
+    assert sorted(df.run_id) == ["run-a", "run-b"]
+
+
+def test_raw_traces_are_ingested_into_the_cache_once(tmp_path):
+    first = tracesql.query("overlap", TRACE_FILTER)
+    assert list(first.overlap_pct) == [14.95, 19.93]
+    cached = list(Path(os.environ["TRACESQL_CACHE"]).glob("hta_trace_filter-*"))
+    assert len(cached) == 1
+    before = {p: p.stat().st_mtime_ns for p in cached[0].rglob("*.parquet")}
+    assert list(tracesql.query("overlap", TRACE_FILTER).overlap_pct) == [14.95, 19.93]
+    assert {p: p.stat().st_mtime_ns for p in cached[0].rglob("*.parquet")} == before
+
+
+def test_cli_ingest_query_formats(tmp_path):
+    result = cli("ingest", TRACE_FILTER, "-o", tmp_path / "run")
+    assert result.exit_code == 0 and "2 file(s) ingested" in result.output and "2 rank(s)" in result.output
+    assert cli("ingest", TRACE_FILTER, "-o", tmp_path / "run").output.endswith("up to date (2 files unchanged)\n")
+
+    csv = cli("query", "overlap.sql", tmp_path / "run", "-p", "class_scheme=hta", "-p", "analysis_window=hta",
+              "-f", "csv").output.splitlines()
+    assert csv[0].startswith("run_id,rank,device_id,comm_ns") and csv[1].endswith(",11.81")
+    rows = json.loads(cli("query", "temporal_breakdown", tmp_path / "run", "-f", "json").output)
+    assert [r["idle_pct"] for r in rows] == [55.21, 52.89]
+    assert cli("query", "overlap", tmp_path / "run", "-f", "markdown").output.startswith("| run_id | rank |")
+    table = cli("query", "overlap", tmp_path / "run").output
+    assert "overlap_pct" in table and "(2 rows)" in table
+    cli("query", "hotspots", tmp_path / "run", "-f", "parquet", "-o", tmp_path / "hot.parquet")
+    assert pq.read_table(tmp_path / "hot.parquet").num_rows == 40
+
+    mine = tmp_path / "mine.sql"
+    mine.write_text("-- mine: kernels per stream\nSELECT stream, count(*) AS n FROM slices "
+                    "WHERE kind = 'kernel' AND rank = 0 GROUP BY 1 ORDER BY 1;\n")
+    per_stream = collections.Counter(e["args"]["stream"] for e in raw_events(TRACE_FILTER / "sampled_rank-0.json.gz")
+                                     if e.get("cat") == "kernel")
+    expected = "stream,n\n" + "".join(f"{k},{v}\n" for k, v in sorted(per_stream.items()))
+    assert cli("query", mine, tmp_path / "run", "-f", "csv").output == expected
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    bad = tmp_path / "rank-0.json"
+    bad.write_text("{not json")
+    for args, message in [
+        (("ingest", bad, "-o", tmp_path / "run"), f"Error: {bad}: not a trace tracesql can read"),
+        (("query", "overlap", tmp_path / "missing"), f"Error: {tmp_path / 'missing'}: no such file or folder"),
+        (("query", "nope", TRACE_FILTER), "Error: nope: no such query file or curated query"),
+        (("query", "overlap", TRACE_FILTER, "-p", "x=1"), "unknown parameter x"),
+    ]:
+        result = CliRunner().invoke(main, [str(a) for a in args])
+        assert result.exit_code == 1, args
+        assert message in result.output and result.output.count("\n") == 1, result.output
+    sql_error = tmp_path / "broken.sql"
+    sql_error.write_text("SELECT nope FROM slices;")
+    result = CliRunner().invoke(main, ["query", str(sql_error), str(TRACE_FILTER)])
+    assert result.exit_code == 1 and result.output.startswith("Error: SQL error: Binder Error")
+
+
+def test_cli_catalogue_schema_and_shell(ingested):
+    listing = cli("queries").output.splitlines()
+    assert any(line.startswith("overlap ") for line in listing) and len(listing) == len(tracesql.queries.catalogue())
+    assert "slices: Every timed event" in cli("schema").output
+    assert "| `launch_id` | BIGINT |" in cli("schema", "--format", "markdown").output
+    shell = cli("shell", ingested(TRACE_FILTER), input="SELECT count(*) AS n\nFROM ranks;\n.tables\n")
+    assert "n" in shell.output and "2" in shell.output and "slices  ops" in shell.output
+
+
+def test_installed_package_finds_its_queries(tmp_path):
+    """From another folder, the installed command lists the curated queries (they ship inside the package)."""
+    out = subprocess.run([sys.executable, "-m", "tracesql", "queries"], capture_output=True, text=True,
+                         cwd=tmp_path, check=True, env={**os.environ, "PYTHONPATH": ""}).stdout
+    assert "overlap" in out and "temporal_breakdown" in out
+    location = subprocess.run([sys.executable, "-c", "import tracesql.queries as q; print(q.queries_dir())"],
+                              capture_output=True, text=True, cwd=tmp_path, check=True).stdout.strip()
+    assert location.endswith("queries") and (location.startswith(str(REPO)) or "site-packages" in location)
+
+
+@pytest.mark.parametrize("name", schema.TABLES)
+def test_every_table_is_documented(name):
+    for column in schema.TABLES[name].columns:
+        assert column.doc and column.type, (name, column.name)
+    duckdb.connect().execute(f"SELECT {schema.select_list(name)} FROM (SELECT {', '.join('NULL AS ' + c for c in schema.TABLES[name].column_names)})")

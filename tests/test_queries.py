@@ -1,0 +1,84 @@
+"""The curated queries: headers that tell the truth, parameters, and real numbers on real traces."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import tracesql
+from conftest import DATASETS, raw_events
+from tracesql import queries
+
+CURATED = queries.catalogue()
+
+
+def test_catalogue_lists_the_curated_files():
+    assert {q.name for q in CURATED} >= {"overlap", "temporal_breakdown", "hotspots"}
+    for q in CURATED:
+        assert q.title and q.doc and q.columns, q.name
+
+
+@pytest.mark.parametrize("query", CURATED, ids=lambda q: q.name)
+def test_header_columns_match_what_the_query_returns(query, ingested):
+    con = tracesql.connect(ingested(DATASETS / "hta_trace_filter"))
+    rel = queries.run(con, query)
+    assert [(c, str(t)) for c, t in zip(rel.columns, rel.types)] == [(n, t) for n, t, _ in query.columns]
+    assert len(rel.fetchall()) > 0
+
+
+@pytest.mark.parametrize("query", CURATED, ids=lambda q: q.name)
+def test_header_defaults_are_the_sql_defaults(query):
+    """The SQL reads each parameter as COALESCE(getvariable('name'), default): the header must say that default,
+    so the file behaves the same in tracesql and in a plain DuckDB session."""
+    in_sql = dict(re.findall(r"COALESCE\(getvariable\('(\w+)'\),\s*('[^']*'|[\w.]+)\)", query.sql))
+    assert in_sql == {name: p.default for name, p in query.params.items()}
+
+
+def test_unknown_parameter_is_an_error(ingested):
+    with pytest.raises(tracesql.TraceError, match="unknown parameter windw .*class_scheme, analysis_window"):
+        tracesql.query("overlap", ingested(DATASETS / "hta_trace_filter"), windw="hta")
+
+
+def test_unknown_query_names_the_curated_ones():
+    with pytest.raises(tracesql.TraceError, match="curated: hotspots, overlap, temporal_breakdown"):
+        queries.find("overlapp")
+
+
+def test_hotspots_on_trace_filter_match_json(ingested):
+    run = ingested(DATASETS / "hta_trace_filter")
+    df = tracesql.query("hotspots", run, top=5)
+    kernels = df[df.level == "kernel"]
+    assert list(kernels.rank_in_level) == [1, 2, 3, 4, 5]
+    top = kernels.iloc[0]
+    durations = [e["dur"] for rank in (0, 1)
+                 for e in raw_events(DATASETS / "hta_trace_filter" / f"sampled_rank-{rank}.json.gz")
+                 if e.get("name", "").startswith("ncclKernel_SendRecv")]
+    assert top["name"].startswith("ncclKernel_SendRecv") and top["count"] == len(durations) == 20
+    assert top["device_ns"] == sum(durations) * 1000 == 775_252_000 and top["ranks"] == 2
+    assert kernels.cumulative_share.is_monotonic_increasing and kernels.cumulative_share.iloc[-1] <= 1
+    assert abs(top["share"] - top["cumulative_share"]) < 1e-12
+    ops = df[df.level == "op"]
+    assert ops.iloc[0]["name"] == "record_param_comms" and len(ops) == 5
+
+
+def test_overlap_is_null_without_communication(ingested):
+    df = tracesql.query("overlap", ingested(DATASETS / "tracelens_mi210_gpu_only"))
+    assert len(df) == 1 and df.comm_ns[0] == 0 and df.overlap_ratio.isna()[0]
+
+
+def test_temporal_breakdown_adds_up_on_every_bundled_gpu_trace(ingested):
+    for name in ("hta_trace_filter", "hta_nccl_parser_config", "tracelens_vllm_graph_execution",
+                 "tracelens_mi210_gpu_only", "tracelens_b200_eager"):
+        df = tracesql.query("temporal_breakdown", ingested(DATASETS / name))
+        assert len(df) >= 1, name
+        parts = df.compute_ns + df.exposed_comm_ns + df.exposed_memory_ns + df.idle_ns
+        assert (parts == df.window_ns).all() and (df.window_ns > 0).all(), name
+
+
+def test_b200_default_rules_count_ncclDevKernel_as_communication(ingested):
+    """NCCL ≥2.19 names its kernels ncclDevKernel_*: tracesql's rules count them, HTA 0.5's do not."""
+    run = ingested(DATASETS / "tracelens_b200_eager")
+    ours = tracesql.query("overlap", run)
+    hta = tracesql.query("overlap", run, class_scheme="hta")
+    assert ours.comm_ns[0] > 0 and hta.comm_ns[0] == 0
