@@ -5,6 +5,7 @@
 -- not counted twice. share = device_ns / all device time of that level; cumulative_share adds the shares of
 -- the rows ranked above. Statistics are over single kernel executions (for ops: over op calls).
 --
+-- Needs: device kernels (a GPU/accelerator trace)
 -- Parameters:
 --   top = 20   rows per level (kernel, op)
 -- Columns:

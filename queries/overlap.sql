@@ -6,6 +6,7 @@
 -- are counted once. NULL ratio when the device ran no communication.
 -- With class_scheme = 'hta' and analysis_window = 'hta' the numbers are HTA 0.5's (see README).
 --
+-- Needs: device kernels (a GPU/accelerator trace)
 -- Parameters:
 --   class_scheme = 'default'   kernel class rules from kernel_classes: 'default' or 'hta'
 --   analysis_window = 'all'    'all' device work, or 'hta' (launched before the last ProfilerStep began)

@@ -6,6 +6,7 @@
 -- The four add up to the window. HTA reports compute, idle and non_compute = window − compute − idle
 -- (= exposed_comm + exposed_memory); its percentages are given too.
 --
+-- Needs: device kernels (a GPU/accelerator trace)
 -- Parameters:
 --   class_scheme = 'default'   kernel class rules from kernel_classes: 'default' or 'hta'
 --   analysis_window = 'all'    'all' device work, or 'hta' (launched before the last ProfilerStep began)

@@ -31,18 +31,25 @@ def strings(values: list[str]) -> pa.Array:
     return pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)))
 
 
-def to_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Like `column.to_numpy()` for a numeric or boolean column without nulls."""
+def to_numpy(column: pa.Array | pa.ChunkedArray, fill=None) -> np.ndarray:
+    """Like `column.fill_null(fill).to_numpy()` for a numeric or boolean column (`fill` may be left out if the
+    column has no nulls)."""
     arr = column.chunk(0) if isinstance(column, pa.ChunkedArray) and column.num_chunks == 1 else column
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    assert arr.null_count == 0, "to_numpy needs a column without nulls (fill_null first)"
-    data = arr.buffers()[1]
+    n, offset = len(arr), arr.offset
+    validity, data = arr.buffers()[:2]
     if pa.types.is_boolean(arr.type):
-        if not len(arr):
-            return np.zeros(0, bool)
-        bits = np.unpackbits(np.frombuffer(data, np.uint8), count=arr.offset + len(arr), bitorder="little")
-        return bits[arr.offset:].view(bool)
-    dtype = np.dtype(arr.type.to_pandas_dtype())
-    if not len(arr):
-        return np.zeros(0, dtype)
-    return np.frombuffer(data, dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+        values = _bits(data, offset, n)
+    else:
+        dtype = np.dtype(arr.type.to_pandas_dtype())
+        values = np.frombuffer(data, dtype, count=n, offset=offset * dtype.itemsize) if n else np.zeros(0, dtype)
+    if arr.null_count:
+        assert fill is not None, "a column with nulls needs a fill value"
+        values = np.where(_bits(validity, offset, n), values, fill)
+    return values
+
+
+def _bits(buffer: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    if not n:
+        return np.zeros(0, bool)
+    return np.unpackbits(np.frombuffer(buffer, np.uint8), count=offset + n, bitorder="little")[offset:].view(bool)

@@ -104,15 +104,18 @@ def query(query, target, params, fmt, output):
     q = queries.find(query)
     con = engine.connect(target)
     rel = queries.run(con, q, _parse_params(params))
-    _emit(rel, fmt, output)
+    rows = _emit(rel, fmt, output)
+    if rows == 0:
+        click.echo(f"Note: no rows: {q.name} needs {q.needs or 'data this run does not have'}.", err=True)
 
 
-def _emit(rel, fmt: str, output: Path | None) -> None:
+def _emit(rel, fmt: str, output: Path | None) -> int:
+    """Write the result in `fmt`; returns the number of rows."""
     if fmt == "parquet":
         if output is None:
             raise click.UsageError("--format parquet needs --output FILE")
         rel.to_parquet(str(output))
-        return
+        return rel.count("*").fetchall()[0][0]
     df = rel.df()
     if fmt == "csv":
         text = df.to_csv(index=False)
@@ -126,6 +129,7 @@ def _emit(rel, fmt: str, output: Path | None) -> None:
         output.write_text(text)
     else:
         click.echo(text, nl=False)
+    return len(df)
 
 
 def _cell(v, width: int = 80) -> str:

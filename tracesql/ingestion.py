@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from . import engine, store
+from .arrays import array, strings
 from .errors import TraceError
 
 TRACE_SUFFIXES = (".json", ".gz")
@@ -56,6 +58,12 @@ def _fingerprint(path: Path, options: dict) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "options": options}
 
 
+def _with_source(ranks: pa.Table, rel: str, size: int) -> pa.Table:
+    ranks = ranks.set_column(ranks.schema.get_field_index("source_path"), "source_path", strings([rel]))
+    return ranks.set_column(ranks.schema.get_field_index("source_bytes"), "source_bytes",
+                            array(np.array([size], np.int64)))
+
+
 def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int) -> dict:
     """Read, normalize and write one file's tables into the staging run. Runs in a worker process.
     `ranks` is (the user's --rank, the rank to assume when the trace names none)."""
@@ -71,16 +79,12 @@ def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
         if rank is None:
             raise TraceError(p, "cannot tell which rank this is: no distributedInfo, no rank-N/workerN in the name; "
                                 "ingest it alone with --rank N")
-        tables = normalize(data, run_id, rank, threads=threads)
+        part = store.part_name(rank, hashlib.sha1(rel.encode()).hexdigest()[:10])
+        with store.PartWriter(Path(staging), part) as writer:  # each table is written as soon as it is done
+            tables = normalize(data, run_id, rank, threads=threads, on_table=lambda name, table: writer.write(
+                name, _with_source(table, rel, p.stat().st_size) if name == "ranks" else table))
     finally:
         gc.enable()
-    ranks = tables["ranks"]
-    ranks = ranks.set_column(ranks.schema.get_field_index("source_path"), "source_path", pa.array([rel]))
-    ranks = ranks.set_column(ranks.schema.get_field_index("source_bytes"), "source_bytes",
-                             pa.array([p.stat().st_size], pa.int64()))
-    tables["ranks"] = ranks
-    part = store.part_name(rank, hashlib.sha1(rel.encode()).hexdigest()[:10])
-    store.write_part(tables, Path(staging), part)
     return {"rank": rank, "part": part, "format": data.format, "events": data.event_count,
             "skipped": data.skipped, "notes": data.notes, "rows": {k: t.num_rows for k, t in tables.items()}}
 

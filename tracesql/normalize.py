@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import numpy as np
@@ -26,7 +27,12 @@ DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
 
 
-def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict[str, pa.Table]:
+def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1, on_table=lambda name, table: None
+              ) -> dict[str, pa.Table]:
+    """Every table for one file; `on_table(name, table)` is called as each is done (e.g. to start writing it)."""
+    starter = ThreadPoolExecutor(1)  # DuckDB starts up (tens of ms, without the GIL) while the numpy work runs
+    connecting = starter.submit(duckdb.connect, config={"threads": threads})
+    starter.shutdown(wait=False)
     s = data.slices
     n = s.num_rows
     is_kind = functools.partial(_is_in, s["kind"])
@@ -44,7 +50,7 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
     launch = np.full(n, -1, np.int64)
     on_device = is_kind(DEVICE_WORK_KINDS)
     has_corr = ~to_numpy(correlation.is_null())
-    corr = to_numpy(correlation.fill_null(-1))
+    corr = to_numpy(correlation, fill=-1)
     launchers = np.flatnonzero(is_kind(LAUNCH_KINDS) & has_corr)
     if len(launchers):
         order = launchers[np.lexsort((launchers, corr[launchers]))]
@@ -89,7 +95,8 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
     def ids(a):
         return array(a, pa.int64(), a < 0)
 
-    slices = s.append_column("run_id", pa.DictionaryArray.from_arrays(array(np.zeros(n, np.int32)), strings([run_id])))
+    run_ids = pa.DictionaryArray.from_arrays(array(np.zeros(n, np.int32)), strings([run_id]))
+    slices = s.append_column("run_id", run_ids)
     slices = slices.append_column("rank", array(np.full(n, rank, np.int32)))
     for col, values in (("parent_id", ids(parent)), ("depth", array(depth, pa.int32())),
                         ("launch_id", ids(launch)), ("op_id", ids(enclosing_op)),
@@ -104,7 +111,7 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1) -> dict
         "collective_call": ids(enclosing_call),
         "is_collective_call": array(is_collective_call),
     })
-    return _derive(slices, extra, data, run_id, rank, threads)
+    return _derive(connecting.result(), slices, extra, data, run_id, rank, threads, on_table)
 
 
 def _dictionary(col) -> pa.DictionaryArray:
@@ -116,7 +123,7 @@ def _per_value(col, test) -> np.ndarray:
     """test(distinct value) -> bool, evaluated once per distinct value and spread to every row (nulls: False)."""
     d = _dictionary(col)
     hits = np.array([bool(v is not None and test(v)) for v in d.dictionary.to_pylist()] + [False])
-    return hits[to_numpy(d.indices.fill_null(len(d.dictionary)))]
+    return hits[to_numpy(d.indices, fill=len(d.dictionary))]
 
 
 def _is_in(col, values) -> np.ndarray:
@@ -133,8 +140,8 @@ def _collective_calls(s: pa.Table, is_op) -> np.ndarray:
     has none (older PyTorch, gloo), the c10d::* ops."""
     rpc = is_op & _is_in(s["name"], ("record_param_comms",))
     if rpc.any():
-        args = s["args"].filter(array(rpc)).fill_null("")
-        with_meta = to_numpy(pc.match_substring(args, '"Collective name"'))
+        args = s["args"].filter(array(rpc))
+        with_meta = to_numpy(pc.match_substring(args, '"Collective name"'), fill=False)
         if with_meta.any():
             calls = np.zeros(len(is_op), bool)
             calls[np.flatnonzero(rpc)[with_meta]] = True
@@ -148,64 +155,78 @@ def _nest(lane, ts, end, is_op, is_call):
     Events are visited per lane in (start, longest first) order with a stack of open events. An event that starts
     inside the top of the stack but ends after it (a partial overlap: clock jitter) is not its child."""
     n = len(ts)
-    parent = np.full(n, -1, np.int64)
-    depth = np.zeros(n, np.int32)
-    enclosing_op = np.full(n, -1, np.int64)
-    op_depth = np.zeros(n, np.int32)
-    enclosing_call = np.full(n, -1, np.int64)
     order = np.lexsort((np.arange(n), -(end - ts), ts, lane))
     lane_l, ts_l, end_l = lane[order].tolist(), ts[order].tolist(), end[order].tolist()
-    op_l, call_l = is_op[order].tolist(), is_call[order].tolist()
-    par, dep, eop, odep, ecall = [-1] * n, [0] * n, [-1] * n, [0] * n, [-1] * n
+    par, dep = [-1] * n, [0] * n
     stack_end: list[int] = []
     stack_idx: list[int] = []  # positions in `order`
     current_lane = None
-    for i in range(n):
-        t, e = ts_l[i], end_l[i]
-        if lane_l[i] != current_lane:
-            current_lane = lane_l[i]
+    for i, (ln, t, e) in enumerate(zip(lane_l, ts_l, end_l)):
+        if ln != current_lane:
+            current_lane = ln
             stack_end.clear()
             stack_idx.clear()
         while stack_end and (stack_end[-1] <= t and not (stack_end[-1] == t == e) or stack_end[-1] < e):
             stack_end.pop()
             stack_idx.pop()
         if stack_idx:
-            p = stack_idx[-1]
-            par[i] = p
+            par[i] = stack_idx[-1]
             dep[i] = len(stack_idx)
-            eop[i] = p if op_l[p] else eop[p]
-            ecall[i] = p if call_l[p] else ecall[p]
-            odep[i] = (odep[p] + 1) if op_l[p] else odep[p]
         stack_end.append(e)
         stack_idx.append(i)
-    par_a, eop_a, ecall_a = np.array(par), np.array(eop), np.array(ecall)
     # positions in `order` -> slice ids
+    par_a = np.array(par)
+    parent = np.full(n, -1, np.int64)
     parent[order] = np.where(par_a >= 0, order[par_a], -1)
-    enclosing_op[order] = np.where(eop_a >= 0, order[eop_a], -1)
-    enclosing_call[order] = np.where(ecall_a >= 0, order[ecall_a], -1)
+    depth = np.zeros(n, np.int32)
     depth[order] = dep
-    op_depth[order] = odep
+    # what is inherited from the parent, one nesting level at a time (numpy, not in the loop above)
+    enclosing_op = np.full(n, -1, np.int64)
+    op_depth = np.zeros(n, np.int32)
+    enclosing_call = np.full(n, -1, np.int64)
+    by_depth = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[by_depth], np.arange(1, depth.max(initial=0) + 2))
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        rows = by_depth[lo:hi]
+        p = parent[rows]
+        enclosing_op[rows] = np.where(is_op[p], p, enclosing_op[p])
+        enclosing_call[rows] = np.where(is_call[p], p, enclosing_call[p])
+        op_depth[rows] = op_depth[p] + is_op[p]
     return parent, depth, enclosing_op, op_depth, enclosing_call
 
 
-def _derive(slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str, rank: int, threads: int):
-    con = duckdb.connect(config={"threads": threads})
+def _derive(con, slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str, rank: int, threads: int,
+            on_table):
     slices = schema.conform("slices", slices)
+    on_table("slices", slices)
     con.register("slices", slices)
     con.register("extra", extra)
     steps = _table(con, "steps", STEPS_SQL)
+    on_table("steps", steps)
     con.register("steps", steps)
     functions.install(con)  # its macros read `slices` and `steps`
-    out = {"slices": slices, "steps": steps}
-    out["ops"] = _table(con, "ops", OPS_SQL)
-    out["collectives"] = _table(con, "collectives", COLLECTIVES_SQL)
-    out["memory"] = _table(con, "memory", MEMORY_SQL)
-    out.update(_metadata_tables(con, out["slices"], data, run_id, rank))
-    return out
+
+    def query(name: str, sql: str) -> pa.Table:
+        cursor = con.cursor()  # shares the macros, not the registered tables
+        for view, rows in (("slices", slices), ("extra", extra), ("steps", steps)):
+            cursor.register(view, rows)
+        table = _table(cursor, name, sql)
+        on_table(name, table)
+        return table
+
+    # Each query scans one Arrow chunk, so DuckDB gives it one thread: run them side by side, one cursor each.
+    with ThreadPoolExecutor(threads) as pool:
+        derived = {name: pool.submit(query, name, sql)
+                   for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL))}
+        metadata = _metadata_tables(con, data, run_id, rank)
+    for name, table in metadata.items():
+        on_table(name, table)
+    return {"slices": slices, "steps": steps, **{name: q.result() for name, q in derived.items()}, **metadata}
 
 
-def _table(con, name: str, sql: str) -> pa.Table:
-    return schema.conform(name, con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})").to_arrow_table())
+def _table(con, name: str, sql: str, params: dict | None = None) -> pa.Table:
+    select = f"SELECT {schema.select_list(name)} FROM ({sql})"
+    return schema.conform(name, con.sql(select, params=params).to_arrow_table())
 
 
 OPS_SQL = """
@@ -304,15 +325,15 @@ ORDER BY r.ts
 """
 
 
-def _metadata_tables(con, slices: pa.Table, data: TraceData, run_id: str, rank: int) -> dict[str, pa.Table]:
+def _metadata_tables(con, data: TraceData, run_id: str, rank: int) -> dict[str, pa.Table]:
     span = con.execute("SELECT min(ts), max(ts + dur) FROM slices").fetchone()  # noqa: F841
-    ranks = pa.table({
-        "run_id": [run_id], "rank": [rank], "source_path": [None], "source_format": [data.format],
-        "source_bytes": [None], "world_size": [data.world_size], "backend": [data.backend],
-        "host_name": [data.host_name], "base_time_ns": [data.base_time_ns], "trace_start_ns": [span[0]],
-        "trace_end_ns": [span[1]], "event_count": [data.event_count], "skipped_count": [sum(data.skipped.values())],
-        "metadata": [json.dumps(data.metadata, default=str)],
-    })
+    ranks = {
+        "run_id": run_id, "rank": rank, "source_path": None, "source_format": data.format,
+        "source_bytes": None, "world_size": data.world_size, "backend": data.backend,
+        "host_name": data.host_name, "base_time_ns": data.base_time_ns, "trace_start_ns": span[0],
+        "trace_end_ns": span[1], "event_count": data.event_count, "skipped_count": sum(data.skipped.values()),
+        "metadata": json.dumps(data.metadata, default=str),
+    }
     known = {d["device_id"]: d for d in data.devices}
     seen = con.execute("SELECT DISTINCT device_id FROM slices WHERE device_id IS NOT NULL ORDER BY 1").fetchall()
     for (device_id,) in seen:
@@ -325,17 +346,14 @@ def _metadata_tables(con, slices: pa.Table, data: TraceData, run_id: str, rank: 
     ]
     groups = [{"run_id": run_id, "rank": rank, **g} for g in data.process_groups]
     return {
-        "ranks": _conform(con, "ranks", ranks),
-        "devices": _conform(con, "devices", pa.Table.from_pylist(devices) if devices else None),
-        "process_groups": _conform(con, "process_groups", pa.Table.from_pylist(groups) if groups else None),
+        "ranks": _from_rows(con, "ranks", [ranks]),
+        "devices": _from_rows(con, "devices", devices),
+        "process_groups": _from_rows(con, "process_groups", groups),
     }
 
 
-def _conform(con, name: str, table: pa.Table | None) -> pa.Table:
-    if table is None:
-        return schema.arrow_schema(name).empty_table()
-    con.register("_rows", table)
-    try:
-        return _table(con, name, "FROM _rows")
-    finally:
-        con.unregister("_rows")
+def _from_rows(con, name: str, rows: list[dict]) -> pa.Table:
+    """Python rows (dicts with the same keys) -> the table, through DuckDB: pa.Table.from_pylist imports pandas."""
+    if not rows:
+        return pa.Table.from_batches([], schema.arrow_schema(name))
+    return _table(con, name, "SELECT r.* FROM (SELECT unnest($rows) AS r)", {"rows": rows})

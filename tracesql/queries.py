@@ -6,6 +6,7 @@ Header format (a test checks every curated file against it and against what the 
     --
     -- Free text: the definition, conventions, caveats.
     --
+    -- Needs: what the run must contain for rows to come back (said to the user when none do)
     -- Parameters:
     --   name = default   what it means
     -- Columns:
@@ -47,6 +48,7 @@ class Query:
     path: Path
     title: str
     doc: str
+    needs: str = ""
     params: dict[str, Param] = field(default_factory=dict)
     columns: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -72,6 +74,9 @@ def parse(path: Path) -> Query:
         body = line[2:].strip()
         if body in ("Parameters:", "Columns:"):
             section = body
+            continue
+        if body.startswith("Needs:"):
+            query.needs = body.removeprefix("Needs:").strip()
             continue
         if section == "Parameters:" and (m := _PARAM.match(line)):
             query.params[m[1]] = Param(m[1], m[2], m[3].strip())

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -55,10 +56,33 @@ def load_manifest(run: Path) -> dict:
     return manifest
 
 
-def write_part(tables: dict[str, pa.Table], run_dir: Path, part: str) -> None:
-    for name in schema.TABLES:
-        (run_dir / name).mkdir(parents=True, exist_ok=True)
-        pq.write_table(tables[name], run_dir / name / part, compression="zstd", row_group_size=1 << 20)
+class PartWriter:
+    """Writes one source's tables (`part` in each table's folder) as they are produced, on a background thread:
+    pyarrow writes without holding the GIL, so writing overlaps the rest of the work. Leaving the `with` block
+    waits for the writes and raises the first error."""
+
+    def __init__(self, run_dir: Path, part: str):
+        self._dir, self._part = run_dir, part
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tracesql-write")
+        self._writes: list[Future] = []
+
+    def write(self, name: str, table: pa.Table) -> None:
+        self._writes.append(self._pool.submit(self._write, name, table))
+
+    def _write(self, name: str, table: pa.Table) -> None:
+        (self._dir / name).mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, self._dir / name / self._part, compression="zstd", row_group_size=1 << 20)
+
+    def __enter__(self) -> PartWriter:
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        try:
+            if exc_type is None:
+                for w in self._writes:
+                    w.result()
+        finally:
+            self._pool.shutdown(cancel_futures=True)
 
 
 def new_staging(out: Path) -> Path:

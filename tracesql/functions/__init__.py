@@ -1,45 +1,54 @@
-"""SQL macros (and the kernel-class rules they use) available in every tracesql DuckDB session.
+"""SQL macros (and the data tables they use) available in every tracesql DuckDB session.
 
-They are plain SQL files in this folder so that a run opened in any DuckDB client gets the same definitions:
-`install(con)` runs them here, and `sql()` is what the engine writes into a run's `init.sql`.
+Everything here is plain files so that a run opened in any DuckDB client gets the same definitions:
+- `*.csv`: small data tables (kernel class rules, device peaks), created as tables of the file's name;
+- `NN_topic.sql`: macros, run in file-name order (a table macro binds the tables it reads when it is created).
+`install(con)` runs them on a connection; `sql()` is the same text, written into every run's `init.sql`.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SQL_FILES = ("sizes.sql", "activity.sql")
+_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
-def kernel_classes_sql() -> str:
-    """`kernel_classes` as an inline table: the class rules travel with the SQL, not as a file path."""
-    with open(HERE / "kernel_classes.csv", newline="") as f:
+def _literal(value: str, sql_type: str) -> str:
+    if value == "":
+        return "NULL"
+    return value if sql_type != "VARCHAR" else "'" + value.replace("'", "''") + "'"
+
+
+def csv_table_sql(path: Path) -> str:
+    """A CSV file as CREATE TABLE + INSERT: the data travels inside the SQL, never as a path. A column whose
+    values are all integers is INTEGER, all numbers DOUBLE, otherwise VARCHAR."""
+    with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-
-    def lit(v: str, numeric: bool = False) -> str:
-        if v == "":
-            return "NULL"
-        return v if numeric else "'" + v.replace("'", "''") + "'"
-
-    values = ",\n    ".join(
-        f"({lit(r['scheme'])}, {lit(r['priority'], True)}, {lit(r['kind'])}, {lit(r['name_regex'])}, "
-        f"{lit(r['class'])}, {lit(r['note'])})"
-        for r in rows
-    )
-    return (
-        "-- Kernel classes: the first matching rule (lowest priority) of a scheme gives a device event its class.\n"
-        "-- Edit this table (or insert rules with a new scheme) to change what counts as communication.\n"
-        "CREATE OR REPLACE TABLE kernel_classes (scheme VARCHAR, priority INTEGER, kind VARCHAR, "
-        "name_regex VARCHAR, class VARCHAR, note VARCHAR);\n"
-        f"INSERT INTO kernel_classes VALUES\n    {values};\n"
-    )
+    columns = list(rows[0]) if rows else []
+    types = {}
+    for c in columns:
+        values = [r[c] for r in rows if r[c] != ""]
+        if values and all(re.fullmatch(r"-?\d+", v) for v in values):
+            types[c] = "BIGINT"
+        elif values and all(_NUMBER.fullmatch(v) for v in values):
+            types[c] = "DOUBLE"
+        else:
+            types[c] = "VARCHAR"
+    name = path.stem
+    values = ",\n    ".join("(" + ", ".join(_literal(r[c], types[c]) for c in columns) + ")" for r in rows)
+    return (f"-- {name}: from tracesql/functions/{path.name}; edit or insert rows to change it for this session.\n"
+            f"CREATE OR REPLACE TABLE {name} ({', '.join(f'{c} {types[c]}' for c in columns)});\n"
+            f"INSERT INTO {name} VALUES\n    {values};\n")
 
 
 def sql() -> str:
-    return "\n".join([kernel_classes_sql()] + [(HERE / name).read_text() for name in SQL_FILES])
+    tables = [csv_table_sql(p) for p in sorted(HERE.glob("*.csv"))]
+    macros = [p.read_text() for p in sorted(HERE.glob("*.sql"))]
+    return "\n".join(tables + macros)
 
 
 def install(con) -> None:
-    con.execute(sql())
+    con.execute(sql()).fetchall()

@@ -167,7 +167,7 @@ def _ns(us: np.ndarray) -> np.ndarray:
 
 def _raw_json_column(raws: list) -> pa.Array:
     """Raw JSON byte strings -> an Arrow string array without a per-element Python copy; b'' -> NULL."""
-    lengths = np.array([len(r) for r in raws], np.int64)
+    lengths = np.fromiter(map(len, raws), np.int64, len(raws))
     offsets = np.zeros(len(raws) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     validity = arrays.bitmap(lengths > 0) if (lengths == 0).any() else None
@@ -176,6 +176,8 @@ def _raw_json_column(raws: list) -> pa.Array:
 
 def _ids(values: list, labels: dict[int, str]) -> np.ndarray:
     """pid/tid values -> int64. A label such as 'Spans' gets a stable negative id, recorded in `labels`."""
+    if set(map(type, values)) <= {int}:  # the usual case, without a dictionary
+        return np.array(values, np.int64)
     codes, uniques = _codes(values)
     mapped = []
     for v in uniques:
