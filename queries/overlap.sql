@@ -1,13 +1,19 @@
--- overlap: How much communication is hidden under computation, per rank and device.
+-- overlap: How much communication is hidden under computation, per rank and device (or per step, or per process group).
 --
 -- overlap_ratio = |union(comm) ∩ union(compute)| / |union(comm)|: the share of communication time during which
 -- some compute kernel also runs (HTA's comp_comm_overlap_pctg). exposed_comm_ns = |union(comm)| − overlap_ns is
 -- the communication time nothing hides. Unions are taken over all streams of the device, so concurrent kernels
 -- are counted once. NULL ratio when the device ran no communication.
+-- per = 'step': over each step's device window (as temporal_breakdown per step: `step_timeline`).
+-- per = 'process_group': comm_ns is the time covered by the communication kernels of that group, overlap_ns the
+-- part of it with compute running (any compute); groups that run at the same time each count that time.
+-- A kernel's group is that of its collective call (`collectives`: the host call that encloses its launch, via
+-- slices.op_id or the op's own enclosing op, else the kernel's own row); 'unknown' when the trace names none.
 -- With class_scheme = 'hta' and analysis_window = 'hta' the numbers are HTA 0.5's (see README).
 --
 -- Needs: device kernels (a GPU/accelerator trace)
 -- Parameters:
+--   per = 'rank'               'rank' (per device), 'step' (per step and device) or 'process_group'
 --   class_scheme = 'default'   kernel class rules from kernel_classes: 'default' or 'hta'
 --   analysis_window = 'all'    'all' device work, or 'hta' (launched before the last ProfilerStep began)
 --   time_unit_ns = 1           1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
@@ -15,23 +21,59 @@
 --   run_id            VARCHAR  run
 --   rank              INTEGER  rank
 --   device_id         INTEGER  device
+--   step              INTEGER  step (per = 'step'; NULL otherwise)
+--   process_group     VARCHAR  process group name (per = 'process_group'; NULL otherwise)
 --   comm_ns           BIGINT   time with communication running (union over streams)
---   compute_ns        BIGINT   time with compute running (union over streams)
+--   compute_ns        BIGINT   time with compute running (union over streams; NULL per process group)
 --   overlap_ns        BIGINT   time with both running
 --   exposed_comm_ns   BIGINT   communication time not overlapped by compute
 --   overlap_ratio     DOUBLE   overlap_ns / comm_ns (NULL without communication)
 --   overlap_pct       DOUBLE   overlap_ratio in percent, rounded to 2 decimals
+WITH timeline AS (
+    SELECT * FROM device_timeline(
+        class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
+        analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
+        time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
+), comm_kernels AS (
+    SELECT k.run_id, k.rank, k.device_id, k.ts, k.ts + k.dur AS te,
+        COALESCE(arg_min(c.pg_name, c.collective_id), 'unknown') AS process_group
+    FROM device_activity(
+        class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
+        analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
+        time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1)) k
+    LEFT JOIN slices op ON op.run_id = k.run_id AND op.rank = k.rank AND op.slice_id = k.op_id
+    LEFT JOIN collectives c ON c.run_id = k.run_id AND c.rank = k.rank
+     AND c.collective_id IN (k.op_id, op.op_id, k.slice_id)
+    WHERE k.class = 'communication' AND COALESCE(getvariable('per'), 'rank') = 'process_group'
+    GROUP BY ALL
+), keyed AS (
+    SELECT *, NULL::INTEGER AS step, NULL::VARCHAR AS process_group
+    FROM timeline WHERE COALESCE(getvariable('per'), 'rank') = 'rank'
+    UNION ALL BY NAME
+    SELECT *, NULL::VARCHAR AS process_group
+    FROM step_timeline(
+        class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
+        analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
+        time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
+    WHERE COALESCE(getvariable('per'), 'rank') = 'step'
+    UNION ALL BY NAME
+    -- each communication segment of the timeline once per group whose kernels cover it (segments are cut at
+    -- every event's edges, so a kernel covers a segment entirely or not at all)
+    SELECT DISTINCT t.*, NULL::INTEGER AS step, k.process_group
+    FROM timeline t
+    JOIN comm_kernels k ON k.run_id = t.run_id AND k.rank = t.rank AND k.device_id = t.device_id
+     AND t.ts >= k.ts AND t.ts + t.dur <= k.te
+    WHERE t.classes & 2 = 2
+)
 SELECT
-    run_id, rank, device_id,
+    run_id, rank, device_id, step, process_group,
     CAST(COALESCE(sum(dur) FILTER (WHERE classes & 2 = 2), 0) AS BIGINT) AS comm_ns,
-    CAST(COALESCE(sum(dur) FILTER (WHERE classes & 1 = 1), 0) AS BIGINT) AS compute_ns,
+    CASE WHEN process_group IS NULL
+         THEN CAST(COALESCE(sum(dur) FILTER (WHERE classes & 1 = 1), 0) AS BIGINT) END AS compute_ns,
     CAST(COALESCE(sum(dur) FILTER (WHERE classes & 3 = 3), 0) AS BIGINT) AS overlap_ns,
     comm_ns - overlap_ns AS exposed_comm_ns,
     CAST(overlap_ns AS DOUBLE) / NULLIF(comm_ns, 0) AS overlap_ratio,
     round(100 * overlap_ratio, 2) AS overlap_pct
-FROM device_timeline(
-    class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
-    analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
-    time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
-GROUP BY run_id, rank, device_id
-ORDER BY run_id, rank, device_id;
+FROM keyed
+GROUP BY run_id, rank, device_id, step, process_group
+ORDER BY run_id, rank, device_id, step, process_group;

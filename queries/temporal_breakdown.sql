@@ -5,9 +5,12 @@
 --   exposed_memory = |union(memory) − union(compute) − union(comm)|, idle = window − |union(all)|.
 -- The four add up to the window. HTA reports compute, idle and non_compute = window − compute − idle
 -- (= exposed_comm + exposed_memory); its percentages are given too.
+-- per = 'step': one row per step and device, over the step's device window (from the first to the last activity
+-- of the events the step launched, `step_timeline`); inside it every event counts, whichever step launched it.
 --
 -- Needs: device kernels (a GPU/accelerator trace)
 -- Parameters:
+--   per = 'rank'               'rank' (one row per device) or 'step' (one row per step and device)
 --   class_scheme = 'default'   kernel class rules from kernel_classes: 'default' or 'hta'
 --   analysis_window = 'all'    'all' device work, or 'hta' (launched before the last ProfilerStep began)
 --   time_unit_ns = 1           1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
@@ -15,7 +18,8 @@
 --   run_id              VARCHAR  run
 --   rank                INTEGER  rank
 --   device_id           INTEGER  device
---   window_ns           BIGINT   first to last device activity
+--   step                INTEGER  step (per = 'step'; NULL otherwise)
+--   window_ns           BIGINT   first to last device activity (of the step)
 --   compute_ns          BIGINT   time with compute running
 --   exposed_comm_ns     BIGINT   time with communication but no compute
 --   exposed_memory_ns   BIGINT   time with only memory operations
@@ -27,7 +31,7 @@
 --   idle_pct            DOUBLE   idle_ns / window_ns, percent
 --   non_compute_pct     DOUBLE   non_compute_ns / window_ns, percent
 SELECT
-    run_id, rank, device_id,
+    run_id, rank, device_id, step,
     CAST(sum(dur) AS BIGINT) AS window_ns,
     CAST(COALESCE(sum(dur) FILTER (WHERE classes & 1 = 1), 0) AS BIGINT) AS compute_ns,
     CAST(COALESCE(sum(dur) FILTER (WHERE classes & 3 = 2), 0) AS BIGINT) AS exposed_comm_ns,
@@ -39,9 +43,19 @@ SELECT
     round(100.0 * exposed_memory_ns / window_ns, 2) AS exposed_memory_pct,
     round(100.0 * idle_ns / window_ns, 2) AS idle_pct,
     round(100.0 * non_compute_ns / window_ns, 2) AS non_compute_pct
-FROM device_timeline(
-    class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
-    analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
-    time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
-GROUP BY run_id, rank, device_id
-ORDER BY run_id, rank, device_id;
+FROM (
+    SELECT *, NULL::INTEGER AS step
+    FROM device_timeline(
+        class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
+        analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
+        time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
+    WHERE COALESCE(getvariable('per'), 'rank') = 'rank'
+    UNION ALL BY NAME
+    SELECT *
+    FROM step_timeline(
+        class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
+        analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
+        time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
+    WHERE COALESCE(getvariable('per'), 'rank') = 'step')
+GROUP BY run_id, rank, device_id, step
+ORDER BY run_id, rank, device_id, step;

@@ -28,7 +28,7 @@ def test_corpus_trace(trace, tmp_path):
             -- an op's device time through nested ops is at least its own
             (SELECT count(*) FROM ops WHERE device_total_ns < device_self_ns),
             (SELECT count(*) FROM slices WHERE dur < 0)
-    """).fetchone()
+    """).fetchall()[0]  # fetchone() would leave the result open and block the queries below on `con`
     assert invariants == (0, 0, 0, 0)
     for query in queries.catalogue():
         queries.run(con, query).fetchall()

@@ -87,7 +87,8 @@ def test_cli_ingest_query_formats(tmp_path):
 
     csv = cli("query", "overlap.sql", tmp_path / "run", "-p", "class_scheme=hta", "-p", "analysis_window=hta",
               "-f", "csv").output.splitlines()
-    assert csv[0].startswith("run_id,rank,device_id,comm_ns") and csv[1].endswith(",11.81")
+    assert csv[0].startswith("run_id,rank,device_id,") and csv[0].endswith(",overlap_pct")
+    assert csv[1].endswith(",11.81") and csv[2].endswith(",20.05")
     rows = json.loads(cli("query", "temporal_breakdown", tmp_path / "run", "-f", "json").output)
     assert [r["idle_pct"] for r in rows] == [55.21, 52.89]
     assert cli("query", "overlap", tmp_path / "run", "-f", "markdown").output.startswith("| run_id | rank |")

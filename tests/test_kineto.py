@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import tracesql
 from conftest import DATASETS, raw_events, write_trace
-from tracesql.readers.kineto import _ns, rank_from_file_name
+from tracesql.readers.kineto import rank_from_file_name
 
 
 def run_sql(run, sql):
     return tracesql.connect(run).execute(sql).fetchall()
 
 
-def test_microseconds_to_integer_nanoseconds_keep_the_fraction():
-    us = np.array([1712195495519695.8, 4458676522690.655, 3.0, 0.001, 1669783687570204.0])
-    assert _ns(us).tolist() == [1712195495519695750, 4458676522690655, 3000, 1, 1669783687570204000]
+def test_microseconds_to_integer_nanoseconds_keep_the_fraction(tmp_path):
+    us = [1712195495519695.8, 4458676522690.655, 3.0, 0.001, 1669783687570204.0]
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "ts": t, "dur": 0.5, "pid": 1, "tid": 1}
+              for i, t in enumerate(us)]
+    tracesql.ingest([write_trace(tmp_path / "t.json", events)], tmp_path / "run")
+    got = run_sql(tmp_path / "run", "SELECT ts, dur FROM slices ORDER BY name")
+    assert got == [(1712195495519695750, 500), (4458676522690655, 500), (3000, 500), (1, 500),
+                   (1669783687570204000, 500)]
     # 1712195495519695.8 is stored as the double ...695.75: the writer's own precision, kept to the ns
 
 
@@ -106,14 +110,16 @@ def test_damaged_events_are_skipped_with_a_count(tmp_path):
         {"ph": "X", "cat": "cpu_op", "name": "no_dur", "ts": 5.0, "pid": 1, "tid": 1},
         {"ph": "Q", "name": "unknown phase", "ts": 5.0, "pid": 1, "tid": 1},
         {"ph": "X", "cat": "cpu_op", "name": "wrong type", "ts": "soon", "dur": 1.0, "pid": 1, "tid": 1},
+        ["not", "an", "event"],
     ]
     trace = write_trace(tmp_path / "t.json", events)
     result = tracesql.ingest([trace], tmp_path / "run")
     assert len(result.warnings) == 1 and str(trace) in result.warnings[0]
-    for part in ("1 malformed event", "1 unsupported phase", "1 missing or non-numeric ts", "2 missing or negative dur"):
+    for part in ("1 malformed event", "1 unsupported phase", "2 missing or non-numeric ts",
+                 "2 missing or negative dur"):
         assert part in result.warnings[0]
     assert run_sql(tmp_path / "run", "SELECT count(*) FROM slices")[0][0] == 12
-    assert run_sql(tmp_path / "run", "SELECT skipped_count FROM ranks")[0][0] == 5
+    assert run_sql(tmp_path / "run", "SELECT skipped_count FROM ranks")[0][0] == 6
     with pytest.raises(tracesql.TraceError, match="damaged events"):
         tracesql.ingest([trace], tmp_path / "strict", strict=True)
     assert not (tmp_path / "strict").exists()
@@ -166,11 +172,12 @@ def test_cuda_graph_replays_link_to_one_launch(ingested):
 def test_nccl_collectives_sizes_and_kernels(ingested):
     source = DATASETS / "hta_nccl_parser_config" / "nccl_data.json.gz"
     events = raw_events(source)
-    calls = [e for e in events if e.get("name") == "record_param_comms" and "Collective name" in e.get("args", {})]
+    calls = [e for e in events if e.get("name") == "record_param_comms"
+             and e.get("args", {}).get("Collective name") not in (None, "wait")]  # work.wait() moves no data
     run = ingested(source.parent)
     rows = run_sql(run, "SELECT cpu_ts, source_name, in_nelems, size_bytes, group_ranks, kernel_count "
                         "FROM collectives ORDER BY cpu_ts")
-    assert len(rows) == len(calls) == 27
+    assert len(rows) == len(calls) == 21
     for row, call in zip(rows, sorted(calls, key=lambda e: e["ts"])):
         assert row[1] == call["args"]["Collective name"] and row[2] == call["args"]["In msg nelems"]
     allreduce = [r for r in rows if r[1] == "allreduce"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 
-from . import functions, schema, store
+from . import db, functions, schema, store
 from .errors import TraceError
 
 
@@ -72,7 +72,7 @@ def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     runs = resolve(target)
     for run in runs:
         store.load_manifest(run)  # refuses runs of another schema version with a clear message
-    con = duckdb.connect(config={"threads": threads} if threads else {})
+    con = db.connect(threads)
     globs = {t: [str(run.absolute() / t / "*.parquet") for run in runs] for t in schema.TABLES}
     con.execute(views_sql(globs))
     functions.install(con)

@@ -73,7 +73,7 @@ def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
     p = Path(path)
     gc.disable()  # bulk allocation of short-lived, acyclic objects: the cycle collector only costs time here
     try:
-        data = read_trace(p)
+        data = read_trace(p, threads=threads)
         chosen, fallback = ranks
         rank = next((r for r in (chosen, data.rank, fallback) if r is not None), None)
         if rank is None:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import functions, schema
+from . import db, functions, schema
 from .arrays import array, strings, to_numpy
 from .readers import TraceData
 
@@ -31,7 +31,7 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1, on_tabl
               ) -> dict[str, pa.Table]:
     """Every table for one file; `on_table(name, table)` is called as each is done (e.g. to start writing it)."""
     starter = ThreadPoolExecutor(1)  # DuckDB starts up (tens of ms, without the GIL) while the numpy work runs
-    connecting = starter.submit(duckdb.connect, config={"threads": threads})
+    connecting = starter.submit(db.connect, threads)
     starter.shutdown(wait=False)
     s = data.slices
     n = s.num_rows
@@ -39,11 +39,12 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1, on_tabl
     ts = to_numpy(s["ts"])
     dur = to_numpy(s["dur"])
     end = ts + dur
+    sid = to_numpy(s["slice_id"])  # rows may be in any order: arrays below are by row, ties broken by slice_id
     is_op = is_kind(("cpu_op",))
     is_collective_call = _collective_calls(s, is_op)
     lane = to_numpy(_dictionary(s["track"]).indices)
 
-    parent, depth, enclosing_op, op_depth, enclosing_call = _nest(lane, ts, end, is_op, is_collective_call)
+    parent, depth, enclosing_op, op_depth, enclosing_call = _nest(lane, ts, end, sid, is_op, is_collective_call)
 
     # device work -> the runtime/driver call with the same correlation id (CUDA graphs: many kernels, one call)
     correlation = s["correlation"]
@@ -53,7 +54,7 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1, on_tabl
     corr = to_numpy(correlation, fill=-1)
     launchers = np.flatnonzero(is_kind(LAUNCH_KINDS) & has_corr)
     if len(launchers):
-        order = launchers[np.lexsort((launchers, corr[launchers]))]
+        order = launchers[np.lexsort((sid[launchers], corr[launchers]))]
         keys, first = np.unique(corr[order], return_index=True)
         targets = np.flatnonzero(on_device & has_corr)
         pos = np.clip(np.searchsorted(keys, corr[targets]), 0, len(keys) - 1)
@@ -65,7 +66,7 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1, on_tabl
 
     # steps: host events by time inside the step range; device events by their launch's step
     step_rows = np.flatnonzero(is_kind(("user_annotation", "cpu_op")) & _name_matches(s["name"], STEP_PATTERN))
-    step_rows = step_rows[np.argsort(ts[step_rows], kind="stable")]
+    step_rows = step_rows[np.lexsort((sid[step_rows], ts[step_rows]))]
     step_names = s["name"].take(array(step_rows)).cast(pa.string()).to_pylist()
     step_numbers = np.array([int(nm.split("#", 1)[1]) for nm in step_names], np.int64)
     step = np.full(n, -1, np.int64)
@@ -92,8 +93,8 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1, on_tabl
     child = np.flatnonzero(is_kind(SELF_TIME_CHILD_KINDS) & (parent >= 0))
     child_time = np.bincount(parent[child], weights=dur[child], minlength=n).astype(np.int64)
 
-    def ids(a):
-        return array(a, pa.int64(), a < 0)
+    def ids(rows):  # row positions (-1: none) -> slice ids
+        return array(np.where(rows >= 0, sid[rows], -1), pa.int64(), rows < 0)
 
     run_ids = pa.DictionaryArray.from_arrays(array(np.zeros(n, np.int32)), strings([run_id]))
     slices = s.append_column("run_id", run_ids)
@@ -149,13 +150,13 @@ def _collective_calls(s: pa.Table, is_op) -> np.ndarray:
     return is_op & _per_value(s["name"], lambda v: v.startswith("c10d::"))
 
 
-def _nest(lane, ts, end, is_op, is_call):
+def _nest(lane, ts, end, sid, is_op, is_call):
     """Parent, depth, innermost enclosing op (and op depth), innermost enclosing collective call, per event.
 
     Events are visited per lane in (start, longest first) order with a stack of open events. An event that starts
     inside the top of the stack but ends after it (a partial overlap: clock jitter) is not its child."""
     n = len(ts)
-    order = np.lexsort((np.arange(n), -(end - ts), ts, lane))
+    order = np.lexsort((sid, -(end - ts), ts, lane))
     lane_l, ts_l, end_l = lane[order].tolist(), ts[order].tolist(), end[order].tolist()
     par, dep = [-1] * n, [0] * n
     stack_end: list[int] = []
@@ -204,11 +205,17 @@ def _derive(con, slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str
     steps = _table(con, "steps", STEPS_SQL)
     on_table("steps", steps)
     con.register("steps", steps)
-    functions.install(con)  # its macros read `slices` and `steps`
+    for name in schema.TABLES.keys() - {"slices", "steps"}:  # macros name every table when they are created
+        con.register(name, schema.arrow_schema(name).empty_table())
+    functions.install(con)
+    metadata = _metadata_tables(con, data, run_id, rank)
+    for name, table in metadata.items():
+        on_table(name, table)
 
     def query(name: str, sql: str) -> pa.Table:
         cursor = con.cursor()  # shares the macros, not the registered tables
-        for view, rows in (("slices", slices), ("extra", extra), ("steps", steps)):
+        for view, rows in (("slices", slices), ("extra", extra), ("steps", steps),
+                           ("groups", metadata["process_groups"])):
             cursor.register(view, rows)
         table = _table(cursor, name, sql)
         on_table(name, table)
@@ -218,9 +225,6 @@ def _derive(con, slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str
     with ThreadPoolExecutor(threads) as pool:
         derived = {name: pool.submit(query, name, sql)
                    for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL))}
-        metadata = _metadata_tables(con, data, run_id, rank)
-    for name, table in metadata.items():
-        on_table(name, table)
     return {"slices": slices, "steps": steps, **{name: q.result() for name, q in derived.items()}, **metadata}
 
 
@@ -231,7 +235,7 @@ def _table(con, name: str, sql: str, params: dict | None = None) -> pa.Table:
 
 OPS_SQL = """
 SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s.pid, s.tid,
-    p.op_id AS parent_op_id, x.op_depth, s.step, s.external_id,
+    s.op_id AS parent_op_id, x.op_depth, s.step, s.external_id,
     TRY_CAST(json_extract_string(s.args, '$."Sequence number"') AS BIGINT) AS sequence_number,
     TRY_CAST(json_extract_string(s.args, '$."Fwd thread id"') AS BIGINT) AS fwd_thread_id,
     list_transform(TRY_CAST(json_extract(s.args, '$."Input Dims"') AS JSON[]),
@@ -243,8 +247,7 @@ SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s
     TRY_CAST(json_extract_string(s.args, '$.flops') AS DOUBLE) AS flops,
     x.kernel_count, x.device_self_ns, x.kernel_count_total, x.device_total_ns, s.args
 FROM slices s
-JOIN extra x USING (slice_id)
-LEFT JOIN slices p ON p.slice_id = s.op_id  -- s.op_id of an op is its enclosing op
+JOIN extra x USING (slice_id)  -- (an op's own op_id is the op enclosing it)
 WHERE s.kind = 'cpu_op'
 ORDER BY s.slice_id
 """
@@ -280,20 +283,33 @@ WITH comm_kernels AS (
         COALESCE(json_extract_string(args, '$.dtype'),
                  list_filter(TRY_CAST(json_extract(args, '$."Input type"') AS VARCHAR[]),
                              lambda t: dtype_bytes(t) IS NOT NULL)[1]) AS dtype,
+        -- without metadata the message is the op's input tensor: the second one of c10d's *_base_ ops
+        -- (output, input), the first otherwise
         COALESCE(TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT),
-                 first_tensor_numel(json_extract(args, '$."Input Dims"'))) AS in_nelems,
+                 tensor_numel(json_extract(args, '$."Input Dims"'),
+                              CASE WHEN source_name LIKE '%\_base\_%' ESCAPE '\\' THEN 2 ELSE 1 END)) AS in_nelems,
         TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT) AS out_nelems,
         TRY_CAST(COALESCE(json_extract_string(args, '$.Seq'), json_extract_string(args, '$.seq')) AS BIGINT)
-            AS seq_recorded
+            AS recorded_seq
     FROM (SELECT * FROM calls UNION ALL BY NAME SELECT * FROM kernel_only)
+    WHERE source_name <> 'wait'  -- work.wait() is recorded like a collective but moves no data
+), only_group AS (  -- a rank in a single process group: calls that name none ran on it
+    SELECT any_value(pg_name) AS pg_name, any_value(pg_desc) AS pg_desc, any_value(group_size) AS group_size,
+        any_value(group_ranks) AS group_ranks
+    FROM groups HAVING count(*) = 1
 )
-SELECT *, collective_kind(source_name) AS collective, dtype_bytes(dtype) AS dtype_bytes,
-    CASE WHEN collective_kind(source_name) = 'all_gather' THEN COALESCE(out_nelems, in_nelems * group_size)
-         ELSE in_nelems END * dtype_bytes(dtype) AS size_bytes,
-    COALESCE(seq_recorded,
-             row_number() OVER (PARTITION BY COALESCE(pg_name, '') ORDER BY COALESCE(cpu_ts, device_ts)) - 1) AS seq
-FROM rows
-ORDER BY COALESCE(cpu_ts, device_ts)
+SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_desc, g.pg_desc) AS pg_desc,
+                    COALESCE(r.group_size, g.group_size) AS group_size,
+                    COALESCE(r.group_ranks, g.group_ranks) AS group_ranks),
+    collective_kind(r.source_name) AS collective, dtype_bytes(r.dtype) AS dtype_bytes,
+    CASE WHEN collective_kind(r.source_name) = 'all_gather'
+         THEN COALESCE(r.out_nelems, r.in_nelems * COALESCE(r.group_size, g.group_size))
+         ELSE r.in_nelems END * dtype_bytes(r.dtype) AS size_bytes,
+    r.recorded_seq IS NOT NULL AS seq_recorded,
+    COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY COALESCE(r.pg_name, g.pg_name, '')
+                                                ORDER BY COALESCE(r.cpu_ts, r.device_ts)) - 1) AS seq
+FROM rows r LEFT JOIN only_group g ON true
+ORDER BY COALESCE(r.cpu_ts, r.device_ts)
 """
 
 MEMORY_SQL = """
@@ -326,7 +342,7 @@ ORDER BY r.ts
 
 
 def _metadata_tables(con, data: TraceData, run_id: str, rank: int) -> dict[str, pa.Table]:
-    span = con.execute("SELECT min(ts), max(ts + dur) FROM slices").fetchone()  # noqa: F841
+    span = con.execute("SELECT min(ts), max(ts + dur) FROM slices").fetchone()
     ranks = {
         "run_id": run_id, "rank": rank, "source_path": None, "source_format": data.format,
         "source_bytes": None, "world_size": data.world_size, "backend": data.backend,

@@ -168,11 +168,17 @@ TABLES: dict[str, Table] = {
                     "send, recv, send_recv, barrier, gather, scatter, or the source's name.",
                 ),
                 ("source_name", "VARCHAR", "The collective's name as recorded (Collective name or kernel name)."),
-                ("pg_name", "VARCHAR", "Process group name."),
+                ("pg_name", "VARCHAR", "Process group name (the rank's only group when the call names none)."),
                 ("pg_desc", "VARCHAR", "Process group description."),
                 ("group_size", "INTEGER", "Ranks in the group."),
                 ("group_ranks", "INTEGER[]", "Global ranks in the group."),
                 ("seq", "BIGINT", "Sequence number of the call within (rank, pg_name): matches calls across ranks."),
+                (
+                    "seq_recorded",
+                    "BOOLEAN",
+                    "True when the trace recorded seq; false when it counts the rank's calls in time order (then "
+                    "ranks whose profiles start at different calls disagree).",
+                ),
                 ("dtype", "VARCHAR", "Element type."),
                 ("dtype_bytes", "INTEGER", "Bytes per element."),
                 ("in_nelems", "BIGINT", "Input elements."),

@@ -4,6 +4,7 @@ CPU training job that uses the gloo backend and several collective types.
 
 Usage:
     python datasets/generators/gloo_training.py OUT_DIR [--world-size 2] [--steps N]
+                                                [--slow-rank R --delay-ms D]
 
 Writes OUT_DIR/rank-{r}.pt.trace.json.gz, one per rank.
 
@@ -17,6 +18,10 @@ Each rank:
     with_flops) using schedule(wait=1, warmup=1, active=3, repeat=1), calling
     prof.step() each iteration so ProfilerStep#N annotations exist.
 
+With --slow-rank R, rank R sleeps D ms before the forward pass and before each
+explicit collective: a known straggler, so that skew and straggler analyses
+have a ground truth to find.
+
 Everything is seeded; timings of course differ between runs.
 """
 import argparse
@@ -24,6 +29,7 @@ import gzip
 import os
 import shutil
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -62,35 +68,46 @@ class TinyModel(nn.Module):
         return self.head(x.mean(dim=1))
 
 
-def extra_collectives(rank: int, world: int) -> None:
+def extra_collectives(rank: int, world: int, straggle) -> None:
     with record_function("extra_collectives"):
         t = torch.full((8,), float(rank))
         gathered = [torch.empty(8) for _ in range(world)]
+        straggle()
         dist.all_gather(gathered, t)
 
         b = torch.arange(16, dtype=torch.float32) if rank == 0 else torch.zeros(16)
+        straggle()
         dist.broadcast(b, src=0)
 
         inp = torch.arange(4 * world, dtype=torch.int64) + 100 * rank
         out = torch.empty_like(inp)
+        straggle()
         try:
             dist.all_to_all_single(out, inp)
         except (RuntimeError, NotImplementedError):
             pass
         # newer torch renamed reduce_scatter_tensor -> reduce_scatter_single
         rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        straggle()
         try:
             rs(torch.empty(4), torch.ones(4 * world))
         except (RuntimeError, NotImplementedError, ValueError):
             pass  # older gloo builds may not implement reduce_scatter
+        straggle()
         dist.barrier()
 
 
-def worker(rank: int, world: int, port: int, steps: int, out_dir: str) -> None:
+def worker(rank: int, world: int, port: int, steps: int, out_dir: str, slow_rank: int, delay_ms: float) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    delay_s = delay_ms / 1000 if rank == slow_rank else 0.0
+
+    def straggle():
+        if delay_s:
+            time.sleep(delay_s)
+
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
     model = DDP(TinyModel(), bucket_cap_mb=0.01)  # small buckets -> several all_reduces
@@ -119,13 +136,14 @@ def worker(rank: int, world: int, port: int, steps: int, out_dir: str) -> None:
             x = torch.randn(batch, 3, 16, 16, generator=gen)
             y = torch.randint(0, 10, (batch,), generator=gen)
             opt.zero_grad(set_to_none=True)
+            straggle()
             with record_function("forward"):
                 loss = loss_fn(model(x), y)
             with record_function("backward"):
                 loss.backward()
             with record_function("optimizer_step"):
                 opt.step()
-            extra_collectives(rank, world)
+            extra_collectives(rank, world, straggle)
             prof.step()
 
     dist.barrier()
@@ -143,11 +161,13 @@ def main() -> None:
     ap.add_argument("out_dir")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--steps", type=int, default=WAIT + WARMUP + ACTIVE + 1)
+    ap.add_argument("--slow-rank", type=int, default=-1, help="rank that arrives late (default: none)")
+    ap.add_argument("--delay-ms", type=float, default=5.0, help="how late the slow rank is, per collective")
     args = ap.parse_args()
     if args.steps < WAIT + WARMUP + ACTIVE:
         ap.error(f"--steps must be >= {WAIT + WARMUP + ACTIVE}")
     os.makedirs(args.out_dir, exist_ok=True)
-    mp.spawn(worker, args=(args.world_size, free_port(), args.steps, args.out_dir),
+    mp.spawn(worker, args=(args.world_size, free_port(), args.steps, args.out_dir, args.slow_rank, args.delay_ms),
              nprocs=args.world_size, join=True)
 
 

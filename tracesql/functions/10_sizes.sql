@@ -36,15 +36,17 @@ CREATE OR REPLACE MACRO collective_kind(source_name) AS (
     END
 );
 
--- Elements of the first tensor (or tensor list, summed) in a Kineto 'Input Dims' JSON value such as
--- [[], [[8]], [], []] or [[4458]]: the message of c10d ops that record no 'In msg nelems'.
-CREATE OR REPLACE MACRO first_tensor_numel(input_dims) AS (
+-- Elements of the n-th tensor (or tensor list, summed) in a Kineto 'Input Dims' JSON value such as
+-- [[], [[8]], [], []] or [[8], [16]], counting only entries with a shape: the message of c10d ops that record no
+-- 'In msg nelems'.
+CREATE OR REPLACE MACRO tensor_numel(input_dims, n) AS (
     list_filter(
         list_transform(TRY_CAST(input_dims AS JSON[]), lambda d:
-            CASE WHEN TRY_CAST(d AS BIGINT[]) IS NOT NULL AND len(TRY_CAST(d AS BIGINT[])) > 0
+            CASE WHEN len(TRY_CAST(d AS BIGINT[])) > 0
+                      AND len(list_filter(TRY_CAST(d AS BIGINT[]), lambda v: v IS NULL)) = 0
                      THEN list_product(TRY_CAST(d AS BIGINT[]))
-                 WHEN TRY_CAST(d AS BIGINT[][]) IS NOT NULL AND len(TRY_CAST(d AS BIGINT[][])) > 0
+                 WHEN len(TRY_CAST(d AS BIGINT[][])) > 0
                      THEN list_sum(list_transform(TRY_CAST(d AS BIGINT[][]), lambda t: list_product(t)))
             END),
-        lambda x: x IS NOT NULL)[1]
+        lambda x: x IS NOT NULL)[n]
 );

@@ -93,8 +93,8 @@ def reader_for(path: Path):
     raise TraceError(path, f"not a trace tracesql can read (formats: {', '.join(r.FORMAT for r in READERS)})")
 
 
-def read_trace(path: Path) -> TraceData:
-    data = reader_for(path).read(path)
+def read_trace(path: Path, threads: int | None = None) -> TraceData:
+    data = reader_for(path).read(path, threads=threads)
     missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
     assert not missing, f"reader {data.format} left out {missing}"
     return data

@@ -1,49 +1,25 @@
 """PyTorch profiler (Kineto) JSON traces: `*.pt.trace.json[.gz]` from CUDA, ROCm, MTIA and CPU runs.
 
-Speed: the file is decoded once by msgspec into small typed structs whose `args` stay raw JSON bytes; names
-and categories are dictionary-encoded with a Python dict; numbers go through numpy; the JSON fields that
-other columns need (correlation, stream, ...) are pulled out of `args` by DuckDB in one vectorized pass.
+Speed and memory: msgspec checks the whole document and finds the `traceEvents` array without building Python
+objects for it; the array goes to a scratch file that DuckDB's JSON reader parses on every core, keeping `args`
+as JSON text. Python only sees a few hundred metadata events and the small lookup tables.
 """
 
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
-from typing import Union
 
+import duckdb
 import msgspec
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .. import arrays
+from .. import db
 from ..errors import TraceError
 
 FORMAT = "kineto"
-
-
-class Event(msgspec.Struct, gc=False):
-    ph: str = ""
-    name: Union[str, None] = None
-    cat: Union[str, None] = None
-    pid: Union[int, str, None] = None
-    tid: Union[int, str, None] = None
-    ts: Union[float, None] = None
-    dur: Union[float, None] = None
-    args: msgspec.Raw = msgspec.Raw(b"")
-
-
-class LinkArgs(msgspec.Struct, gc=False, frozen=True):
-    """The args other columns are built from; a second, cheap decode pass (unknown keys are skipped)."""
-
-    correlation: Union[int, None] = None
-    external_id: Union[int, None] = msgspec.field(default=None, name="External id")
-    stream: Union[int, None] = None
-    device: Union[int, None] = None
-
-
-class EventLinks(msgspec.Struct, gc=False):
-    args: LinkArgs = LinkArgs()
-
 
 # Kineto category (lower case) -> slices.kind. Declared, not branched on, so new categories are one line.
 CATEGORY_KINDS = {
@@ -88,7 +64,9 @@ def rank_from_file_name(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _decode(path: Path, data: bytes, notes: list[str]):
+def _split(path: Path, data: bytes):
+    """(the raw `traceEvents` array, the other top-level fields decoded). msgspec validates the whole document
+    here, so everything after works on well-formed JSON."""
     try:
         top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
     except msgspec.ValidationError:
@@ -98,169 +76,77 @@ def _decode(path: Path, data: bytes, notes: list[str]):
     if "traceEvents" not in top:
         raise TraceError(path, "not a trace: JSON object has no 'traceEvents'")
     raw_events = top.pop("traceEvents")
-    try:
-        events = msgspec.json.decode(raw_events, type=list[Event])
-        skipped_types = 0
-    except msgspec.ValidationError:
-        events, skipped_types = _decode_one_by_one(path, raw_events)
-    except (msgspec.DecodeError, UnicodeDecodeError) as e:
-        if not isinstance(e, UnicodeDecodeError) and "utf-8" not in str(e).lower():
-            raise TraceError(path, f"not valid JSON ({e})") from None
-        notes.append("invalid UTF-8 in names replaced by U+FFFD")
-        fixed = bytes(raw_events).decode("utf-8", "replace").encode()
-        events, skipped_types = _decode_one_by_one(path, fixed)
-    links = _decode_links(raw_events, len(events)) if not skipped_types else None
+    if bytes(memoryview(raw_events)[:1]) != b"[":
+        raise TraceError(path, "not a trace: 'traceEvents' is not a list")
     meta = {}
     for key, raw in top.items():
         try:
             meta[key] = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError):
             meta[key] = None
-    return events, links, skipped_types, meta
+    return raw_events, meta
 
 
-def _decode_links(raw_events, n: int) -> list[EventLinks] | None:
-    try:
-        links = msgspec.json.decode(raw_events, type=list[EventLinks])
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None  # a damaged args value: fall back to decoding the kept events' args one by one
-    return links if len(links) == n else None
+# The events as DuckDB reads them. Fast path: typed columns. If a value does not fit its type (a damaged event),
+# the robust path reads every event as one JSON value and extracts the fields with TRY_CAST.
+_TYPED = """
+SELECT row_number() OVER () - 1 AS idx, false AS malformed, ph, cat, name, pid, tid, ts, dur, args
+FROM read_json($file, format = 'array',
+               columns = {ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'JSON', tid: 'JSON',
+                          ts: 'DOUBLE', dur: 'DOUBLE', args: 'JSON'})
+"""
+_ROBUST = """
+SELECT row_number() OVER () - 1 AS idx, json_type(e) <> 'OBJECT' AS malformed,
+    e ->> 'ph' AS ph, e ->> 'cat' AS cat, e ->> 'name' AS name, e -> 'pid' AS pid, e -> 'tid' AS tid,
+    TRY_CAST(e ->> 'ts' AS DOUBLE) AS ts, TRY_CAST(e ->> 'dur' AS DOUBLE) AS dur, e -> 'args' AS args
+FROM read_json($file, format = 'array', records = false,
+               columns = {e: 'JSON'})
+"""
 
 
-def _decode_one_by_one(path: Path, raw_events) -> tuple[list[Event], int]:
-    """Slow path for a trace with some malformed events: keep the good ones, count the rest."""
-    try:
-        raws = msgspec.json.decode(raw_events, type=list[msgspec.Raw])
-    except msgspec.ValidationError:
-        raise TraceError(path, "not a trace: 'traceEvents' is not a list") from None
-    decode = msgspec.json.Decoder(Event).decode
-    events, bad = [], 0
-    for raw in raws:
+def _load_events(con, path: Path, events_file: Path, notes: list[str]) -> None:
+    for sql in (_TYPED, _ROBUST):
         try:
-            events.append(decode(raw))
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            bad += 1
-    return events, bad
+            con.execute(f"CREATE OR REPLACE TABLE events AS {sql}", {"file": str(events_file)})
+            return
+        except duckdb.Error as e:
+            if "utf" in str(e).lower() and "invalid UTF-8 in names replaced by U+FFFD" not in notes:
+                notes.append("invalid UTF-8 in names replaced by U+FFFD")
+                events_file.write_bytes(events_file.read_bytes().decode("utf-8", "replace").encode())
+                return _load_events(con, path, events_file, notes)
+            if sql is _ROBUST:
+                raise TraceError(path, f"unreadable events ({str(e).splitlines()[0]})") from None
 
 
-def _codes(values: list) -> tuple[np.ndarray, list]:
-    """Dictionary-encode a list of hashables: (int32 codes, unique values in first-seen order)."""
-    lookup: dict = {}
-    codes = np.array([lookup.setdefault(v, len(lookup)) for v in values], np.int32)
-    return codes, list(lookup)
-
-
-def _dictionary(codes: np.ndarray, values: list) -> pa.DictionaryArray:
-    """Codes + values -> a dictionary array; a None value becomes a null entry (Parquet cannot store a null key)."""
-    mask = None
-    if None in values:
-        mask = codes == values.index(None)
-        values = ["" if v is None else v for v in values]
-    return pa.DictionaryArray.from_arrays(arrays.array(codes, pa.int32(), mask), arrays.strings(values))
-
-
-def _ns(us: np.ndarray) -> np.ndarray:
-    """Float microseconds -> int64 nanoseconds, rounding the fraction separately so large epoch values keep ns."""
-    whole = np.floor(us)
-    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
-
-
-def _raw_json_column(raws: list) -> pa.Array:
-    """Raw JSON byte strings -> an Arrow string array without a per-element Python copy; b'' -> NULL."""
-    lengths = np.fromiter(map(len, raws), np.int64, len(raws))
-    offsets = np.zeros(len(raws) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    validity = arrays.bitmap(lengths > 0) if (lengths == 0).any() else None
-    return pa.LargeStringArray.from_buffers(len(raws), pa.py_buffer(offsets), pa.py_buffer(b"".join(raws)), validity)
-
-
-def _ids(values: list, labels: dict[int, str]) -> np.ndarray:
-    """pid/tid values -> int64. A label such as 'Spans' gets a stable negative id, recorded in `labels`."""
-    if set(map(type, values)) <= {int}:  # the usual case, without a dictionary
-        return np.array(values, np.int64)
-    codes, uniques = _codes(values)
-    mapped = []
-    for v in uniques:
-        if type(v) is int:
-            mapped.append(v)
-        else:
-            labels[-1 - len(labels)] = str(v)
-            mapped.append(-len(labels))
-    return np.array(mapped, np.int64)[codes] if mapped else np.zeros(0, np.int64)
-
-
-def _nullable_int(values: list, arrow_type=pa.int64()) -> pa.Array:
-    arr = np.array(values, dtype=np.float64)  # None -> NaN; ids are far below 2**53
-    missing = np.isnan(arr)
-    return arrays.array(np.where(missing, 0, arr).astype(np.int64), arrow_type, missing)
-
-
-def read(path: Path):
+def read(path: Path, threads: int | None = None):
     from . import TraceData, read_bytes
 
     notes: list[str] = []
-    events, links, skipped_types, meta = _decode(path, read_bytes(path), notes)
-    if not events:
-        raise TraceError(path, "empty trace: 'traceEvents' has no events")
-    skipped: dict[str, int] = {}
-    if skipped_types:
-        skipped["malformed event"] = skipped_types
-
-    ph_codes, phs = _codes([e.ph for e in events])
-    ph_is = lambda names: np.isin(ph_codes, [i for i, p in enumerate(phs) if p in names])  # noqa: E731
-    timed, is_x = ph_is(SLICE_PHASES), ph_is(("X",))
-    unsupported = int((~timed & ~ph_is(KNOWN_OTHER_PHASES)).sum())
-    if unsupported:
-        skipped["unsupported phase"] = unsupported
-
-    ts = np.array([e.ts for e in events], np.float64)
-    dur = np.where(is_x, np.array([e.dur for e in events], np.float64), 0.0)
-    bad_ts = timed & ~np.isfinite(ts)
-    bad_dur = timed & ~bad_ts & (~np.isfinite(dur) | (dur < 0))
-    for reason, mask in (("missing or non-numeric ts", bad_ts), ("missing or negative dur", bad_dur)):
-        if mask.any():
-            skipped[reason] = int(mask.sum())
-    keep = np.flatnonzero(timed & ~bad_ts & ~bad_dur)
-    if not len(keep):
-        raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
-
-    kept = [events[i] for i in keep.tolist()]
-    labels: dict[int, str] = {}
-    pid = _ids([e.pid for e in kept], labels)
-    tid = _ids([e.tid for e in kept], labels)
-    name_codes, names = _codes([e.name for e in kept])
-    cat_codes, cats = _codes([e.cat for e in kept])
-    kind_codes, kinds = _kinds(cat_codes, cats, name_codes, names, ~is_x[keep])
-    on_device = np.isin(kind_codes, [i for i, k in enumerate(kinds) if k in DEVICE_KINDS])
-
-    kept_links = [links[i].args for i in keep.tolist()] if links is not None else [_link_args(e) for e in kept]
-    device = np.array([a.device for a in kept_links], np.float64)
-    stream = np.array([a.stream for a in kept_links], np.float64)
-    device = np.where(np.isnan(device), pid, device)  # Kineto puts the device in pid and the stream in tid
-    stream = np.where(np.isnan(stream), tid, stream)
-    lanes = np.stack([on_device, np.where(on_device, device, pid), np.where(on_device, stream, tid)], 1).astype(np.int64)
-    device_id = arrays.array(device.astype(np.int32), pa.int32(), ~on_device)
-    stream_id = arrays.array(stream.astype(np.int64), pa.int64(), ~on_device)
-
+    data = read_bytes(path)
+    raw_events, meta = _split(path, data)
+    con = db.connect(threads)
+    with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
+        events_file = Path(scratch) / "events.json"
+        with open(events_file, "wb") as f:
+            f.write(memoryview(raw_events))
+        del raw_events, data  # the decoded copy lives in DuckDB from here on
+        _load_events(con, path, events_file, notes)
     base_time_ns = int(meta.get("baseTimeNanoseconds") or 0)
-    slices = pa.table(
-        {
-            "slice_id": arrays.array(np.arange(len(kept), dtype=np.int64)),
-            "kind": _dictionary(kind_codes, kinds),
-            "category": _dictionary(cat_codes, cats),
-            "name": _dictionary(name_codes, names),
-            "ts": arrays.array(_ns(ts[keep]) + base_time_ns),
-            "dur": arrays.array(_ns(dur[keep])),
-            "pid": arrays.array(pid),
-            "tid": arrays.array(tid),
-            "device_id": device_id,
-            "stream": stream_id,
-            "track": _tracks([events[i] for i in np.flatnonzero(ph_is(("M",))).tolist()], labels, lanes),
-            "correlation": _nullable_int([a.correlation for a in kept_links]),
-            "external_id": _nullable_int([a.external_id for a in kept_links]),
-            "args": _raw_json_column([e.args for e in kept]),
-        }
-    )
+    counts = con.execute(_COUNTS).fetchone()
+    total, skipped = counts[0], dict(zip(_SKIP_REASONS, counts[1:]))
+    skipped = {reason: n for reason, n in skipped.items() if n}
+    if not total:
+        raise TraceError(path, "empty trace: 'traceEvents' has no events")
+    if total == sum(skipped.values()) + counts[-1]:
+        raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
+    con.execute(_LOOKUPS)
+    # batch by batch: DuckDB never holds the whole result; dictionary-encoding shrinks each batch as it comes
+    batches = [pa.RecordBatch.from_arrays([pc.dictionary_encode(b[c]) if c in _DICTIONARY else b[c]
+                                           for c in b.schema.names], names=b.schema.names)
+               for b in con.sql(_SLICES, params={"base": base_time_ns}).to_arrow_reader(1 << 16)]
+    con.close()  # frees the events table before normalizing
+    slices = pa.Table.from_batches(batches).unify_dictionaries().combine_chunks()
+    del batches
 
     dist = meta.pop("distributedInfo", None)
     dist = dist if isinstance(dist, dict) else {}
@@ -275,7 +161,7 @@ def read(path: Path):
         backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         host_name=meta.get("host_name") or meta.get("hostname"),
         base_time_ns=base_time_ns,
-        event_count=len(events) + skipped_types,
+        event_count=total,
         skipped=skipped,
         notes=notes,
         metadata={k: v for k, v in meta.items() if k != "deviceProperties"},
@@ -284,61 +170,98 @@ def read(path: Path):
     )
 
 
-def _link_args(e: Event) -> LinkArgs:
-    try:
-        return msgspec.json.decode(e.args, type=EventLinks).args if e.args else LinkArgs()
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return LinkArgs()
-
-
-def _kinds(cat_codes, cats, name_codes, names, instant) -> tuple[np.ndarray, list[str]]:
-    """slices.kind for each event, as (codes, kinds): by category, then the (category, name) exceptions, then
-    instants. Works on codes: comparing strings per event would cost more than the whole decode."""
-    kinds = sorted(set(CATEGORY_KINDS.values()) | set(NAME_KINDS.values()) | {"other", "instant", "memory"})
-    code = {k: i for i, k in enumerate(kinds)}
-    per_cat = np.array([code[CATEGORY_KINDS.get((c or "").lower(), "other")] for c in cats] or [0], np.int32)
-    kind = per_cat[cat_codes]
-    name_index = {nm: i for i, nm in enumerate(names)}
-    cat_index = {c: i for i, c in enumerate(cats)}
-    for (cat, nm), k in NAME_KINDS.items():
-        if nm in name_index and cat in cat_index:
-            kind[(name_codes == name_index[nm]) & (cat_codes == cat_index[cat])] = code[k]
-    kind[instant] = code["instant"]
-    if "[memory]" in name_index:
-        kind[name_codes == name_index["[memory]"]] = code["memory"]
-    return kind, kinds
-
-
-def _tracks(metadata_events, labels, lanes) -> pa.Array:
-    """A readable label per lane (rows of [on_device, pid or device, tid or stream]) from the trace's
-    process_name/thread_name metadata events."""
-    procs: dict[int, str] = dict(labels)
-    threads: dict[tuple[int, int], str] = {}
-    for e in metadata_events:
-        if e.name not in ("process_name", "thread_name") or type(e.pid) is not int:
-            continue
-        try:
-            label = msgspec.json.decode(e.args).get("name")
-        except (msgspec.DecodeError, AttributeError):
-            continue
-        if not isinstance(label, str):
-            continue
-        if e.name == "process_name":
-            procs.setdefault(e.pid, label)
-        elif type(e.tid) is int:
-            threads.setdefault((e.pid, e.tid), label)  # first name wins: threads get renamed mid-trace
-    # factorize the (on_device, a, b) rows with 1-D sorts: a row-wise np.unique sorts whole rows, 10x slower
-    a_codes = np.unique(lanes[:, 1], return_inverse=True)[1].reshape(-1)
-    b_values, b_codes = np.unique(lanes[:, 2], return_inverse=True)
-    combined = (a_codes.astype(np.int64) * len(b_values) + b_codes.reshape(-1)) * 2 + lanes[:, 0]
-    first_rows, codes = np.unique(combined, return_index=True, return_inverse=True)[1:]
-    text = []
-    for dev, a, b in lanes[first_rows].tolist():
-        if dev:
-            text.append(f"device {a} / stream {b}")
-        else:
-            text.append(f"{procs.get(a) or f'process {a}'} / {threads.get((a, b)) or labels.get(b) or f'thread {b}'}")
-    return _dictionary(codes.reshape(-1).astype(np.int32), text)
+_DICTIONARY = ("kind", "category", "name", "track")
+_SKIP_REASONS = ("malformed event", "unsupported phase", "missing or non-numeric ts", "missing or negative dur")
+_phases = ", ".join(f"'{p}'" for p in SLICE_PHASES)
+_known = ", ".join(f"'{p}'" for p in SLICE_PHASES + KNOWN_OTHER_PHASES)
+_COUNTS = f"""
+SELECT count(*),
+    count(*) FILTER (malformed),
+    count(*) FILTER (NOT malformed AND (ph IS NULL OR ph NOT IN ({_known}))),
+    count(*) FILTER (NOT malformed AND ph IN ({_phases}) AND (ts IS NULL OR NOT isfinite(ts))),
+    count(*) FILTER (NOT malformed AND ph IN ({_phases}) AND ts IS NOT NULL AND isfinite(ts)
+                     AND ph = 'X' AND (dur IS NULL OR NOT isfinite(dur) OR dur < 0)),
+    count(*) FILTER (NOT malformed AND ph IN ({", ".join(f"'{p}'" for p in KNOWN_OTHER_PHASES)}))
+FROM events
+"""
+_KEEP = f"NOT malformed AND ph IN ({_phases}) AND isfinite(ts) AND (ph <> 'X' OR (isfinite(dur) AND dur >= 0))"
+_category_kinds = ", ".join(f"('{c}', '{k}')" for c, k in CATEGORY_KINDS.items())
+_name_kinds = ", ".join(f"('{c}', '{n}', '{k}')" for (c, n), k in NAME_KINDS.items())
+_device_kinds = ", ".join(f"'{k}'" for k in DEVICE_KINDS)
+# Labels: pid/tid values that are not integers ('Spans', ...) get negative ids, per column in order of first
+# appearance; process/thread names come from the first process_name/thread_name metadata event.
+_LOOKUPS = f"""
+CREATE OR REPLACE TABLE category_kinds AS SELECT * FROM (VALUES {_category_kinds}) t(cat, kind);
+CREATE OR REPLACE TABLE name_kinds AS SELECT * FROM (VALUES {_name_kinds}) t(cat, name, kind);
+CREATE OR REPLACE TABLE labels AS
+    WITH firsts AS (
+        SELECT 0 AS col, COALESCE(json_extract_string(pid, '$'), 'None') AS label, min(idx) AS first
+        FROM events WHERE {_KEEP} AND TRY_CAST(pid AS BIGINT) IS NULL GROUP BY 2
+        UNION ALL
+        SELECT 1, COALESCE(json_extract_string(tid, '$'), 'None'), min(idx)
+        FROM events WHERE {_KEEP} AND TRY_CAST(tid AS BIGINT) IS NULL GROUP BY 2
+    )
+    SELECT col, label, -row_number() OVER (ORDER BY col, first) AS id FROM firsts;
+CREATE OR REPLACE TABLE process_names AS
+    SELECT TRY_CAST(pid AS BIGINT) AS pid, arg_min(args ->> 'name', idx) AS label FROM events
+    WHERE ph = 'M' AND name = 'process_name' AND json_type(pid) IN ('UBIGINT', 'BIGINT')
+      AND json_type(args -> 'name') = 'VARCHAR'
+    GROUP BY 1;
+CREATE OR REPLACE TABLE thread_names AS
+    SELECT TRY_CAST(pid AS BIGINT) AS pid, TRY_CAST(tid AS BIGINT) AS tid, arg_min(args ->> 'name', idx) AS label
+    FROM events
+    WHERE ph = 'M' AND name = 'thread_name' AND json_type(pid) IN ('UBIGINT', 'BIGINT')
+      AND json_type(tid) IN ('UBIGINT', 'BIGINT') AND json_type(args -> 'name') = 'VARCHAR'
+    GROUP BY 1, 2;
+SET VARIABLE category_kind = (SELECT map(list(cat), list(kind)) FROM category_kinds);
+SET VARIABLE name_kind = (SELECT map(list(cat || chr(0) || name), list(kind)) FROM name_kinds);
+SET VARIABLE pid_label_id = (SELECT map(list(label), list(id)) FROM labels WHERE col = 0);
+SET VARIABLE tid_label_id = (SELECT map(list(label), list(id)) FROM labels WHERE col = 1);
+SET VARIABLE label_of = (SELECT map(list(id), list(label)) FROM labels);
+SET VARIABLE process_name = (SELECT map(list(pid), list(label)) FROM process_names);
+SET VARIABLE thread_name = (SELECT map(list(pid || '/' || tid), list(label)) FROM thread_names);
+"""
+# One pass over the kept events with no join and no sort, so the result streams out in batches: the small lookups
+# are maps held in variables. Rows may come out of order; slice_id (the event's index in traceEvents) says which.
+# Kineto puts a device event's device in pid and its stream in tid, unless args say otherwise.
+_SLICES = f"""
+SELECT t.idx AS slice_id, t.kind, t.cat AS category, t.name,
+    -- µs as double -> integer ns, rounding the fraction on its own so epoch-scale values keep the ns
+    CAST(floor(t.ts) AS BIGINT) * 1000 + CAST(round_even((t.ts - floor(t.ts)) * 1000, 0) AS BIGINT) + $base AS ts,
+    CASE WHEN t.ph = 'X' THEN CAST(floor(t.dur) AS BIGINT) * 1000
+                              + CAST(round_even((t.dur - floor(t.dur)) * 1000, 0) AS BIGINT)
+         ELSE 0 END AS dur,
+    t.pid_id AS pid, t.tid_id AS tid,
+    CASE WHEN t.on_device THEN CAST(t.lane_device AS INTEGER) END AS device_id,
+    CASE WHEN t.on_device THEN t.lane_stream END AS stream,
+    CASE WHEN t.on_device THEN 'device ' || t.lane_device || ' / stream ' || t.lane_stream
+         ELSE COALESCE(NULLIF(getvariable('process_name')[t.pid_id], ''), NULLIF(getvariable('label_of')[t.pid_id], ''),
+                       'process ' || t.pid_id)
+              || ' / ' || COALESCE(NULLIF(getvariable('thread_name')[t.pid_id || '/' || t.tid_id], ''),
+                                   NULLIF(getvariable('label_of')[t.tid_id], ''), 'thread ' || t.tid_id) END AS track,
+    TRY_CAST(t.links[3] AS BIGINT) AS correlation,
+    TRY_CAST(t.links[4] AS BIGINT) AS external_id,
+    t.args
+FROM (
+  SELECT *, kind IN ({_device_kinds}) AS on_device,
+      COALESCE(TRY_CAST(links[1] AS BIGINT), pid_id) AS lane_device,
+      COALESCE(TRY_CAST(links[2] AS BIGINT), tid_id) AS lane_stream
+  FROM (
+    SELECT e.*,
+        COALESCE(TRY_CAST(e.pid AS BIGINT), getvariable('pid_label_id')[COALESCE(json_extract_string(e.pid, '$'), 'None')])
+            AS pid_id,
+        COALESCE(TRY_CAST(e.tid AS BIGINT), getvariable('tid_label_id')[COALESCE(json_extract_string(e.tid, '$'), 'None')])
+            AS tid_id,
+        CASE WHEN e.name = '[memory]' THEN 'memory'
+             WHEN e.ph <> 'X' THEN 'instant'
+             ELSE COALESCE(getvariable('name_kind')[lower(e.cat) || chr(0) || e.name], getvariable('category_kind')[lower(e.cat)], 'other')
+        END AS kind,
+        json_extract(e.args, ['$.device', '$.stream', '$.correlation', '$."External id"']) AS links
+    FROM events e
+    WHERE {_KEEP}
+  )
+) t
+"""
 
 
 def _devices(props) -> list[dict]:

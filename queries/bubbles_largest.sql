@@ -1,0 +1,42 @@
+-- bubbles_largest: The longest idle gaps of each rank, with the kernels before and after them and why they happened.
+--
+-- Gaps and their categories as in `bubbles` (the `idle_gaps` macro): on one stream (scope 'stream') or on the
+-- whole device (scope 'device'), from the end of the last event before (prev_kernel, the one that ended last)
+-- to the start of the next (next_kernel). launch_lag_ns = next kernel's launching host call − gap start: positive
+-- for host_wait (the CPU enqueued the next kernel only that long after the device ran dry).
+--
+-- Needs: device kernels (a GPU/accelerator trace)
+-- Parameters:
+--   top = 10                   gaps per rank
+--   scope = 'device'           'device' (gaps of the busy set: the device was idle) or 'stream'
+--   kernel_wait_ns = 30000     shorter gaps not caused by the host are kernel_wait (HTA: 30 µs)
+--   class_scheme = 'default'   kernel class rules from kernel_classes: 'default' or 'hta'
+--   analysis_window = 'all'    'all' device work, or 'hta' (launched before the last ProfilerStep began)
+--   time_unit_ns = 1           1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
+-- Columns:
+--   run_id          VARCHAR  run
+--   rank            INTEGER  rank
+--   rank_in_rank    BIGINT   1 = the longest gap of the rank
+--   device_id       INTEGER  device
+--   stream          BIGINT   stream (NULL with scope 'device')
+--   step            INTEGER  step of the next kernel
+--   ts              BIGINT   gap start, ns
+--   dur             BIGINT   gap length, ns
+--   category        VARCHAR  host_wait, kernel_wait or other
+--   launch_lag_ns   BIGINT   next kernel's launch call start − gap start (NULL if its launch is unknown)
+--   prev_kernel     VARCHAR  the event that ended last before the gap
+--   next_kernel     VARCHAR  the event that ends the gap
+--   prev_slice_id   BIGINT   its slice_id
+--   next_slice_id   BIGINT   its slice_id
+SELECT run_id, rank,
+    row_number() OVER (PARTITION BY run_id, rank ORDER BY dur DESC, ts) AS rank_in_rank,
+    device_id, stream, step, ts, dur, category, next_launch_ts - ts AS launch_lag_ns,
+    prev_name AS prev_kernel, next_name AS next_kernel, prev_slice_id, next_slice_id
+FROM idle_gaps(
+    scope := COALESCE(getvariable('scope'), 'device'),
+    class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
+    analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
+    time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1),
+    kernel_wait_ns := COALESCE(getvariable('kernel_wait_ns'), 30000))
+QUALIFY rank_in_rank <= COALESCE(getvariable('top'), 10)
+ORDER BY run_id, rank, rank_in_rank;

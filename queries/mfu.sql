@@ -1,0 +1,85 @@
+-- mfu: Model and hardware FLOPs utilization per step (MFU from the model's FLOPs, HFU from the FLOPs in the trace).
+--
+-- Step time is the step's device window (`steps.device_dur`: first to last device event launched in the step),
+-- the longest over the traced ranks: the job moves at its slowest rank. Definitions (metrics.md):
+--   MFU = model FLOPs per step / (step time × devices × peak FLOP/s per device). Model FLOPs are the job's
+--   (all devices, no recomputation): model_flops_per_step, else 6 · params · tokens_per_step (dense
+--   transformer training). Without either, MFU is NULL.
+--   HFU = FLOPs the traced ranks executed in the step / (step time × traced ranks × peak). Those FLOPs are the
+--   profiler's own (`ops.flops`, with_flops=True, when the trace carries them) or tracesql's formulas summed
+--   over the ops op_costs() counts (innermost op with a formula, recomputation included): flops_source.
+-- The peak is the device's dense peak for dtype, from `device_peaks` (device matched from devices.name unless
+-- the device parameter names one), averaged over the traced ranks.
+--
+-- Needs: steps (ProfilerStep#N) with device events; for HFU, ops with recorded shapes (record_shapes=True); a known device or the device parameter
+-- Parameters:
+--   model_flops_per_step = NULL      model FLOPs of one step of the whole job
+--   params = NULL                    model parameters P: with tokens_per_step, model FLOPs = 6 · P · T
+--   tokens_per_step = NULL           tokens the whole job processes per step (global batch × sequence length)
+--   num_devices = NULL               devices of the job; NULL = ranks.world_size, else the ranks in the run
+--   device = NULL                    device_peaks key (e.g. 'H100-SXM'); NULL = matched from devices.name
+--   dtype = NULL                     peak to use (fp64, fp32, tf32, bf16, fp16, fp8); NULL = the dtype with most counted FLOPs, else bf16
+--   flops_source = 'auto'            HFU's FLOPs: 'formula', 'profiler', or 'auto' (profiler when the step has any, else formula)
+--   attention_convention = 'flash'   causal attention FLOPs: 'flash' halves them, 'torch' (FlopCounterMode) does not
+-- Columns:
+--   run_id            VARCHAR   run
+--   step              INTEGER   step number
+--   ranks             BIGINT    traced ranks with this step
+--   step_time_ns      BIGINT    longest device window of the step over those ranks
+--   device            VARCHAR   device_peaks key (NULL: unknown device)
+--   dtype             VARCHAR   the peak used
+--   peak_flops_per_s  DOUBLE    dense peak FLOP/s per device for dtype
+--   devices           BIGINT    devices the model FLOPs are spread over
+--   model_flops       DOUBLE    model FLOPs of the step (NULL: not given)
+--   mfu               DOUBLE    model FLOPs utilization, 0..1
+--   formula_flops     DOUBLE    FLOPs of the counted ops of the traced ranks in the step, from their shapes
+--   profiler_flops    DOUBLE    FLOPs the profiler recorded for the step's ops (NULL: none recorded)
+--   hardware_flops    DOUBLE    the FLOPs HFU uses (flops_source)
+--   hfu               DOUBLE    hardware FLOPs utilization, 0..1
+WITH costs AS (
+    SELECT * FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
+), main_dtype AS (
+    SELECT run_id, arg_max(dtype, flops) AS dtype FROM (
+        SELECT run_id, dtype, sum(flops) AS flops FROM costs WHERE counted AND dtype IS NOT NULL GROUP BY ALL
+    ) GROUP BY run_id
+), step_flops AS (
+    SELECT run_id, step, sum(flops) FILTER (WHERE counted) AS formula_flops, sum(profiler_flops) AS profiler_flops
+    FROM costs WHERE step IS NOT NULL GROUP BY run_id, step
+), step_times AS (
+    SELECT run_id, step, count(DISTINCT rank) AS ranks, max(device_dur) AS step_time_ns, list(rank) AS rank_list
+    FROM steps GROUP BY run_id, step
+), job AS (
+    SELECT run_id, coalesce(COALESCE(getvariable('num_devices'), NULL), max(world_size), count(*)) AS devices
+    FROM ranks GROUP BY run_id
+), step_peaks AS (
+    SELECT t.run_id, t.step, mode(p.device) AS device, d.dtype, avg(p.peak_flops_per_s) AS peak_flops_per_s
+    FROM step_times t
+    JOIN (SELECT r.run_id, coalesce(COALESCE(getvariable('dtype'), NULL), m.dtype, 'bf16') AS dtype
+          FROM (SELECT DISTINCT run_id FROM steps) r LEFT JOIN main_dtype m ON m.run_id = r.run_id) d
+      ON d.run_id = t.run_id
+    LEFT JOIN rank_device_peaks(device_key := COALESCE(getvariable('device'), NULL)) p
+      ON p.run_id = t.run_id AND list_contains(t.rank_list, p.rank) AND p.dtype = d.dtype
+    GROUP BY t.run_id, t.step, d.dtype
+), measured AS (
+    SELECT t.run_id, t.step, t.ranks, t.step_time_ns, k.device, k.dtype, k.peak_flops_per_s, j.devices,
+        coalesce(COALESCE(getvariable('model_flops_per_step'), NULL),
+                 6 * COALESCE(getvariable('params'), NULL) * COALESCE(getvariable('tokens_per_step'), NULL))
+            AS model_flops,
+        f.formula_flops, f.profiler_flops,
+        CASE COALESCE(getvariable('flops_source'), 'auto')
+            WHEN 'formula' THEN f.formula_flops
+            WHEN 'profiler' THEN f.profiler_flops
+            ELSE coalesce(f.profiler_flops, f.formula_flops)
+        END AS hardware_flops
+    FROM step_times t
+    JOIN job j ON j.run_id = t.run_id
+    JOIN step_peaks k ON k.run_id = t.run_id AND k.step = t.step
+    LEFT JOIN step_flops f ON f.run_id = t.run_id AND f.step = t.step
+)
+SELECT run_id, step, ranks, step_time_ns, device, dtype, peak_flops_per_s, devices,
+    CAST(model_flops AS DOUBLE) AS model_flops,
+    mfu(model_flops, step_time_ns, devices, peak_flops_per_s) AS mfu,
+    formula_flops, profiler_flops, hardware_flops,
+    mfu(hardware_flops, step_time_ns, ranks, peak_flops_per_s) AS hfu
+FROM measured
+ORDER BY run_id, step;

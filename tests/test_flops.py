@@ -1,0 +1,268 @@
+"""FLOPs macros against torch's FlopCounterMode, and roofline / MFU numbers against the raw trace JSON.
+
+tests/data/flop_reference.json (made by tests/data/make_flop_reference.py with torch 2.13.0+cpu) holds, for
+each case, FlopCounterMode's FLOPs and the Kineto events torch.profiler(record_shapes=True) recorded for the same
+ops. The events are ingested here as a real trace, so the shapes reach the macros exactly as they would from a
+user's profile. When torch is importable the reference is also recomputed live.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import tracesql
+from conftest import DATASETS, raw_events, write_trace
+from tracesql import functions, schema
+
+DATA = Path(__file__).parent / "data"
+REFERENCE = json.loads((DATA / "flop_reference.json").read_text())
+CASES = REFERENCE["cases"]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """The profiled reference ops as an ingested run."""
+    folder = tmp_path_factory.mktemp("flop_reference")
+    write_trace(folder / "rank-0.json", REFERENCE["trace_events"])
+    out = folder / "run"
+    tracesql.ingest([folder / "rank-0.json"], out)
+    return out
+
+
+def case_costs(run, convention: str) -> dict[str, list[tuple]]:
+    """case name -> (op name, flops, counted) of the ops recorded inside its `case:<name>` annotation."""
+    con = tracesql.connect(run)
+    rows = con.execute("""
+        SELECT substr(a.name, 6) AS case_name, c.name, c.flops, c.counted
+        FROM op_costs(attention_convention := $convention) c
+        JOIN ops o USING (run_id, rank, op_id)
+        JOIN slices a ON a.kind = 'user_annotation' AND a.name LIKE 'case:%' AND a.tid = o.tid
+                     AND o.ts >= a.ts AND o.ts + o.dur <= a.ts + a.dur
+        WHERE c.flops IS NOT NULL
+        ORDER BY o.ts""", {"convention": convention}).fetchall()
+    out: dict[str, list[tuple]] = {}
+    for case, name, flops, counted in rows:
+        out.setdefault(case, []).append((name, flops, counted))
+    return out
+
+
+def empty_session() -> duckdb.DuckDBPyConnection:
+    """A plain DuckDB session with tracesql's functions over empty tables: for calling the scalar macros."""
+    con = duckdb.connect()
+    for name, table in schema.TABLES.items():
+        con.execute(f"CREATE TABLE {name} ({', '.join(f'{c.name} {c.type}' for c in table.columns)})")
+    functions.install(con)
+    return con
+
+
+def test_every_case_was_recorded(reference_run):
+    assert set(case_costs(reference_run, "torch")) == set(CASES)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_counted_flops_equal_flop_counter_mode(case, reference_run):
+    """The counted ops of each case (innermost op with a formula) add up to FlopCounterMode's total."""
+    ops = case_costs(reference_run, "torch")[case]
+    assert sum(f for _, f, counted in ops if counted) == CASES[case]["flop_counter"]["total"]
+
+
+@pytest.mark.parametrize("case", sorted(c for c, v in CASES.items() if v["reference_device"] == v["device"]))
+def test_each_op_equals_flop_counter_mode(case, reference_run):
+    """Op by op, where FlopCounterMode counted the same aten op that the profiler recorded."""
+    ops = case_costs(reference_run, "torch")[case]
+    for op, expected in CASES[case]["flop_counter"]["by_op"].items():
+        assert sum(f for name, f, _ in ops if name == op) == expected, op
+
+
+def test_wrappers_are_not_counted_twice(reference_run):
+    costs = case_costs(reference_run, "torch")
+    counted = {case: [name for name, _, c in ops if c] for case, ops in costs.items()}
+    assert counted["linear"] == ["aten::addmm"]
+    assert counted["linear_3d_no_bias"] == ["aten::mm"]
+    assert counted["conv2d"] == ["aten::mkldnn_convolution"]
+    assert counted["conv2d_dilation_asymmetric"] == ["aten::_convolution"]  # slow_conv_dilated2d has no formula
+    assert counted["sdpa"] == ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+    # every wrapper carries the same FLOPs as the op it wraps
+    assert {f for _, f, _ in costs["conv2d"]} == {69984}
+
+
+def test_causal_attention_conventions(reference_run):
+    """'flash' halves causal attention (metrics.md, flash-attn); 'torch' counts it whole, as FlopCounterMode."""
+    torch_ = case_costs(reference_run, "torch")
+    flash = case_costs(reference_run, "flash")
+    for case in ("sdpa_causal", "flash_attention", "flash_attention_backward"):
+        assert sum(f for _, f, c in flash[case] if c) * 2 == sum(f for _, f, c in torch_[case] if c), case
+    # not causal: the same either way
+    assert flash["sdpa"] == torch_["sdpa"] and flash["efficient_attention_gqa"] == torch_["efficient_attention_gqa"]
+    # 4·B·H·Sq·Skv·d / 2 for the causal flash call: B=2, H=4, Sq=16, Skv=32, d=8
+    assert sum(f for _, f, c in flash["flash_attention"] if c) == 4 * 2 * 4 * 16 * 32 * 8 / 2
+
+
+def test_profiler_key_averages_agree(reference_run):
+    """torch.profiler(with_flops=True) counts FLOPs in memory (key_averages) but, in torch 2.13, writes none
+    into the exported JSON; its in-memory numbers per op name equal the macros' sums."""
+    assert REFERENCE["kineto_flops_args"] == []
+    con = tracesql.connect(reference_run)
+    assert con.execute("SELECT count(flops) FROM ops").fetchall()[0][0] == 0
+    ours = dict(con.sql("SELECT name, sum(flops) FROM op_costs() GROUP BY name").fetchall())
+    for name, flops in REFERENCE["profiler_key_averages_flops"].items():
+        assert ours[name] == flops, name
+
+
+def test_grouped_convolution_backward_is_groups_aware():
+    """FlopCounterMode counts the weight gradient of a grouped convolution groups× too high (it ignores groups);
+    here each gradient costs one forward: 2 · 10800 for this call, where torch says 32400."""
+    flops = empty_session().execute("""SELECT op_flops('aten::convolution_backward',
+        [[2, 6, 5, 5], [2, 4, 9, 9], [6, 2, 3, 3], [], [], [], [], [], [], [], []],
+        ['float', 'float', 'float', 'ScalarList', 'ScalarList', 'ScalarList', 'ScalarList', 'Scalar',
+         'ScalarList', 'Scalar', 'ScalarList'],
+        ['', '', '', '[0]', '[2, 2]', '[1, 1]', '[1, 1]', 'False', '[0, 0]', '2', '[True, True, False]'])""")
+    assert flops.fetchall()[0][0] == 2 * 10800
+
+
+def test_reference_is_what_torch_says_now():
+    """With torch installed, FlopCounterMode still gives the stored numbers (the reference is not stale)."""
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("make_flop_reference", DATA / "make_flop_reference.py")
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    for case, stored in CASES.items():
+        assert maker.torch_flops(case) == stored["flop_counter"], case
+
+
+# --- roofline and MFU on bundled traces, checked against the raw JSON ---------------------------------------
+
+
+def launched_device_time(events: list[dict], host_events: list[dict]) -> list[int]:
+    """Device events (ns) launched by runtime calls made inside any of `host_events` on the same thread."""
+    launches = {}
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = e
+    spans = [(h["tid"], h["ts"], h["ts"] + h["dur"]) for h in host_events]
+    out = []
+    for k in events:
+        if k.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        launch = launches.get(k.get("args", {}).get("correlation"))
+        if launch and any(t == launch["tid"] and a <= launch["ts"] <= b for t, a, b in spans):
+            out.append(k)
+    return out
+
+
+def test_roofline_on_b200_matches_json(ingested):
+    """The top row of the B200 trace: aten::addmm (bias [640], x [888, 2880], w^T [2880, 640]) in bf16."""
+    events = raw_events(DATASETS / "tracelens_b200_eager" / "eager_trace.json.gz")
+    calls = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::addmm"
+             and e["args"]["Input Dims"][:3] == [[640], [888, 2880], [2880, 640]]]
+    m, k, n = 888, 2880, 640
+    flops = 2 * m * k * n
+    bytes_ = (640 + m * k + k * n + m * n) * 2  # bf16 in, bf16 out
+    device_ns = round(sum(e["dur"] for e in launched_device_time(events, calls)) * 1000)
+    peak, bandwidth = 2.25e15, 8e12  # device_peaks 'B200' (NVIDIA B200 matched by name)
+    roofline_ns = max(flops / peak, bytes_ / bandwidth) * 1e9 * len(calls)
+
+    df = tracesql.query("roofline", ingested(DATASETS / "tracelens_b200_eager"), top=3)
+    row = df.iloc[0]
+    assert (row["name"], row["device"], row["dtype"], row["calls"]) == ("aten::addmm", "B200", "bf16", len(calls))
+    assert len(calls) == 36 and row["ranks"] == 1
+    assert list(map(list, row["input_dims"][:3])) == [[640], [888, 2880], [2880, 640]]
+    assert row["flops"] == flops == 3_273_523_200 and row["bytes"] == bytes_ == 9_939_200
+    assert row["device_ns"] == device_ns == 287_423
+    assert row["arithmetic_intensity"] == pytest.approx(flops / bytes_)
+    assert row["achieved_flops_per_s"] == pytest.approx(flops * 36 / device_ns * 1e9)  # ≈ 410 TFLOP/s
+    assert row["ridge_point"] == pytest.approx(peak / bandwidth) == 281.25
+    assert row["bound"] == "compute" and row["attainable_flops_per_s"] == peak
+    assert row["roofline_ns"] == pytest.approx(roofline_ns) and row["roofline_pct"] == pytest.approx(
+        100 * roofline_ns / device_ns)
+    assert round(row["roofline_pct"], 2) == 18.22
+    # the rows below it are ranked by device time
+    assert df.device_ns.is_monotonic_decreasing
+
+
+def test_roofline_does_not_count_linear_and_addmm_twice(ingested):
+    df = tracesql.query("roofline", ingested(DATASETS / "tracelens_b200_eager"), top=100)
+    assert "aten::linear" not in set(df.name) and "aten::matmul" not in set(df.name)
+    assert df[df.name == "aten::addmm"].calls.sum() == 108 and df[df.name == "aten::mm"].calls.sum() == 1
+
+
+def test_mfu_on_trace_filter_matches_json(ingested):
+    """Two ranks of a 128-rank A100 job. The trace names no device: the peak comes from the device parameter."""
+    run = ingested(DATASETS / "hta_trace_filter")
+    params, tokens = 1e9, 1e6
+    df = tracesql.query("mfu", run, device="A100-SXM-40GB", dtype="fp32", params=params, tokens_per_step=tokens)
+    assert list(df.step) == [551, 552] and (df.ranks == 2).all() and (df.devices == 128).all()
+    per_rank = {r: raw_events(DATASETS / "hta_trace_filter" / f"sampled_rank-{r}.json.gz") for r in (0, 1)}
+    con = tracesql.connect(run)
+    for _, row in df.iterrows():
+        windows, gemm_flops = [], 0
+        for events in per_rank.values():
+            step = next(e for e in events if e.get("name") == f"ProfilerStep#{row.step}")
+            launched = launched_device_time(events, [step])
+            windows.append(max(e["ts"] + e["dur"] for e in launched) - min(e["ts"] for e in launched))
+            # GEMMs of the step (any thread): mm, addmm, bmm never nest in one another in this trace
+            for e in events:
+                if e.get("cat") == "cpu_op" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]:
+                    d = e["args"].get("Input Dims")
+                    if e["name"] == "aten::mm":
+                        gemm_flops += 2 * d[0][0] * d[0][1] * d[1][1]
+                    elif e["name"] == "aten::addmm":
+                        gemm_flops += 2 * d[1][0] * d[1][1] * d[2][1]
+                    elif e["name"] == "aten::bmm":
+                        gemm_flops += 2 * d[0][0] * d[0][1] * d[0][2] * d[1][2]
+        step_time_ns = round(max(windows) * 1000)
+        assert row.step_time_ns == step_time_ns
+        assert row.peak_flops_per_s == 19.5e12 and row.model_flops == 6 * params * tokens
+        assert row.mfu == pytest.approx(6 * params * tokens / (step_time_ns / 1e9 * 128 * 19.5e12))
+        sql_gemm = con.execute("SELECT sum(flops) FROM op_costs() WHERE counted AND family = 'gemm' AND step = ?",
+                               [int(row.step)]).fetchall()[0][0]
+        assert sql_gemm == gemm_flops
+        # the rest of the counted FLOPs are elementwise/norm ops: under 0.1% here
+        assert 0 < row.formula_flops - gemm_flops < 1e-3 * row.formula_flops
+        assert row.hardware_flops == row.formula_flops and math.isnan(row.profiler_flops)
+        assert row.hfu == pytest.approx(row.formula_flops / (step_time_ns / 1e9 * 2 * 19.5e12))
+    assert [round(x, 4) for x in df.mfu] == [4.0019, 3.8567]
+    assert [round(x, 4) for x in df.hfu] == [0.0733, 0.0683]
+
+
+def test_mfu_without_model_flops_is_null_and_hfu_is_not(ingested):
+    df = tracesql.query("mfu", ingested(DATASETS / "hta_trace_filter"), device="A100-SXM")
+    assert df.mfu.isna().all() and df.model_flops.isna().all()
+    assert (df.hfu > 0).all() and (df.dtype == "fp32").all()  # the dtype that carries the trace's FLOPs
+
+
+def test_device_is_matched_by_name(ingested):
+    df = tracesql.query("mfu", ingested(DATASETS / "hta_nccl_parser_config"))
+    assert (df.device == "A100-SXM-40GB").all() and (df.peak_flops_per_s == 312e12).all()  # 'A100-PG509-200'
+    assert df.hfu.isna().all()  # that trace records no shapes
+
+
+def test_device_peaks_match_real_names():
+    con = empty_session()
+    names = {
+        "NVIDIA H100 80GB HBM3": "H100-SXM", "NVIDIA H100 PCIe": "H100-PCIE", "NVIDIA H200": "H200",
+        "Tesla V100-SXM2-32GB": "V100-SXM2", "Tesla V100-PCIE-16GB": "V100-PCIE",
+        "NVIDIA A100-SXM4-80GB": "A100-SXM", "NVIDIA A100-PG509-200": "A100-SXM-40GB",
+        "NVIDIA A100 80GB PCIe": "A100-PCIE", "NVIDIA B200": "B200", "AMD Instinct MI210": "MI210",
+        "AMD Instinct MI250X": "MI250X", "AMD Instinct MI250": "MI250", "AMD Instinct MI300X": "MI300X",
+        "AMD Instinct MI355X": "MI355X", "TPU v4": "TPU-v4", "TPU v5 lite": "TPU-v5e", "TPU v5p": "TPU-v5p",
+        "TPU v6e": "TPU-v6e", "NVIDIA H100 NVL": None,
+    }
+    for name, device in names.items():
+        got = con.execute("SELECT arg_min(device, match_order) FROM device_peaks WHERE regexp_matches(?, name_regex)",
+                          [name]).fetchall()[0][0]
+        assert got == device, name
+    # the numbers metrics.md states
+    rows = {device: (bf16, bandwidth)
+            for device, bf16, bandwidth in con.sql("SELECT device, bf16, bytes_per_s FROM device_peaks").fetchall()}
+    for device, bf16, bandwidth in [("H100-SXM", 989.4e12, 3.35e12), ("A100-SXM", 312e12, 2.039e12),
+                                    ("H200", 989.4e12, 4.8e12), ("MI300X", 1307.4e12, 5.3e12),
+                                    ("TPU-v5e", 197e12, 0.819e12)]:
+        assert rows[device] == (bf16, bandwidth), device
+    assert con.execute("SELECT count(*) FROM device_peaks WHERE source NOT LIKE '%https://%'").fetchall()[0][0] == 0
