@@ -81,12 +81,12 @@ def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
                                 "ingest it alone with --rank N")
         part = store.part_name(rank, hashlib.sha1(rel.encode()).hexdigest()[:10])
         with store.PartWriter(Path(staging), part) as writer:  # each table is written as soon as it is done
-            tables = normalize(data, run_id, rank, threads=threads, on_table=lambda name, table: writer.write(
+            rows = normalize(data, run_id, rank, threads=threads, on_table=lambda name, table: writer.write(
                 name, _with_source(table, rel, p.stat().st_size) if name == "ranks" else table))
     finally:
         gc.enable()
     return {"rank": rank, "part": part, "format": data.format, "events": data.event_count,
-            "skipped": data.skipped, "notes": data.notes, "rows": {k: t.num_rows for k, t in tables.items()}}
+            "skipped": data.skipped, "notes": data.notes, "rows": rows}
 
 
 def ingest(

@@ -25,15 +25,26 @@ STEP_PATTERN = r"^ProfilerStep#(\d+)$"
 LAUNCH_KINDS = ("runtime", "driver")
 DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
+NEST_CHUNK = 1 << 18
+SCAN_BATCH = 1 << 17
+# DuckDB's working memory for the derived tables: their inputs are Arrow (outside it); beyond it, it spills
+WORKING_MEMORY = "512MB"
 
 
-def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1, on_table=lambda name, table: None
-              ) -> dict[str, pa.Table]:
-    """Every table for one file; `on_table(name, table)` is called as each is done (e.g. to start writing it)."""
+def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 1) -> dict[str, int]:
+    """Every table for one file, handed to `on_table(name, rows) -> row count` as soon as it is defined, to be
+    written: `rows` is an Arrow table, or, for the large derived tables, a DuckDB relation to stream to disk.
+    Nothing is kept: memory holds the slices and their links. Returns the row count of each table."""
     starter = ThreadPoolExecutor(1)  # DuckDB starts up (tens of ms, without the GIL) while the numpy work runs
-    connecting = starter.submit(db.connect, threads)
+    connecting = starter.submit(db.connect, threads, WORKING_MEMORY)
     starter.shutdown(wait=False)
-    s = data.slices
+    slices, extra = _link(data.slices, run_id, rank)  # its numpy temporaries are freed when it returns
+    return _derive(connecting.result(), slices, extra, data, run_id, rank, on_table)
+
+
+def _link(s: pa.Table, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
+    """The reader's slices plus the columns that link events (parent, launch, op, step), and the per-row facts
+    the derived tables need (`extra`), computed over numpy arrays."""
     n = s.num_rows
     is_kind = functools.partial(_is_in, s["kind"])
     ts = to_numpy(s["ts"])
@@ -112,7 +123,7 @@ def normalize(data: TraceData, run_id: str, rank: int, threads: int = 1, on_tabl
         "collective_call": ids(enclosing_call),
         "is_collective_call": array(is_collective_call),
     })
-    return _derive(connecting.result(), slices, extra, data, run_id, rank, threads, on_table)
+    return slices, extra
 
 
 def _dictionary(col) -> pa.DictionaryArray:
@@ -157,28 +168,33 @@ def _nest(lane, ts, end, sid, is_op, is_call):
     inside the top of the stack but ends after it (a partial overlap: clock jitter) is not its child."""
     n = len(ts)
     order = np.lexsort((sid, -(end - ts), ts, lane))
-    lane_l, ts_l, end_l = lane[order].tolist(), ts[order].tolist(), end[order].tolist()
-    par, dep = [-1] * n, [0] * n
+    par = np.full(n, -1, np.int64)
+    dep = np.zeros(n, np.int32)
     stack_end: list[int] = []
     stack_idx: list[int] = []  # positions in `order`
     current_lane = None
-    for i, (ln, t, e) in enumerate(zip(lane_l, ts_l, end_l)):
-        if ln != current_lane:
-            current_lane = ln
-            stack_end.clear()
-            stack_idx.clear()
-        while stack_end and (stack_end[-1] <= t and not (stack_end[-1] == t == e) or stack_end[-1] < e):
-            stack_end.pop()
-            stack_idx.pop()
-        if stack_idx:
-            par[i] = stack_idx[-1]
-            dep[i] = len(stack_idx)
-        stack_end.append(e)
-        stack_idx.append(i)
-    # positions in `order` -> slice ids
-    par_a = np.array(par)
+    # Python ints for the loop, a chunk at a time: lists of every event would cost ~100 bytes an event
+    for lo in range(0, n, NEST_CHUNK):
+        chunk = order[lo:lo + NEST_CHUNK]
+        chunk_par, chunk_dep = [-1] * len(chunk), [0] * len(chunk)
+        for j, (ln, t, e) in enumerate(zip(lane[chunk].tolist(), ts[chunk].tolist(), end[chunk].tolist())):
+            if ln != current_lane:
+                current_lane = ln
+                stack_end.clear()
+                stack_idx.clear()
+            while stack_end and (stack_end[-1] <= t and not (stack_end[-1] == t == e) or stack_end[-1] < e):
+                stack_end.pop()
+                stack_idx.pop()
+            if stack_idx:
+                chunk_par[j] = stack_idx[-1]
+                chunk_dep[j] = len(stack_idx)
+            stack_end.append(e)
+            stack_idx.append(lo + j)
+        par[lo:lo + len(chunk)] = chunk_par
+        dep[lo:lo + len(chunk)] = chunk_dep
+    # positions in `order` -> rows
     parent = np.full(n, -1, np.int64)
-    parent[order] = np.where(par_a >= 0, order[par_a], -1)
+    parent[order] = np.where(par >= 0, order[par], -1)
     depth = np.zeros(n, np.int32)
     depth[order] = dep
     # what is inherited from the parent, one nesting level at a time (numpy, not in the loop above)
@@ -196,41 +212,35 @@ def _nest(lane, ts, end, sid, is_op, is_call):
     return parent, depth, enclosing_op, op_depth, enclosing_call
 
 
-def _derive(con, slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str, rank: int, threads: int,
-            on_table):
-    slices = schema.conform("slices", slices)
-    on_table("slices", slices)
-    con.register("slices", slices)
+def _derive(con, slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str, rank: int, on_table):
+    rows: dict[str, int] = {}
+
+    def emit(name: str, table):
+        rows[name] = on_table(name, table)
+        return table
+
+    slices = emit("slices", schema.conform("slices", slices))
+    # in batches (zero-copy views) so that DuckDB scans them on every thread
+    con.register("slices", pa.Table.from_batches(slices.to_batches(max_chunksize=SCAN_BATCH)))
     con.register("extra", extra)
-    steps = _table(con, "steps", STEPS_SQL)
-    on_table("steps", steps)
-    con.register("steps", steps)
+    con.register("steps", emit("steps", _table(con, "steps", STEPS_SQL)))
     for name in schema.TABLES.keys() - {"slices", "steps"}:  # macros name every table when they are created
         con.register(name, schema.arrow_schema(name).empty_table())
     functions.install(con)
     metadata = _metadata_tables(con, data, run_id, rank)
     for name, table in metadata.items():
-        on_table(name, table)
-
-    def query(name: str, sql: str) -> pa.Table:
-        cursor = con.cursor()  # shares the macros, not the registered tables
-        for view, rows in (("slices", slices), ("extra", extra), ("steps", steps),
-                           ("groups", metadata["process_groups"])):
-            cursor.register(view, rows)
-        table = _table(cursor, name, sql)
-        on_table(name, table)
-        return table
-
-    # Each query scans one Arrow chunk, so DuckDB gives it one thread: run them side by side, one cursor each.
-    with ThreadPoolExecutor(threads) as pool:
-        derived = {name: pool.submit(query, name, sql)
-                   for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL))}
-    return {"slices": slices, "steps": steps, **{name: q.result() for name, q in derived.items()}, **metadata}
+        emit(name, table)
+    con.register("groups", metadata["process_groups"])  # used by the collectives query
+    for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL)):
+        emit(name, con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})"))
+    return rows
 
 
 def _table(con, name: str, sql: str, params: dict | None = None) -> pa.Table:
+    """The result of `sql` as table `name`, streamed batch by batch (DuckDB never holds all of it at once)."""
     select = f"SELECT {schema.select_list(name)} FROM ({sql})"
-    return schema.conform(name, con.sql(select, params=params).to_arrow_table())
+    reader = con.sql(select, params=params).to_arrow_reader(SCAN_BATCH)
+    return schema.conform(name, pa.Table.from_batches(list(reader), reader.schema))
 
 
 OPS_SQL = """
@@ -245,7 +255,7 @@ SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s
                    lambda d: TRY_CAST(d AS BIGINT[])) AS input_strides,
     TRY_CAST(json_extract(s.args, '$."Concrete Inputs"') AS VARCHAR[]) AS concrete_inputs,
     TRY_CAST(json_extract_string(s.args, '$.flops') AS DOUBLE) AS flops,
-    x.kernel_count, x.device_self_ns, x.kernel_count_total, x.device_total_ns, s.args
+    x.kernel_count, x.device_self_ns, x.kernel_count_total, x.device_total_ns
 FROM slices s
 JOIN extra x USING (slice_id)  -- (an op's own op_id is the op enclosing it)
 WHERE s.kind = 'cpu_op'

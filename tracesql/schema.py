@@ -127,7 +127,8 @@ TABLES: dict[str, Table] = {
         ),
         Table(
             "ops",
-            "Framework operators (aten::*, custom ops) with their inputs and the device time they caused.",
+            "Framework operators (aten::*, custom ops) with their inputs and the device time they caused. "
+            "Every other argument is in `slices.args` (join on rank and op_id = slice_id).",
             _cols(
                 *_RUN_RANK,
                 ("op_id", "BIGINT", "slice_id of the op."),
@@ -152,7 +153,6 @@ TABLES: dict[str, Table] = {
                 ("device_self_ns", "BIGINT", "Summed duration of device events launched directly by this op."),
                 ("kernel_count_total", "BIGINT", "Device events launched by this op or any op nested in it."),
                 ("device_total_ns", "BIGINT", "Summed duration of device events launched by this op or nested ops."),
-                ("args", "JSON", "The op's remaining arguments."),
             ),
         ),
         Table(

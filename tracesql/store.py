@@ -57,8 +57,9 @@ def load_manifest(run: Path) -> dict:
 
 
 class PartWriter:
-    """Writes one source's tables (`part` in each table's folder) as they are produced, on a background thread:
-    pyarrow writes without holding the GIL, so writing overlaps the rest of the work. Leaving the `with` block
+    """Writes one source's tables (`part` in each table's folder) as they are produced. An Arrow table is written
+    on a background thread (pyarrow writes without the GIL, so writing overlaps the rest of the work); a DuckDB
+    relation is streamed to its file by DuckDB right away, never held in memory whole. Leaving the `with` block
     waits for the writes and raises the first error."""
 
     def __init__(self, run_dir: Path, part: str):
@@ -66,12 +67,16 @@ class PartWriter:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tracesql-write")
         self._writes: list[Future] = []
 
-    def write(self, name: str, table: pa.Table) -> None:
-        self._writes.append(self._pool.submit(self._write, name, table))
-
-    def _write(self, name: str, table: pa.Table) -> None:
-        (self._dir / name).mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, self._dir / name / self._part, compression="zstd", row_group_size=1 << 20)
+    def write(self, name: str, rows) -> int:
+        """Write `rows` (an Arrow table or a DuckDB relation) as table `name`; returns the number of rows."""
+        path = self._dir / name / self._part
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(rows, pa.Table):
+            self._writes.append(self._pool.submit(
+                pq.write_table, rows, path, compression="zstd", row_group_size=1 << 20))
+            return rows.num_rows
+        rows.to_parquet(str(path), compression="zstd")
+        return pq.read_metadata(path).num_rows
 
     def __enter__(self) -> PartWriter:
         return self

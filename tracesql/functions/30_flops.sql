@@ -130,7 +130,8 @@ CREATE OR REPLACE MACRO conv_layout(name) AS (
                 THEN {'stride': 6, 'padding': 4, 'dilation': 7, 'transposed': NULL, 'output_padding': 5, 'groups': 8,
                       'is_transposed': true}
         END
-    AS STRUCT(stride INTEGER, padding INTEGER, dilation INTEGER, transposed INTEGER, output_padding INTEGER, groups INTEGER, is_transposed BOOLEAN))
+    AS STRUCT(stride INTEGER, padding INTEGER, dilation INTEGER, transposed INTEGER, output_padding INTEGER,
+              groups INTEGER, is_transposed BOOLEAN))
 );
 
 -- The i-th value of an int-list argument such as '[2, 2]'; a one-element list applies to every spatial dim.
@@ -197,8 +198,10 @@ CREATE OR REPLACE MACRO conv_bytes(name, d, t, concrete_inputs) AS (
         -- reads grad_output, input, weight; writes grad_input and grad_weight when asked for
         WHEN name = 'aten::convolution_backward' AND len(d[1]) >= 3 AND len(d[3]) = len(d[1]) THEN
             input_bytes(d[1:3], t[1:3])
-            + (CASE WHEN coalesce(TRY_CAST(concrete_inputs[11] AS BOOLEAN[])[1], true) THEN shape_numel(d[2]) ELSE 0 END
-               + CASE WHEN coalesce(TRY_CAST(concrete_inputs[11] AS BOOLEAN[])[2], true) THEN shape_numel(d[3]) ELSE 0 END)
+            + (CASE WHEN coalesce(TRY_CAST(concrete_inputs[11] AS BOOLEAN[])[1], true) THEN shape_numel(d[2])
+                    ELSE 0 END
+               + CASE WHEN coalesce(TRY_CAST(concrete_inputs[11] AS BOOLEAN[])[2], true) THEN shape_numel(d[3])
+                      ELSE 0 END)
               * dtype_bytes(t[1])
         WHEN conv_layout(name) IS NULL OR len(d[1]) < 3 OR len(d[2]) <> len(d[1]) THEN NULL
         ELSE input_bytes(d, t)
@@ -224,7 +227,8 @@ CREATE OR REPLACE MACRO attention_layout(name) AS (
             WHEN 'aten::_scaled_dot_product_flash_attention_backward' THEN {'q': 2, 'is_causal': 12, 'backward': true}
             WHEN 'aten::_scaled_dot_product_flash_attention_for_cpu_backward'
                 THEN {'q': 2, 'is_causal': 8, 'backward': true}
-            WHEN 'aten::_scaled_dot_product_efficient_attention_backward' THEN {'q': 2, 'is_causal': 12, 'backward': true}
+            WHEN 'aten::_scaled_dot_product_efficient_attention_backward'
+                THEN {'q': 2, 'is_causal': 12, 'backward': true}
             WHEN 'aten::_scaled_dot_product_cudnn_attention_backward' THEN {'q': 2, 'is_causal': 15, 'backward': true}
         END
     AS STRUCT(q INTEGER, is_causal INTEGER, backward BOOLEAN))
@@ -316,7 +320,9 @@ CREATE OR REPLACE MACRO typed_op_bytes(name, input_dims, input_types, concrete_i
                 + gemm_mkn(name, input_dims).batch * gemm_mkn(name, input_dims).m * gemm_mkn(name, input_dims).n
                   * CASE WHEN name = 'aten::_scaled_mm'
                          THEN coalesce(scalar_type_bytes(concrete_inputs[7]), 2)  -- out_dtype, else bf16
-                         ELSE dtype_bytes(input_types[CASE WHEN name IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END])
+                         -- the output has the dtype of the first matrix
+                         ELSE dtype_bytes(input_types[CASE WHEN name IN ('aten::addmm', 'aten::baddbmm') THEN 2
+                                                           ELSE 1 END])
                     END
             END
         WHEN 'conv' THEN conv_bytes(name, input_dims, input_types, concrete_inputs)
