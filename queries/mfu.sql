@@ -62,8 +62,10 @@ WITH costs AS (
     GROUP BY t.run_id, t.step, d.dtype
 ), measured AS (
     SELECT t.run_id, t.step, t.ranks, t.step_time_ns, k.device, k.dtype, k.peak_flops_per_s, j.devices,
-        coalesce(COALESCE(getvariable('model_flops_per_step'), NULL),
-                 6 * COALESCE(getvariable('params'), NULL) * COALESCE(getvariable('tokens_per_step'), NULL))
+        -- as DOUBLE: 6 · parameters · tokens is far beyond 32-bit integers, as which small values arrive
+        coalesce(CAST(COALESCE(getvariable('model_flops_per_step'), NULL) AS DOUBLE),
+                 6.0 * CAST(COALESCE(getvariable('params'), NULL) AS DOUBLE)
+                     * CAST(COALESCE(getvariable('tokens_per_step'), NULL) AS DOUBLE))
             AS model_flops,
         f.formula_flops, f.profiler_flops,
         CASE COALESCE(getvariable('flops_source'), 'auto')

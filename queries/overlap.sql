@@ -47,15 +47,12 @@ WITH timeline AS (
     WHERE k.class = 'communication' AND COALESCE(getvariable('per'), 'rank') = 'process_group'
     GROUP BY ALL
 ), keyed AS (
-    SELECT *, NULL::INTEGER AS step, NULL::VARCHAR AS process_group
-    FROM timeline WHERE COALESCE(getvariable('per'), 'rank') = 'rank'
-    UNION ALL BY NAME
     SELECT *, NULL::VARCHAR AS process_group
-    FROM step_timeline(
+    FROM analysis_timeline(
+        per := COALESCE(getvariable('per'), 'rank'),
         class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
         analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
         time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
-    WHERE COALESCE(getvariable('per'), 'rank') = 'step'
     UNION ALL BY NAME
     -- each communication segment of the timeline once per group whose kernels cover it (segments are cut at
     -- every event's edges, so a kernel covers a segment entirely or not at all)

@@ -43,19 +43,10 @@ SELECT
     round(100.0 * exposed_memory_ns / window_ns, 2) AS exposed_memory_pct,
     round(100.0 * idle_ns / window_ns, 2) AS idle_pct,
     round(100.0 * non_compute_ns / window_ns, 2) AS non_compute_pct
-FROM (
-    SELECT *, NULL::INTEGER AS step
-    FROM device_timeline(
-        class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
-        analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
-        time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
-    WHERE COALESCE(getvariable('per'), 'rank') = 'rank'
-    UNION ALL BY NAME
-    SELECT *
-    FROM step_timeline(
-        class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
-        analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
-        time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
-    WHERE COALESCE(getvariable('per'), 'rank') = 'step')
+FROM analysis_timeline(
+    per := COALESCE(getvariable('per'), 'rank'),
+    class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
+    analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
+    time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
 GROUP BY run_id, rank, device_id, step
 ORDER BY run_id, rank, device_id, step;

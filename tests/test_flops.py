@@ -266,3 +266,13 @@ def test_device_peaks_match_real_names():
                                     ("TPU-v5e", 197e12, 0.819e12)]:
         assert rows[device] == (bf16, bandwidth), device
     assert con.execute("SELECT count(*) FROM device_peaks WHERE source NOT LIKE '%https://%'").fetchall()[0][0] == 0
+
+
+def test_mfu_takes_integer_parameters(ingested):
+    """6 · params · tokens overflows 32-bit integers: parameters typed on the command line arrive as integers."""
+    df = tracesql.query("mfu", ingested(DATASETS / "hta_trace_filter"), device="A100-SXM-40GB", dtype="fp32",
+                        params=100_000_000, tokens_per_step=1_000_000)
+    assert list(df.model_flops) == [6e14, 6e14]
+    float_params = tracesql.query("mfu", ingested(DATASETS / "hta_trace_filter"), device="A100-SXM-40GB",
+                                  dtype="fp32", params=1e8, tokens_per_step=1e6)
+    assert list(df.mfu) == list(float_params.mfu)

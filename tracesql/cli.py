@@ -67,12 +67,10 @@ def ingest(sources, out, rank, run_id, jobs, strict, quiet):
     if not result.changed:
         click.echo(f"{out}: up to date ({len(result.reused)} files unchanged)")
         return
-    con = engine.connect(out)
-    counts = con.execute("SELECT (SELECT count(*) FROM ranks), (SELECT count(*) FROM slices), "
-                         "(SELECT count(*) FROM ops), (SELECT count(*) FROM collectives)").fetchone()
+    n = result.rows
     click.echo(f"{out}: {len(result.ingested)} file(s) ingested, {len(result.reused)} unchanged, "
-               f"{len(result.removed)} removed in {time.perf_counter() - t0:.2f} s — {counts[0]} rank(s), "
-               f"{counts[1]:,} slices, {counts[2]:,} ops, {counts[3]:,} collectives")
+               f"{len(result.removed)} removed in {time.perf_counter() - t0:.2f} s — {n['ranks']} rank(s), "
+               f"{n['slices']:,} slices, {n['ops']:,} ops, {n['collectives']:,} collectives")
 
 
 def _parse_params(pairs) -> dict:

@@ -28,6 +28,7 @@ class IngestResult:
     reused: list[str] = field(default_factory=list)  # unchanged sources whose tables were kept
     removed: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)  # rows of each table in the run (all sources)
 
     @property
     def changed(self) -> bool:
@@ -153,6 +154,9 @@ def ingest(
                                               "ingest different jobs into different runs")
             by_rank[r] = rel
         result.ingested.sort()
+        for entry in entries.values():
+            for table, n in entry["rows"].items():
+                result.rows[table] = result.rows.get(table, 0) + n
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings}
         store.publish(staging, out, manifest, engine.init_sql())

@@ -27,6 +27,8 @@ DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
 NEST_CHUNK = 1 << 18
 SCAN_BATCH = 1 << 17
+# the functions the derived tables use (all of them take a fifth of a second to create)
+INGEST_FUNCTIONS = ("kernel_classes.csv", "10_sizes.sql", "20_activity.sql")
 # DuckDB's working memory for the derived tables: their inputs are Arrow (outside it); beyond it, it spills
 WORKING_MEMORY = "512MB"
 
@@ -224,9 +226,7 @@ def _derive(con, slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str
     con.register("slices", pa.Table.from_batches(slices.to_batches(max_chunksize=SCAN_BATCH)))
     con.register("extra", extra)
     con.register("steps", emit("steps", _table(con, "steps", STEPS_SQL)))
-    for name in schema.TABLES.keys() - {"slices", "steps"}:  # macros name every table when they are created
-        con.register(name, schema.arrow_schema(name).empty_table())
-    functions.install(con)
+    functions.install(con, INGEST_FUNCTIONS)
     metadata = _metadata_tables(con, data, run_id, rank)
     for name, table in metadata.items():
         emit(name, table)

@@ -95,7 +95,7 @@ TABLES: dict[str, Table] = {
             "Every timed event, on the host (ops, annotations, runtime calls) and on devices (kernels, copies).",
             _cols(
                 *_RUN_RANK,
-                ("slice_id", "BIGINT", "Id of the event, unique within (run_id, rank)."),
+                ("slice_id", "BIGINT", "Id of the event, unique within (run_id, rank): its index in the source's event list."),
                 (
                     "kind",
                     "VARCHAR",

@@ -76,3 +76,14 @@ FROM device_timeline(class_scheme := class_scheme, analysis_window := analysis_w
                      time_unit_ns := time_unit_ns) t
 JOIN windows w ON w.run_id = t.run_id AND w.rank = t.rank AND w.device_id = t.device_id
  AND t.ts < w.te AND t.ts + t.dur > w.ts;
+
+-- The timeline an analysis runs over: per = 'rank' is device_timeline (step NULL), per = 'step' is step_timeline.
+CREATE OR REPLACE MACRO analysis_timeline(per := 'rank', class_scheme := 'default', analysis_window := 'all',
+                                          time_unit_ns := 1) AS TABLE
+SELECT *, NULL::INTEGER AS step
+FROM device_timeline(class_scheme := class_scheme, analysis_window := analysis_window, time_unit_ns := time_unit_ns)
+WHERE per = 'rank'
+UNION ALL BY NAME
+SELECT *
+FROM step_timeline(class_scheme := class_scheme, analysis_window := analysis_window, time_unit_ns := time_unit_ns)
+WHERE per = 'step';

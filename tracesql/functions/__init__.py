@@ -44,11 +44,13 @@ def csv_table_sql(path: Path) -> str:
             f"INSERT INTO {name} VALUES\n    {values};\n")
 
 
-def sql() -> str:
-    tables = [csv_table_sql(p) for p in sorted(HERE.glob("*.csv"))]
-    macros = [p.read_text() for p in sorted(HERE.glob("*.sql"))]
+def sql(files: tuple[str, ...] | None = None) -> str:
+    """The SQL of `files` (names in this folder), or of all of them."""
+    chosen = sorted(p for p in HERE.iterdir() if p.suffix in (".csv", ".sql") and (files is None or p.name in files))
+    tables = [csv_table_sql(p) for p in chosen if p.suffix == ".csv"]
+    macros = [p.read_text() for p in chosen if p.suffix == ".sql"]
     return "\n".join(tables + macros)
 
 
-def install(con) -> None:
-    con.execute(sql()).fetchall()
+def install(con, files: tuple[str, ...] | None = None) -> None:
+    con.execute(sql(files)).fetchall()
