@@ -131,7 +131,9 @@ def _emit(rel, fmt: str, output: Path | None) -> int:
 
 
 def _cell(v, width: int = 80) -> str:
-    if v is None or (isinstance(v, float) and v != v):
+    import pandas as pd
+
+    if v is None or (not isinstance(v, (list, tuple, dict)) and not hasattr(v, "__len__") and pd.isna(v)):
         return "NULL"
     if isinstance(v, float):
         return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.4g}"
