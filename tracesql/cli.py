@@ -137,6 +137,8 @@ def _cell(v, width: int = 80) -> str:
         return "NULL"
     if isinstance(v, float):
         return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.4g}"
+    if hasattr(v, "tolist"):  # list columns arrive as numpy arrays
+        v = v.tolist()
     s = str(v)
     return s if len(s) <= width else s[: width - 1] + "…"
 
