@@ -17,7 +17,6 @@ from . import engine, store
 from .arrays import array, strings
 from .errors import TraceError
 
-TRACE_SUFFIXES = (".json", ".gz")
 
 
 @dataclass
@@ -37,18 +36,21 @@ class IngestResult:
 
 def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path, list[Path]]:
     """The trace files named or found (recursively) under `sources`, and the folder their paths are relative to."""
+    from .readers import trace_suffixes
+
+    suffixes = trace_suffixes()
     files: list[Path] = []
     for src in sources:
         if src.is_dir():
             for root, dirs, names in os.walk(src):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and Path(root, d) != exclude)
-                files += [Path(root, n) for n in sorted(names) if n.endswith(TRACE_SUFFIXES) and not n.startswith(".")]
+                files += [Path(root, n) for n in sorted(names) if n.endswith(suffixes) and not n.startswith(".")]
         elif src.is_file():
             files.append(src)
         else:
             raise TraceError(src, "no such file or folder")
     if not files:
-        raise TraceError(", ".join(map(str, sources)), "no trace files found (looked for *.json and *.json.gz)")
+        raise TraceError(", ".join(map(str, sources)), f"no trace files found (looked for *{', *'.join(suffixes)})")
     files = sorted({f.resolve() for f in files})
     root = Path(os.path.commonpath([f.parent for f in files]))
     return root, files

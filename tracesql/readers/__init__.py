@@ -1,7 +1,8 @@
 """Readers: one module per source format, listed in READERS.
 
-Each reader module has `FORMAT` (its name), `detect(path, head) -> bool` (head: the first bytes of the file,
-decompressed) and `read(path) -> TraceData`. A reader turns one file into the common schema's host/device
+Each reader module has `FORMAT` (its name), `SUFFIXES` (file name endings it is looked for under, when a folder
+is ingested), `detect(path, head) -> bool` (head: the first bytes of the file, decompressed) and
+`read(path, threads=None) -> TraceData`. A reader turns one file into the common schema's host/device
 events (`slices` columns that need no cross-event reasoning) plus the file's metadata; everything that links
 events (nesting, launches, steps, ops, collectives, memory) is format-agnostic and lives in `normalize`.
 """
@@ -20,6 +21,10 @@ from . import kineto
 
 #: Tried in order; the first whose detect() says yes reads the file.
 READERS = [kineto]
+
+
+def trace_suffixes() -> tuple[str, ...]:
+    return tuple(sorted({suffix for reader in READERS for suffix in reader.SUFFIXES}))
 
 #: Columns a reader's `slices` table must have (normalize adds the rest of `schema.TABLES['slices']`).
 READER_SLICE_COLUMNS = [

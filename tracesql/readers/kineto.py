@@ -20,6 +20,7 @@ from .. import db
 from ..errors import TraceError
 
 FORMAT = "kineto"
+SUFFIXES = (".json", ".json.gz")
 
 # Kineto category (lower case) -> slices.kind. Declared, not branched on, so new categories are one line.
 CATEGORY_KINDS = {
