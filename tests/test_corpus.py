@@ -8,7 +8,7 @@ import tracesql
 from conftest import CORPUS
 from tracesql import queries
 
-KINETO = sorted(p for p in CORPUS.rglob("*.json.gz") if "rocprof" not in p.parts) if CORPUS.exists() else []
+KINETO = sorted(CORPUS.rglob("*.json.gz")) if CORPUS.exists() else []
 
 
 @pytest.mark.corpus

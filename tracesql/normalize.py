@@ -297,7 +297,7 @@ WITH comm_kernels AS (
         -- (output, input), the first otherwise
         COALESCE(TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT),
                  tensor_numel(json_extract(args, '$."Input Dims"'),
-                              CASE WHEN source_name LIKE '%\_base\_%' ESCAPE '\\' THEN 2 ELSE 1 END)) AS in_nelems,
+                              CASE WHEN contains(source_name, '_base_') THEN 2 ELSE 1 END)) AS in_nelems,
         TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT) AS out_nelems,
         TRY_CAST(COALESCE(json_extract_string(args, '$.Seq'), json_extract_string(args, '$.seq')) AS BIGINT)
             AS recorded_seq

@@ -17,10 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..errors import TraceError
-from . import kineto
+from . import kineto, nsys, perfetto, rocprof, xplane
 
 #: Tried in order; the first whose detect() says yes reads the file.
-READERS = [kineto]
+READERS = [rocprof, kineto, xplane, perfetto, nsys]  # xplane (by name) before perfetto (by content): both protobuf
 
 
 def trace_suffixes() -> tuple[str, ...]:

@@ -1,0 +1,144 @@
+"""Nsight Systems SQLite exports: real exports from pipit's tests (4xA100 Perlmutter, MPI), every number checked
+against plain sqlite3 queries on the same file."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+
+import pytest
+
+import tracesql
+from conftest import corpus_path
+from tracesql import queries
+
+EXPORTS = ["saxpy-mpi-cuda_nsys_perlmutter0.sqlite", "cloverleaf-nsys/perlmutter-cloverleaf-cuda.sqlite"]
+
+
+def _export(name):
+    return corpus_path("pipit", "pipit", "tests", "data", name)
+
+
+def raw(path, sql):
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def run_sql(run, sql):
+    return tracesql.connect(run).execute(sql).fetchall()
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_counts_and_times_match_sqlite(name, ingested):
+    path = _export(name)
+    run = ingested(path)
+    got = dict((k, (n, t)) for k, n, t in run_sql(run, "SELECT kind, count(*), sum(dur) FROM slices GROUP BY kind"))
+    kernels = raw(path, 'SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL')[0]
+    copies = raw(path, 'SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_MEMCPY')[0]
+    # eventClass 0: runtime calls; 1: driver calls; 67 (backtrace) repeats a call and is not one
+    runtime = raw(path, "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE eventClass = 0")[0][0]
+    assert got["kernel"] == kernels and got["memcpy"] == copies
+    assert got["runtime"][0] == runtime
+    start = raw(path, "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")[0][0]
+    first = raw(path, "SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0]
+    assert run_sql(run, "SELECT min(ts) FROM slices WHERE kind = 'kernel'") == [(start + first,)]
+    assert run_sql(run, "SELECT source_format, base_time_ns FROM ranks") == [("nsys", start)]
+
+
+def test_exact_numbers_of_the_saxpy_export(ingested):
+    """Pinned (the same numbers plain sqlite3 gives): 5 kernels of 88.6 ms, 15 copies, 56 runtime calls (the 38
+    backtrace records dropped), 1 driver call, 22 NVTX ranges (the thread-name and domain records are no ranges)."""
+    run = ingested(_export(EXPORTS[0]))
+    assert run_sql(run, "SELECT kind, count(*), sum(dur) FROM slices GROUP BY kind ORDER BY kind") == [
+        ("driver", 1, 1213), ("kernel", 5, 88573480), ("memcpy", 15, 284699600), ("runtime", 56, 703102906),
+        ("user_annotation", 22, 896325758)]
+    # the NVTX range around each launch encloses it on the host thread's track
+    assert run_sql(run, "SELECT DISTINCT p.name FROM slices s JOIN slices p ON p.slice_id = s.parent_id "
+                        "WHERE s.name = 'cudaLaunchKernel'") == [("saxpy",)]
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_launches_linked_by_correlation(name, ingested):
+    path = _export(name)
+    run = ingested(path)
+    expected = raw(path, "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE EXISTS (SELECT 1 FROM "
+                         "CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.correlationId = k.correlationId)")[0][0]
+    linked = run_sql(run, "SELECT count(*) FROM slices k JOIN slices r ON r.slice_id = k.launch_id "
+                          "WHERE k.kind = 'kernel' AND r.correlation = k.correlation AND r.kind = 'runtime'")
+    assert linked == [(expected,)] and expected > 0
+    assert run_sql(run, "SELECT DISTINCT r.name FROM slices k JOIN slices r ON r.slice_id = k.launch_id "
+                        "WHERE k.kind = 'kernel'") == [("cudaLaunchKernel",)]
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_devices_from_target_info(name, ingested):
+    path = _export(name)
+    expected = raw(path, "SELECT id, name, totalMemory, computeMajor || '.' || computeMinor, smCount "
+                         "FROM TARGET_INFO_GPU ORDER BY id")
+    got = run_sql(ingested(path), "SELECT device_id, name, total_memory_bytes, compute_capability, sm_count "
+                                  "FROM devices ORDER BY device_id")
+    assert got == expected and got[0][1].startswith("NVIDIA A100-SXM4")
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_every_curated_query_runs(name, ingested):
+    con = tracesql.connect(ingested(_export(name)))
+    for query in queries.catalogue():
+        queries.run(con, query)
+
+
+def test_export_without_optional_tables(tmp_path):
+    """No NVTX, no memcpy, no session start time: the rest still reads; times stay relative (base 0)."""
+    path = tmp_path / "lean.sqlite"
+    shutil.copy(_export(EXPORTS[0]), path)
+    with sqlite3.connect(path) as con:
+        for table in ("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_MEMCPY", "TARGET_INFO_SESSION_START_TIME",
+                      "TARGET_INFO_GPU", "ThreadNames"):
+            con.execute(f"DROP TABLE {table}")
+    tracesql.ingest([path], tmp_path / "run")
+    run = tmp_path / "run"
+    assert run_sql(run, "SELECT kind, count(*) FROM slices GROUP BY kind ORDER BY kind") == [
+        ("driver", 1), ("kernel", 5), ("runtime", 56)]
+    assert run_sql(run, "SELECT min(ts), max(base_time_ns) FROM slices, ranks WHERE kind = 'kernel'") == [
+        (924922186, 0)]
+    assert run_sql(run, "SELECT device_id, name FROM devices") == [(0, None)]
+
+
+def test_several_processes_keep_the_busiest_with_a_warning(tmp_path):
+    """One file is one rank: a second process's kernels are left out, and the warning says so."""
+    path = tmp_path / "two.sqlite"
+    shutil.copy(_export(EXPORTS[0]), path)
+    other = 4242 << 24
+    with sqlite3.connect(path) as con:
+        columns = [c[1] for c in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")]
+        values = ", ".join(str(other) if c == "globalPid" else f'"{c}"' for c in columns)
+        con.execute(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT {values} FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 2")
+    result = tracesql.ingest([path], tmp_path / "run")
+    assert run_sql(tmp_path / "run", "SELECT count(*) FROM slices WHERE kind = 'kernel'") == [(5,)]
+    assert any("kept pid 1230493" in w and "left out pids 4242" in w for w in result.warnings), result.warnings
+
+
+def _no_kernel_table(path):
+    with sqlite3.connect(path) as con:
+        con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+
+
+BAD_FILES = {
+    "truncated": (lambda p: p.write_bytes(_export(EXPORTS[0]).read_bytes()[:200_000]),
+                  "damaged or unsupported SQLite export"),
+    "no kernel table": (_no_kernel_table, "not an Nsight Systems export: no CUPTI_ACTIVITY_KIND_KERNEL table"),
+    "zero-length": (lambda p: p.write_bytes(b""), "empty file"),
+    "wrong magic": (lambda p: p.write_bytes(b"SQLite format 2\x00" + bytes(4096)), "not an SQLite database"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_bad_file_is_one_line_naming_it(case, tmp_path):
+    make, problem = BAD_FILES[case]
+    bad = tmp_path / "report.sqlite"
+    make(bad)
+    with pytest.raises(tracesql.TraceError) as err:
+        tracesql.ingest([bad], tmp_path / "run")
+    message = str(err.value)
+    assert message.startswith(str(bad) + ": ") and problem in message and "\n" not in message
+    assert not (tmp_path / "run").exists()
