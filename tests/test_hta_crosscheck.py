@@ -7,12 +7,10 @@ last ProfilerStep) and time_unit_ns 1000 (it shrinks events to whole µs). Refer
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 import tracesql
-from conftest import CORPUS, DATASETS, HTA_DATA, corpus_path
+from conftest import DATASETS, corpus_path
 
 HTA = dict(class_scheme="hta", analysis_window="hta", time_unit_ns=1000)
 TOLERANCE_PP = 0.1

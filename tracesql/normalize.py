@@ -12,7 +12,6 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc

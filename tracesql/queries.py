@@ -65,9 +65,7 @@ def parse(path: Path) -> Query:
             break
         header.append(line.rstrip())
     first = header[0][2:].strip() if header else ""
-    name, _, title = first.partition(":")
-    if not title:
-        name, title = path.stem, first
+    title = first.partition(":")[2] or first  # "-- name: title"; a first line without a name is all title
     query = Query(name=path.stem, path=path, title=title.strip(), doc="")
     section, doc = None, []
     for line in header[1:]:

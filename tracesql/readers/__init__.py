@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import TraceError
 from . import kineto, nsys, perfetto, rocprof, xplane
@@ -26,11 +27,30 @@ READERS = [rocprof, kineto, xplane, perfetto, nsys]  # xplane (by name) before p
 def trace_suffixes() -> tuple[str, ...]:
     return tuple(sorted({suffix for reader in READERS for suffix in reader.SUFFIXES}))
 
-#: Columns a reader's `slices` table must have (normalize adds the rest of `schema.TABLES['slices']`).
-READER_SLICE_COLUMNS = [
-    "slice_id", "kind", "category", "name", "ts", "dur", "pid", "tid",
-    "device_id", "stream", "track", "correlation", "external_id", "args",
-]
+#: Columns a reader's `slices` table must have (normalize adds the rest of `schema.TABLES['slices']`), with the
+#: Arrow type of each; text columns with few distinct values are dictionary-encoded.
+READER_SLICE_TYPES = {
+    "slice_id": pa.int64(), "kind": pa.string(), "category": pa.string(), "name": pa.string(),
+    "ts": pa.int64(), "dur": pa.int64(), "pid": pa.int64(), "tid": pa.int64(), "device_id": pa.int32(),
+    "stream": pa.int64(), "track": pa.string(), "correlation": pa.int64(), "external_id": pa.int64(),
+    "args": pa.string(),
+}
+READER_SLICE_COLUMNS = list(READER_SLICE_TYPES)
+DICTIONARY_COLUMNS = ("kind", "category", "name", "track")
+
+
+def slices_from_columns(columns: dict[str, list]) -> pa.Table:
+    """A reader's slices from Python lists, one per column (a column left out is all NULL); slice_id numbers the
+    rows unless given."""
+    n = len(next(iter(columns.values())))
+    arrays = {}
+    for name, type_ in READER_SLICE_TYPES.items():
+        if name in columns:
+            array = pa.array(columns[name], type_)
+        else:
+            array = pa.array(range(n), type_) if name == "slice_id" else pa.nulls(n, type_)
+        arrays[name] = pc.dictionary_encode(array) if name in DICTIONARY_COLUMNS else array
+    return pa.table(arrays)
 
 
 @dataclass

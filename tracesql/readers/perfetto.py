@@ -235,6 +235,8 @@ def read(path: Path, threads: int | None = None):
 
 
 def _slices(rows: list[tuple], tracks: dict, default: _Track) -> pa.Table:
+    from . import slices_from_columns
+
     # kinds first (devices depend on them), then flows: a flow links a host slice and a device slice
     kinds = []
     for kind, category, _, _, _, uuid, *_ in rows:
@@ -258,19 +260,8 @@ def _slices(rows: list[tuple], tracks: dict, default: _Track) -> pa.Table:
         linking = next((f for f in row[9] if len(sides[f]) == 2), None)
         cols["correlation"].append(row[6] if row[6] is not None else (_signed(linking) if linking is not None
                                                                          else None))
-    return pa.table({
-        "slice_id": pa.array(range(len(rows)), pa.int64()),
-        "kind": pa.array(kinds, pa.string()).dictionary_encode(),
-        "category": pa.array([r[1] for r in rows], pa.string()).dictionary_encode(),
-        "name": pa.array([r[2] for r in rows], pa.string()).dictionary_encode(),
-        "ts": pa.array([r[3] for r in rows], pa.int64()),
-        "dur": pa.array([r[4] for r in rows], pa.int64()),
-        "pid": pa.array(cols["pid"], pa.int64()),
-        "tid": pa.array(cols["tid"], pa.int64()),
-        "device_id": pa.array(cols["device_id"], pa.int32()),
-        "stream": pa.array(cols["stream"], pa.int64()),
-        "track": pa.array(cols["track"], pa.string()).dictionary_encode(),
-        "correlation": pa.array(cols["correlation"], pa.int64()),
-        "external_id": pa.array([r[7] for r in rows], pa.int64()),
-        "args": pa.array([r[8] for r in rows], pa.string()),
+    return slices_from_columns({
+        "kind": kinds, "category": [r[1] for r in rows], "name": [r[2] for r in rows],
+        "ts": [r[3] for r in rows], "dur": [r[4] for r in rows], "external_id": [r[7] for r in rows],
+        "args": [r[8] for r in rows], **cols,
     })

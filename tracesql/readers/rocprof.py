@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
-import pyarrow as pa
 
 from ..errors import TraceError
 
@@ -108,7 +107,7 @@ class _File(msgspec.Struct, rename={"processes": "rocprofiler-sdk-tool"}):
 
 
 def read(path: Path, threads: int | None = None):
-    from . import TraceData, read_bytes
+    from . import TraceData, read_bytes, slices_from_columns
 
     try:
         processes = msgspec.json.decode(read_bytes(path), type=_File).processes
@@ -154,22 +153,7 @@ def read(path: Path, threads: int | None = None):
         raise TraceError(path, "no timed records (no kernel dispatch, memory copy or API call)")
 
     n = len(cols["ts"])
-    slices = pa.table({
-        "slice_id": pa.array(range(n), pa.int64()),
-        "kind": pa.array(cols["kind"], pa.string()).dictionary_encode(),
-        "category": pa.array(cols["category"], pa.string()).dictionary_encode(),
-        "name": pa.array(cols["name"], pa.string()).dictionary_encode(),
-        "ts": pa.array(cols["ts"], pa.int64()),
-        "dur": pa.array(cols["dur"], pa.int64()),
-        "pid": pa.array(cols["pid"], pa.int64()),
-        "tid": pa.array(cols["tid"], pa.int64()),
-        "device_id": pa.array(cols["device_id"], pa.int32()),
-        "stream": pa.array(cols["stream"], pa.int64()),
-        "track": pa.array(cols["track"], pa.string()).dictionary_encode(),
-        "correlation": pa.array(cols["correlation"], pa.int64()),
-        "external_id": pa.array(cols["external_id"], pa.int64()),
-        "args": pa.array(cols["args"], pa.string()),
-    })
+    slices = slices_from_columns(cols)
     first = processes[0].metadata
     return TraceData(
         format=FORMAT,

@@ -19,8 +19,6 @@ import math
 import re
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
@@ -98,7 +96,6 @@ _LINE_SUFFIX = re.compile(r"/-?\d+$")  # 'Host Threads/583', 'tf_pjrt_thread_poo
 HOST_PLANE = "/host:CPU"
 # stats that say what a stream event is (the line name lists every kind the stream ran, not the event's)
 _COPY_STATS = {"memcpy_details": "memcpy", "memset_details": "memset"}
-_DICTIONARY = ("kind", "category", "name", "track")
 
 
 def detect(path: Path, head: bytes) -> bool:
@@ -147,7 +144,7 @@ def _host_kind(name: str, stats: dict, dur_ps: int) -> str:
 
 
 def read(path: Path, threads: int | None = None):
-    from . import TraceData, read_bytes
+    from . import TraceData, read_bytes, slices_from_columns
 
     space = parse(path, read_bytes(path))
     environment = {p.name: _stats(p, p.stats) for p in space.planes if not p.lines and p.stats}
@@ -225,20 +222,12 @@ def read(path: Path, threads: int | None = None):
     if total == aggregated:
         raise TraceError(path, "no timed events (every event is an aggregate without a timestamp)")
 
-    types = {"ts": pa.int64(), "dur": pa.int64(), "pid": pa.int64(), "tid": pa.int64(), "device_id": pa.int32(),
-             "stream": pa.int64(), "correlation": pa.int64()}
-    n = len(cols["ts"])
-    arrays = {"slice_id": pa.array(range(n), pa.int64())}
-    for name, values in cols.items():
-        array = pa.array(values, types.get(name, pa.string()))
-        arrays[name] = pc.dictionary_encode(array) if name in _DICTIONARY else array
-    arrays["external_id"] = pa.nulls(n, pa.int64())
 
     metadata = {"hostnames": list(space.hostnames), **environment}
     metadata.update({k: list(v) for k, v in (("errors", space.errors), ("warnings", space.warnings)) if v})
     return TraceData(
         format=FORMAT,
-        slices=pa.table(arrays),
+        slices=slices_from_columns(cols),
         host_name=space.hostnames[0] if space.hostnames else None,
         base_time_ns=base,
         event_count=total,
