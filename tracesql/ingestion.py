@@ -113,7 +113,7 @@ def ingest(
         raise TraceError(out, f"--rank applies to a single trace file, but {len(files)} were given")
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
         raise TraceError(out, "exists and is not a tracesql run (refusing to write into it)")
-    old = store.load_manifest(out) if store.is_run(out) else None
+    old = store.load_manifest(out, rewriting=True) if store.is_run(out) else None
     run_id = run_id or (old or {}).get("run_id") or out.name
     options = {"rank": rank, "run_id": run_id}
     result = IngestResult(run=out, run_id=run_id)

@@ -53,6 +53,20 @@ def slices_from_columns(columns: dict[str, list]) -> pa.Table:
     return pa.table(arrays)
 
 
+#: Columns of a reader's `counters` table (normalize adds run_id and rank).
+READER_COUNTER_TYPES = {
+    "name": pa.string(), "series": pa.string(), "track": pa.string(), "device_id": pa.int32(),
+    "ts": pa.int64(), "value": pa.float64(),
+}
+
+
+def counters_from_columns(columns: dict[str, list]) -> pa.Table:
+    """A reader's counter samples from Python lists, one per column (a column left out is all NULL)."""
+    n = len(columns["ts"])
+    return pa.table({name: pa.array(columns[name], type_) if name in columns else pa.nulls(n, type_)
+                     for name, type_ in READER_COUNTER_TYPES.items()})
+
+
 @dataclass
 class TraceData:
     """What a reader returns for one file."""
@@ -70,6 +84,7 @@ class TraceData:
     metadata: dict = field(default_factory=dict)
     devices: list[dict] = field(default_factory=list)  # device_id, name, total_memory_bytes, ..., properties
     process_groups: list[dict] = field(default_factory=list)
+    counters: pa.Table | None = None  # READER_COUNTER_TYPES columns, when the format has counters
 
 
 HEAD_BYTES = 1 << 16
