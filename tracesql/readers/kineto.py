@@ -59,7 +59,7 @@ DEVICE_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 # Device events whose name, not category, says what they are.
 NAME_KINDS = {("mtia_ccp_events", "dma_request"): "memcpy"}
 
-SLICE_PHASES = ("X", "i", "I", "n")  # complete, instant, async instant: kept as they are
+SLICE_PHASES = ("X", "i", "I", "n", "R")  # complete; instant, async instant, mark: kept as they are
 OPENING_PHASES, CLOSING_PHASES = ("B", "b", "S"), ("E", "e", "F")  # matched into slices
 COUNTER_PHASE = "C"
 FLOW_PHASES = ("s", "t", "f")
@@ -329,12 +329,17 @@ CREATE OR REPLACE TABLE process_names AS
     WHERE ph = 'M' AND name = 'process_name' AND json_type(pid) IN ('UBIGINT', 'BIGINT')
       AND json_type(args -> 'name') = 'VARCHAR'
     GROUP BY 1;
+-- threads of a process that share a name (a pool's workers) keep apart: the tid joins the name
 CREATE OR REPLACE TABLE thread_names AS
-    SELECT TRY_CAST(pid AS BIGINT) AS pid, TRY_CAST(tid AS BIGINT) AS tid, arg_min(args ->> 'name', idx) AS label
-    FROM events
-    WHERE ph = 'M' AND name = 'thread_name' AND json_type(pid) IN ('UBIGINT', 'BIGINT')
-      AND json_type(tid) IN ('UBIGINT', 'BIGINT') AND json_type(args -> 'name') = 'VARCHAR'
-    GROUP BY 1, 2;
+    SELECT pid, tid, label || CASE WHEN count(*) OVER (PARTITION BY pid, label) > 1 THEN ' ' || tid ELSE '' END
+        AS label
+    FROM (
+        SELECT TRY_CAST(pid AS BIGINT) AS pid, TRY_CAST(tid AS BIGINT) AS tid, arg_min(args ->> 'name', idx) AS label
+        FROM events
+        WHERE ph = 'M' AND name = 'thread_name' AND json_type(pid) IN ('UBIGINT', 'BIGINT')
+          AND json_type(tid) IN ('UBIGINT', 'BIGINT') AND json_type(args -> 'name') = 'VARCHAR'
+        GROUP BY 1, 2
+    );
 SET VARIABLE category_kind = (SELECT map(list(cat), list(kind)) FROM category_kinds);
 SET VARIABLE name_kind = (SELECT map(list(cat || chr(0) || name), list(kind)) FROM name_kinds);
 SET VARIABLE pid_label_id = (SELECT map(list(label), list(id)) FROM labels WHERE col = 0);
@@ -439,7 +444,8 @@ _NON_NUMERIC_COUNTERS = f"""
 SELECT count(*) FROM events e, json_each(e.args) a
 WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND isfinite(e.ts) AND a.type NOT IN ('UBIGINT', 'BIGINT', 'DOUBLE')
 """
-# Flow events bound to the slice that encloses them on their thread (the innermost: the latest to start), whose
+# Flow events bound to the slice that encloses them on their thread (the innermost: the latest to start; instants
+# bind nothing), whose
 # correlation id they become. Ids that are not integers ('0x1f') are hashed to one.
 _FLOW_BINDINGS = f"""
 WITH flows AS (
@@ -448,7 +454,8 @@ WITH flows AS (
     FROM events WHERE NOT malformed AND ph IN ({_in(FLOW_PHASES)}) AND isfinite(ts) AND id IS NOT NULL
 )
 SELECT s.slice_id, min(f.flow) AS flow
-FROM flows f ASOF JOIN read_slices s ON f.pid = s.pid AND f.tid = s.tid AND f.ts >= s.ts
+FROM flows f ASOF JOIN (SELECT * FROM read_slices WHERE kind <> 'instant') s
+    ON f.pid = s.pid AND f.tid = s.tid AND f.ts >= s.ts
 WHERE f.ts <= s.ts + s.dur AND s.correlation IS NULL
 GROUP BY 1
 """

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -125,8 +126,19 @@ class _Sequence:
         self.annotation_strings: dict[int, str] = {}
         self.default_track = 0
         self.default_clock: int | None = None
+        self.counter_sums: dict[int, float] = {}  # incremental counter tracks: the sum so far on this sequence
         self.extra_counter_tracks: list[int] = []  # for slices that carry counter values without naming tracks
         self.extra_double_counter_tracks: list[int] = []
+
+    def counter_value(self, track, value: float) -> float:
+        """A counter sample in the track's units times its multiplier; incremental tracks' deltas summed."""
+        counter = track.counter
+        if counter is None:
+            return value
+        value *= counter.unit_multiplier or 1
+        if counter.is_incremental:
+            value = self.counter_sums[track.uuid] = self.counter_sums.get(track.uuid, 0) + value
+        return value
 
     def intern(self, interned) -> None:
         for entries, table, field in ((interned.event_names, self.names, "name"),
@@ -182,6 +194,7 @@ class _Track:
         stream = _STREAM_NUMBER.search(self.name)
         self.stream = int(stream.group(1)) if stream else None  # filled in by the reader when unnamed
         self.counter = desc.counter if desc.HasField("counter") else None
+        self.shared_name = False  # another thread of the process has this name (a pool's workers): add the tid
 
     def _chain(self):
         t = self
@@ -190,12 +203,17 @@ class _Track:
             t = t.parent
 
     def home(self) -> str:
-        """Where a counter track belongs: its device, or its process."""
-        return f"device {self.device_id}" if self.on_device else (self.process_name or f"process {self.pid}")
+        """Where a counter track belongs: its device, its thread (as slices name it) or its process."""
+        if self.on_device:
+            return f"device {self.device_id}"
+        if self.parent is not None and self.parent.is_thread:
+            return self.parent.host_label()
+        return self.process_name or f"process {self.pid}"
 
     def host_label(self) -> str:
         process = self.process_name or f"process {self.pid}"
-        return f"{process} / {self.name or (f'thread {self.tid}' if self.is_thread else 'process')}"
+        name = self.name or (f"thread {self.tid}" if self.is_thread else "process")
+        return f"{process} / {name} {self.tid}" if self.shared_name else f"{process} / {name}"
 
 
 def read(path: Path, threads: int | None = None):
@@ -221,6 +239,9 @@ def read(path: Path, threads: int | None = None):
         if t.on_device and t.stream is None:
             t.stream = next(unnamed_streams)
     default = _Track(TrackDescriptor(), tracks)  # events on no described track: host, process 0
+    threads_named = Counter((t.pid, t.name) for t in tracks.values() if t.is_thread)
+    for t in tracks.values():
+        t.shared_name = t.is_thread and threads_named[t.pid, t.name] > 1
 
     rows: list[tuple] = []  # kind, category, name, ts, dur, track, correlation, external_id, args, flows
     open_slices: dict[int, list[list]] = {}
@@ -259,10 +280,11 @@ def read(path: Path, threads: int | None = None):
         for uuids, values in ((e.extra_counter_track_uuids or seq.extra_counter_tracks, e.extra_counter_values),
                               (e.extra_double_counter_track_uuids or seq.extra_double_counter_tracks,
                                e.extra_double_counter_values)):
-            samples += ((uuid, ts, value) for uuid, value in zip(uuids, values))
+            samples += ((uuid, ts, seq.counter_value(tracks.get(uuid, default), value))
+                        for uuid, value in zip(uuids, values))
         if e.type == TrackEvent.TYPE_COUNTER:
             value = e.double_counter_value if e.HasField("double_counter_value") else e.counter_value
-            samples.append((track_uuid, ts, value))
+            samples.append((track_uuid, ts, seq.counter_value(tracks.get(track_uuid, default), value)))
             continue
         if e.type == TrackEvent.TYPE_SLICE_END:
             stack = open_slices.get(track_uuid)
@@ -311,20 +333,14 @@ def read(path: Path, threads: int | None = None):
 def _counters(samples: list[tuple[int, int, float]], tracks: dict, default: _Track) -> pa.Table:
     from . import counters_from_columns
 
-    cols: dict[str, list] = {c: [] for c in ("name", "track", "device_id", "ts", "value")}
-    running: dict[int, float] = {}  # incremental tracks: the sum so far
-    for uuid, ts, value in sorted(samples, key=lambda s: (s[0], s[1])):
-        track = tracks.get(uuid, default)
-        counter = track.counter
-        value *= counter.unit_multiplier if counter is not None and counter.unit_multiplier else 1
-        if counter is not None and counter.is_incremental:
-            value = running[uuid] = running.get(uuid, 0) + value
-        cols["name"].append(track.name or f"counter {uuid}")
-        cols["track"].append(track.home())
-        cols["device_id"].append(track.device_id if track.on_device else None)
-        cols["ts"].append(ts)
-        cols["value"].append(value)
-    return counters_from_columns(cols)
+    homes = {uuid: tracks.get(uuid, default) for uuid in {s[0] for s in samples}}
+    return counters_from_columns({
+        "name": [homes[u].name or f"counter {u}" for u, _, _ in samples],
+        "track": [homes[u].home() for u, _, _ in samples],
+        "device_id": [homes[u].device_id if homes[u].on_device else None for u, _, _ in samples],
+        "ts": [ts for _, ts, _ in samples],
+        "value": [v for _, _, v in samples],
+    })
 
 
 def _slices(rows: list[tuple], tracks: dict, default: _Track) -> pa.Table:
