@@ -2,7 +2,8 @@
 
 Each reader module has `FORMAT` (its name), `SUFFIXES` (file name endings it is looked for under, when a folder
 is ingested), `detect(path, head) -> bool` (head: the first bytes of the file, decompressed) and
-`read(path, threads=None) -> TraceData`. A reader turns one file into the common schema's host/device
+`read(path, threads=None) -> TraceData` (or a list of them, one per process, for a file that holds
+several processes). A reader turns one file into the common schema's host/device
 events (`slices` columns that need no cross-event reasoning) plus the file's metadata; everything that links
 events (nesting, launches, steps, ops, collectives, memory) is format-agnostic and lives in `normalize`.
 """
@@ -133,8 +134,11 @@ def reader_for(path: Path):
     raise TraceError(path, f"not a trace tracesql can read (formats: {', '.join(r.FORMAT for r in READERS)})")
 
 
-def read_trace(path: Path, threads: int | None = None) -> TraceData:
-    data = reader_for(path).read(path, threads=threads)
-    missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
-    assert not missing, f"reader {data.format} left out {missing}"
-    return data
+def read_trace(path: Path, threads: int | None = None) -> list[TraceData]:
+    """The file's traces: one, or one per process when a file holds several (an Nsight export of an MPI job)."""
+    read = reader_for(path).read(path, threads=threads)
+    traces = read if isinstance(read, list) else [read]
+    for data in traces:
+        missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
+        assert not missing, f"reader {data.format} left out {missing}"
+    return traces

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from .. import db
 from ..arrays import array, to_numpy
 from ..errors import TraceError
+from .xplane import ACCELERATOR_PLANE, HOST_PLANE, STREAM_LINE
 
 FORMAT = "kineto"
 SUFFIXES = (".json", ".json.gz")
@@ -66,9 +67,8 @@ FLOW_PHASES = ("s", "t", "f")
 KNOWN_OTHER_PHASES = ("M", *FLOW_PHASES)  # metadata and flows: used, not kept as events
 KINETO_KEYS = ("schemaVersion", "deviceProperties", "distributedInfo", "traceName", "baseTimeNanoseconds")
 
-TSL_HOST = "/host:CPU"
-TSL_DEVICE = r"^/device:(?:GPU|TPU):(\d+)$"
-TSL_STREAM = r"^Stream #(\d+)"
+# TSL (JAX/TensorFlow) traces name processes and threads as XPlane names planes and lines
+TSL_HOST, TSL_DEVICE, TSL_STREAM = HOST_PLANE, ACCELERATOR_PLANE.pattern, STREAM_LINE.pattern
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_.]?(\d+)", re.IGNORECASE)
 
