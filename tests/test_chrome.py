@@ -139,30 +139,36 @@ def test_array_format_without_its_closing_bracket_reads_like_the_object(tmp_path
     assert len(run_sql(tmp_path / "a", sql)) == 15
 
 
-@pytest.fixture(scope="module")
-def jax_runs(tmp_path_factory):
-    """The JAX session's Chrome JSON and its XPlane, each ingested."""
-    tmp = tmp_path_factory.mktemp("jax")
+# dataset, XLA ops in it (json.loads: events with hlo_op and device_ordinal args)
+JAX_SESSIONS = [("jax_cpu_mlp", 30), ("jax_cpu_4dev_allreduce", 156)]
+
+
+@pytest.fixture(scope="module", params=JAX_SESSIONS, ids=[name for name, _ in JAX_SESSIONS])
+def jax_runs(request, tmp_path_factory):
+    """A JAX session's Chrome JSON and its XPlane, each ingested, and its number of XLA ops."""
+    name, xla_ops = request.param
+    folder = DATASETS / name
+    tmp = tmp_path_factory.mktemp(name)
     (tmp / "json").mkdir()
-    shutil.copy(JAX / "vm.trace.json.gz.crosscheck", tmp / "json" / "vm.trace.json.gz")
+    shutil.copy(folder / "vm.trace.json.gz.crosscheck", tmp / "json" / "vm.trace.json.gz")
     tracesql.ingest([tmp / "json"], tmp / "from_json")
-    tracesql.ingest([JAX / "vm.xplane.pb"], tmp / "from_xplane")
-    return tmp / "from_json", tmp / "from_xplane"
+    tracesql.ingest([folder / "vm.xplane.pb"], tmp / "from_xplane")
+    return tmp / "from_json", tmp / "from_xplane", xla_ops
 
 
 def test_jax_chrome_json_and_xplane_agree(jax_runs):
-    from_json, from_xplane = jax_runs
+    from_json, from_xplane, xla_ops = jax_runs
     for sql in ("SELECT kind, count(*), sum(dur), count(step) FROM slices GROUP BY 1 ORDER BY 1",
                 "SELECT step, dur, device_dur, kernel_count FROM steps ORDER BY 1",
-                "SELECT name, device_id, count(*), sum(dur) FROM slices WHERE kind = 'kernel' GROUP BY 1, 2 ORDER BY 1, 2"):
+                "SELECT name, device_id, count(*), sum(dur) FROM slices WHERE kind = 'kernel' GROUP BY 1, 2 ORDER BY 1, 2",
+                "SELECT collective, device_id, seq, step, device_dur FROM collectives ORDER BY 2, 3"):
         assert run_sql(from_json, sql) == run_sql(from_xplane, sql), sql
-    kinds = dict((k, n) for k, n, *_ in run_sql(from_json, "SELECT kind, count(*) FROM slices GROUP BY 1"))
-    assert kinds["kernel"] == 30
-    assert run_sql(from_json, "SELECT count(*), sum(kernel_count) FROM steps") == [(3, 30)]
+    assert run_sql(from_json, "SELECT count(*) FROM slices WHERE kind = 'kernel'") == [(xla_ops,)]
+    assert run_sql(from_json, "SELECT count(*), sum(kernel_count) FROM steps") == [(3, xla_ops)]
 
 
 def test_jax_hotspots_agree(jax_runs):
-    from_json, from_xplane = jax_runs
+    from_json, from_xplane, _ = jax_runs
 
     def hotspots(run):
         con = tracesql.connect(run)
@@ -170,6 +176,23 @@ def test_jax_hotspots_agree(jax_runs):
 
     assert hotspots(from_json) == hotspots(from_xplane)
     assert len(hotspots(from_json)) >= 10
+
+
+def test_xla_all_reduce_ops_are_collectives_per_device(ingested):
+    """pmean over 4 devices: one XLA all-reduce per device per step, numbered per device, each in its step;
+    their times are the all-reduce events of the session's Chrome JSON (json.loads)."""
+    folder = DATASETS / "jax_cpu_4dev_allreduce"
+    events = raw_events(folder / "vm.trace.json.gz.crosscheck")
+    expected = sorted((int(e["args"]["device_ordinal"]), ns(e["dur"])) for e in events
+                      if e.get("ph") == "X" and e["name"] == "all-reduce" and "hlo_op" in e.get("args", {}))
+    run = ingested(folder / "vm.xplane.pb")
+    rows = run_sql(run, "SELECT device_id, seq, step, collective, kernel_dur FROM collectives ORDER BY 1, 2")
+    assert [(d, s, st, c) for d, s, st, c, _ in rows] == [(d, i, i, "all_reduce") for d in range(4) for i in range(3)]
+    assert sorted((d, t) for d, _, _, _, t in rows) == expected
+    # per device, communication time is its all-reduces' time: on the CPU backend nothing runs beside them
+    overlap = tracesql.query("overlap", run)
+    assert list(zip(overlap.device_id, overlap.comm_ns, overlap.overlap_ns)) == [
+        (d, sum(t for dd, t in expected if dd == d), 0) for d in range(4)]
 
 
 def test_chromium_perfetto_trace_times_are_on_the_monotonic_clock(ingested):

@@ -315,7 +315,9 @@ SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_des
          THEN COALESCE(r.out_nelems, r.in_nelems * COALESCE(r.group_size, g.group_size))
          ELSE r.in_nelems END * dtype_bytes(r.dtype) AS size_bytes,
     r.recorded_seq IS NOT NULL AS seq_recorded,
-    COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY COALESCE(r.pg_name, g.pg_name, '')
+    -- numbered per group; device work no host call issued (XLA's SPMD ops, one set per device) per device too
+    COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY COALESCE(r.pg_name, g.pg_name, ''),
+                                                             CASE WHEN r.cpu_ts IS NULL THEN r.device_id END
                                                 ORDER BY COALESCE(r.cpu_ts, r.device_ts)) - 1) AS seq
 FROM rows r LEFT JOIN only_group g ON true
 ORDER BY COALESCE(r.cpu_ts, r.device_ts)
