@@ -136,3 +136,24 @@ def test_parallel_ingest_equals_serial(tmp_path):
         diff = con.execute(f"SELECT count(*) FROM (SELECT * EXCLUDE (run_id) FROM {table} EXCEPT ALL "
                            f"SELECT * EXCLUDE (run_id) FROM read_parquet('{tmp_path}/serial/{table}/*.parquet'))")
         assert diff.fetchone()[0] == 0
+
+
+def test_a_folder_mixing_formats_ingests_in_one_command(tmp_path):
+    """Kineto, XPlane, Perfetto and generic Chrome JSON side by side: one run, a rank each (from distributedInfo
+    or the file name), and every curated query answers over all of them."""
+    from tracesql import queries
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copy(DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz", mixed)
+    shutil.copy(DATASETS / "jax_cpu_mlp" / "vm.xplane.pb", mixed / "rank-1.xplane.pb")
+    shutil.copy(DATASETS / "chromium_perfetto" / "chromium.perfetto-trace.gz", mixed / "rank-2.perfetto-trace.gz")
+    shutil.copy(DATASETS / "viztracer_counters" / "viz_trace.json", mixed / "rank-3.json")
+    result = tracesql.ingest([mixed], tmp_path / "run")
+    assert len(result.ingested) == 4
+    con = tracesql.connect(tmp_path / "run")
+    assert con.execute("SELECT rank, source_format FROM ranks ORDER BY 1").fetchall() == [
+        (0, "kineto"), (1, "xplane"), (2, "perfetto"), (3, "chrome")]
+    assert con.execute("SELECT count(DISTINCT rank) FROM slices").fetchall() == [(4,)]
+    for query in queries.catalogue():
+        queries.run(con, query).fetchall()

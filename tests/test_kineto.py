@@ -6,7 +6,7 @@ import pytest
 
 import tracesql
 from conftest import DATASETS, raw_events, write_trace
-from tracesql.readers.kineto import rank_from_file_name
+from tracesql.readers import rank_from_file_name
 
 
 def run_sql(run, sql):

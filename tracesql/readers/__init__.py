@@ -11,6 +11,7 @@ events (nesting, launches, steps, ops, collectives, memory) is format-agnostic a
 from __future__ import annotations
 
 import gzip
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,10 +135,22 @@ def reader_for(path: Path):
     raise TraceError(path, f"not a trace tracesql can read (formats: {', '.join(r.FORMAT for r in READERS)})")
 
 
+_RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_.]?(\d+)", re.IGNORECASE)
+
+
+def rank_from_file_name(path: Path) -> int | None:
+    """'rank-3.json.gz', 'worker_12.xplane.pb' -> the rank the name gives, if any."""
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
 def read_trace(path: Path, threads: int | None = None) -> list[TraceData]:
-    """The file's traces: one, or one per process when a file holds several (an Nsight export of an MPI job)."""
+    """The file's traces: one, or one per process when a file holds several (an Nsight export of an MPI job).
+    A single trace whose content names no rank takes the one its file name gives (any format)."""
     read = reader_for(path).read(path, threads=threads)
     traces = read if isinstance(read, list) else [read]
+    if len(traces) == 1 and traces[0].rank is None:
+        traces[0].rank = rank_from_file_name(path)
     for data in traces:
         missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
         assert not missing, f"reader {data.format} left out {missing}"

@@ -15,7 +15,6 @@ text. Python only sees metadata, the small lookup tables and the begin/end match
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 
@@ -70,8 +69,6 @@ KINETO_KEYS = ("schemaVersion", "deviceProperties", "distributedInfo", "traceNam
 # TSL (JAX/TensorFlow) traces name processes and threads as XPlane names planes and lines
 TSL_HOST, TSL_DEVICE, TSL_STREAM = HOST_PLANE, ACCELERATOR_PLANE.pattern, STREAM_LINE.pattern
 
-_RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_.]?(\d+)", re.IGNORECASE)
-
 
 def detect(path: Path, head: bytes) -> bool:
     text = head.lstrip()
@@ -79,10 +76,6 @@ def detect(path: Path, head: bytes) -> bool:
         return b'"ph"' in text
     return text[:1] == b"{" and any(k in text for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"'))
 
-
-def rank_from_file_name(path: Path) -> int | None:
-    m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else None
 
 
 def _split(path: Path, data: bytes):
@@ -195,9 +188,7 @@ def read(path: Path, threads: int | None = None):
 
     dist = meta.pop("distributedInfo", None)
     dist = dist if isinstance(dist, dict) else {}
-    rank = dist.get("rank")
-    if not isinstance(rank, int):
-        rank = rank_from_file_name(path)
+    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
     return TraceData(
         format=FORMAT if dialect == "kineto" else "chrome",
         slices=slices,

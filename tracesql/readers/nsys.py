@@ -7,8 +7,7 @@ makes them absolute. Host threads come from globalTid, which packs the pid in bi
 CUPTI_ACTIVITY_KIND_RUNTIME holds CUDA runtime calls (eventClass 0), driver calls (1) and, when backtraces were
 collected, a second record of the same call (67, 'CUDA backtrace', same correlationId): only 0 and 1 are calls.
 
-An export of one process is one rank, named by the file name when it names one (as for Kineto), else by
-ingestion's default. An export of several processes with CUDA activity (`nsys profile mpirun ...`) gives one
+An export of one process is one rank (named by the file name when it names one, as for every format). An export of several processes with CUDA activity (`nsys profile mpirun ...`) gives one
 rank per process: ranks 0, 1, ... in pid order (the export does not record MPI ranks), said in a note.
 
 Read with Python's sqlite3 (DuckDB's sqlite extension needs a download): one query per table, its rows transposed
@@ -24,7 +23,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import TraceError
-from .kineto import rank_from_file_name
 
 FORMAT = "nsys"
 SUFFIXES = (".sqlite", ".nsys.sqlite")
@@ -165,7 +163,7 @@ def _read(path: Path, con):
     if not processes:
         raise TraceError(path, "no CUDA activity: the export's kernel, copy and runtime tables are empty")
     if len(processes) == 1:
-        return _read_process(path, con, tables, processes[0], rank_from_file_name(path), [])
+        return _read_process(path, con, tables, processes[0], None, [])
     note = (f"{len(processes)} processes with CUDA activity: ranks 0-{len(processes) - 1} in pid order "
             f"(pids {', '.join(str(p & 0xFFFFFF) for p in processes)})")
     return [_read_process(path, con, tables, process, rank, [note]) for rank, process in enumerate(processes)]
