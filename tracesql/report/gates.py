@@ -83,7 +83,7 @@ def evaluate(gate: Gate, run: pd.Series, base: pd.Series) -> Verdict:
     if pd.isna(value):
         return Verdict(gate, run.run_id, False, f"{where}: no value ({METRICS[name].doc})")
     if gate.mode == "value":
-        observed, shown = value, display(name, value)
+        observed, shown = value, None
     else:
         if pd.isna(before):
             return Verdict(gate, run.run_id, False, f"{where}: the baseline {base.run_id} has no value")
@@ -98,4 +98,4 @@ def evaluate(gate: Gate, run: pd.Series, base: pd.Series) -> Verdict:
             shown = f"{observed:+.2f} pp" if METRICS[name].kind == "percent" else \
                 ("+" if observed >= 0 else "-") + display(name, abs(observed))
     failed = _OPS[gate.op](observed, gate.threshold)
-    return Verdict(gate, run.run_id, not failed, f"{where} ({shown})")
+    return Verdict(gate, run.run_id, not failed, f"{where} ({shown})" if shown else where)

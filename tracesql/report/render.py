@@ -66,7 +66,9 @@ def _sha256(script: str) -> str:
 
 
 def _fmt_ns(ns) -> str:
-    return "–" if pd.isna(ns) else (f"{ns / 1e6:,.3f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:,.1f} µs")
+    if pd.isna(ns) or ns == 0:
+        return "–" if pd.isna(ns) else "0"
+    return f"{ns / 1e6:,.3f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:,.1f} µs"
 
 
 def html_page(report) -> str:
