@@ -7,7 +7,8 @@ i mod len(sources), its ranks copies of the source's ranks (rank r from source r
 is a folder of ordinary runs. Then, each in a fresh process (interpreter start and imports included), best of
 --repeat:
   (a) `tracesql report` on one run of the fleet (R ranks): the baseline;
-  (b) `tracesql report` on the whole fleet, with a baseline run and two gates.
+  (b) `tracesql report` on the whole fleet, with a baseline run and two gates;
+  (c) `tracesql diff` of two runs of the fleet (the report runs one per regressed run, at most 20).
 The target: (b) under a minute on the 2-core development machine, once ingested. Scratch goes to
 /tmp/tracesql-bench/report/.
 
@@ -32,7 +33,7 @@ from tracesql import engine, schema, store
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("TRACESQL_CORPUS", REPO.parent / "shared" / "corpus")) / "hta" / "tests" / "data"
-DEFAULT_SOURCES = [CORPUS / "trace_filter", CORPUS / "nccl_parser_config"]
+DEFAULT_SOURCES = [CORPUS / "trace_filter"]  # two sampled ranks of a 128-rank NCCL job (HTA's test data)
 
 
 def build_fleet(sources: list[Path], runs: int, ranks: int, scratch: Path) -> Path:
@@ -96,9 +97,12 @@ def main() -> None:
     one = timed(tool + [str(fleet / "run-000"), "-o", str(args.scratch / "report-one")], args.repeat)
     many = timed(tool + [str(fleet), "-o", str(args.scratch / "report-fleet"), "--baseline", str(fleet / "run-000"),
                          "--fail-on", "step_time_p50>+5%", "--fail-on", "overlap<-10pp"], args.repeat)
-    print(f"| report over | seconds (best of {args.repeat}) | ratio to one run |\n|---|---|---|")
-    print(f"| (a) one run × {args.ranks} ranks | {one:.2f} | 1.0 |")
-    print(f"| (b) {args.runs} runs × {args.ranks} ranks | {many:.2f} | {many / one:.1f} |")
+    diff = timed([sys.executable, "-m", "tracesql", "diff", str(fleet / "run-000"), str(fleet / f"run-{args.runs - 1:03d}")],
+                 args.repeat)
+    print(f"| command | seconds (best of {args.repeat}) | ratio to (a) |\n|---|---|---|")
+    print(f"| (a) report over one run × {args.ranks} ranks | {one:.2f} | 1.0 |")
+    print(f"| (b) report over {args.runs} runs × {args.ranks} ranks | {many:.2f} | {many / one:.1f} |")
+    print(f"| (c) diff of two runs × {args.ranks} ranks | {diff:.2f} | {diff / one:.2f} |")
 
 
 if __name__ == "__main__":

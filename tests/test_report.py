@@ -348,3 +348,18 @@ def test_hostile_names_are_shown_not_run(hostile_report, tmp_path):
     assert XSS_KERNEL in seen["text"] and XSS_OP in seen["text"]  # displayed as text, exactly as in the trace
     assert XSS_KERNEL in seen["chart_text"]  # the hotspot bars' labels, as SVG text
     assert seen["scripts"] == 2  # executable scripts: the page's own plotly.js and chart loader, nothing injected
+
+
+def test_mfu_from_model_flops_matches_the_formula_on_raw_steps(tmp_path):
+    """MFU = 6·P·T / (step time × devices × peak): step time per step the slowest rank's device window (raw JSON),
+    devices the job's world size (128), the A100's dense fp32 peak (19.5 TFLOP/s, the trace's ops are fp32)."""
+    folder = DATASETS / "hta_trace_filter"
+    result = cli("report", folder, "-o", tmp_path / "r", "--params", "1e8", "--tokens-per-step", "1e6",
+                 "--device", "A100-SXM", "--fail-on", "mfu<-0.01pp")
+    assert result.exit_code == 0, result.output
+    windows = [device_step_windows_from_json(f) for f in sorted(folder.glob("*.json.gz"))]
+    per_step = [max(w) for w in zip(*windows)]
+    expected = statistics.mean(6 * 1e8 * 1e6 / (w / 1e9 * 128 * 19.5e12) for w in per_step) * 100
+    (run,) = json.loads((tmp_path / "r" / "metrics.json").read_text())["runs"]
+    assert run["mfu"] == pytest.approx(expected, rel=1e-9) and round(expected, 2) == 39.29
+    assert run["step_time_p50"] == statistics.median(per_step)

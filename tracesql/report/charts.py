@@ -92,7 +92,7 @@ def timeline(lanes: pd.DataFrame, title: str) -> dict | None:
     layout = _layout(title, height=max(220, 24 * len(rows) + 90),
                      xaxis={"title": {"text": "ms from the first device activity"}, "zeroline": False},
                      yaxis={"type": "category", "categoryorder": "array", "categoryarray": rows, "automargin": True},
-                     legend={"orientation": "h", "y": -0.25})
+                     legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"})
     return {"data": data, "layout": layout}
 
 

@@ -41,7 +41,7 @@ METRICS = {m.name: m for m in [
            "accelerator devices, else host)"),
     Metric("mfu", "percent", "lower", "model FLOPs utilization, mean over steps (`mfu`; needs --model-flops or "
            "--params with --tokens-per-step)", per_rank=False),
-    Metric("hfu", "percent", "lower", "hardware FLOPs utilization from the trace's FLOPs, mean over steps (`mfu`)",
+    Metric("hfu", "percent", "lower", "hardware FLOPs utilization from the FLOPs in the trace, mean over steps (`mfu`; computed with the MFU options)",
            per_rank=False),
 ]}
 
@@ -57,7 +57,7 @@ def display(metric: str, value) -> str:
         return f"{value:.2f} %"
     if kind == "bytes":
         return f"{value / 2**30:,.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.1f} MiB"
-    return f"{value:,.2f} GB/s"
+    return f"{value:,.3g} GB/s"
 
 
 def change(metric: str, value, base) -> str:

@@ -79,7 +79,8 @@ def html_page(report) -> str:
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters.update(ns=_fmt_ns, metric=lambda v, name: display(name, v),
                        pct=lambda v: "–" if pd.isna(v) else f"{v:.1f} %",
-                       num=lambda v: "–" if pd.isna(v) else f"{v:,.4g}")
+                       num=lambda v: "–" if pd.isna(v) else f"{v:,.4g}",
+                       short=lambda v: v if v is None or len(str(v)) <= 160 else str(v)[:159] + "…")
     plotly_js = get_plotlyjs()
     runs = report.metrics.runs
     base = runs.set_index("run_id").loc[report.baseline]
@@ -106,7 +107,7 @@ def markdown(report) -> str:
         failed = report.failed
         lines.append(f"**Gates: {len(failed)} of {len(report.verdicts)} failed**" if failed else
                      f"**Gates: all {len(report.verdicts)} passed**")
-        lines += [f"- {'❌ FAIL' if not v.passed else '✅ pass'} {md(v.gate.text)}: {md(v.reason)}"
+        lines += [f"- {'❌ FAIL' if not v.passed else '✅ pass'} `{v.gate.text.replace('`', '')}`: {md(v.reason)}"
                   for v in report.verdicts]
         lines.append("")
     shown = [m for m in METRICS if m in runs and runs[m].notna().any()]
