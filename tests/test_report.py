@@ -363,3 +363,26 @@ def test_mfu_from_model_flops_matches_the_formula_on_raw_steps(tmp_path):
     (run,) = json.loads((tmp_path / "r" / "metrics.json").read_text())["runs"]
     assert run["mfu"] == pytest.approx(expected, rel=1e-9) and round(expected, 2) == 39.29
     assert run["step_time_p50"] == statistics.median(per_step)
+
+
+def test_new_runs_in_the_folder_are_ingested_once(tmp_path):
+    """A folder of raw-trace folders: each is ingested into the cache on first sight, never again when unchanged."""
+    from tracesql.report import find_runs
+
+    runs = fleet(tmp_path, GLOO2)
+    (first,) = find_runs([runs])
+    stamp = (first / "tracesql.json").stat().st_mtime_ns
+    (runs / GLOO4.name).symlink_to(GLOO4)
+    result = cli("report", runs, "-o", tmp_path / "r")
+    assert result.exit_code == 0 and "2 run(s)" in result.output
+    again = find_runs([runs])
+    assert again[0] == first and (first / "tracesql.json").stat().st_mtime_ns == stamp
+    assert len(again) == 2 and again[1] != first
+
+
+def test_diff_table_names_the_runs_once():
+    result = cli("diff", GLOO2, GLOO4, "--top", "1")
+    lines = result.output.splitlines()
+    assert result.exit_code == 0 and lines[0] == "torch_gloo_2rank -> torch_gloo_4rank_straggler: per rank, " \
+                                                 "largest change first"
+    assert "before_run" not in result.output and " aten::mm " in result.output and lines[-1] == "(1 rows)"  # CPU-only runs: ops only

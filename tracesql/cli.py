@@ -316,4 +316,7 @@ def diff(before, after, top, fmt, output):
         raise TraceError(after, f"both runs are named {ids[0]!r}; ingest one with another --run-id")
     con = engine.connect([runs[0][0], runs[1][0]])
     rel = queries.run(con, queries.find("diff"), {"before": ids[0], "after": ids[1], "top": top})
+    if fmt == "table":  # the runs once on top instead of in every row
+        click.echo(f"{ids[0]} -> {ids[1]}: per rank, largest change first")
+        rel = rel.project("* EXCLUDE (before_run, after_run)")
     _emit(rel, fmt, output)
