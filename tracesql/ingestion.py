@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import engine, store
+from . import db, engine, quality, schema, store
 from .arrays import array, strings
 from .errors import TraceError
 
@@ -61,10 +61,14 @@ def _fingerprint(path: Path, options: dict) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "options": options}
 
 
-def _with_source(ranks: pa.Table, rel: str, size: int) -> pa.Table:
-    ranks = ranks.set_column(ranks.schema.get_field_index("source_path"), "source_path", strings([rel]))
-    return ranks.set_column(ranks.schema.get_field_index("source_bytes"), "source_bytes",
-                            array(np.array([size], np.int64)))
+def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
+    """The `ranks` or `warnings` rows of one source, with its path (and size) filled in."""
+    n = table.num_rows
+    table = table.set_column(table.schema.get_field_index("source_path"), "source_path", strings([rel] * n))
+    if "source_bytes" in table.column_names:
+        table = table.set_column(table.schema.get_field_index("source_bytes"), "source_bytes",
+                                 array(np.full(n, size, np.int64)))
+    return table
 
 
 def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int) -> dict:
@@ -85,7 +89,7 @@ def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
         part = store.part_name(rank, hashlib.sha1(rel.encode()).hexdigest()[:10])
         with store.PartWriter(Path(staging), part) as writer:  # each table is written as soon as it is done
             rows = normalize(data, run_id, rank, threads=threads, on_table=lambda name, table: writer.write(
-                name, _with_source(table, rel, p.stat().st_size) if name == "ranks" else table))
+                name, _with_source(table, rel, p.stat().st_size) if name in ("ranks", "warnings") else table))
     finally:
         gc.enable()
     return {"rank": rank, "part": part, "format": data.format, "events": data.event_count,
@@ -111,6 +115,12 @@ def ingest(
     root, files = find_traces(sources, exclude=out)
     if rank is not None and len(files) > 1:
         raise TraceError(out, f"--rank applies to a single trace file, but {len(files)} were given")
+    with store.locked(out):  # one ingest of a run at a time, from reading its manifest to publishing
+        store.remove_leftovers(out)
+        return _ingest_locked(out, root, files, rank, run_id, jobs, strict, progress)
+
+
+def _ingest_locked(out: Path, root: Path, files: list[Path], rank, run_id, jobs, strict, progress) -> IngestResult:
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
         raise TraceError(out, "exists and is not a tracesql run (refusing to write into it)")
     old = store.load_manifest(out) if store.is_run(out) else None
@@ -120,6 +130,9 @@ def ingest(
 
     wanted = {str(f.relative_to(root)) if f != root else f.name: f for f in files}
     old_sources = (old or {}).get("sources", {})
+    if old and old["schema_version"] != schema.SCHEMA_VERSION:  # its files lack what this version writes
+        result.warnings.append(f"{out}: {store.older_schema_note(old)}; all its sources are read again")
+        old_sources = {rel: {**entry, "size": None} for rel, entry in old_sources.items()}
     todo, keep = {}, {}
     for rel, f in wanted.items():
         fp = _fingerprint(f, options)
@@ -159,6 +172,7 @@ def ingest(
         for entry in entries.values():
             for table, n in entry["rows"].items():
                 result.rows[table] = result.rows.get(table, 0) + n
+        _write_run_checks(staging)
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings}
         store.publish(staging, out, manifest, engine.init_sql())
@@ -166,6 +180,16 @@ def ingest(
         store.discard(staging)
         raise
     return result
+
+
+def _write_run_checks(staging: Path) -> None:
+    """The checks that need every rank (clocks far apart), as the run's own `warnings` file."""
+    con = db.connect(1)
+    (staging / "warnings").mkdir(exist_ok=True)
+    rows = con.sql(f"SELECT {schema.select_list('warnings')} FROM ({quality.CLOCK_SKEW_SQL})",
+                   params={"ranks": str(staging / "ranks" / "*.parquet")})
+    rows.to_parquet(str(staging / "warnings" / store.RUN_CHECKS), compression="zstd")
+    con.close()
 
 
 def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool):

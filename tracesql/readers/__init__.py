@@ -66,6 +66,7 @@ class TraceData:
     base_time_ns: int = 0
     event_count: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count of damaged events
+    examples: dict[str, str] = field(default_factory=dict)  # reason -> one damaged event, as text
     notes: list[str] = field(default_factory=list)  # other things worth a warning
     metadata: dict = field(default_factory=dict)
     devices: list[dict] = field(default_factory=list)  # device_id, name, total_memory_bytes, ..., properties

@@ -134,8 +134,10 @@ def read(path: Path, threads: int | None = None):
         _load_events(con, path, events_file, notes)
     base_time_ns = int(meta.get("baseTimeNanoseconds") or 0)
     counts = con.execute(_COUNTS).fetchone()
-    total, skipped = counts[0], dict(zip(_SKIP_REASONS, counts[1:]))
-    skipped = {reason: n for reason, n in skipped.items() if n}
+    n_reasons = len(_SKIP_REASONS)
+    total = counts[0]
+    skipped = {reason: n for reason, n in zip(_SKIP_REASONS, counts[1:1 + n_reasons]) if n}
+    examples = {reason: ex for reason, ex in zip(_SKIP_REASONS, counts[1 + n_reasons:1 + 2 * n_reasons]) if ex}
     if not total:
         raise TraceError(path, "empty trace: 'traceEvents' has no events")
     if total == sum(skipped.values()) + counts[-1]:
@@ -164,6 +166,7 @@ def read(path: Path, threads: int | None = None):
         base_time_ns=base_time_ns,
         event_count=total,
         skipped=skipped,
+        examples=examples,
         notes=notes,
         metadata={k: v for k, v in meta.items() if k != "deviceProperties"},
         devices=_devices(meta.get("deviceProperties")),
@@ -172,16 +175,26 @@ def read(path: Path, threads: int | None = None):
 
 
 _DICTIONARY = ("kind", "category", "name", "track")
-_SKIP_REASONS = ("malformed event", "unsupported phase", "missing or non-numeric ts", "missing or negative dur")
 _phases = ", ".join(f"'{p}'" for p in SLICE_PHASES)
 _known = ", ".join(f"'{p}'" for p in SLICE_PHASES + KNOWN_OTHER_PHASES)
+_timed_x = f"NOT malformed AND ph = 'X' AND isfinite(ts)"
+_no_dur = "(dur IS NULL OR NOT isfinite(dur))"
+_is_step = "regexp_matches(COALESCE(name, ''), '^ProfilerStep#[0-9]+$')"
+# reason -> the events it skips; each count comes with the first such event as an example
+_SKIPS = {
+    "malformed event": "malformed",
+    "unsupported phase": f"NOT malformed AND (ph IS NULL OR ph NOT IN ({_known}))",
+    "missing or non-numeric ts": f"NOT malformed AND ph IN ({_phases}) AND (ts IS NULL OR NOT isfinite(ts))",
+    "missing dur": f"{_timed_x} AND {_no_dur} AND NOT {_is_step}",
+    "end before start": f"{_timed_x} AND dur < 0",
+    "step without end": f"{_timed_x} AND {_no_dur} AND {_is_step}",
+}
+_SKIP_REASONS = tuple(_SKIPS)
+_example = "COALESCE(ph, '?') || ' ' || COALESCE(name, '?') || ' ts=' || COALESCE(CAST(ts AS VARCHAR), '?') || ' dur=' || COALESCE(CAST(dur AS VARCHAR), '?')"
 _COUNTS = f"""
 SELECT count(*),
-    count(*) FILTER (malformed),
-    count(*) FILTER (NOT malformed AND (ph IS NULL OR ph NOT IN ({_known}))),
-    count(*) FILTER (NOT malformed AND ph IN ({_phases}) AND (ts IS NULL OR NOT isfinite(ts))),
-    count(*) FILTER (NOT malformed AND ph IN ({_phases}) AND ts IS NOT NULL AND isfinite(ts)
-                     AND ph = 'X' AND (dur IS NULL OR NOT isfinite(dur) OR dur < 0)),
+    {", ".join(f"count(*) FILTER ({cond})" for cond in _SKIPS.values())},
+    {", ".join(f"arg_min({_example}, idx) FILTER ({cond})" for cond in _SKIPS.values())},
     count(*) FILTER (NOT malformed AND ph IN ({", ".join(f"'{p}'" for p in KNOWN_OTHER_PHASES)}))
 FROM events
 """
