@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import db, engine, quality, schema, store
+from . import archives, db, engine, quality, schema, store
 from .arrays import array, strings
 from .errors import TraceError
 
@@ -56,9 +56,31 @@ def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path,
     return root, files
 
 
-def _fingerprint(path: Path, options: dict) -> dict:
-    st = path.stat()
+def _fingerprint(source: Path | archives.Member, options: dict) -> dict:
+    if isinstance(source, archives.Member):  # a member changes with its archive
+        st = source.archive.stat()
+        return {"size": source.size, "mtime_ns": st.st_mtime_ns, "archive_bytes": st.st_size, "options": options}
+    st = source.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "options": options}
+
+
+def _shown(source: Path | archives.Member) -> str:
+    """How errors name a source: its path, or ARCHIVE/MEMBER."""
+    return f"{source.archive}/{source.name}" if isinstance(source, archives.Member) else str(source)
+
+
+def _sources(root: Path, files: list[Path]) -> dict[str, Path | archives.Member]:
+    """Each source by its path relative to `root`; an archive's trace members as ARCHIVE/MEMBER."""
+    from .readers import trace_suffixes
+
+    wanted: dict[str, Path | archives.Member] = {}
+    for f in files:
+        rel = str(f.relative_to(root)) if f != root else f.name
+        if archives.is_archive(f):
+            wanted.update({f"{rel}/{m.name}": m for m in archives.members(f, trace_suffixes())})
+        else:
+            wanted[rel] = f
+    return wanted
 
 
 def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
@@ -71,13 +93,22 @@ def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
     return table
 
 
-def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int) -> dict:
+def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str) -> dict:
     """Read, normalize and write one file's tables into the staging run. Runs in a worker process.
-    `ranks` is (the user's --rank, the rank to assume when the trace names none)."""
+    `ranks` is (the user's --rank, the rank to assume when the trace names none); `shown`: the name errors give
+    the file (an archive member's, when `path` is its unpacked copy)."""
+    try:
+        return _read_normalize_write(Path(path), rel, staging, ranks, run_id, threads)
+    except TraceError as e:
+        if e.path == path and shown != path:
+            raise TraceError(shown, e.problem) from None
+        raise
+
+
+def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id: str, threads: int) -> dict:
     from .normalize import normalize
     from .readers import read_trace
 
-    p = Path(path)
     gc.disable()  # bulk allocation of short-lived, acyclic objects: the cycle collector only costs time here
     try:
         data = read_trace(p, threads=threads)
@@ -113,14 +144,19 @@ def ingest(
     out = Path(out).absolute()
     sources = [Path(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     root, files = find_traces(sources, exclude=out)
-    if rank is not None and len(files) > 1:
-        raise TraceError(out, f"--rank applies to a single trace file, but {len(files)} were given")
+    wanted = _sources(root, files)
+    if rank is not None and len(wanted) > 1:
+        raise TraceError(out, f"--rank applies to a single trace file, but {len(wanted)} were given")
     with store.locked(out):  # one ingest of a run at a time, from reading its manifest to publishing
         store.remove_leftovers(out)
-        return _ingest_locked(out, root, files, rank, run_id, jobs, strict, progress)
+        scratch = store.new_scratch(out)  # archive members are unpacked here
+        try:
+            return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress)
+        finally:
+            archives.remove(scratch)
 
 
-def _ingest_locked(out: Path, root: Path, files: list[Path], rank, run_id, jobs, strict, progress) -> IngestResult:
+def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress) -> IngestResult:
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
         raise TraceError(out, "exists and is not a tracesql run (refusing to write into it)")
     old = store.load_manifest(out) if store.is_run(out) else None
@@ -128,7 +164,6 @@ def _ingest_locked(out: Path, root: Path, files: list[Path], rank, run_id, jobs,
     options = {"rank": rank, "run_id": run_id}
     result = IngestResult(run=out, run_id=run_id)
 
-    wanted = {str(f.relative_to(root)) if f != root else f.name: f for f in files}
     old_sources = (old or {}).get("sources", {})
     if old and old["schema_version"] != schema.SCHEMA_VERSION:  # its files lack what this version writes
         result.warnings.append(f"{out}: {store.older_schema_note(old)}; all its sources are read again")
@@ -145,27 +180,31 @@ def _ingest_locked(out: Path, root: Path, files: list[Path], rank, run_id, jobs,
     result.removed = sorted(set(old_sources) - set(wanted))
     if not todo and not result.removed:
         return result
+    members = [src for src, _ in todo.values() if isinstance(src, archives.Member)]
+    unpacked = archives.extract(members, scratch) if members else {}
+    # rel -> (the file to read, its fingerprint, the name to show)
+    todo = {rel: (unpacked.get(src, src), fp, _shown(src)) for rel, (src, fp) in todo.items()}
 
     staging = store.new_staging(out)
     try:
         for rel, entry in keep.items():
             store.reuse_part(out, staging, entry["part"])
         entries = dict(keep)
-        ranks = (rank, 0 if len(files) == 1 else None)
+        ranks = (rank, 0 if len(wanted) == 1 else None)
         for rel, summary in _run_all(todo, staging, ranks, run_id, jobs, progress):
             entries[rel] = {**todo[rel][1], **summary}
             result.ingested.append(rel)
             if summary["skipped"]:
                 detail = ", ".join(f"{n} {why}" for why, n in summary["skipped"].items())
                 if strict:
-                    raise TraceError(todo[rel][0], f"damaged events: {detail} (without --strict they are skipped)")
-                result.warnings.append(f"{todo[rel][0]}: skipped damaged events: {detail}")
-            result.warnings += [f"{todo[rel][0]}: {note}" for note in summary["notes"]]
+                    raise TraceError(todo[rel][2], f"damaged events: {detail} (without --strict they are skipped)")
+                result.warnings.append(f"{todo[rel][2]}: skipped damaged events: {detail}")
+            result.warnings += [f"{todo[rel][2]}: {note}" for note in summary["notes"]]
         by_rank: dict[int, str] = {}
         for rel in sorted(entries):
             r = entries[rel]["rank"]
             if r in by_rank:
-                raise TraceError(wanted[rel], f"rank {r} is also the rank of {by_rank[r]}; "
+                raise TraceError(_shown(wanted[rel]), f"rank {r} is also the rank of {by_rank[r]}; "
                                               "ingest different jobs into different runs")
             by_rank[r] = rel
         result.ingested.sort()
@@ -199,13 +238,13 @@ def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | N
     bar = _progress(len(todo)) if progress else None
     try:
         if jobs == 1:
-            for rel, (f, _) in todo.items():
-                yield rel, _read_one(str(f), rel, str(staging), ranks, run_id, threads)
+            for rel, (f, _, shown) in todo.items():
+                yield rel, _read_one(str(f), rel, str(staging), ranks, run_id, threads, shown)
                 bar and bar.advance()
             return
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_read_one, str(f), rel, str(staging), ranks, run_id, threads): rel
-                       for rel, (f, _) in todo.items()}
+            futures = {pool.submit(_read_one, str(f), rel, str(staging), ranks, run_id, threads, shown): rel
+                       for rel, (f, _, shown) in todo.items()}
             try:
                 for fut in as_completed(futures):
                     yield futures[fut], fut.result()

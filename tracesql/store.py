@@ -169,6 +169,13 @@ def new_staging(out: Path) -> Path:
     return staging
 
 
+def new_scratch(out: Path) -> Path:
+    """A private folder beside the run for an ingest's temporary files (archive members)."""
+    scratch = _sibling(out, f"extract-{uuid.uuid4().hex[:12]}")
+    scratch.mkdir(parents=True)
+    return scratch
+
+
 def reuse_part(old_run: Path, staging: Path, part: str) -> None:
     """Carry an unchanged source's files into the new run (hard links: no copy, no rewrite)."""
     for name in schema.TABLES:
