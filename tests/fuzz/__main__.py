@@ -39,8 +39,6 @@ def main() -> int:
             @settings(max_examples=20, deadline=None, database=None, suppress_health_check=list(HealthCheck))
             @given(st.data())
             def explore(data):
-                if time.monotonic() > deadline:
-                    return
                 seed = data.draw(st.sampled_from(reader_seeds))
                 mutant = data.draw(mutants(seed))
                 reply = worker.run(mutant, seed.suffix)
@@ -49,7 +47,7 @@ def main() -> int:
                     found[key] = save(args.failures, seed, mutant, reply)
                     print(f"  {fmt}: NEW {key} -> {found[key]}", flush=True)
 
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline:  # batches of 20 inputs, until the reader's share is spent
                 explore()
             worker.stop()
             report.append((fmt, len(reader_seeds), worker.inputs, found))

@@ -120,7 +120,10 @@ def reader_for(path: Path):
 
 
 def read_trace(path: Path, threads: int | None = None) -> TraceData:
-    data = reader_for(path).read(path, threads=threads)
+    try:
+        data = reader_for(path).read(path, threads=threads)
+    except RecursionError:  # the JSON and protobuf decoders recurse once per nesting level
+        raise TraceError(path, "nested too deeply to read (thousands of levels: a damaged or hostile file)") from None
     missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
     assert not missing, f"reader {data.format} left out {missing}"
     return data
