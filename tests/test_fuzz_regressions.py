@@ -52,3 +52,27 @@ def test_rocprof_invalid_utf8_in_a_string(tmp_path):
     con = tracesql.connect(tmp_path / "run")
     assert con.execute("SELECT host_name FROM ranks").fetchone()[0].startswith("\ufffd\ufffd")
     assert con.execute("SELECT count(*) FROM slices").fetchone()[0] == 43915  # as the undamaged file
+
+
+def test_kineto_times_too_large_for_nanoseconds_are_skipped(tmp_path):
+    doc = json.loads(gzip.decompress(KINETO.read_bytes()))
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[0]["dur"] = 2**63  # µs: no BIGINT holds it in ns
+    kernels[1]["ts"] = 1e300
+    kernels[2]["ts"] = -9.3e18
+    doc["baseTimeNanoseconds"] = "soon"
+    path, ingest = _ingest(tmp_path, "rank-0.json", json.dumps(doc).encode())
+    result = ingest()
+    assert f"{path}: skipped damaged events: 3 time out of range" in result.warnings
+    assert f"{path}: baseTimeNanoseconds 'soon' is not a time in ns: ignored" in result.warnings
+    con = tracesql.connect(tmp_path / "run")
+    assert con.execute("SELECT check_name, event_count FROM warnings").fetchall() == [("time_out_of_range", 3)]
+    assert con.execute("SELECT count(*) FROM slices WHERE kind = 'kernel'").fetchone()[0] == len(kernels) - 3
+    assert tracesql.query("overlap", tmp_path / "run")["comm_ns"].notna().all()
+
+
+def test_kineto_invalid_utf8_in_a_top_level_key(tmp_path):
+    data = gzip.decompress(KINETO.read_bytes())
+    path, ingest = _ingest(tmp_path, "rank-0.json", b'{"sch\xa2emaVersion": 1, ' + data.lstrip()[1:])
+    ingest()
+    assert tracesql.connect(tmp_path / "run").execute("SELECT count(*) FROM slices").fetchone()[0] == 4811

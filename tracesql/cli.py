@@ -55,9 +55,13 @@ def main():
 @click.option("--run-id", help="Name of the run stored in every row (default: the output folder's name).")
 @click.option("-j", "--jobs", type=int, help="Files read in parallel (default: one per core).")
 @click.option("--strict", is_flag=True, help="Fail on damaged events instead of skipping them with a warning.")
+@click.option("--memory-limit", metavar="SIZE",
+              help="DuckDB working memory per file, e.g. 2GB; it spills to disk beyond it "
+                   "(default: $TRACESQL_MEMORY_LIMIT or 1GB).")
+@click.option("--max-events", type=int, metavar="N", help="Read only the first N events of each file (a quick look).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @_errors_as_messages
-def ingest(sources, out, rank, run_id, jobs, strict, quiet):
+def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, quiet):
     """Read trace files (or folders of them) into a run folder of Parquet tables.
 
     Unchanged files already in the run are not read again. On any error the run folder is left as it was.
@@ -68,7 +72,8 @@ def ingest(sources, out, rank, run_id, jobs, strict, quiet):
     """
     t0 = time.perf_counter()
     result = ingest_traces(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
-                               progress=not quiet and sys.stderr.isatty())
+                           progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
+                           max_events=max_events)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import archives, db, engine, quality, schema, store
+from . import archives, db, engine, limits, quality, schema, store
 from .arrays import array, strings
 from .errors import TraceError
 
@@ -93,12 +93,14 @@ def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
     return table
 
 
-def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str) -> dict:
+def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str,
+              lim: limits.Limits) -> dict:
     """Read, normalize and write one file's tables into the staging run. Runs in a worker process.
     `ranks` is (the user's --rank, the rank to assume when the trace names none); `shown`: the name errors give
     the file (an archive member's, when `path` is its unpacked copy)."""
     try:
-        return _read_normalize_write(Path(path), rel, staging, ranks, run_id, threads)
+        with limits.using(lim):
+            return _read_normalize_write(Path(path), rel, staging, ranks, run_id, threads)
     except TraceError as e:
         if e.path == path and shown != path:
             raise TraceError(shown, e.problem) from None
@@ -136,11 +138,16 @@ def ingest(
     jobs: int | None = None,
     strict: bool = False,
     progress: bool = False,
+    memory_limit: str | None = None,
+    max_events: int | None = None,
 ) -> IngestResult:
     """Ingest trace files or folders into the run folder `out`. Unchanged files already in `out` are not re-read.
+    `memory_limit` caps DuckDB's working memory per file (it spills to disk beyond it); `max_events` reads only
+    the first N events of each file (see `tracesql.limits`).
 
     >>> tracesql.ingest(["traces/run-1234/"], "runs/1234")          # doctest: +SKIP
     """
+    lim = limits.Limits.make(memory_limit, max_events)
     out = Path(out).absolute()
     sources = [Path(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     root, files = find_traces(sources, exclude=out)
@@ -151,17 +158,18 @@ def ingest(
         store.remove_leftovers(out)
         scratch = store.new_scratch(out)  # archive members are unpacked here
         try:
-            return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress)
+            return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim)
         finally:
             archives.remove(scratch)
 
 
-def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress) -> IngestResult:
+def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress,
+                   lim: limits.Limits) -> IngestResult:
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
         raise TraceError(out, "exists and is not a tracesql run (refusing to write into it)")
     old = store.load_manifest(out) if store.is_run(out) else None
     run_id = run_id or (old or {}).get("run_id") or out.name
-    options = {"rank": rank, "run_id": run_id}
+    options = {"rank": rank, "run_id": run_id, **({"max_events": lim.max_events} if lim.max_events else {})}
     result = IngestResult(run=out, run_id=run_id)
 
     old_sources = (old or {}).get("sources", {})
@@ -191,7 +199,7 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
             store.reuse_part(out, staging, entry["part"])
         entries = dict(keep)
         ranks = (rank, 0 if len(wanted) == 1 else None)
-        for rel, summary in _run_all(todo, staging, ranks, run_id, jobs, progress):
+        for rel, summary in _run_all(todo, staging, ranks, run_id, jobs, progress, lim):
             entries[rel] = {**todo[rel][1], **summary}
             result.ingested.append(rel)
             if summary["skipped"]:
@@ -231,7 +239,8 @@ def _write_run_checks(staging: Path) -> None:
     con.close()
 
 
-def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool):
+def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool,
+             lim: limits.Limits):
     """Yield (rel, summary) as files finish; one process per core when there are several files."""
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -239,11 +248,11 @@ def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | N
     try:
         if jobs == 1:
             for rel, (f, _, shown) in todo.items():
-                yield rel, _read_one(str(f), rel, str(staging), ranks, run_id, threads, shown)
+                yield rel, _read_one(str(f), rel, str(staging), ranks, run_id, threads, shown, lim)
                 bar and bar.advance()
             return
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_read_one, str(f), rel, str(staging), ranks, run_id, threads, shown): rel
+            futures = {pool.submit(_read_one, str(f), rel, str(staging), ranks, run_id, threads, shown, lim): rel
                        for rel, (f, _, shown) in todo.items()}
             try:
                 for fut in as_completed(futures):

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import db, functions, quality, schema
+from . import db, functions, limits, quality, schema
 from .arrays import array, strings, to_numpy
 from .readers import TraceData
 
@@ -28,8 +28,6 @@ NEST_CHUNK = 1 << 18
 SCAN_BATCH = 1 << 17
 # the functions the derived tables use (all of them take a fifth of a second to create)
 INGEST_FUNCTIONS = ("kernel_classes.csv", "10_sizes.sql", "20_activity.sql")
-# DuckDB's working memory for the derived tables: their inputs are Arrow (outside it); beyond it, it spills
-WORKING_MEMORY = "512MB"
 
 
 def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 1) -> dict[str, int]:
@@ -37,7 +35,8 @@ def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 
     written: `rows` is an Arrow table, or, for the large derived tables, a DuckDB relation to stream to disk.
     Nothing is kept: memory holds the slices and their links. Returns the row count of each table."""
     starter = ThreadPoolExecutor(1)  # DuckDB starts up (tens of ms, without the GIL) while the numpy work runs
-    connecting = starter.submit(db.connect, threads, WORKING_MEMORY)
+    # DuckDB's working memory for the derived tables: their inputs are Arrow (outside it); beyond it, it spills
+    connecting = starter.submit(db.connect, threads, limits.current().memory)
     starter.shutdown(wait=False)
     slices, extra, checks = _link(data.slices, run_id, rank)  # its numpy temporaries are freed when it returns
     checks = quality.skipped_rows(data.skipped, data.examples) + checks

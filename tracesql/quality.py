@@ -13,6 +13,7 @@ SKIP_CHECKS = {
     "missing or non-numeric ts": "missing_timestamp",
     "aggregated event without a timestamp (num_occurrences)": "missing_timestamp",
     "missing dur": "missing_duration",
+    "time out of range": "time_out_of_range",
     "unsupported phase": "unsupported_event",
     "unsupported track event type": "unsupported_event",
     "step without end": "unterminated_step",

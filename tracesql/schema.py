@@ -247,7 +247,8 @@ TABLES: dict[str, Table] = {
                 (
                     "check_name",
                     "VARCHAR",
-                    "end_before_start, missing_timestamp, missing_duration, malformed_event, unsupported_event, "
+                    "end_before_start, missing_timestamp, missing_duration, time_out_of_range, malformed_event, "
+                    "unsupported_event, "
                     "unterminated_step, unterminated_slice, kernel_without_launch, repeated_correlation, clock_skew.",
                 ),
                 ("event_count", "BIGINT", "Events the check found (for clock_skew: 1)."),

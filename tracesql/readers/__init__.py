@@ -14,9 +14,12 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import limits
+from ..arrays import array, to_numpy
 from ..errors import TraceError
 from . import kineto, nsys, perfetto, rocprof, xplane
 
@@ -119,11 +122,33 @@ def reader_for(path: Path):
     raise TraceError(path, f"not a trace tracesql can read (formats: {', '.join(r.FORMAT for r in READERS)})")
 
 
+#: Times (ns) a slice may have: start within ±MAX_TS_NS, duration below MAX_DUR_NS, so that no sum or
+#: difference of two of them overflows a BIGINT.
+MAX_TS_NS = 2**62
+MAX_DUR_NS = 2**61
+
+
+def _drop_out_of_range(data: TraceData) -> None:
+    s = data.slices
+    keep = pc.fill_null(pc.and_(pc.and_(pc.greater(s["ts"], -MAX_TS_NS), pc.less(s["ts"], MAX_TS_NS)),
+                                pc.and_(pc.greater_equal(s["dur"], 0), pc.less(s["dur"], MAX_DUR_NS))), False)
+    dropped = s.num_rows - pc.sum(keep).as_py() if s.num_rows else 0
+    if dropped:
+        data.slices = s.filter(keep)
+        data.skipped["time out of range"] = data.skipped.get("time out of range", 0) + dropped
+
+
 def read_trace(path: Path, threads: int | None = None) -> TraceData:
     try:
         data = reader_for(path).read(path, threads=threads)
     except RecursionError:  # the JSON and protobuf decoders recurse once per nesting level
         raise TraceError(path, "nested too deeply to read (thousands of levels: a damaged or hostile file)") from None
+    _drop_out_of_range(data)
+    max_events = limits.current().max_events
+    if max_events and data.slices.num_rows > max_events:  # readers that cannot stop early: keep the first N
+        ids = to_numpy(data.slices["slice_id"])
+        data.slices = data.slices.filter(array(ids < np.partition(ids, max_events - 1)[max_events - 1] + 1))
+        data.notes.append(f"kept only the first {max_events:,} of {len(ids):,} events (--max-events)")
     missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
     assert not missing, f"reader {data.format} left out {missing}"
     return data

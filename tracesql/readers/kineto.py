@@ -7,8 +7,12 @@ as JSON text. Python only sees a few hundred metadata events and the small looku
 
 from __future__ import annotations
 
+import codecs
+import gzip
 import re
+import shutil
 import tempfile
+import zlib
 from pathlib import Path
 
 import duckdb
@@ -16,7 +20,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import db
+from .. import db, limits
 from ..errors import TraceError
 
 FORMAT = "kineto"
@@ -69,7 +73,11 @@ def _split(path: Path, data: bytes):
     """(the raw `traceEvents` array, the other top-level fields decoded). msgspec validates the whole document
     here, so everything after works on well-formed JSON."""
     try:
-        top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+        try:
+            top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+        except UnicodeDecodeError:  # in a top-level key: read it with the bad bytes replaced
+            data = data.decode("utf-8", "replace").encode()
+            top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
     except msgspec.ValidationError:
         raise TraceError(path, "not a trace: the JSON is not an object") from None
     except msgspec.DecodeError as e:
@@ -105,34 +113,142 @@ FROM read_json($file, format = 'array', records = false,
 """
 
 
-def _load_events(con, path: Path, events_file: Path, notes: list[str]) -> None:
-    for sql in (_TYPED, _ROBUST):
+def _load_events(con, path: Path, events_file: Path, notes: list[str], max_events: int | None) -> None:
+    for robust, sql in ((False, _TYPED), (True, _ROBUST)):
+        if max_events:  # a quick look: DuckDB stops reading after them
+            sql = sql.replace("FROM read_json(", "FROM (SELECT * FROM read_json(").rstrip() + f" LIMIT {max_events})"
         try:
             con.execute(f"CREATE OR REPLACE TABLE events AS {sql}", {"file": str(events_file)})
             return
         except duckdb.Error as e:
-            if "utf" in str(e).lower() and "invalid UTF-8 in names replaced by U+FFFD" not in notes:
-                notes.append("invalid UTF-8 in names replaced by U+FFFD")
-                events_file.write_bytes(events_file.read_bytes().decode("utf-8", "replace").encode())
-                return _load_events(con, path, events_file, notes)
-            if sql is _ROBUST:
+            if "utf" in str(e).lower() and _UTF8_NOTE not in notes:
+                notes.append(_UTF8_NOTE)
+                _replace_invalid_utf8(events_file)
+                return _load_events(con, path, events_file, notes, max_events)
+            if robust:
                 raise TraceError(path, f"unreadable events ({str(e).splitlines()[0]})") from None
 
 
-def read(path: Path, threads: int | None = None):
-    from . import TraceData, read_bytes
+_UTF8_NOTE = "invalid UTF-8 in names replaced by U+FFFD"
+_CHUNK = 16 << 20
+_WINDOW = 64 << 20  # how far into the file the `traceEvents` key, and from its end the array's end, are looked for
 
-    notes: list[str] = []
-    data = read_bytes(path)
+
+def _replace_invalid_utf8(file: Path) -> None:
+    """Rewrite `file` with invalid UTF-8 replaced by U+FFFD, a chunk at a time."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    fixed = file.with_suffix(".utf8")
+    with open(file, "rb") as src, open(fixed, "wb") as dst:
+        while chunk := src.read(_CHUNK):
+            dst.write(decoder.decode(chunk).encode())
+        dst.write(decoder.decode(b"", final=True).encode())
+    fixed.replace(file)
+
+
+def _locate(f, size: int) -> tuple[int, int, dict] | None:
+    """Where the `traceEvents` array is in the open file `f` — (offset of its '[', offset just past its ']') — and
+    the other top-level fields, decoded: found from the first and the last _WINDOW bytes, without reading the
+    events. None when the document is not laid out as profilers write it (fields after the array hold only
+    scalars), or is damaged: the caller then reads it whole."""
+    f.seek(0)
+    head = f.read(min(size, _WINDOW))
+    start = None
+    for m in re.finditer(rb'"traceEvents"\s*:\s*\[', head):
+        before = head[:m.start()].strip()
+        try:  # the key is at the top level iff what precedes it closes into an object
+            if before == b"{":
+                meta = {}
+            elif before.endswith(b","):
+                meta = msgspec.json.decode(before[:-1] + b"}", type=dict)
+            else:
+                continue
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            continue
+        start = m.end() - 1
+        break
+    if start is None:
+        return None
+    f.seek(max(start, size - _WINDOW))
+    tail_at = f.tell()
+    tail = f.read()
+    pos = len(tail)
+    while (pos := tail.rfind(b"]", 0, pos)) >= 0 and tail_at + pos > start:
+        rest = tail[pos + 1:].strip()
+        try:
+            after = {} if rest == b"}" else msgspec.json.decode(b"{" + rest[1:], type=dict[str, _Scalar]) \
+                if rest.startswith(b",") else None
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            continue
+        if after is not None and tail[:pos].rstrip()[-1:] in (b"}", b"["):
+            return start, tail_at + pos + 1, {**meta, **after}
+    return None
+
+
+_Scalar = int | float | str | bool | None
+
+
+def _events_file(path: Path, scratch: Path) -> tuple[Path, dict]:
+    """A file holding only the `traceEvents` array (what DuckDB reads), and the other top-level fields. Streamed:
+    a gzip is unpacked into the scratch folder a chunk at a time and the fields around the array are blanked;
+    a plain file has the array's bytes copied. Only a document laid out otherwise is read into memory whole."""
+    from . import read_bytes
+
+    events_file = scratch / "events.json"
+    with open(path, "rb") as src:
+        gzipped = src.read(2) == b"\x1f\x8b"
+    if gzipped:
+        try:
+            with gzip.open(path, "rb") as src, open(events_file, "wb") as dst:
+                shutil.copyfileobj(src, dst, _CHUNK)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise TraceError(path, "truncated gzip" if isinstance(e, EOFError) else f"damaged gzip ({e})") from None
+        if events_file.stat().st_size == 0:
+            raise TraceError(path, "empty file")
+    source = events_file if gzipped else path
+    size = source.stat().st_size
+    with open(source, "r+b" if gzipped else "rb") as f:
+        found = _locate(f, size)
+        if found and gzipped:
+            start, end, meta = found
+            for at, n in ((0, start), (end, size - end)):
+                f.seek(at)
+                for done in range(0, n, _CHUNK):
+                    f.write(b" " * min(_CHUNK, n - done))
+        elif found:
+            start, end, meta = found
+            f.seek(start)
+            with open(events_file, "wb") as dst:
+                for done in range(0, end - start, _CHUNK):
+                    dst.write(f.read(min(_CHUNK, end - start - done)))
+    if found:
+        return events_file, meta
+    data = read_bytes(path)  # the whole document, checked by msgspec: its errors say what is wrong
     raw_events, meta = _split(path, data)
-    con = db.connect(threads)
+    with open(events_file, "wb") as dst:
+        dst.write(memoryview(raw_events))
+    return events_file, meta
+
+
+def read(path: Path, threads: int | None = None):
+    notes: list[str] = []
+    lim = limits.current()
     with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
-        events_file = Path(scratch) / "events.json"
-        with open(events_file, "wb") as f:
-            f.write(memoryview(raw_events))
-        del raw_events, data  # the decoded copy lives in DuckDB from here on
-        _load_events(con, path, events_file, notes)
-    base_time_ns = int(meta.get("baseTimeNanoseconds") or 0)
+        scratch = Path(scratch)
+        events_file, meta = _events_file(path, scratch)
+        # the events live in a database file in the scratch folder: DuckDB holds at most its memory limit of them
+        con = db.connect(threads, lim.memory, database=scratch / "events.duckdb")
+        _load_events(con, path, events_file, notes, lim.max_events)
+        events_file.unlink()
+        return _read_events(con, path, meta, notes, lim.max_events)
+
+
+def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None):
+    from . import TraceData
+
+    base_time_ns = meta.get("baseTimeNanoseconds") or 0
+    if isinstance(base_time_ns, bool) or not isinstance(base_time_ns, int) or not 0 <= base_time_ns < 2**61:
+        notes.append(f"baseTimeNanoseconds {str(base_time_ns)[:40]!r} is not a time in ns: ignored")
+        base_time_ns = 0
     counts = con.execute(_COUNTS).fetchone()
     n_reasons = len(_SKIP_REASONS)
     total = counts[0]
@@ -140,6 +256,8 @@ def read(path: Path, threads: int | None = None):
     examples = {reason: ex for reason, ex in zip(_SKIP_REASONS, counts[1 + n_reasons:1 + 2 * n_reasons]) if ex}
     if not total:
         raise TraceError(path, "empty trace: 'traceEvents' has no events")
+    if max_events and total == max_events:
+        notes.append(f"read only the first {max_events:,} events (--max-events)")
     if total == sum(skipped.values()) + counts[-1]:
         raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
     con.execute(_LOOKUPS)
@@ -177,7 +295,11 @@ def read(path: Path, threads: int | None = None):
 _DICTIONARY = ("kind", "category", "name", "track")
 _phases = ", ".join(f"'{p}'" for p in SLICE_PHASES)
 _known = ", ".join(f"'{p}'" for p in SLICE_PHASES + KNOWN_OTHER_PHASES)
-_timed_x = f"NOT malformed AND ph = 'X' AND isfinite(ts)"
+# µs bounds that keep every ns time, with the base time added, far from BIGINT overflow (readers.MAX_TS_NS)
+_MAX_US = 2**61 // 1000
+_ts_ok = f"isfinite(ts) AND abs(ts) < {_MAX_US}"
+_dur_ok = f"isfinite(dur) AND dur >= 0 AND dur < {_MAX_US}"
+_timed_x = f"NOT malformed AND ph = 'X' AND {_ts_ok}"
 _no_dur = "(dur IS NULL OR NOT isfinite(dur))"
 _is_step = "regexp_matches(COALESCE(name, ''), '^ProfilerStep#[0-9]+$')"
 # reason -> the events it skips; each count comes with the first such event as an example
@@ -185,6 +307,8 @@ _SKIPS = {
     "malformed event": "malformed",
     "unsupported phase": f"NOT malformed AND (ph IS NULL OR ph NOT IN ({_known}))",
     "missing or non-numeric ts": f"NOT malformed AND ph IN ({_phases}) AND (ts IS NULL OR NOT isfinite(ts))",
+    "time out of range": f"NOT malformed AND ph IN ({_phases}) AND isfinite(ts) AND (abs(ts) >= {_MAX_US} "
+                         f"OR ph = 'X' AND isfinite(dur) AND dur >= {_MAX_US})",
     "missing dur": f"{_timed_x} AND {_no_dur} AND NOT {_is_step}",
     "end before start": f"{_timed_x} AND dur < 0",
     "step without end": f"{_timed_x} AND {_no_dur} AND {_is_step}",
@@ -198,7 +322,7 @@ SELECT count(*),
     count(*) FILTER (NOT malformed AND ph IN ({", ".join(f"'{p}'" for p in KNOWN_OTHER_PHASES)}))
 FROM events
 """
-_KEEP = f"NOT malformed AND ph IN ({_phases}) AND isfinite(ts) AND (ph <> 'X' OR (isfinite(dur) AND dur >= 0))"
+_KEEP = f"NOT malformed AND ph IN ({_phases}) AND {_ts_ok} AND (ph <> 'X' OR ({_dur_ok}))"
 _category_kinds = ", ".join(f"('{c}', '{k}')" for c, k in CATEGORY_KINDS.items())
 _name_kinds = ", ".join(f"('{c}', '{n}', '{k}')" for (c, n), k in NAME_KINDS.items())
 _device_kinds = ", ".join(f"'{k}'" for k in DEVICE_KINDS)
