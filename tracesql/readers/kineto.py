@@ -149,7 +149,9 @@ def _locate(f, size: int) -> tuple[int, int, dict] | None:
     """Where the `traceEvents` array is in the open file `f` — (offset of its '[', offset just past its ']') — and
     the other top-level fields, decoded: found from the first and the last _WINDOW bytes, without reading the
     events. None when the document is not laid out as profilers write it (fields after the array hold only
-    scalars), or is damaged: the caller then reads it whole."""
+    scalars), or is damaged: the caller then reads it whole. A list closing the document after the array can
+    be taken for its end: then what DuckDB is given is no JSON array, it says so, and the caller reads the
+    document whole (so a wrong range is never read as events)."""
     f.seek(0)
     head = f.read(min(size, _WINDOW))
     start = None
@@ -187,15 +189,16 @@ def _locate(f, size: int) -> tuple[int, int, dict] | None:
 _Scalar = int | float | str | bool | None
 
 
-def _events_file(path: Path, scratch: Path) -> tuple[Path, dict]:
+def _events_file(path: Path, scratch: Path, whole: bool = False) -> tuple[Path, dict, bool]:
     """A file holding only the `traceEvents` array (what DuckDB reads), and the other top-level fields. Streamed:
     a gzip is unpacked into the scratch folder a chunk at a time and the fields around the array are blanked;
-    a plain file has the array's bytes copied. Only a document laid out otherwise is read into memory whole."""
+    a plain file has the array's bytes copied. Only a document laid out otherwise (or `whole`) is read into
+    memory whole. The last item says whether the array was located (True) or the document read whole."""
     from . import read_bytes
 
     events_file = scratch / "events.json"
     with open(path, "rb") as src:
-        gzipped = src.read(2) == b"\x1f\x8b"
+        gzipped = src.read(2) == b"\x1f\x8b" and not whole
     if gzipped:
         try:
             with gzip.open(path, "rb") as src, open(events_file, "wb") as dst:
@@ -207,7 +210,7 @@ def _events_file(path: Path, scratch: Path) -> tuple[Path, dict]:
     source = events_file if gzipped else path
     size = source.stat().st_size
     with open(source, "r+b" if gzipped else "rb") as f:
-        found = _locate(f, size)
+        found = None if whole else _locate(f, size)
         if found and gzipped:
             start, end, meta = found
             for at, n in ((0, start), (end, size - end)):
@@ -221,12 +224,12 @@ def _events_file(path: Path, scratch: Path) -> tuple[Path, dict]:
                 for done in range(0, end - start, _CHUNK):
                     dst.write(f.read(min(_CHUNK, end - start - done)))
     if found:
-        return events_file, meta
+        return events_file, meta, True
     data = read_bytes(path)  # the whole document, checked by msgspec: its errors say what is wrong
     raw_events, meta = _split(path, data)
     with open(events_file, "wb") as dst:
         dst.write(memoryview(raw_events))
-    return events_file, meta
+    return events_file, meta, False
 
 
 def read(path: Path, threads: int | None = None):
@@ -234,10 +237,16 @@ def read(path: Path, threads: int | None = None):
     lim = limits.current()
     with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
         scratch = Path(scratch)
-        events_file, meta = _events_file(path, scratch)
+        events_file, meta, located = _events_file(path, scratch)
         # the events live in a database file in the scratch folder: DuckDB holds at most its memory limit of them
         con = db.connect(threads, lim.memory, database=scratch / "events.duckdb")
-        _load_events(con, path, events_file, notes, lim.max_events)
+        try:
+            _load_events(con, path, events_file, notes, lim.max_events)
+        except TraceError:
+            if not located:
+                raise
+            events_file, meta, _ = _events_file(path, scratch, whole=True)
+            _load_events(con, path, events_file, notes, lim.max_events)
         events_file.unlink()
         return _read_events(con, path, meta, notes, lim.max_events)
 
