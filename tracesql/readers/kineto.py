@@ -248,10 +248,13 @@ def read(path: Path, threads: int | None = None):
             events_file, meta, _ = _events_file(path, scratch, whole=True)
             _load_events(con, path, events_file, notes, lim.max_events)
         events_file.unlink()
-        return _read_events(con, path, meta, notes, lim.max_events)
+        try:
+            return _read_events(con, path, meta, notes, lim.max_events, scratch / "slices.arrows")
+        finally:
+            con.close()
 
 
-def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None):
+def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None, slices_file: Path):
     from . import TraceData
 
     base_time_ns = meta.get("baseTimeNanoseconds") or 0
@@ -270,13 +273,17 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
     if total == sum(skipped.values()) + counts[-1]:
         raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
     con.execute(_LOOKUPS)
-    # batch by batch: DuckDB never holds the whole result; dictionary-encoding shrinks each batch as it comes
-    batches = [pa.RecordBatch.from_arrays([pc.dictionary_encode(b[c]) if c in _DICTIONARY else b[c]
-                                           for c in b.schema.names], names=b.schema.names)
-               for b in con.sql(_SLICES, params={"base": base_time_ns}).to_arrow_reader(1 << 16)]
+    # Batch by batch into an Arrow file in the scratch folder, which is then memory-mapped: the slices (their
+    # `args` text is most of a trace) are file-backed pages the kernel can drop and re-read, not heap memory.
+    # The mapping outlives the scratch folder's removal (the file is unlinked, not gone, while mapped).
+    reader = con.sql(_SLICES, params={"base": base_time_ns}).to_arrow_reader(1 << 16)
+    with pa.OSFile(str(slices_file), "wb") as sink, pa.ipc.new_stream(sink, reader.schema) as writer:
+        for batch in reader:
+            writer.write_batch(batch)
     con.close()  # frees the events table before normalizing
-    slices = pa.Table.from_batches(batches).unify_dictionaries().combine_chunks()
-    del batches
+    mapped = pa.ipc.open_stream(pa.memory_map(str(slices_file))).read_all()
+    slices = pa.table({c: pc.dictionary_encode(mapped[c]) if c in _DICTIONARY else mapped[c]
+                       for c in mapped.column_names}).unify_dictionaries()
 
     dist = meta.pop("distributedInfo", None)
     dist = dist if isinstance(dist, dict) else {}
