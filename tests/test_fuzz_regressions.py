@@ -76,3 +76,17 @@ def test_kineto_invalid_utf8_in_a_top_level_key(tmp_path):
     path, ingest = _ingest(tmp_path, "rank-0.json", b'{"sch\xa2emaVersion": 1, ' + data.lstrip()[1:])
     ingest()
     assert tracesql.connect(tmp_path / "run").execute("SELECT count(*) FROM slices").fetchone()[0] == 4811
+
+
+def test_perfetto_invalid_utf8_in_an_annotation_name(tmp_path):
+    from test_perfetto import kineto_to_perfetto
+
+    events = json.loads(gzip.decompress(KINETO.read_bytes()))["traceEvents"][:300]
+    trace = kineto_to_perfetto(events, tmp_path / "good.perfetto-trace.gz")
+    data = gzip.decompress(trace.read_bytes())
+    assert data.count(b"Fwd thread id") > 0
+    path, ingest = _ingest(tmp_path, "rank-0.perfetto-trace", data.replace(b"Fwd thread id", b"F\xf7d thread id"))
+    ingest()
+    args = tracesql.connect(tmp_path / "run").execute(
+        "SELECT count(*) FROM slices WHERE list_contains(json_keys(args), 'F\ufffdd thread id')").fetchone()[0]
+    assert args == data.count(b"Fwd thread id")
