@@ -126,3 +126,10 @@ def test_parallel_ingest_equals_serial(tmp_path):
         diff = con.execute(f"SELECT count(*) FROM (SELECT * EXCLUDE (run_id) FROM {table} EXCEPT ALL "
                            f"SELECT * EXCLUDE (run_id) FROM read_parquet('{tmp_path}/serial/{table}/*.parquet'))")
         assert diff.fetchone()[0] == 0
+
+
+def test_a_run_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "notes.txt").write_text("a file where the run's folder would be")
+    with pytest.raises(tracesql.TraceError) as err:
+        tracesql.ingest([GOOD], tmp_path / "notes.txt" / "run")
+    assert str(err.value) == f"{tmp_path / 'notes.txt'}: cannot write the run: File exists"

@@ -154,13 +154,16 @@ def ingest(
     wanted = _sources(root, files)
     if rank is not None and len(wanted) > 1:
         raise TraceError(out, f"--rank applies to a single trace file, but {len(wanted)} were given")
-    with store.locked(out):  # one ingest of a run at a time, from reading its manifest to publishing
-        store.remove_leftovers(out)
-        scratch = store.new_scratch(out)  # archive members are unpacked here
-        try:
-            return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim)
-        finally:
-            archives.remove(scratch)
+    try:
+        with store.locked(out):  # one ingest of a run at a time, from reading its manifest to publishing
+            store.remove_leftovers(out)
+            scratch = store.new_scratch(out)  # archive members are unpacked here
+            try:
+                return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim)
+            finally:
+                archives.remove(scratch)
+    except OSError as e:  # the run's folder cannot be written (permissions, disk full, ...)
+        raise TraceError(e.filename or out, f"cannot write the run: {e.strerror or e}") from None
 
 
 def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress,

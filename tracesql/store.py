@@ -71,6 +71,8 @@ def being_written(out: Path) -> bool:
             return False
     except filelock.Timeout:
         return True
+    except OSError:  # a folder this user cannot write: nobody ingests into it through this user either
+        return False
 
 
 def wait_for_writer(out: Path, timeout: float = 600) -> None:
