@@ -111,7 +111,8 @@ def _zip_symlink(path):
 
 TRACE = (GLOO / "rank-0.pt.trace.json.gz").read_bytes()
 MALICIOUS = {
-    "dot-dot (zip)": (lambda d: _zip(d / "a.zip", {"../evil.json": TRACE}), "unsafe member '../evil.json': '..' leads outside"),
+    "dot-dot (zip)": (lambda d: _zip(d / "a.zip", {"../evil.json": TRACE}),
+                      "unsafe member '../evil.json': '..' leads outside"),
     "nested dot-dot (tar)": (lambda d: _tar(d / "a.tar", [("x/../../evil.json", TRACE)]),
                              "unsafe member 'x/../../evil.json': '..' leads outside the archive"),
     "absolute (tar)": (lambda d: _tar(d / "a.tar", [(str(d / "evil.json"), TRACE)]), "absolute path"),

@@ -4,7 +4,6 @@ are not read again, several ranks ingest together."""
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import shutil
 

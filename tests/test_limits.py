@@ -58,8 +58,9 @@ def test_a_small_memory_limit_gives_the_same_run(tmp_path, ingested):
     con = tracesql.connect(tmp_path / "run")
     other = ingested(DATASETS / "hta_trace_filter")
     for table in ("slices", "ops", "collectives"):
-        assert con.execute(f"SELECT count(*) FROM (SELECT * EXCLUDE (run_id) FROM {table} EXCEPT ALL "
-                           f"SELECT * EXCLUDE (run_id) FROM read_parquet('{other}/{table}/*.parquet'))").fetchone()[0] == 0
+        diff = con.execute(f"SELECT count(*) FROM (SELECT * EXCLUDE (run_id) FROM {table} EXCEPT ALL "
+                           f"SELECT * EXCLUDE (run_id) FROM read_parquet('{other}/{table}/*.parquet'))")
+        assert diff.fetchone()[0] == 0, table
 
 
 def test_streamed_and_whole_document_paths_agree(tmp_path):

@@ -148,7 +148,8 @@ def test_info_shows_sources_rows_span_and_warnings(tmp_path):
     assert len(timed) + len(instants) == 4809
     assert "slices 4,809, ops 2,329" in lines[4] and "warnings 1" in lines[4]
     assert "4,855 events (2 skipped)  rank-0.json" in lines[5]
-    assert lines[6] == "warnings:  1" and "end_before_start" in lines[7] and "2 event(s) skipped: end before start" in lines[7]
+    assert lines[6] == "warnings:  1"
+    assert "end_before_start" in lines[7] and "2 event(s) skipped: end before start" in lines[7]
 
 
 def test_info_of_a_folder_that_is_not_a_run(tmp_path):

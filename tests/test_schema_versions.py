@@ -47,7 +47,8 @@ def test_older_run_is_read_with_a_note(tmp_path):
         "checks of each source); what it lacks reads as empty — re-ingest to fill it)")
     assert con.execute("SELECT count(*) FROM slices").fetchone()[0] == 4811  # as a current run of it has
     assert con.execute("SELECT count(*) FROM warnings").fetchone()[0] == 0
-    assert [r[1] for r in con.execute("DESCRIBE warnings").fetchall()] == [c.type for c in schema.TABLES["warnings"].columns]
+    types = [r[1] for r in con.execute("DESCRIBE warnings").fetchall()]
+    assert types == [c.type for c in schema.TABLES["warnings"].columns]
 
     result = CliRunner().invoke(main, ["query", "overlap", str(run), "-f", "csv"])
     assert result.exit_code == 0

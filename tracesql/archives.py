@@ -65,16 +65,16 @@ def members(archive: Path, suffixes: tuple[str, ...]) -> list[Member]:
                     _check_name(archive, info.filename)
                     kind = stat.S_IFMT(info.external_attr >> 16)
                     if kind not in (0, stat.S_IFREG, stat.S_IFDIR):  # 0: written by a tool without Unix modes
-                        raise TraceError(archive, f"unsafe member {info.filename!r}: "
-                                                  f"{'a symbolic link' if kind == stat.S_IFLNK else 'not a regular file'}")
+                        what = "a symbolic link" if kind == stat.S_IFLNK else "not a regular file"
+                        raise TraceError(archive, f"unsafe member {info.filename!r}: {what}")
                     entries.append((info.filename, info.file_size, not info.is_dir()))
         else:
             with tarfile.open(archive, "r:*") as t:
                 for info in t:
                     _check_name(archive, info.name)
                     if info.issym() or info.islnk():
-                        raise TraceError(archive, f"unsafe member {info.name!r}: a {'symbolic' if info.issym() else 'hard'} "
-                                                  f"link (to {info.linkname!r})")
+                        what = "symbolic" if info.issym() else "hard"
+                        raise TraceError(archive, f"unsafe member {info.name!r}: a {what} link (to {info.linkname!r})")
                     if not (info.isfile() or info.isdir()):
                         raise TraceError(archive, f"unsafe member {info.name!r}: a device, fifo or other special file")
                     entries.append((info.name, info.size, info.isfile()))

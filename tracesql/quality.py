@@ -43,8 +43,9 @@ def link_rows(names, on_device: np.ndarray, launch: np.ndarray, launchers: np.nd
     unlaunched = np.flatnonzero(on_device & (launch < 0))
     if len(unlaunched):
         first = unlaunched[np.argmin(sid[unlaunched])]
-        why = ("the trace has no host runtime calls (device work only, or launches not recorded)" if not len(launchers) else
-               "no runtime call has their correlation id (the profile started after the launch, or a damaged id)")
+        why = ("no runtime call has their correlation id (the profile started after the launch, or a damaged id)"
+               if len(launchers) else
+               "the trace has no host runtime calls (device work only, or launches not recorded)")
         rows.append(_row("kernel_without_launch", len(unlaunched), names([first])[0],
                          f"{len(unlaunched)} device event(s) without a launch: {why}; they count as device time "
                          "but belong to no op or step"))

@@ -85,7 +85,8 @@ def _shrink_sqlite(data: bytes) -> bytes:
         con = sqlite3.connect(path)
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         for t in tables:
-            con.execute(f'DELETE FROM "{t}" WHERE rowid NOT IN (SELECT rowid FROM "{t}" ORDER BY rowid LIMIT {SQLITE_ROWS})')
+            con.execute(f'DELETE FROM "{t}" WHERE rowid NOT IN '
+                        f'(SELECT rowid FROM "{t}" ORDER BY rowid LIMIT {SQLITE_ROWS})')
         con.commit()
         con.execute("VACUUM")
         con.close()

@@ -330,7 +330,8 @@ _SKIPS = {
     "step without end": f"{_timed_x} AND {_no_dur} AND {_is_step}",
 }
 _SKIP_REASONS = tuple(_SKIPS)
-_example = "COALESCE(ph, '?') || ' ' || COALESCE(name, '?') || ' ts=' || COALESCE(CAST(ts AS VARCHAR), '?') || ' dur=' || COALESCE(CAST(dur AS VARCHAR), '?')"
+_example = ("COALESCE(ph, '?') || ' ' || COALESCE(name, '?') || ' ts=' || COALESCE(CAST(ts AS VARCHAR), '?') "
+            "|| ' dur=' || COALESCE(CAST(dur AS VARCHAR), '?')")
 _COUNTS = f"""
 SELECT count(*),
     {", ".join(f"count(*) FILTER ({cond})" for cond in _SKIPS.values())},
