@@ -5,14 +5,17 @@ from __future__ import annotations
 import functools
 import sys
 import time
+import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 
 import click
 import duckdb
 
 from . import __version__, engine, queries, schema, store
+from .info import info as run_info
 from .ingestion import ingest as ingest_traces
-from .errors import TraceError
+from .errors import OlderSchemaWarning, TraceError
 
 FORMATS = ("table", "csv", "json", "markdown", "parquet")
 
@@ -23,7 +26,13 @@ def _errors_as_messages(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings(record=True) as notes:
+                warnings.simplefilter("always", OlderSchemaWarning)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    for note in notes:
+                        click.echo(f"Note: {note.message}", err=True)
         except TraceError as e:
             raise click.ClickException(str(e)) from None
         except duckdb.Error as e:
@@ -46,9 +55,13 @@ def main():
 @click.option("--run-id", help="Name of the run stored in every row (default: the output folder's name).")
 @click.option("-j", "--jobs", type=int, help="Files read in parallel (default: one per core).")
 @click.option("--strict", is_flag=True, help="Fail on damaged events instead of skipping them with a warning.")
+@click.option("--memory-limit", metavar="SIZE",
+              help="DuckDB working memory per file, e.g. 2GB; it spills to disk beyond it "
+                   "(default: $TRACESQL_MEMORY_LIMIT or 1GB).")
+@click.option("--max-events", type=int, metavar="N", help="Read only the first N events of each file (a quick look).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @_errors_as_messages
-def ingest(sources, out, rank, run_id, jobs, strict, quiet):
+def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, quiet):
     """Read trace files (or folders of them) into a run folder of Parquet tables.
 
     Unchanged files already in the run are not read again. On any error the run folder is left as it was.
@@ -59,7 +72,8 @@ def ingest(sources, out, rank, run_id, jobs, strict, quiet):
     """
     t0 = time.perf_counter()
     result = ingest_traces(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
-                               progress=not quiet and sys.stderr.isatty())
+                           progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
+                           max_events=max_events)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:
@@ -187,6 +201,49 @@ def schema_cmd(table, fmt):
         click.echo(f"\n{t.name}: {t.doc}")
         for c in t.columns:
             click.echo(f"  {c.name:24s} {c.type:12s} {c.doc}")
+
+
+def _time(ns: int) -> str:
+    """Absolute ns as UTC when it looks like an epoch time (after 2001), else as ns."""
+    if ns >= 10**18:
+        return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    return f"{ns:,} ns"
+
+
+@main.command(name="info")
+@click.argument("run", type=click.Path(path_type=Path))
+@_errors_as_messages
+def info_cmd(run):
+    """What a run holds: sources, ranks, formats, rows per table, time span, schema version, and the
+    data-quality warnings found at ingest (the `warnings` table).
+
+    Example:
+
+        tracesql info runs/1234/
+    """
+    i = run_info(run)
+    formats = {}
+    for src in i.sources:
+        formats[src["format"]] = formats.get(src["format"], 0) + 1
+    ranks = sorted({src["rank"] for src in i.sources})
+    click.echo(f"run:       {i.run} (run_id {i.run_id})")
+    click.echo(f"schema:    version {i.schema_version} (written by tracesql {i.tracesql_version or '?'})"
+               + (f"; {i.note}" if i.note else ""))
+    click.echo(f"sources:   {len({src['source_path'] for src in i.sources})} file(s), {len(ranks)} rank(s) "
+               f"({', '.join(map(str, ranks[:8]))}{', …' if len(ranks) > 8 else ''}); "
+               + ", ".join(f"{fmt} {n}" for fmt, n in sorted(formats.items())))
+    if i.start_ns is not None:
+        click.echo(f"time span: {_time(i.start_ns)} → {_time(i.end_ns)} ({(i.end_ns - i.start_ns) / 1e9:.3f} s)")
+    click.echo("rows:      " + ", ".join(f"{name} {n:,}" for name, n in i.rows.items()))
+    for src in i.sources:
+        size = f"{src['bytes'] / 1e6:.2f} MB" if src["bytes"] is not None else "? MB"
+        skipped = f" ({src['skipped']:,} skipped)" if src["skipped"] else ""
+        click.echo(f"  rank {src['rank']:<5} {src['format']:8s} {size:>10s} {src['events'] or 0:>11,} events"
+                   f"{skipped}  {src['source_path']}")
+    click.echo(f"warnings:  {len(i.warnings) or 'none'}")
+    for w in i.warnings:
+        click.echo(f"  rank {w['rank']:<5} {w['check_name']:22s} {w['event_count']:>9,}  {w['source_path']}: "
+                   f"{w['message']}" + (f" (e.g. {w['example'][:80]})" if w["example"] else ""))
 
 
 @main.command()

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import duckdb
 
 
-def connect(threads: int | None = None, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
-    """`memory_limit` caps DuckDB's own working memory (it spills to a temporary folder beyond it)."""
-    con = duckdb.connect(config={"threads": threads} if threads else {})
+def connect(threads: int | None = None, memory_limit: str | None = None,
+            database: Path | None = None) -> duckdb.DuckDBPyConnection:
+    """`memory_limit` caps DuckDB's own working memory: beyond it, it spills to a temporary folder (beside
+    `database`, a scratch database file, when given: then its tables live on disk, not in memory)."""
+    con = duckdb.connect(str(database) if database else ":memory:", config={"threads": threads} if threads else {})
     con.execute("SET enable_progress_bar = false").fetchall()
     if memory_limit:
         con.execute(f"SET memory_limit = '{memory_limit}'").fetchall()
+    if database:
+        con.execute(f"SET temp_directory = '{database}.spill'").fetchall()
     return con

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import duckdb
 
 from . import db, functions, schema, store
-from .errors import TraceError
+from .errors import OlderSchemaWarning, TraceError
 
 
 def _quote(s: str) -> str:
@@ -21,11 +22,14 @@ def _quote(s: str) -> str:
 
 
 def views_sql(globs_per_table: dict[str, list[str]]) -> str:
+    """A view per table over its Parquet globs; a table with none (runs of an older schema) is empty."""
     lines = []
     for name, table in schema.TABLES.items():
         files = ", ".join(_quote(g) for g in globs_per_table[name])
         lines.append(f"-- {table.doc}")
-        lines.append(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet([{files}]);")
+        empty = ", ".join(f'CAST(NULL AS {c.type}) AS "{c.name}"' for c in table.columns)
+        source = f"SELECT * FROM read_parquet([{files}])" if files else f"SELECT {empty} WHERE false"
+        lines.append(f"CREATE OR REPLACE VIEW {name} AS {source};")
     return "\n".join(lines) + "\n"
 
 
@@ -47,12 +51,14 @@ def cache_root() -> Path:
 def resolve(target) -> list[Path]:
     """The run folders behind `target`: a run, a folder of runs (a fleet), or raw traces (ingested into a cache)."""
     path = Path(target)
+    if store.being_written(path.absolute()) and not store.is_run(path):  # the first ingest of it is running
+        store.wait_for_writer(path.absolute())
     if not path.exists():
         raise TraceError(path, "no such file or folder")
     if store.is_run(path):
         return [path]
-    if path.is_dir():
-        runs = sorted(p for p in path.iterdir() if p.is_dir() and store.is_run(p))
+    if path.is_dir():  # a fleet: its runs; hidden folders are an ingest's work in progress, never runs
+        runs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".") and store.is_run(p))
         if runs:
             return runs
     from .ingestion import ingest
@@ -73,9 +79,12 @@ def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     targets = target if isinstance(target, (list, tuple)) else [target]
     runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
     for run in runs:
-        store.load_manifest(run)  # refuses runs of another schema version with a clear message
+        note = store.older_schema_note(store.load_manifest(run))  # refuses newer runs with a clear message
+        if note:
+            warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
     con = db.connect(threads)
-    globs = {t: [str(run.absolute() / t / "*.parquet") for run in runs] for t in schema.TABLES}
+    globs = {t: [str(run.absolute() / t / "*.parquet") for run in runs if any((run / t).glob("*.parquet"))]
+             for t in schema.TABLES}
     con.execute(views_sql(globs))
     functions.install(con)
     return con

@@ -1,4 +1,4 @@
-"""The one error type users see: a file (or run) and what is wrong with it, on one line."""
+"""The one error type users see: a file (or run) and what is wrong with it, on one line; and the one warning."""
 
 
 class TraceError(Exception):
@@ -11,3 +11,7 @@ class TraceError(Exception):
 
     def __reduce__(self):  # rebuilt from (path, problem) when it crosses from a worker process
         return TraceError, (self.path, self.problem)
+
+
+class OlderSchemaWarning(UserWarning):
+    """A run of an older schema version is read as the current one (the CLI prints it as a `Note:` line)."""

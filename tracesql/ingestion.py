@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import engine, store
+from . import archives, db, engine, limits, quality, schema, store
 from .arrays import array, strings
 from .errors import TraceError
 
@@ -56,25 +56,62 @@ def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path,
     return root, files
 
 
-def _fingerprint(path: Path, options: dict) -> dict:
-    st = path.stat()
+def _fingerprint(source: Path | archives.Member, options: dict) -> dict:
+    if isinstance(source, archives.Member):  # a member changes with its archive
+        st = source.archive.stat()
+        return {"size": source.size, "mtime_ns": st.st_mtime_ns, "archive_bytes": st.st_size, "options": options}
+    st = source.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "options": options}
 
 
-def _with_source(ranks: pa.Table, rel: str, size: int) -> pa.Table:
-    ranks = ranks.set_column(ranks.schema.get_field_index("source_path"), "source_path", strings([rel]))
-    return ranks.set_column(ranks.schema.get_field_index("source_bytes"), "source_bytes",
-                            array(np.array([size], np.int64)))
+def _shown(source: Path | archives.Member) -> str:
+    """How errors name a source: its path, or ARCHIVE/MEMBER."""
+    return f"{source.archive}/{source.name}" if isinstance(source, archives.Member) else str(source)
 
 
-def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int) -> dict:
+def _sources(root: Path, files: list[Path]) -> dict[str, Path | archives.Member]:
+    """Each source by its path relative to `root`; an archive's trace members as ARCHIVE/MEMBER."""
+    from .readers import trace_suffixes
+
+    wanted: dict[str, Path | archives.Member] = {}
+    for f in files:
+        rel = str(f.relative_to(root)) if f != root else f.name
+        if archives.is_archive(f):
+            wanted.update({f"{rel}/{m.name}": m for m in archives.members(f, trace_suffixes())})
+        else:
+            wanted[rel] = f
+    return wanted
+
+
+def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
+    """The `ranks` or `warnings` rows of one source, with its path (and size) filled in."""
+    n = table.num_rows
+    table = table.set_column(table.schema.get_field_index("source_path"), "source_path", strings([rel] * n))
+    if "source_bytes" in table.column_names:
+        table = table.set_column(table.schema.get_field_index("source_bytes"), "source_bytes",
+                                 array(np.full(n, size, np.int64)))
+    return table
+
+
+def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str,
+              lim: limits.Limits) -> dict:
     """Read, normalize and write one file's tables into the staging run. Runs in a worker process.
-    `ranks` is (the user's --rank, the rank to assume when the trace names none). A file that holds several
-    processes gives one rank each (and one part each)."""
+    `ranks` is (the user's --rank, the rank to assume when the trace names none); `shown`: the name errors give
+    the file (an archive member's, when `path` is its unpacked copy). A file that holds several processes gives
+    one rank each (and one part each)."""
+    try:
+        with limits.using(lim):
+            return _read_normalize_write(Path(path), rel, staging, ranks, run_id, threads)
+    except TraceError as e:
+        if e.path == path and shown != path:
+            raise TraceError(shown, e.problem) from None
+        raise
+
+
+def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id: str, threads: int) -> dict:
     from .normalize import normalize
     from .readers import read_trace
 
-    p = Path(path)
     gc.disable()  # bulk allocation of short-lived, acyclic objects: the cycle collector only costs time here
     try:
         traces = read_trace(p, threads=threads)
@@ -89,7 +126,7 @@ def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
             part = store.part_name(rank, hashlib.sha1(rel.encode()).hexdigest()[:10])
             with store.PartWriter(Path(staging), part) as writer:  # each table is written as soon as it is done
                 rows = normalize(data, run_id, rank, threads=threads, on_table=lambda name, table: writer.write(
-                    name, _with_source(table, rel, p.stat().st_size) if name == "ranks" else table))
+                    name, _with_source(table, rel, p.stat().st_size) if name in ("ranks", "warnings") else table))
             summary["ranks"].append(rank)
             summary["parts"].append(part)
             summary["events"] += data.event_count
@@ -112,25 +149,47 @@ def ingest(
     jobs: int | None = None,
     strict: bool = False,
     progress: bool = False,
+    memory_limit: str | None = None,
+    max_events: int | None = None,
 ) -> IngestResult:
     """Ingest trace files or folders into the run folder `out`. Unchanged files already in `out` are not re-read.
+    `memory_limit` caps DuckDB's working memory per file (it spills to disk beyond it); `max_events` reads only
+    the first N events of each file (see `tracesql.limits`).
 
     >>> tracesql.ingest(["traces/run-1234/"], "runs/1234")          # doctest: +SKIP
     """
+    lim = limits.Limits.make(memory_limit, max_events)
     out = Path(out).absolute()
     sources = [Path(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     root, files = find_traces(sources, exclude=out)
-    if rank is not None and len(files) > 1:
-        raise TraceError(out, f"--rank applies to a single trace file, but {len(files)} were given")
+    wanted = _sources(root, files)
+    if rank is not None and len(wanted) > 1:
+        raise TraceError(out, f"--rank applies to a single trace file, but {len(wanted)} were given")
+    try:
+        with store.locked(out):  # one ingest of a run at a time, from reading its manifest to publishing
+            store.remove_leftovers(out)
+            scratch = store.new_scratch(out)  # archive members are unpacked here
+            try:
+                return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim)
+            finally:
+                archives.remove(scratch)
+    except OSError as e:  # the run's folder cannot be written (permissions, disk full, ...)
+        raise TraceError(e.filename or out, f"cannot write the run: {e.strerror or e}") from None
+
+
+def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress,
+                   lim: limits.Limits) -> IngestResult:
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
         raise TraceError(out, "exists and is not a tracesql run (refusing to write into it)")
-    old = store.load_manifest(out, rewriting=True) if store.is_run(out) else None
+    old = store.load_manifest(out) if store.is_run(out) else None
     run_id = run_id or (old or {}).get("run_id") or out.name
-    options = {"rank": rank, "run_id": run_id}
+    options = {"rank": rank, "run_id": run_id, **({"max_events": lim.max_events} if lim.max_events else {})}
     result = IngestResult(run=out, run_id=run_id)
 
-    wanted = {str(f.relative_to(root)) if f != root else f.name: f for f in files}
     old_sources = (old or {}).get("sources", {})
+    if old and old["schema_version"] != schema.SCHEMA_VERSION:  # its files lack what this version writes
+        result.warnings.append(f"{out}: {store.older_schema_note(old)}; all its sources are read again")
+        old_sources = {rel: {**entry, "size": None} for rel, entry in old_sources.items()}
     todo, keep = {}, {}
     for rel, f in wanted.items():
         fp = _fingerprint(f, options)
@@ -143,6 +202,10 @@ def ingest(
     result.removed = sorted(set(old_sources) - set(wanted))
     if not todo and not result.removed:
         return result
+    members = [src for src, _ in todo.values() if isinstance(src, archives.Member)]
+    unpacked = archives.extract(members, scratch) if members else {}
+    # rel -> (the file to read, its fingerprint, the name to show)
+    todo = {rel: (unpacked.get(src, src), fp, _shown(src)) for rel, (src, fp) in todo.items()}
 
     staging = store.new_staging(out)
     try:
@@ -150,27 +213,28 @@ def ingest(
             for part in entry["parts"]:
                 store.reuse_part(out, staging, part)
         entries = dict(keep)
-        ranks = (rank, 0 if len(files) == 1 else None)
-        for rel, summary in _run_all(todo, staging, ranks, run_id, jobs, progress):
+        ranks = (rank, 0 if len(wanted) == 1 else None)
+        for rel, summary in _run_all(todo, staging, ranks, run_id, jobs, progress, lim):
             entries[rel] = {**todo[rel][1], **summary}
             result.ingested.append(rel)
             if summary["skipped"]:
                 detail = ", ".join(f"{n} {why}" for why, n in summary["skipped"].items())
                 if strict:
-                    raise TraceError(todo[rel][0], f"damaged events: {detail} (without --strict they are skipped)")
-                result.warnings.append(f"{todo[rel][0]}: skipped damaged events: {detail}")
-            result.warnings += [f"{todo[rel][0]}: {note}" for note in summary["notes"]]
+                    raise TraceError(todo[rel][2], f"damaged events: {detail} (without --strict they are skipped)")
+                result.warnings.append(f"{todo[rel][2]}: skipped damaged events: {detail}")
+            result.warnings += [f"{todo[rel][2]}: {note}" for note in summary["notes"]]
         by_rank: dict[int, str] = {}
         for rel in sorted(entries):
             for r in entries[rel]["ranks"]:
                 if r in by_rank:
-                    raise TraceError(wanted[rel], f"rank {r} is also the rank of {by_rank[r]}; "
-                                                  "ingest different jobs into different runs")
+                    raise TraceError(_shown(wanted[rel]), f"rank {r} is also the rank of {by_rank[r]}; "
+                                                          "ingest different jobs into different runs")
                 by_rank[r] = rel
         result.ingested.sort()
         for entry in entries.values():
             for table, n in entry["rows"].items():
                 result.rows[table] = result.rows.get(table, 0) + n
+        _write_run_checks(staging)
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings}
         store.publish(staging, out, manifest, engine.init_sql())
@@ -180,20 +244,31 @@ def ingest(
     return result
 
 
-def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool):
+def _write_run_checks(staging: Path) -> None:
+    """The checks that need every rank (clocks far apart), as the run's own `warnings` file."""
+    con = db.connect(1)
+    (staging / "warnings").mkdir(exist_ok=True)
+    rows = con.sql(f"SELECT {schema.select_list('warnings')} FROM ({quality.CLOCK_SKEW_SQL})",
+                   params={"ranks": str(staging / "ranks" / "*.parquet")})
+    rows.to_parquet(str(staging / "warnings" / store.RUN_CHECKS), compression="zstd")
+    con.close()
+
+
+def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool,
+             lim: limits.Limits):
     """Yield (rel, summary) as files finish; one process per core when there are several files."""
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     threads = max(1, (os.cpu_count() or 1) // jobs)
     bar = _progress(len(todo)) if progress else None
     try:
         if jobs == 1:
-            for rel, (f, _) in todo.items():
-                yield rel, _read_one(str(f), rel, str(staging), ranks, run_id, threads)
+            for rel, (f, _, shown) in todo.items():
+                yield rel, _read_one(str(f), rel, str(staging), ranks, run_id, threads, shown, lim)
                 bar and bar.advance()
             return
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_read_one, str(f), rel, str(staging), ranks, run_id, threads): rel
-                       for rel, (f, _) in todo.items()}
+            futures = {pool.submit(_read_one, str(f), rel, str(staging), ranks, run_id, threads, shown, lim): rel
+                       for rel, (f, _, shown) in todo.items()}
             try:
                 for fut in as_completed(futures):
                     yield futures[fut], fut.result()

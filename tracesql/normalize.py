@@ -7,6 +7,7 @@ over the Arrow columns, so a trace of a few hundred thousand events normalizes i
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import re
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import db, functions, schema
+from . import db, functions, limits, quality, schema
 from .arrays import array, strings, to_numpy
 from .readers import TraceData
 
@@ -29,8 +30,6 @@ NEST_CHUNK = 1 << 18
 SCAN_BATCH = 1 << 17
 # the functions the derived tables use (all of them take a fifth of a second to create)
 INGEST_FUNCTIONS = ("kernel_classes.csv", "10_sizes.sql", "20_activity.sql")
-# DuckDB's working memory for the derived tables: their inputs are Arrow (outside it); beyond it, it spills
-WORKING_MEMORY = "512MB"
 
 
 def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 1) -> dict[str, int]:
@@ -38,15 +37,27 @@ def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 
     written: `rows` is an Arrow table, or, for the large derived tables, a DuckDB relation to stream to disk.
     Nothing is kept: memory holds the slices and their links. Returns the row count of each table."""
     starter = ThreadPoolExecutor(1)  # DuckDB starts up (tens of ms, without the GIL) while the numpy work runs
-    connecting = starter.submit(db.connect, threads, WORKING_MEMORY)
+    # DuckDB's working memory for the derived tables: their inputs are Arrow (outside it); beyond it, it spills
+    connecting = starter.submit(db.connect, threads, limits.current().memory)
     starter.shutdown(wait=False)
-    slices, extra = _link(data.slices, run_id, rank)  # its numpy temporaries are freed when it returns
-    return _derive(connecting.result(), slices, extra, data, run_id, rank, on_table)
+    slices, extra, checks = _link(data.slices, run_id, rank)  # its numpy temporaries are freed when it returns
+    _release_freed_memory()
+    checks = quality.skipped_rows(data.skipped, data.examples) + checks
+    return _derive(connecting.result(), slices, extra, checks, data, run_id, rank, on_table)
 
 
-def _link(s: pa.Table, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
-    """The reader's slices plus the columns that link events (parent, launch, op, step), and the per-row facts
-    the derived tables need (`extra`), computed over numpy arrays."""
+def _release_freed_memory() -> None:
+    """Give the heap memory the linking temporaries freed back to the system (glibc keeps arrays of a few tens of
+    MB in its heap otherwise: about 0.1 KB per event that the derived tables' DuckDB would add to)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _link(s: pa.Table, run_id: str, rank: int) -> tuple[pa.Table, pa.Table, list[dict]]:
+    """The reader's slices plus the columns that link events (parent, launch, op, step), the per-row facts
+    the derived tables need (`extra`), computed over numpy arrays, and the quality checks on those links."""
     n = s.num_rows
     is_kind = functools.partial(_is_in, s["kind"])
     ts = to_numpy(s["ts"])
@@ -91,7 +102,8 @@ def _link(s: pa.Table, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
         step[launched] = step[launch[launched]]
 
     # device time each op caused: directly (self) and through nested ops (total)
-    device_work = is_kind(("kernel", "memcpy", "memset")) & (enclosing_op >= 0)
+    is_device_work = is_kind(("kernel", "memcpy", "memset"))
+    device_work = is_device_work & (enclosing_op >= 0)
     dev_dur = np.where(device_work, dur, 0)
     dev_count = device_work
     owner = np.where(enclosing_op >= 0, enclosing_op, 0)
@@ -105,6 +117,11 @@ def _link(s: pa.Table, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
         kernel_total += np.bincount(op_parent[rows], weights=kernel_total[rows], minlength=n).astype(np.int64)
     child = np.flatnonzero(is_kind(SELF_TIME_CHILD_KINDS) & (parent >= 0))
     child_time = np.bincount(parent[child], weights=dur[child], minlength=n).astype(np.int64)
+
+    def names(rows):
+        return s["name"].take(array(np.asarray(rows, np.int64))).cast(pa.string()).to_pylist()
+
+    checks = quality.link_rows(names, is_device_work, launch, launchers, corr, sid, end, step_rows)
 
     def ids(rows):  # row positions (-1: none) -> slice ids
         return array(np.where(rows >= 0, sid[rows], -1), pa.int64(), rows < 0)
@@ -123,7 +140,7 @@ def _link(s: pa.Table, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
         "collective_call": ids(enclosing_call),
         "is_collective_call": array(is_collective_call),
     })
-    return slices, extra
+    return slices, extra, checks
 
 
 def _dictionary(col) -> pa.DictionaryArray:
@@ -212,7 +229,8 @@ def _nest(lane, ts, end, sid, is_op, is_call):
     return parent, depth, enclosing_op, op_depth, enclosing_call
 
 
-def _derive(con, slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str, rank: int, on_table):
+def _derive(con, slices: pa.Table, extra: pa.Table, checks: list[dict], data: TraceData, run_id: str, rank: int,
+            on_table):
     rows: dict[str, int] = {}
 
     def emit(name: str, table):
@@ -229,6 +247,8 @@ def _derive(con, slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str
     for name, table in metadata.items():
         emit(name, table)
     emit("counters", _counters(data.counters, run_id, rank))
+    emit("warnings", _from_rows(con, "warnings", [{"run_id": run_id, "rank": rank, "source_path": None, **c}
+                                                  for c in checks]))
     con.register("groups", metadata["process_groups"])  # used by the collectives query
     for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL)):
         emit(name, con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})"))

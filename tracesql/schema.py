@@ -12,8 +12,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Bumped whenever a column is added, removed, renamed or changes meaning. Written into every run.
+#: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
 SCHEMA_VERSION = 2
+#: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
+#: as they are (a table they lack reads as empty); a run older than that must be ingested again.
+SCHEMA_CHANGES = {
+    1: "first version",
+    2: "added tables counters (sampled values: Chrome counter events, Perfetto counter tracks) and warnings "
+       "(data-quality checks of each source)",
+}
+OLDEST_READABLE = 1
 
 
 @dataclass(frozen=True)
@@ -242,6 +250,26 @@ TABLES: dict[str, Table] = {
                  "nothing launched it: XLA CPU thunks, TPU ops)."),
                 ("device_dur", "BIGINT", "From that start to the end of the step's last device event."),
                 ("kernel_count", "BIGINT", "Device events of the step (kernels, copies, memsets)."),
+            ),
+        ),
+        Table(
+            "warnings",
+            "Data-quality checks of each source, one row per check that found something: damaged events that were "
+            "skipped, device work without a launch, repeated correlation ids, steps that never end, rank clocks "
+            "far apart. Queries still run on such data; these rows say how far to trust it.",
+            _cols(
+                *_RUN_RANK,
+                ("source_path", "VARCHAR", "The trace file the check ran on (as in `ranks.source_path`)."),
+                (
+                    "check_name",
+                    "VARCHAR",
+                    "end_before_start, missing_timestamp, missing_duration, time_out_of_range, malformed_event, "
+                    "unsupported_event, "
+                    "unterminated_step, unterminated_slice, unmatched_end, kernel_without_launch, repeated_correlation, clock_skew.",
+                ),
+                ("event_count", "BIGINT", "Events the check found (for clock_skew: 1)."),
+                ("example", "VARCHAR", "One of them, as text (NULL when the source gives none)."),
+                ("message", "VARCHAR", "What was found and what tracesql did about it."),
             ),
         ),
     ]

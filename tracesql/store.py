@@ -9,12 +9,19 @@ A run is a folder:
       ops/ collectives/ memory/ steps/ ranks/ devices/ process_groups/
 
 Every row carries `run_id` and `rank`, so the files of many runs (a fleet: a folder of run folders) read as one
-dataset in DuckDB, Spark or Polars with a glob. A run is built in a sibling staging folder and swapped in with
-renames: a failed or interrupted ingest leaves the previous run as it was.
+dataset in DuckDB, Spark or Polars with a glob. A run is built in a sibling staging folder and swapped in with one
+atomic exchange of the two folders (Linux `renameat2(RENAME_EXCHANGE)`; elsewhere two renames): a failed,
+interrupted or killed ingest leaves the previous run as it was. Ingests of one run take its lock (`.<run>.lock`
+beside it) for their whole duration, so two processes never interleave; leftovers of a killed ingest (hidden
+`.<run>.staging-*` folders, which never count as runs) are removed by the next ingest of that run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import functools
 import json
 import os
 import shutil
@@ -22,6 +29,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import filelock
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -40,24 +48,87 @@ def is_run(path: Path) -> bool:
     return (path / MANIFEST).is_file()
 
 
-def load_manifest(run: Path, rewriting: bool = False) -> dict:
-    """The run's manifest. A run of another schema version is refused, unless it is about to be rewritten: an
-    older run is then re-ingested from its sources as if new."""
+def _sibling(out: Path, what: str) -> Path:
+    """A hidden path beside the run (staging, lock, extraction): never listed as a run or read as traces."""
+    return out.parent / f".{out.name}.{what}"
+
+
+@contextlib.contextmanager
+def locked(out: Path):
+    """Held by an ingest of `out` from reading its manifest to publishing: a second ingest waits."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(_sibling(out, "lock")):
+        yield
+
+
+def being_written(out: Path) -> bool:
+    """Whether an ingest of `out` holds its lock right now."""
+    lock_file = _sibling(out, "lock")
+    if not lock_file.exists():
+        return False
+    try:
+        with filelock.FileLock(lock_file, timeout=0):
+            return False
+    except filelock.Timeout:
+        return True
+    except OSError:  # a folder this user cannot write: nobody ingests into it through this user either
+        return False
+
+
+def wait_for_writer(out: Path, timeout: float = 600) -> None:
+    """Wait (up to `timeout` s) until no ingest of `out` holds its lock."""
+    if _sibling(out, "lock").exists():
+        try:
+            with filelock.FileLock(_sibling(out, "lock"), timeout=timeout):
+                pass
+        except filelock.Timeout:
+            raise TraceError(out, f"still being written by another ingest after {timeout:.0f} s") from None
+
+
+def remove_leftovers(out: Path) -> list[Path]:
+    """Staging and retired folders of `out` left by killed ingests. Only call with the lock held: then no live
+    ingest owns any of them."""
+    stale = sorted(p for what in ("staging-*", "old-*", "extract-*") for p in out.parent.glob(f".{out.name}.{what}"))
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+RUN_CHECKS = "run-checks.parquet"  # the `warnings` rows that need every rank (not one source's part)
+
+
+def load_manifest(run: Path) -> dict:
+    """The run's manifest. Runs of an older schema version this tracesql still reads are returned as they are
+    (`older_schema_note` says what they lack); newer ones, and ones too old, are refused saying what to do."""
     try:
         manifest = json.loads((run / MANIFEST).read_text())
+        if not isinstance(manifest, dict):
+            raise ValueError("the manifest is not a JSON object")
     except (OSError, ValueError) as e:
         raise TraceError(run, f"not a readable tracesql run ({e})") from None
     version = manifest.get("schema_version")
-    if rewriting and isinstance(version, int) and version < schema.SCHEMA_VERSION:
-        return {"run_id": manifest.get("run_id")}
-    if version != schema.SCHEMA_VERSION:
-        newer = isinstance(version, int) and version > schema.SCHEMA_VERSION
-        raise TraceError(
-            run,
-            f"written with schema version {version}; this tracesql reads version {schema.SCHEMA_VERSION}"
-            + (" — upgrade tracesql" if newer else " — re-ingest the traces"),
-        )
+    writer = f"tracesql {manifest.get('tracesql_version') or '(unknown version)'}"
+    readable = f"{schema.OLDEST_READABLE}..{schema.SCHEMA_VERSION}"
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TraceError(run, f"the manifest has no valid schema_version ({version!r}); re-ingest the traces")
+    if version > schema.SCHEMA_VERSION:
+        raise TraceError(run, f"written by {writer} with schema version {version}; this tracesql {__version__} "
+                              f"reads schema versions {readable}: install a tracesql that reads schema version "
+                              f"{version}, or re-ingest the traces with this one")
+    if version < schema.OLDEST_READABLE:
+        raise TraceError(run, f"written by {writer} with schema version {version}, which this tracesql "
+                              f"{__version__} no longer reads (it reads {readable}): re-ingest the traces")
     return manifest
+
+
+def older_schema_note(manifest: dict) -> str | None:
+    """What a run of an older (still readable) schema version lacks, or None for a current run."""
+    version = manifest["schema_version"]
+    if version == schema.SCHEMA_VERSION:
+        return None
+    changes = "; ".join(schema.SCHEMA_CHANGES[v] for v in range(version + 1, schema.SCHEMA_VERSION + 1))
+    return (f"written with schema version {version}, read as version {schema.SCHEMA_VERSION} (since then: "
+            f"{changes}; what it lacks reads as empty — re-ingest to fill it)")
 
 
 class PartWriter:
@@ -95,9 +166,16 @@ class PartWriter:
 
 
 def new_staging(out: Path) -> Path:
-    staging = out.parent / f".{out.name}.staging-{uuid.uuid4().hex[:12]}"
+    staging = _sibling(out, f"staging-{uuid.uuid4().hex[:12]}")
     staging.mkdir(parents=True)
     return staging
+
+
+def new_scratch(out: Path) -> Path:
+    """A private folder beside the run for an ingest's temporary files (archive members)."""
+    scratch = _sibling(out, f"extract-{uuid.uuid4().hex[:12]}")
+    scratch.mkdir(parents=True)
+    return scratch
 
 
 def reuse_part(old_run: Path, staging: Path, part: str) -> None:
@@ -118,13 +196,37 @@ def publish(staging: Path, out: Path, manifest: dict, init_sql: str) -> None:
     tmp.write_text(json.dumps({**manifest, "schema_version": schema.SCHEMA_VERSION,
                                "tracesql_version": __version__}, indent=1))
     tmp.rename(staging / MANIFEST)
-    if out.exists():
-        retired = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+    if not out.exists():
+        staging.rename(out)
+    elif _exchange(staging, out):
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the previous run
+    else:  # no atomic exchange here: a reader that finds `out` missing for a moment waits for the lock
+        retired = _sibling(out, f"old-{uuid.uuid4().hex[:12]}")
         out.rename(retired)
         staging.rename(out)
         shutil.rmtree(retired, ignore_errors=True)
-    else:
-        staging.rename(out)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders in one step (no moment where either is missing); False where the OS cannot."""
+    renameat2 = getattr(_libc(), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # kernel or file system without the flag
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+@functools.cache
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def discard(staging: Path) -> None:

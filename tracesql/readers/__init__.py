@@ -16,9 +16,12 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import limits
+from ..arrays import array, to_numpy
 from ..errors import TraceError
 from . import kineto, nsys, perfetto, rocprof, xplane
 
@@ -82,6 +85,7 @@ class TraceData:
     base_time_ns: int = 0
     event_count: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count of damaged events
+    examples: dict[str, str] = field(default_factory=dict)  # reason -> one damaged event, as text
     notes: list[str] = field(default_factory=list)  # other things worth a warning
     metadata: dict = field(default_factory=dict)
     devices: list[dict] = field(default_factory=list)  # device_id, name, total_memory_bytes, ..., properties
@@ -136,6 +140,10 @@ def reader_for(path: Path):
 
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_.]?(\d+)", re.IGNORECASE)
+#: Times (ns) a slice may have: start within ±MAX_TS_NS, duration below MAX_DUR_NS, so that no sum or
+#: difference of two of them overflows a BIGINT.
+MAX_TS_NS = 2**62
+MAX_DUR_NS = 2**61
 
 
 def rank_from_file_name(path: Path) -> int | None:
@@ -144,14 +152,39 @@ def rank_from_file_name(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _drop_out_of_range(data: TraceData) -> None:
+    s = data.slices
+    keep = pc.fill_null(pc.and_(pc.and_(pc.greater(s["ts"], -MAX_TS_NS), pc.less(s["ts"], MAX_TS_NS)),
+                                pc.and_(pc.greater_equal(s["dur"], 0), pc.less(s["dur"], MAX_DUR_NS))), False)
+    dropped = s.num_rows - pc.sum(keep).as_py() if s.num_rows else 0
+    if dropped:
+        data.slices = s.filter(keep)
+        data.skipped["time out of range"] = data.skipped.get("time out of range", 0) + dropped
+
+
+def _keep_first_events(data: TraceData, max_events: int) -> None:
+    """For readers that cannot stop early (--max-events): keep the first `max_events` slices."""
+    if data.slices.num_rows > max_events:
+        ids = to_numpy(data.slices["slice_id"])
+        data.slices = data.slices.filter(array(ids < np.partition(ids, max_events - 1)[max_events - 1] + 1))
+        data.notes.append(f"kept only the first {max_events:,} of {len(ids):,} events (--max-events)")
+
+
 def read_trace(path: Path, threads: int | None = None) -> list[TraceData]:
     """The file's traces: one, or one per process when a file holds several (an Nsight export of an MPI job).
     A single trace whose content names no rank takes the one its file name gives (any format)."""
-    read = reader_for(path).read(path, threads=threads)
+    try:
+        read = reader_for(path).read(path, threads=threads)
+    except RecursionError:  # the JSON and protobuf decoders recurse once per nesting level
+        raise TraceError(path, "nested too deeply to read (thousands of levels: a damaged or hostile file)") from None
     traces = read if isinstance(read, list) else [read]
     if len(traces) == 1 and traces[0].rank is None:
         traces[0].rank = rank_from_file_name(path)
+    max_events = limits.current().max_events
     for data in traces:
+        _drop_out_of_range(data)
+        if max_events:
+            _keep_first_events(data, max_events)
         missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
         assert not missing, f"reader {data.format} left out {missing}"
     return traces

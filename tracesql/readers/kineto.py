@@ -15,7 +15,12 @@ text. Python only sees metadata, the small lookup tables and the begin/end match
 
 from __future__ import annotations
 
+import codecs
+import gzip
+import re
+import shutil
 import tempfile
+import zlib
 from pathlib import Path
 
 import duckdb
@@ -24,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import db
+from .. import db, limits
 from ..arrays import array, to_numpy
 from ..errors import TraceError
 from .xplane import ACCELERATOR_PLANE, HOST_PLANE, STREAM_LINE
@@ -84,7 +89,11 @@ def _split(path: Path, data: bytes):
     if data.lstrip()[:1] == b"[":
         return _event_array(path, data), {}
     try:
-        top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+        try:
+            top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+        except UnicodeDecodeError:  # in a top-level key: read it with the bad bytes replaced
+            data = data.decode("utf-8", "replace").encode()
+            top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
     except msgspec.ValidationError:
         raise TraceError(path, "not a trace: the JSON is not an object") from None
     except msgspec.DecodeError as e:
@@ -136,50 +145,179 @@ FROM read_json($file, format = 'array', records = false,
 """
 
 
-def _load_events(con, path: Path, events_file: Path, notes: list[str]) -> None:
-    for sql in (_TYPED, _ROBUST):
+def _load_events(con, path: Path, events_file: Path, notes: list[str], max_events: int | None) -> None:
+    for robust, sql in ((False, _TYPED), (True, _ROBUST)):
+        if max_events:  # a quick look: DuckDB stops reading after them
+            sql = sql.replace("FROM read_json(", "FROM (SELECT * FROM read_json(").rstrip() + f" LIMIT {max_events})"
         try:
             con.execute(f"CREATE OR REPLACE TABLE events AS {sql}", {"file": str(events_file)})
             return
         except duckdb.Error as e:
-            if "utf" in str(e).lower() and "invalid UTF-8 in names replaced by U+FFFD" not in notes:
-                notes.append("invalid UTF-8 in names replaced by U+FFFD")
-                events_file.write_bytes(events_file.read_bytes().decode("utf-8", "replace").encode())
-                return _load_events(con, path, events_file, notes)
-            if sql is _ROBUST:
+            if "utf" in str(e).lower() and _UTF8_NOTE not in notes:
+                notes.append(_UTF8_NOTE)
+                _replace_invalid_utf8(events_file)
+                return _load_events(con, path, events_file, notes, max_events)
+            if robust:
                 raise TraceError(path, f"unreadable events ({str(e).splitlines()[0]})") from None
 
 
-def read(path: Path, threads: int | None = None):
-    from . import TraceData, read_bytes
+_UTF8_NOTE = "invalid UTF-8 in names replaced by U+FFFD"
+_CHUNK = 16 << 20
+_WINDOW = 64 << 20  # how far into the file the `traceEvents` key, and from its end the array's end, are looked for
 
-    notes: list[str] = []
-    data = read_bytes(path)
+
+def _replace_invalid_utf8(file: Path) -> None:
+    """Rewrite `file` with invalid UTF-8 replaced by U+FFFD, a chunk at a time."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    fixed = file.with_suffix(".utf8")
+    with open(file, "rb") as src, open(fixed, "wb") as dst:
+        while chunk := src.read(_CHUNK):
+            dst.write(decoder.decode(chunk).encode())
+        dst.write(decoder.decode(b"", final=True).encode())
+    fixed.replace(file)
+
+
+def _locate(f, size: int) -> tuple[int, int, dict] | None:
+    """Where the `traceEvents` array is in the open file `f` — (offset of its '[', offset just past its ']') — and
+    the other top-level fields, decoded: found from the first and the last _WINDOW bytes, without reading the
+    events. None when the document is not laid out as profilers write it (fields after the array hold only
+    scalars), or is damaged: the caller then reads it whole. A list closing the document after the array can
+    be taken for its end: then what DuckDB is given is no JSON array, it says so, and the caller reads the
+    document whole (so a wrong range is never read as events)."""
+    f.seek(0)
+    head = f.read(min(size, _WINDOW))
+    start = None
+    for m in re.finditer(rb'"traceEvents"\s*:\s*\[', head):
+        before = head[:m.start()].strip()
+        try:  # the key is at the top level iff what precedes it closes into an object
+            if before == b"{":
+                meta = {}
+            elif before.endswith(b","):
+                meta = msgspec.json.decode(before[:-1] + b"}", type=dict)
+            else:
+                continue
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            continue
+        start = m.end() - 1
+        break
+    if start is None:
+        return None
+    f.seek(max(start, size - _WINDOW))
+    tail_at = f.tell()
+    tail = f.read()
+    pos = len(tail)
+    while (pos := tail.rfind(b"]", 0, pos)) >= 0 and tail_at + pos > start:
+        rest = tail[pos + 1:].strip()
+        try:
+            after = {} if rest == b"}" else msgspec.json.decode(b"{" + rest[1:], type=dict[str, _Scalar]) \
+                if rest.startswith(b",") else None
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            continue
+        if after is not None and tail[:pos].rstrip()[-1:] in (b"}", b"["):
+            return start, tail_at + pos + 1, {**meta, **after}
+    return None
+
+
+_Scalar = int | float | str | bool | None
+
+
+def _events_file(path: Path, scratch: Path, whole: bool = False) -> tuple[Path, dict, bool]:
+    """A file holding only the `traceEvents` array (what DuckDB reads), and the other top-level fields. Streamed:
+    a gzip is unpacked into the scratch folder a chunk at a time and the fields around the array are blanked;
+    a plain file has the array's bytes copied. Only a document laid out otherwise (or `whole`) is read into
+    memory whole. The last item says whether the array was located (True) or the document read whole."""
+    from . import read_bytes
+
+    events_file = scratch / "events.json"
+    with open(path, "rb") as src:
+        gzipped = src.read(2) == b"\x1f\x8b" and not whole
+    if gzipped:
+        try:
+            with gzip.open(path, "rb") as src, open(events_file, "wb") as dst:
+                shutil.copyfileobj(src, dst, _CHUNK)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise TraceError(path, "truncated gzip" if isinstance(e, EOFError) else f"damaged gzip ({e})") from None
+        if events_file.stat().st_size == 0:
+            raise TraceError(path, "empty file")
+    source = events_file if gzipped else path
+    size = source.stat().st_size
+    with open(source, "r+b" if gzipped else "rb") as f:
+        found = None if whole else _locate(f, size)
+        if found and gzipped:
+            start, end, meta = found
+            for at, n in ((0, start), (end, size - end)):
+                f.seek(at)
+                for done in range(0, n, _CHUNK):
+                    f.write(b" " * min(_CHUNK, n - done))
+        elif found:
+            start, end, meta = found
+            f.seek(start)
+            with open(events_file, "wb") as dst:
+                for done in range(0, end - start, _CHUNK):
+                    dst.write(f.read(min(_CHUNK, end - start - done)))
+    if found:
+        return events_file, meta, True
+    data = read_bytes(path)  # the whole document, checked by msgspec: its errors say what is wrong
     raw_events, meta = _split(path, data)
-    con = db.connect(threads)
+    with open(events_file, "wb") as dst:
+        dst.write(memoryview(raw_events))
+    return events_file, meta, False
+
+
+def read(path: Path, threads: int | None = None):
+    notes: list[str] = []
+    lim = limits.current()
     with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
-        events_file = Path(scratch) / "events.json"
-        with open(events_file, "wb") as f:
-            f.write(memoryview(raw_events))
-        del raw_events, data  # the decoded copy lives in DuckDB from here on
-        _load_events(con, path, events_file, notes)
-    base_time_ns = int(meta.get("baseTimeNanoseconds") or 0)
+        scratch = Path(scratch)
+        events_file, meta, located = _events_file(path, scratch)
+        # the events live in a database file in the scratch folder: DuckDB holds at most its memory limit of them
+        con = db.connect(threads, lim.memory, database=scratch / "events.duckdb")
+        try:
+            _load_events(con, path, events_file, notes, lim.max_events)
+        except TraceError:
+            if not located:
+                raise
+            events_file, meta, _ = _events_file(path, scratch, whole=True)
+            _load_events(con, path, events_file, notes, lim.max_events)
+        events_file.unlink()
+        try:
+            return _read_events(con, path, meta, notes, lim.max_events, scratch / "slices.arrows")
+        finally:
+            con.close()
+
+
+def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None, slices_file: Path):
+    from . import TraceData
+
+    base_time_ns = meta.get("baseTimeNanoseconds") or 0
+    if isinstance(base_time_ns, bool) or not isinstance(base_time_ns, int) or not 0 <= base_time_ns < 2**61:
+        notes.append(f"baseTimeNanoseconds {str(base_time_ns)[:40]!r} is not a time in ns: ignored")
+        base_time_ns = 0
     counts = con.execute(_COUNTS).fetchone()
-    total, skipped = counts[0], dict(zip(_SKIP_REASONS, counts[1:]))
+    n_reasons = len(_SKIP_REASONS)
+    total = counts[0]
+    skipped = {reason: n for reason, n in zip(_SKIP_REASONS, counts[1:1 + n_reasons]) if n}
+    examples = {reason: ex for reason, ex in zip(_SKIP_REASONS, counts[1 + n_reasons:1 + 2 * n_reasons]) if ex}
     if not total:
         raise TraceError(path, "empty trace: 'traceEvents' has no events")
+    if max_events and total == max_events:
+        notes.append(f"read only the first {max_events:,} events (--max-events)")
     if total == sum(skipped.values()) + counts[-1]:
         raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
     skipped.update(_pair(con))
     con.execute(_LOOKUPS)
     dialect = con.execute(_DIALECT, {"kineto_keys": any(k in meta for k in KINETO_KEYS)}).fetchone()[0]
     con.execute("SET VARIABLE dialect = $d", {"d": dialect})
-    # batch by batch: DuckDB never holds the whole result; dictionary-encoding shrinks each batch as it comes
-    batches = [pa.RecordBatch.from_arrays([pc.dictionary_encode(b[c]) if c in _DICTIONARY else b[c]
-                                           for c in b.schema.names], names=b.schema.names)
-               for b in con.sql(_SLICES, params={"base": base_time_ns}).to_arrow_reader(1 << 16)]
-    slices = pa.Table.from_batches(batches).unify_dictionaries().combine_chunks()
-    del batches
+    # Batch by batch into an Arrow file in the scratch folder, which is then memory-mapped: the slices (their
+    # `args` text is most of a trace) are file-backed pages the kernel can drop and re-read, not heap memory.
+    # The mapping outlives the scratch folder's removal (the file is unlinked, not gone, while mapped).
+    reader = con.sql(_SLICES, params={"base": base_time_ns}).to_arrow_reader(1 << 16)
+    with pa.OSFile(str(slices_file), "wb") as sink, pa.ipc.new_stream(sink, reader.schema) as writer:
+        for batch in reader:
+            writer.write_batch(batch)
+    mapped = pa.ipc.open_stream(pa.memory_map(str(slices_file))).read_all()
+    slices = pa.table({c: pc.dictionary_encode(mapped[c]) if c in _DICTIONARY else mapped[c]
+                       for c in mapped.column_names}).unify_dictionaries()
     if dialect != "kineto":  # Kineto's flows repeat the correlation ids its args carry
         slices = _bind_flows(con, slices, base_time_ns)
     counters = con.sql(_COUNTERS, params={"base": base_time_ns}).to_arrow_table()
@@ -199,6 +337,7 @@ def read(path: Path, threads: int | None = None):
         base_time_ns=base_time_ns,
         event_count=total,
         skipped={reason: n for reason, n in skipped.items() if n},
+        examples=examples,
         notes=notes,
         metadata={**{k: v for k, v in meta.items() if k != "deviceProperties"},
                   **({"dialect": dialect} if dialect != "kineto" else {})},
@@ -249,7 +388,6 @@ def _bind_flows(con, slices: pa.Table, base_time_ns: int) -> pa.Table:
 
 
 _DICTIONARY = ("kind", "category", "name", "track")
-_SKIP_REASONS = ("malformed event", "unsupported phase", "missing or non-numeric ts", "missing or negative dur")
 
 
 def _in(phases) -> str:
@@ -259,18 +397,36 @@ def _in(phases) -> str:
 # '{}': TSL writers end the list with one
 _EMPTY = "(ph IS NULL AND name IS NULL AND ts IS NULL AND args IS NULL AND pid IS NULL)"
 _TIMED_PHASES = SLICE_PHASES + OPENING_PHASES + CLOSING_PHASES + (COUNTER_PHASE,)
+# µs bounds that keep every ns time, with the base time added, far from BIGINT overflow (readers.MAX_TS_NS)
+_MAX_US = 2**61 // 1000
+_ts_ok = f"isfinite(ts) AND abs(ts) < {_MAX_US}"
+_dur_ok = f"isfinite(dur) AND dur >= 0 AND dur < {_MAX_US}"
+_timed_x = f"NOT malformed AND ph = 'X' AND {_ts_ok}"
+_no_dur = "(dur IS NULL OR NOT isfinite(dur))"
+_is_step = r"regexp_matches(COALESCE(name, ''), '^ProfilerStep#[0-9]+(\s.*)?$')"  # normalize.STEP_PATTERN
+# reason -> the events it skips; each count comes with the first such event as an example
+_SKIPS = {
+    "malformed event": "malformed",
+    "unsupported phase": f"NOT malformed AND (ph IS NULL OR ph NOT IN ({_in(_TIMED_PHASES + KNOWN_OTHER_PHASES)})) "
+                         f"AND NOT {_EMPTY}",
+    "missing or non-numeric ts": f"NOT malformed AND ph IN ({_in(_TIMED_PHASES)}) AND (ts IS NULL OR NOT isfinite(ts))",
+    "time out of range": f"NOT malformed AND ph IN ({_in(_TIMED_PHASES)}) AND isfinite(ts) AND (abs(ts) >= {_MAX_US} "
+                         f"OR ph = 'X' AND isfinite(dur) AND dur >= {_MAX_US})",
+    "missing dur": f"{_timed_x} AND {_no_dur} AND NOT {_is_step}",
+    "end before start": f"{_timed_x} AND dur < 0",
+    "step without end": f"{_timed_x} AND {_no_dur} AND {_is_step}",
+}
+_SKIP_REASONS = tuple(_SKIPS)
+_example = ("COALESCE(ph, '?') || ' ' || COALESCE(name, '?') || ' ts=' || COALESCE(CAST(ts AS VARCHAR), '?') "
+            "|| ' dur=' || COALESCE(CAST(dur AS VARCHAR), '?')")
 _COUNTS = f"""
 SELECT count(*),
-    count(*) FILTER (malformed),
-    count(*) FILTER (NOT malformed AND (ph IS NULL OR ph NOT IN ({_in(_TIMED_PHASES + KNOWN_OTHER_PHASES)}))
-                     AND NOT {_EMPTY}),
-    count(*) FILTER (NOT malformed AND ph IN ({_in(_TIMED_PHASES)}) AND (ts IS NULL OR NOT isfinite(ts))),
-    count(*) FILTER (NOT malformed AND ph = 'X' AND isfinite(ts) AND (dur IS NULL OR NOT isfinite(dur) OR dur < 0)),
+    {", ".join(f"count(*) FILTER ({cond})" for cond in _SKIPS.values())},
+    {", ".join(f"arg_min({_example}, idx) FILTER ({cond})" for cond in _SKIPS.values())},
     count(*) FILTER (NOT malformed AND (ph IN ({_in(KNOWN_OTHER_PHASES)}) OR {_EMPTY}))
 FROM events
 """
-_KEEP = f"NOT malformed AND ph IN ({_in(SLICE_PHASES)}) AND isfinite(ts) AND (ph <> 'X' OR (isfinite(dur) AND dur >= 0))"
-
+_KEEP = f"NOT malformed AND ph IN ({_in(SLICE_PHASES)}) AND {_ts_ok} AND (ph <> 'X' OR ({_dur_ok}))"
 # Begin/end events, in the order they are matched: a thread's B/E pair on that thread; async ones (b/e, S/F) on
 # their (process, category, id).
 _MARKS = f"""
@@ -279,7 +435,7 @@ SELECT idx, ph IN ({_in(OPENING_PHASES)}) AS opens,
         ELSE 'async ' || CAST(pid AS VARCHAR) || ' ' || COALESCE(cat, '') || ' '
              || COALESCE(CAST(id AS VARCHAR), CAST(id2 AS VARCHAR), '') END) AS pair_key
 FROM events
-WHERE NOT malformed AND ph IN ({_in(OPENING_PHASES + CLOSING_PHASES)}) AND isfinite(ts)
+WHERE NOT malformed AND ph IN ({_in(OPENING_PHASES + CLOSING_PHASES)}) AND {_ts_ok}
 ORDER BY pair_key, ts, idx
 """
 # A matched pair as one complete event: the begin's fields, the end's args merged in (as Chrome shows them). Async
@@ -303,7 +459,7 @@ _LOOKUPS = f"""
 CREATE OR REPLACE VIEW kept AS SELECT * FROM events WHERE {_KEEP} UNION ALL BY NAME SELECT * FROM paired;
 CREATE OR REPLACE VIEW lanes AS
     SELECT idx, pid, tid FROM kept
-    UNION ALL SELECT idx, pid, tid FROM events WHERE NOT malformed AND ph = '{COUNTER_PHASE}' AND isfinite(ts);
+    UNION ALL SELECT idx, pid, tid FROM events WHERE NOT malformed AND ph = '{COUNTER_PHASE}' AND {_ts_ok};
 CREATE OR REPLACE TABLE category_kinds AS SELECT * FROM (VALUES {_category_kinds}) t(cat, kind);
 CREATE OR REPLACE TABLE name_kinds AS SELECT * FROM (VALUES {_name_kinds}) t(cat, name, kind);
 CREATE OR REPLACE TABLE labels AS
@@ -429,11 +585,11 @@ SELECT CASE WHEN e.id IS NULL THEN e.name ELSE e.name || ' ' || json_extract_str
     a.key AS series, process_label(lane_id(e.pid, 'pid_label_id')) AS track, NULL AS device_id,
     us_to_ns(e.ts) + $base AS ts, CAST(a.value AS DOUBLE) AS value
 FROM events e, json_each(e.args) a
-WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND isfinite(e.ts) AND a.type IN ('UBIGINT', 'BIGINT', 'DOUBLE')
+WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND {_ts_ok.replace('ts', 'e.ts')} AND a.type IN ('UBIGINT', 'BIGINT', 'DOUBLE')
 """
 _NON_NUMERIC_COUNTERS = f"""
 SELECT count(*) FROM events e, json_each(e.args) a
-WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND isfinite(e.ts) AND a.type NOT IN ('UBIGINT', 'BIGINT', 'DOUBLE')
+WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND {_ts_ok.replace('ts', 'e.ts')} AND a.type NOT IN ('UBIGINT', 'BIGINT', 'DOUBLE')
 """
 # Flow events bound to the slice that encloses them on their thread (the innermost: the latest to start; instants
 # bind nothing), whose
@@ -442,7 +598,7 @@ _FLOW_BINDINGS = f"""
 WITH flows AS (
     SELECT lane_id(pid, 'pid_label_id') AS pid, lane_id(tid, 'tid_label_id') AS tid, us_to_ns(ts) + $base AS ts,
         COALESCE(TRY_CAST(id AS BIGINT), CAST(hash(CAST(id AS VARCHAR)) >> 2 AS BIGINT)) AS flow
-    FROM events WHERE NOT malformed AND ph IN ({_in(FLOW_PHASES)}) AND isfinite(ts) AND id IS NOT NULL
+    FROM events WHERE NOT malformed AND ph IN ({_in(FLOW_PHASES)}) AND {_ts_ok} AND id IS NOT NULL
 )
 SELECT s.slice_id, min(f.flow) AS flow
 FROM flows f ASOF JOIN (SELECT * FROM read_slices WHERE kind <> 'instant') s

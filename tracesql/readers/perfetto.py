@@ -146,8 +146,12 @@ class _Sequence:
                                       (interned.debug_annotation_names, self.annotation_names, "name"),
                                       (interned.debug_annotation_string_values, self.annotation_strings, "str")):
             for e in entries:
-                value = getattr(e, field)
-                table[e.iid] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+                table[e.iid] = _text(getattr(e, field))
+
+
+def _text(value):
+    """A protobuf string field as str: with invalid UTF-8 the runtime hands back bytes."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _annotation_value(a, seq: _Sequence):
@@ -155,14 +159,14 @@ def _annotation_value(a, seq: _Sequence):
     if kind == "legacy_json_value":
         try:
             return json.loads(a.legacy_json_value)
-        except ValueError:
-            return a.legacy_json_value
+        except (ValueError, RecursionError):
+            return _text(a.legacy_json_value)
     if kind == "string_value_iid":
         return seq.annotation_strings.get(a.string_value_iid)
     if kind == "nested_value":
         return None  # the deprecated NestedValue form: producers now write dict_entries/array_values
     if kind is not None:
-        return getattr(a, kind)
+        return _text(getattr(a, kind))
     if a.dict_entries:
         return {_annotation_name(e, seq): _annotation_value(e, seq) for e in a.dict_entries}
     if a.array_values:
@@ -171,22 +175,22 @@ def _annotation_value(a, seq: _Sequence):
 
 
 def _annotation_name(a, seq: _Sequence) -> str:
-    return a.name if a.HasField("name") else seq.annotation_names.get(a.name_iid, f"arg{a.name_iid}")
+    return _text(a.name) if a.HasField("name") else seq.annotation_names.get(a.name_iid, f"arg{a.name_iid}")
 
 
 class _Track:
     def __init__(self, desc, tracks: dict):
         self.uuid = desc.uuid
         self.parent = tracks.get(desc.parent_uuid) if desc.HasField("parent_uuid") else None
-        self.name = desc.name or desc.static_name or ""
+        self.name = _text(desc.name or desc.static_name or "")
         self.pid = desc.process.pid if desc.HasField("process") else (
             desc.thread.pid if desc.HasField("thread") else (self.parent.pid if self.parent else 0))
         self.is_thread = desc.HasField("thread")
         self.tid = desc.thread.tid if self.is_thread else 0
-        self.process_name = desc.process.process_name if desc.HasField("process") else (
+        self.process_name = _text(desc.process.process_name) if desc.HasField("process") else (
             self.parent.process_name if self.parent else "")
         if desc.HasField("thread") and desc.thread.thread_name:
-            self.name = self.name or desc.thread.thread_name
+            self.name = self.name or _text(desc.thread.thread_name)
         names = [t.name for t in self._chain()]
         self.on_device = any(_DEVICE_TRACK.search(n) for n in names)
         device = next((m for n in names if (m := _DEVICE_NUMBER.search(n))), None)
@@ -302,8 +306,8 @@ def read(path: Path, threads: int | None = None):
         if e.type not in (TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_INSTANT):
             skip("unsupported track event type")
             continue
-        name = e.name if e.HasField("name") else seq.names.get(e.name_iid)
-        categories = list(e.categories) or [seq.categories.get(i, "") for i in e.category_iids]
+        name = _text(e.name) if e.HasField("name") else seq.names.get(e.name_iid)
+        categories = [_text(c) for c in e.categories] or [seq.categories.get(i, "") for i in e.category_iids]
         args = {_annotation_name(a, seq): _annotation_value(a, seq) for a in e.debug_annotations}
         external = args.get("External id")
         row = [None, ",".join(categories) or None, name, ts, 0, track_uuid,

@@ -109,12 +109,19 @@ class _File(msgspec.Struct, rename={"processes": "rocprofiler-sdk-tool"}):
 def read(path: Path, threads: int | None = None):
     from . import TraceData, read_bytes, slices_from_columns
 
+    raw = read_bytes(path)
+    notes = []
     try:
-        processes = msgspec.json.decode(read_bytes(path), type=_File).processes
+        try:
+            processes = msgspec.json.decode(raw, type=_File).processes
+        except UnicodeDecodeError:  # msgspec checks UTF-8 in strings: read them with the bad bytes replaced
+            notes.append("invalid UTF-8 in strings replaced by U+FFFD")
+            processes = msgspec.json.decode(raw.decode("utf-8", "replace").encode(), type=_File).processes
     except msgspec.ValidationError as e:
         raise TraceError(path, f"not a rocprofv3 JSON trace ({e})") from None
     except msgspec.DecodeError as e:
         raise TraceError(path, f"not valid JSON ({e})") from None
+    del raw
     if not processes:
         raise TraceError(path, "empty trace: 'rocprofiler-sdk-tool' has no process")
 
@@ -161,7 +168,7 @@ def read(path: Path, threads: int | None = None):
         host_name=first.node.get("hostname"),
         event_count=n + skipped + sum(unread.values()),
         skipped={"unusable record (negative duration or unknown agent)": skipped} if skipped else {},
-        notes=[f"{n} {domain} records not kept (no table for them yet)" for domain, n in unread.items() if n],
+        notes=notes + [f"{n} {domain} records not kept (no table for them yet)" for domain, n in unread.items() if n],
         metadata={"processes": [{"pid": p.metadata.pid, "command": p.metadata.command,
                                  "init_time": p.metadata.init_time, "fini_time": p.metadata.fini_time}
                                 for p in processes], "node": first.node},

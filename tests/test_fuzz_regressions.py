@@ -1,0 +1,92 @@
+"""Inputs the fuzzer (tests/fuzz) found that broke a reader, each kept as a regression test: a real trace with the
+mutation that broke it, now ingested or refused with a one-line TraceError."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+import tracesql
+from conftest import DATASETS, corpus_path
+
+KINETO = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
+ROCPROF = ("tracelens", "tests", "rocprof", "908_results.json.gz")
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+def _ingest(tmp_path, name: str, data: bytes):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path, lambda: tracesql.ingest([path], tmp_path / "run")
+
+
+def test_rocprof_deeply_nested_value(tmp_path):
+    doc = json.loads(gzip.decompress(corpus_path(*ROCPROF).read_bytes()))
+    doc["rocprofiler-sdk-tool"][0]["agents"][0]["vendor_id"] = "NEST"  # agents are read as plain dicts
+    text = json.dumps(doc).replace('"NEST"', _deep(100_000))
+    path, ingest = _ingest(tmp_path, "rank-0_results.json", text.encode())
+    with pytest.raises(tracesql.TraceError) as err:
+        ingest()
+    assert str(err.value) == f"{path}: nested too deeply to read (thousands of levels: a damaged or hostile file)"
+
+
+def test_kineto_deeply_nested_top_level_value_and_event(tmp_path):
+    doc = json.loads(gzip.decompress(KINETO.read_bytes()))
+    doc["traceName"] = "NEST"
+    path, ingest = _ingest(tmp_path, "rank-0.json", json.dumps(doc).replace('"NEST"', _deep(100_000)).encode())
+    with pytest.raises(tracesql.TraceError, match="nested too deeply to read"):
+        ingest()
+
+
+def test_rocprof_invalid_utf8_in_a_string(tmp_path):
+    data = gzip.decompress(corpus_path(*ROCPROF).read_bytes())
+    at = data.index(b'"hostname":"') + len(b'"hostname":"')
+    path, ingest = _ingest(tmp_path, "rank-0_results.json", data[:at] + b"\xff\xfe" + data[at:])
+    result = ingest()
+    assert f"{path}: invalid UTF-8 in strings replaced by U+FFFD" in result.warnings
+    con = tracesql.connect(tmp_path / "run")
+    assert con.execute("SELECT host_name FROM ranks").fetchone()[0].startswith("\ufffd\ufffd")
+    assert con.execute("SELECT count(*) FROM slices").fetchone()[0] == 43915  # as the undamaged file
+
+
+def test_kineto_times_too_large_for_nanoseconds_are_skipped(tmp_path):
+    doc = json.loads(gzip.decompress(KINETO.read_bytes()))
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[0]["dur"] = 2**63  # µs: no BIGINT holds it in ns
+    kernels[1]["ts"] = 1e300
+    kernels[2]["ts"] = -9.3e18
+    doc["baseTimeNanoseconds"] = "soon"
+    path, ingest = _ingest(tmp_path, "rank-0.json", json.dumps(doc).encode())
+    result = ingest()
+    assert f"{path}: skipped damaged events: 3 time out of range" in result.warnings
+    assert f"{path}: baseTimeNanoseconds 'soon' is not a time in ns: ignored" in result.warnings
+    con = tracesql.connect(tmp_path / "run")
+    assert con.execute("SELECT check_name, event_count FROM warnings").fetchall() == [("time_out_of_range", 3)]
+    assert con.execute("SELECT count(*) FROM slices WHERE kind = 'kernel'").fetchone()[0] == len(kernels) - 3
+    assert tracesql.query("overlap", tmp_path / "run")["comm_ns"].notna().all()
+
+
+def test_kineto_invalid_utf8_in_a_top_level_key(tmp_path):
+    data = gzip.decompress(KINETO.read_bytes())
+    path, ingest = _ingest(tmp_path, "rank-0.json", b'{"sch\xa2emaVersion": 1, ' + data.lstrip()[1:])
+    ingest()
+    assert tracesql.connect(tmp_path / "run").execute("SELECT count(*) FROM slices").fetchone()[0] == 4811
+
+
+def test_perfetto_invalid_utf8_in_an_annotation_name(tmp_path):
+    from test_perfetto import kineto_to_perfetto
+
+    events = json.loads(gzip.decompress(KINETO.read_bytes()))["traceEvents"][:300]
+    trace = kineto_to_perfetto(events, tmp_path / "good.perfetto-trace.gz")
+    data = gzip.decompress(trace.read_bytes())
+    assert data.count(b"Fwd thread id") > 0
+    path, ingest = _ingest(tmp_path, "rank-0.perfetto-trace", data.replace(b"Fwd thread id", b"F\xf7d thread id"))
+    ingest()
+    args = tracesql.connect(tmp_path / "run").execute(
+        "SELECT count(*) FROM slices WHERE list_contains(json_keys(args), 'F\ufffdd thread id')").fetchone()[0]
+    assert args == data.count(b"Fwd thread id")

@@ -1,0 +1,87 @@
+"""Ingest limits: --max-events for a quick look, --memory-limit for DuckDB, and the streamed Kineto path (events
+located from the file's head and tail) against the whole-document path."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import tracesql
+from conftest import DATASETS, raw_events
+from tracesql.cli import main
+from tracesql.readers import kineto
+
+RANK0 = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
+XPLANE = DATASETS / "jax_cpu_mlp" / "vm.xplane.pb"
+
+
+def _count(run, sql="SELECT count(*) FROM slices"):
+    return tracesql.connect(run).execute(sql).fetchone()[0]
+
+
+def test_max_events_reads_the_first_n_events(tmp_path):
+    result = tracesql.ingest([RANK0], tmp_path / "run", max_events=1000)
+    first = raw_events(RANK0)[:1000]
+    timed = [e for e in first if e.get("ph") == "X" or e.get("ph") in ("i", "I")]
+    assert _count(tmp_path / "run") == len(timed) == 1000
+    assert _count(tmp_path / "run", "SELECT max(slice_id) FROM slices") == 999
+    assert result.warnings == [f"{RANK0}: read only the first 1,000 events (--max-events)"]
+    # the limit is part of what a source was read with: without it, the file is read again, whole
+    again = tracesql.ingest([RANK0], tmp_path / "run")
+    assert again.ingested == [RANK0.name] and _count(tmp_path / "run") == 4811
+
+
+def test_max_events_for_a_reader_that_reads_everything(tmp_path):
+    tracesql.ingest([XPLANE], tmp_path / "all", rank=0)
+    total = _count(tmp_path / "all")
+    result = tracesql.ingest([XPLANE], tmp_path / "run", rank=0, max_events=100)
+    assert _count(tmp_path / "run") == 100 < total
+    assert _count(tmp_path / "run", "SELECT max(slice_id) FROM slices") == \
+        _count(tmp_path / "all", "SELECT max(slice_id) FROM (SELECT slice_id FROM slices ORDER BY 1 LIMIT 100)")
+    assert result.warnings[-1] == f"{XPLANE}: kept only the first 100 of {total:,} events (--max-events)"
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--memory-limit", "lots"], "Error: --memory-limit: 'lots' is not a size like 512MB or 2GB"),
+    (["--max-events", "0"], "Error: --max-events: must be at least 1 (got 0)"),
+])
+def test_bad_limits_are_one_line_errors(tmp_path, args, problem):
+    result = CliRunner().invoke(main, ["ingest", str(RANK0), "-o", str(tmp_path / "run"), *args])
+    assert result.exit_code == 1 and result.output == problem + "\n"
+
+
+def test_a_small_memory_limit_gives_the_same_run(tmp_path, ingested):
+    tracesql.ingest([DATASETS / "hta_trace_filter"], tmp_path / "run", memory_limit="64MB")
+    con = tracesql.connect(tmp_path / "run")
+    other = ingested(DATASETS / "hta_trace_filter")
+    for table in ("slices", "ops", "collectives"):
+        diff = con.execute(f"SELECT count(*) FROM (SELECT * EXCLUDE (run_id) FROM {table} EXCEPT ALL "
+                           f"SELECT * EXCLUDE (run_id) FROM read_parquet('{other}/{table}/*.parquet'))")
+        assert diff.fetchone()[0] == 0, table
+
+
+def test_streamed_and_whole_document_paths_agree(tmp_path):
+    doc = json.loads(gzip.decompress(RANK0.read_bytes()))
+    streamed = tmp_path / "streamed" / "rank-0.json"
+    whole = tmp_path / "whole" / "rank-0.json"
+    for path in (streamed, whole):
+        path.parent.mkdir()
+    streamed.write_text(json.dumps(doc))  # traceEvents before scalar fields: located without reading it
+    events = doc.pop("traceEvents")
+    whole.write_text(json.dumps({**doc, "traceEvents": events, "late": [1, {"x": "]"}]}))  # a list after it
+    with open(streamed, "rb") as f:
+        start, end, meta = kineto._locate(f, streamed.stat().st_size)
+        f.seek(start)
+        assert json.loads(f.read(end - start)) == events and meta == {k: v for k, v in doc.items()}
+    with open(whole, "rb") as f:  # taken for the array's end: the list after it (DuckDB then refuses the range)
+        assert kineto._locate(f, whole.stat().st_size)[1] == whole.stat().st_size - 1
+    for path in (streamed, whole):
+        tracesql.ingest([path], path.parent / "run")
+    con = tracesql.connect(streamed.parent / "run")
+    assert con.execute(f"SELECT count(*) FROM (SELECT * EXCLUDE (run_id) FROM slices EXCEPT ALL SELECT * EXCLUDE "
+                       f"(run_id) FROM read_parquet('{whole.parent}/run/slices/*.parquet'))").fetchone()[0] == 0
+    assert con.execute("SELECT base_time_ns, world_size FROM ranks").fetchone() == \
+        tracesql.connect(whole.parent / "run").execute("SELECT base_time_ns, world_size FROM ranks").fetchone()

@@ -1,0 +1,91 @@
+"""Runs written by another schema version: older ones are read (what they lack reads as empty) with a note,
+newer ones and ones too old are refused with a message saying what to do. Real run folders whose manifest
+version is edited, as a run of that version would have it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+import tracesql
+from conftest import DATASETS
+from tracesql import schema
+from tracesql.cli import main
+from tracesql.errors import OlderSchemaWarning
+
+GOOD = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
+
+
+def _run_of_version(tmp_path, version, drop_tables=()):
+    run = tmp_path / "run"
+    tracesql.ingest([GOOD], run)
+    for table in drop_tables:  # what that version did not write
+        shutil.rmtree(run / table)
+    manifest = json.loads((run / "tracesql.json").read_text())
+    (run / "tracesql.json").write_text(json.dumps({**manifest, "schema_version": version}))
+    return run
+
+
+def _files(run):
+    return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_current_version_is_2_and_its_history_is_recorded():
+    assert schema.SCHEMA_VERSION == 2 and set(schema.SCHEMA_CHANGES) == {1, 2}
+    assert "warnings" in schema.SCHEMA_CHANGES[2] and "warnings" in schema.TABLES
+
+
+def test_older_run_is_read_with_a_note(tmp_path):
+    run = _run_of_version(tmp_path, 1, drop_tables=["warnings"])
+    with pytest.warns(OlderSchemaWarning) as notes:
+        con = tracesql.connect(run)
+    assert str(notes[0].message) == (
+        f"{run}: written with schema version 1, read as version 2 (since then: added table warnings (data-quality "
+        "checks of each source); what it lacks reads as empty — re-ingest to fill it)")
+    assert con.execute("SELECT count(*) FROM slices").fetchone()[0] == 4811  # as a current run of it has
+    assert con.execute("SELECT count(*) FROM warnings").fetchone()[0] == 0
+    types = [r[1] for r in con.execute("DESCRIBE warnings").fetchall()]
+    assert types == [c.type for c in schema.TABLES["warnings"].columns]
+
+    result = CliRunner().invoke(main, ["query", "overlap", str(run), "-f", "csv"])
+    assert result.exit_code == 0
+    assert result.stderr.startswith(f"Note: {run}: written with schema version 1, read as version 2")
+    assert result.stdout.splitlines()[1].startswith("run,0,0,")
+    info = CliRunner().invoke(main, ["info", str(run)])
+    assert "schema:    version 1 (written by tracesql 0.1.0); written with schema version 1, read as version 2" \
+        in info.output and "warnings:  none" in info.output
+
+
+def test_ingest_into_an_older_run_reads_every_source_again(tmp_path):
+    run = _run_of_version(tmp_path, 1, drop_tables=["warnings"])
+    result = tracesql.ingest([GOOD], run)
+    assert result.ingested == [GOOD.name] and not result.reused
+    assert result.warnings == [f"{run}: written with schema version 1, read as version 2 (since then: added table "
+                               "warnings (data-quality checks of each source); what it lacks reads as empty — "
+                               "re-ingest to fill it); all its sources are read again"]
+    assert json.loads((run / "tracesql.json").read_text())["schema_version"] == 2
+    assert sorted(p.name for p in (run / "warnings").iterdir()) == sorted(p.name for p in (run / "ranks").iterdir()) + \
+        ["run-checks.parquet"]
+    assert tracesql.ingest([GOOD], run).reused == [GOOD.name]  # and from then on it is current
+
+
+@pytest.mark.parametrize("version, problem", [
+    (3, "written by tracesql 0.1.0 with schema version 3; this tracesql 0.1.0 reads schema versions 1..2: "
+        "install a tracesql that reads schema version 3, or re-ingest the traces with this one"),
+    (0, "written by tracesql 0.1.0 with schema version 0, which this tracesql 0.1.0 no longer reads (it reads "
+        "1..2): re-ingest the traces"),
+    ("2", "the manifest has no valid schema_version ('2'); re-ingest the traces"),
+])
+def test_newer_or_unreadable_run_is_refused_everywhere(tmp_path, version, problem):
+    run = _run_of_version(tmp_path, version)
+    before = _files(run)
+    with pytest.raises(tracesql.TraceError) as err:
+        tracesql.connect(run)
+    assert str(err.value) == f"{run}: {problem}"
+    for args in (["query", "overlap", str(run)], ["info", str(run)], ["ingest", str(GOOD), "-o", str(run)]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1 and result.output == f"Error: {run}: {problem}\n", args
+    assert _files(run) == before  # the ingest refused before touching it

@@ -1,0 +1,89 @@
+"""Data-quality checks: the `warnings` table. What a reader skipped, what normalize could not link, and what
+only shows across ranks (clocks far apart). Each check that finds something is one row with a count, an example
+and a message; the data stays queryable (damaged events are skipped, unlinked events stay unlinked)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: A reader's skip reason -> its check. Reasons not listed are `malformed_event`.
+SKIP_CHECKS = {
+    "end before start": "end_before_start",
+    "slice ends before it begins": "end_before_start",
+    "missing or non-numeric ts": "missing_timestamp",
+    "aggregated event without a timestamp (num_occurrences)": "missing_timestamp",
+    "missing dur": "missing_duration",
+    "time out of range": "time_out_of_range",
+    "unsupported phase": "unsupported_event",
+    "unsupported track event type": "unsupported_event",
+    "step without end": "unterminated_step",
+    "slice never ended": "unterminated_slice",
+    "begin that never ends": "unterminated_slice",
+    "end without a begin": "unmatched_end",
+    "slice end without a begin": "unmatched_end",
+    "timestamp on a clock no snapshot defines": "missing_timestamp",
+    "NVTX range without an end": "unterminated_slice",
+}
+#: Ranks whose trace starts this far from the median rank's start have clocks that disagree (or are not from
+#: the same job): cross-rank timing (collective skew, stragglers) is not to be trusted.
+CLOCK_SKEW_NS = 60 * 10**9
+
+
+def _row(check: str, count: int, example, message: str) -> dict:
+    return {"check_name": check, "event_count": int(count), "example": example, "message": message}
+
+
+def skipped_rows(skipped: dict[str, int], examples: dict[str, str]) -> list[dict]:
+    return [_row(SKIP_CHECKS.get(reason, "malformed_event"), n, examples.get(reason),
+                 f"{n} event(s) skipped: {reason}") for reason, n in skipped.items()]
+
+
+def link_rows(names, on_device: np.ndarray, launch: np.ndarray, launchers: np.ndarray, corr: np.ndarray,
+              sid: np.ndarray, end: np.ndarray, step_rows: np.ndarray) -> list[dict]:
+    """Checks on the links normalize made. `names(rows)` -> the names of those rows; `on_device`: device work
+    (kernels, copies, memsets); `launch`: row of each event's launch (-1: none); `launchers`: rows of
+    runtime/driver calls with a correlation id; `step_rows`: the step ranges, in time order."""
+    rows = []
+    unlaunched = np.flatnonzero(on_device & (launch < 0))
+    if len(unlaunched):
+        first = unlaunched[np.argmin(sid[unlaunched])]
+        why = ("no runtime call has their correlation id (the profile started after the launch, or a damaged id)"
+               if len(launchers) else
+               "the trace has no host runtime calls (device work only, or launches not recorded)")
+        rows.append(_row("kernel_without_launch", len(unlaunched), names([first])[0],
+                         f"{len(unlaunched)} device event(s) without a launch: {why}; they count as device time "
+                         "and belong to the step they ran in, but to no op"))
+    if len(launchers):
+        values, counts = np.unique(corr[launchers], return_counts=True)
+        repeated = counts > 1
+        if repeated.any():
+            value = values[repeated][0]
+            calls = launchers[corr[launchers] == value]
+            rows.append(_row("repeated_correlation", int((counts[repeated] - 1).sum()),
+                             f"correlation {value}: " + ", ".join(names(calls[:3])),
+                             f"{int((counts[repeated] - 1).sum())} launch call(s) reuse the correlation id of another "
+                             "call: their device work is linked to the earliest call with that id"))
+    if len(step_rows):
+        others = np.ones(len(end), bool)
+        others[step_rows] = False
+        last_end = end[others].max(initial=np.iinfo(np.int64).min)
+        open_steps = step_rows[end[step_rows] > last_end]
+        if len(open_steps) and others.any():
+            rows.append(_row("unterminated_step", len(open_steps), names(open_steps[:1])[0],
+                             f"{len(open_steps)} step(s) end after every other event of the trace (cut short?): "
+                             "their device time covers what was recorded"))
+    return rows
+
+
+CLOCK_SKEW_SQL = f"""
+WITH r AS (SELECT * FROM read_parquet($ranks)),
+m AS (SELECT median(trace_start_ns) AS mid, count(*) AS n FROM r)
+SELECT r.run_id, r.rank, r.source_path, 'clock_skew' AS check_name, 1 AS event_count,
+    'trace_start_ns=' || r.trace_start_ns AS example,
+    printf('trace starts %.1f s %s the median start of the %d ranks: clocks disagree, cross-rank timing '
+           '(collective skew, stragglers) is unreliable', abs(r.trace_start_ns - m.mid) / 1e9,
+           CASE WHEN r.trace_start_ns > m.mid THEN 'after' ELSE 'before' END, m.n) AS message
+FROM r, m
+WHERE m.n > 1 AND abs(r.trace_start_ns - m.mid) > {CLOCK_SKEW_NS}
+ORDER BY r.rank
+"""
