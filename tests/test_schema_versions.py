@@ -35,16 +35,16 @@ def _files(run):
 
 def test_current_version_is_2_and_its_history_is_recorded():
     assert schema.SCHEMA_VERSION == 2 and set(schema.SCHEMA_CHANGES) == {1, 2}
-    assert "warnings" in schema.SCHEMA_CHANGES[2] and "warnings" in schema.TABLES
+    assert all(t in schema.SCHEMA_CHANGES[2] and t in schema.TABLES for t in ("warnings", "counters"))
 
 
 def test_older_run_is_read_with_a_note(tmp_path):
-    run = _run_of_version(tmp_path, 1, drop_tables=["warnings"])
+    run = _run_of_version(tmp_path, 1, drop_tables=["warnings", "counters"])
     with pytest.warns(OlderSchemaWarning) as notes:
         con = tracesql.connect(run)
     assert str(notes[0].message) == (
-        f"{run}: written with schema version 1, read as version 2 (since then: added table warnings (data-quality "
-        "checks of each source); what it lacks reads as empty — re-ingest to fill it)")
+        f"{run}: written with schema version 1, read as version 2 (since then: {schema.SCHEMA_CHANGES[2]}; what it "
+        "lacks reads as empty — re-ingest to fill it)")
     assert con.execute("SELECT count(*) FROM slices").fetchone()[0] == 4811  # as a current run of it has
     assert con.execute("SELECT count(*) FROM warnings").fetchone()[0] == 0
     types = [r[1] for r in con.execute("DESCRIBE warnings").fetchall()]
@@ -60,11 +60,11 @@ def test_older_run_is_read_with_a_note(tmp_path):
 
 
 def test_ingest_into_an_older_run_reads_every_source_again(tmp_path):
-    run = _run_of_version(tmp_path, 1, drop_tables=["warnings"])
+    run = _run_of_version(tmp_path, 1, drop_tables=["warnings", "counters"])
     result = tracesql.ingest([GOOD], run)
     assert result.ingested == [GOOD.name] and not result.reused
-    assert result.warnings == [f"{run}: written with schema version 1, read as version 2 (since then: added table "
-                               "warnings (data-quality checks of each source); what it lacks reads as empty — "
+    assert result.warnings == [f"{run}: written with schema version 1, read as version 2 (since then: "
+                               f"{schema.SCHEMA_CHANGES[2]}; what it lacks reads as empty — "
                                "re-ingest to fill it); all its sources are read again"]
     assert json.loads((run / "tracesql.json").read_text())["schema_version"] == 2
     assert sorted(p.name for p in (run / "warnings").iterdir()) == sorted(p.name for p in (run / "ranks").iterdir()) + \
