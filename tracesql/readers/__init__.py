@@ -9,7 +9,10 @@ events (nesting, launches, steps, ops, collectives, memory) is format-agnostic a
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import mmap
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +77,44 @@ class TraceData:
     metadata: dict = field(default_factory=dict)
     devices: list[dict] = field(default_factory=list)  # device_id, name, total_memory_bytes, ..., properties
     process_groups: list[dict] = field(default_factory=list)
+    mapping: FileMapping | None = None  # the scratch file `slices` are read from without copying, if any
+
+    def shedding(self):
+        """While in this block, the slices' file-backed pages are dropped from memory as they pile up."""
+        return self.mapping.shedding() if self.mapping else contextlib.nullcontext()
+
+
+class FileMapping:
+    """A read-only memory map of a scratch file that Arrow reads without copying. Its pages are file-backed, yet
+    count in the process's RSS once touched, until the kernel needs the memory: `shedding()` drops them every
+    SHED_SECONDS (they are read again from the page cache when touched), so a pass over every slice does not
+    pile up a trace's worth of resident pages."""
+
+    SHED_SECONDS = 0.25
+
+    def __init__(self, path: Path):
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays valid once the file is removed
+
+    def buffer(self) -> pa.Buffer:
+        return pa.py_buffer(self._map)
+
+    @contextlib.contextmanager
+    def shedding(self):
+        done = threading.Event()
+
+        def shed():
+            while not done.wait(self.SHED_SECONDS):
+                self._map.madvise(mmap.MADV_DONTNEED)
+
+        thread = threading.Thread(target=shed, name="tracesql-shed", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            self._map.madvise(mmap.MADV_DONTNEED)
 
 
 HEAD_BYTES = 1 << 16

@@ -255,7 +255,7 @@ def read(path: Path, threads: int | None = None):
 
 
 def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None, slices_file: Path):
-    from . import TraceData
+    from . import FileMapping, TraceData
 
     base_time_ns = meta.get("baseTimeNanoseconds") or 0
     if isinstance(base_time_ns, bool) or not isinstance(base_time_ns, int) or not 0 <= base_time_ns < 2**61:
@@ -281,7 +281,8 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
         for batch in reader:
             writer.write_batch(batch)
     con.close()  # frees the events table before normalizing
-    mapped = pa.ipc.open_stream(pa.memory_map(str(slices_file))).read_all()
+    mapping = FileMapping(slices_file)
+    mapped = pa.ipc.open_stream(pa.BufferReader(mapping.buffer())).read_all()
     slices = pa.table({c: pc.dictionary_encode(mapped[c]) if c in _DICTIONARY else mapped[c]
                        for c in mapped.column_names}).unify_dictionaries()
 
@@ -305,6 +306,7 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
         metadata={k: v for k, v in meta.items() if k != "deviceProperties"},
         devices=_devices(meta.get("deviceProperties")),
         process_groups=_process_groups(dist),
+        mapping=mapping,
     )
 
 
