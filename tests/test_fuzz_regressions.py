@@ -90,3 +90,12 @@ def test_perfetto_invalid_utf8_in_an_annotation_name(tmp_path):
     args = tracesql.connect(tmp_path / "run").execute(
         "SELECT count(*) FROM slices WHERE list_contains(json_keys(args), 'F\ufffdd thread id')").fetchone()[0]
     assert args == data.count(b"Fwd thread id")
+
+
+def test_rocprof_records_of_an_unread_domain_that_are_not_a_list(tmp_path):
+    doc = json.loads(gzip.decompress(corpus_path(*ROCPROF).read_bytes()))
+    doc["rocprofiler-sdk-tool"][0]["buffer_records"]["page_migration"] = "not a list"
+    path, ingest = _ingest(tmp_path, "rank-0_results.json", json.dumps(doc).encode())
+    with pytest.raises(tracesql.TraceError) as err:
+        ingest()
+    assert str(err.value) == f"{path}: unreadable page_migration records (Expected `array`, got `str`)"

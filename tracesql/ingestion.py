@@ -124,7 +124,8 @@ def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id:
                 raise TraceError(p, "cannot tell which rank this is: no distributedInfo, no rank-N/workerN in the "
                                     "name; ingest it alone with --rank N")
             part = store.part_name(rank, hashlib.sha1(rel.encode()).hexdigest()[:10])
-            with store.PartWriter(Path(staging), part) as writer:  # each table is written as soon as it is done
+            # each table is written as soon as it is done; the shedding covers the writes still running at the end
+            with data.shedding(), store.PartWriter(Path(staging), part) as writer:
                 rows = normalize(data, run_id, rank, threads=threads, on_table=lambda name, table: writer.write(
                     name, _with_source(table, rel, p.stat().st_size) if name in ("ranks", "warnings") else table))
             summary["ranks"].append(rank)

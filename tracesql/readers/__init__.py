@@ -10,8 +10,11 @@ events (nesting, launches, steps, ops, collectives, memory) is format-agnostic a
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import mmap
 import re
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +94,44 @@ class TraceData:
     devices: list[dict] = field(default_factory=list)  # device_id, name, total_memory_bytes, ..., properties
     process_groups: list[dict] = field(default_factory=list)
     counters: pa.Table | None = None  # READER_COUNTER_TYPES columns, when the format has counters
+    mapping: FileMapping | None = None  # the scratch file `slices` are read from without copying, if any
+
+    def shedding(self):
+        """While in this block, the slices' file-backed pages are dropped from memory as they pile up."""
+        return self.mapping.shedding() if self.mapping else contextlib.nullcontext()
+
+
+class FileMapping:
+    """A read-only memory map of a scratch file that Arrow reads without copying. Its pages are file-backed, yet
+    count in the process's RSS once touched, until the kernel needs the memory: `shedding()` drops them every
+    SHED_SECONDS (they are read again from the page cache when touched), so a pass over every slice does not
+    pile up a trace's worth of resident pages."""
+
+    SHED_SECONDS = 0.25
+
+    def __init__(self, path: Path):
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays valid once the file is removed
+
+    def buffer(self) -> pa.Buffer:
+        return pa.py_buffer(self._map)
+
+    @contextlib.contextmanager
+    def shedding(self):
+        done = threading.Event()
+
+        def shed():
+            while not done.wait(self.SHED_SECONDS):
+                self._map.madvise(mmap.MADV_DONTNEED)
+
+        thread = threading.Thread(target=shed, name="tracesql-shed", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            self._map.madvise(mmap.MADV_DONTNEED)
 
 
 HEAD_BYTES = 1 << 16
@@ -154,11 +195,11 @@ def rank_from_file_name(path: Path) -> int | None:
 
 def _drop_out_of_range(data: TraceData) -> None:
     s = data.slices
-    keep = pc.fill_null(pc.and_(pc.and_(pc.greater(s["ts"], -MAX_TS_NS), pc.less(s["ts"], MAX_TS_NS)),
-                                pc.and_(pc.greater_equal(s["dur"], 0), pc.less(s["dur"], MAX_DUR_NS))), False)
-    dropped = s.num_rows - pc.sum(keep).as_py() if s.num_rows else 0
+    ts, dur = to_numpy(s["ts"], fill=MAX_TS_NS), to_numpy(s["dur"], fill=-1)  # (numpy: no pandas import)
+    keep = (ts > -MAX_TS_NS) & (ts < MAX_TS_NS) & (dur >= 0) & (dur < MAX_DUR_NS)
+    dropped = len(keep) - int(keep.sum())
     if dropped:
-        data.slices = s.filter(keep)
+        data.slices = s.filter(array(keep))
         data.skipped["time out of range"] = data.skipped.get("time out of range", 0) + dropped
 
 

@@ -163,7 +163,9 @@ def _load_events(con, path: Path, events_file: Path, notes: list[str], max_event
 
 _UTF8_NOTE = "invalid UTF-8 in names replaced by U+FFFD"
 _CHUNK = 16 << 20
-_WINDOW = 64 << 20  # how far into the file the `traceEvents` key, and from its end the array's end, are looked for
+_WINDOW = 64 << 20  # how far into the file the `traceEvents` key is looked for
+_ON_DISK_BYTES = 256 << 20  # events JSON above this: DuckDB's event table on disk
+_TAIL = 1 << 16  # how far from its end the array's end is: the scalar fields after it are short
 
 
 def _replace_invalid_utf8(file: Path) -> None:
@@ -179,9 +181,9 @@ def _replace_invalid_utf8(file: Path) -> None:
 
 def _locate(f, size: int) -> tuple[int, int, dict] | None:
     """Where the `traceEvents` array is in the open file `f` — (offset of its '[', offset just past its ']') — and
-    the other top-level fields, decoded: found from the first and the last _WINDOW bytes, without reading the
+    the other top-level fields, decoded: found from the first _WINDOW and the last _TAIL bytes, without reading the
     events. None when the document is not laid out as profilers write it (fields after the array hold only
-    scalars), or is damaged: the caller then reads it whole. A list closing the document after the array can
+    scalars and lists of them), or is damaged: the caller then reads it whole. A list closing the document after the array can
     be taken for its end: then what DuckDB is given is no JSON array, it says so, and the caller reads the
     document whole (so a wrong range is never read as events)."""
     f.seek(0)
@@ -202,23 +204,28 @@ def _locate(f, size: int) -> tuple[int, int, dict] | None:
         break
     if start is None:
         return None
-    f.seek(max(start, size - _WINDOW))
+    f.seek(max(start, size - _TAIL))
     tail_at = f.tell()
     tail = f.read()
     pos = len(tail)
     while (pos := tail.rfind(b"]", 0, pos)) >= 0 and tail_at + pos > start:
         rest = tail[pos + 1:].strip()
         try:
-            after = {} if rest == b"}" else msgspec.json.decode(b"{" + rest[1:], type=dict[str, _Scalar]) \
+            after = {} if rest == b"}" else msgspec.json.decode(b"{" + rest[1:], type=dict[str, _Trailing]) \
                 if rest.startswith(b",") else None
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             continue
-        if after is not None and tail[:pos].rstrip()[-1:] in (b"}", b"["):
+        q = pos - 1  # the array holds events: it ends with '}', or is the empty list that starts at `start`
+        while q >= 0 and tail[q] in b" \t\r\n":
+            q -= 1
+        closes_events = q >= 0 and (tail[q] == ord("}") or tail[q] == ord("[") and tail_at + q == start)
+        if after is not None and closes_events:
             return start, tail_at + pos + 1, {**meta, **after}
     return None
 
 
 _Scalar = int | float | str | bool | None
+_Trailing = _Scalar | list[_Scalar]  # what fields after the array may hold (Kineto writes a list of log lines)
 
 
 def _events_file(path: Path, scratch: Path, whole: bool = False) -> tuple[Path, dict, bool]:
@@ -270,8 +277,10 @@ def read(path: Path, threads: int | None = None):
     with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
         scratch = Path(scratch)
         events_file, meta, located = _events_file(path, scratch)
-        # the events live in a database file in the scratch folder: DuckDB holds at most its memory limit of them
-        con = db.connect(threads, lim.memory, database=scratch / "events.duckdb")
+        # a big trace's events live in a database file in the scratch folder (DuckDB holds at most its memory
+        # limit of them); a small one's in memory, which is faster
+        on_disk = events_file.stat().st_size > _ON_DISK_BYTES
+        con = db.connect(threads, lim.memory, database=scratch / "events.duckdb" if on_disk else None)
         try:
             _load_events(con, path, events_file, notes, lim.max_events)
         except TraceError:
@@ -287,7 +296,7 @@ def read(path: Path, threads: int | None = None):
 
 
 def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None, slices_file: Path):
-    from . import TraceData
+    from . import FileMapping, TraceData
 
     base_time_ns = meta.get("baseTimeNanoseconds") or 0
     if isinstance(base_time_ns, bool) or not isinstance(base_time_ns, int) or not 0 <= base_time_ns < 2**61:
@@ -315,7 +324,8 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
     with pa.OSFile(str(slices_file), "wb") as sink, pa.ipc.new_stream(sink, reader.schema) as writer:
         for batch in reader:
             writer.write_batch(batch)
-    mapped = pa.ipc.open_stream(pa.memory_map(str(slices_file))).read_all()
+    mapping = FileMapping(slices_file)
+    mapped = pa.ipc.open_stream(pa.BufferReader(mapping.buffer())).read_all()
     slices = pa.table({c: pc.dictionary_encode(mapped[c]) if c in _DICTIONARY else mapped[c]
                        for c in mapped.column_names}).unify_dictionaries()
     if dialect != "kineto":  # Kineto's flows repeat the correlation ids its args carry
@@ -344,6 +354,7 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
         devices=_devices(meta.get("deviceProperties")),
         process_groups=_process_groups(dist),
         counters=counters,
+        mapping=mapping,
     )
 
 

@@ -139,13 +139,14 @@ def read(path: Path, threads: int | None = None):
         operations = [d.get("operations") or [] for d in proc.strings.buffer_records]
         pid = proc.metadata.pid
         for domain, raw in proc.buffer_records.items():
-            if domain not in DEVICE_DOMAINS and domain not in API_KINDS:
-                unread[domain] = unread.get(domain, 0) + len(msgspec.json.decode(raw, type=list[msgspec.Raw]))
-                continue
+            kept = domain in DEVICE_DOMAINS or domain in API_KINDS
             try:
-                records = msgspec.json.decode(raw, type=list[_Record])
+                records = msgspec.json.decode(raw, type=list[_Record] if kept else list[msgspec.Raw])
             except msgspec.ValidationError as e:
                 raise TraceError(path, f"unreadable {domain} records ({e})") from None
+            if not kept:
+                unread[domain] = unread.get(domain, 0) + len(records)
+                continue
             for r in records:
                 if r.end_timestamp < r.start_timestamp:
                     skipped += 1
