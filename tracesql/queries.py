@@ -115,15 +115,19 @@ def literal(value) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def run(con, query: Query, params: dict | None = None):
-    """Run `query` on `con` with `params` (name -> value). Returns a DuckDB relation of the last statement."""
+def variables(query: Query, params: dict | None = None) -> dict[str, str]:
+    """The value of each of the query's parameters as a SQL literal: the one in `params`, else the default."""
     params = dict(params or {})
     unknown = sorted(set(params) - set(query.params))
     if unknown:
         known = ", ".join(query.params) or "none"
         raise TraceError(query.path, f"unknown parameter {', '.join(unknown)} (this query takes: {known})")
-    for name, p in query.params.items():
-        value = literal(params[name]) if name in params else p.default
+    return {name: literal(params[name]) if name in params else p.default for name, p in query.params.items()}
+
+
+def run(con, query: Query, params: dict | None = None):
+    """Run `query` on `con` with `params` (name -> value). Returns a DuckDB relation of the last statement."""
+    for name, value in variables(query, params).items():
         con.execute(f"SET VARIABLE {name} = {value}").fetchall()
     statements = con.extract_statements(query.sql)
     if not statements:
