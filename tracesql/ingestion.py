@@ -101,8 +101,11 @@ def ingest(
     jobs: int | None = None,
     strict: bool = False,
     progress: bool = False,
+    spark=None,
 ) -> IngestResult:
     """Ingest trace files or folders into the run folder `out`. Unchanged files already in `out` are not re-read.
+    With `spark` (a SparkSession, see tracesql.spark.session) the files are read by Spark tasks instead of local
+    processes; the run is published the same way.
 
     >>> tracesql.ingest(["traces/run-1234/"], "runs/1234")          # doctest: +SKIP
     """
@@ -139,7 +142,13 @@ def ingest(
             store.reuse_part(out, staging, entry["part"])
         entries = dict(keep)
         ranks = (rank, 0 if len(files) == 1 else None)
-        for rel, summary in _run_all(todo, staging, ranks, run_id, jobs, progress):
+        if spark is not None:
+            from .spark import read_files
+
+            done = read_files(spark, todo, staging, ranks, run_id)
+        else:
+            done = _run_all(todo, staging, ranks, run_id, jobs, progress)
+        for rel, summary in done:
             entries[rel] = {**todo[rel][1], **summary}
             result.ingested.append(rel)
             if summary["skipped"]:

@@ -137,11 +137,18 @@ def run(con, query: Query, params: dict | None = None):
     return con.sql(statements[-1].query)
 
 
-def query(name_or_path, target, **params):
+def query(name_or_path, target, *, engine: str = "duckdb", **params):
     """Run a curated query (or a SQL file) on a run, fleet or raw traces and return a DataFrame.
+    engine="spark" runs it on Spark (tracesql.spark.query: the same table).
 
     >>> tracesql.query("overlap", "runs/1234", class_scheme="hta")   # doctest: +SKIP
     """
+    if engine == "spark":
+        from .spark import query as spark_query
+
+        return spark_query(name_or_path, target, **params)
+    if engine != "duckdb":
+        raise TraceError(engine, "unknown engine (duckdb or spark)")
     from .engine import connect
 
     return run(connect(target), find(name_or_path), params).df()

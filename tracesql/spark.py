@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from . import db, engine, functions, queries, schema, store, transpile
@@ -42,8 +43,10 @@ def session(master: str | None = None):
     if chosen:
         builder = builder.master(chosen)
     if (chosen or "").startswith("local"):
-        # one machine: few shuffle partitions (the default 200 are 200 tiny tasks), no web UI to bind
-        builder = (builder.config("spark.sql.shuffle.partitions", "8").config("spark.ui.enabled", "false")
+        # one machine: a shuffle partition per core (the default 200 are 200 tiny tasks), no web UI to bind
+        cores = chosen.partition("[")[2].rstrip("]").split(",")[0]
+        partitions = os.cpu_count() if cores in ("", "*") else int(cores)
+        builder = (builder.config("spark.sql.shuffle.partitions", str(partitions)).config("spark.ui.enabled", "false")
                    .config("spark.ui.showConsoleProgress", "false"))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("FATAL")  # errors reach the caller as exceptions, not as log lines
@@ -120,6 +123,44 @@ def register_tables(spark, runs: list[str]) -> None:
         spark.createDataFrame(rows, schema=table_ddl(columns)).createOrReplaceTempView(name)
 
 
+_macro_connection = None
+
+
+def evaluate_macro(name: str, *columns):
+    """A tracesql macro evaluated by DuckDB over Arrow columns (the body of the Arrow UDFs of DUCKDB_UDFS, run
+    on Spark's workers): the very definition the DuckDB path uses, so the values are the same."""
+    import pyarrow as pa
+
+    global _macro_connection
+    if _macro_connection is None:
+        con = db.connect(threads=1)
+        for table, spec in schema.TABLES.items():  # table macros bind their tables when created: empty ones do
+            con.execute(f"CREATE TABLE {table} ({', '.join(f'{c.name} {c.type}' for c in spec.columns)})").fetchall()
+        functions.install(con)
+        _macro_connection = con
+    con = _macro_connection
+    args = pa.table({f"a{i}": c for i, c in enumerate(columns)})
+    con.register("tracesql_udf_args", args)
+    try:
+        out = con.sql(f"SELECT {name}({', '.join(args.column_names)}) FROM tracesql_udf_args").to_arrow_table()
+    finally:
+        con.unregister("tracesql_udf_args")
+    return out.column(0).combine_chunks()
+
+
+def register_functions(spark) -> None:
+    """The macros of DUCKDB_UDFS as Spark functions (the others are expanded into the SQL by the transpiler)."""
+    from functools import partial
+
+    from pyspark.sql.functions import ArrowUDFType, arrow_udf
+
+    for name, return_type in transpile.DUCKDB_UDFS.items():
+        with warnings.catch_warnings():  # "prefer type hints": a partial has none to give
+            warnings.simplefilter("ignore", UserWarning)
+            udf = arrow_udf(partial(evaluate_macro, name), return_type, ArrowUDFType.SCALAR)
+        spark.udf.register(transpile.udf_name(name), udf)
+
+
 def connect(target, *, spark=None, master: str | None = None):
     """A SparkSession where the tables of the run, fleet or raw traces at `target` are temporary views.
     tracesql's functions are expanded into the SQL that `sql()` runs.
@@ -131,6 +172,7 @@ def connect(target, *, spark=None, master: str | None = None):
     # DuckDB semantics: a failed cast or a division by zero is NULL, not an error
     spark.conf.set("spark.sql.ansi.enabled", "false")
     register_tables(spark, run_paths(spark, target))
+    register_functions(spark)
     return spark
 
 

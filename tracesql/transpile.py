@@ -42,6 +42,16 @@ READ = _DuckDBSource
 WRITE = "spark"
 
 
+# Macros that Spark evaluates by calling DuckDB itself, in a vectorized Arrow UDF on its workers
+# (tracesql.spark registers them): their formulas call nested macros that repeat their arguments, so inlined
+# they grow to ~150 KB of SQL per call, more than Spark's analyzer holds in memory. name -> Spark return type.
+DUCKDB_UDFS = {"op_flops": "DOUBLE", "op_bytes": "DOUBLE"}
+
+
+def udf_name(macro: str) -> str:
+    return f"tracesql_duckdb_{macro}"
+
+
 @dataclass
 class Macro:
     name: str
@@ -204,6 +214,11 @@ def expand_macros(tree: exp.Expr) -> exp.Expr:
                     alias = node.args.get("alias") or exp.TableAlias(this=exp.to_identifier(name))
                     node.replace(exp.Subquery(this=body, alias=alias.copy()))
                     changed = True
+            elif isinstance(node, exp.Anonymous) and node.name.lower() in DUCKDB_UDFS:
+                macro = known[node.name.lower()]
+                args = _bind(macro, node.expressions)
+                node.replace(_fn(udf_name(macro.name), *(args[p].copy() for p in macro.params)))
+                changed = True
             elif isinstance(node, exp.Anonymous) and node.name.lower() in known and node.find_ancestor(exp.Table) is None:
                 macro = known[node.name.lower()]
                 if macro.table:
@@ -268,6 +283,17 @@ def _slice(array: exp.Expr, s: exp.Slice) -> exp.Expr:
         return _fn("slice", array.copy(), start.copy(), exp.Literal.number(max(_int(end) - _int(start) + 1, 0)))
     return _spark("slice(__x, __s, greatest(CASE WHEN __e < 0 THEN array_size(__x) + __e + 1 ELSE __e END - __s + 1, 0))",
                   x=array, s=start, e=end)
+
+
+def _element(value: exp.Expr, index: exp.Expr) -> exp.Expr:
+    """DuckDB's value[i]: a list's i-th element (1-based, negative from the end, NULL out of range, NULL for 0)
+    or a map's value at key i. Spark's try_element_at is all that, except that it fails on a list index 0."""
+    if _int(index) == 0:
+        return exp.null()
+    if _int(index) is not None:
+        return _fn("try_element_at", value, index)
+    return _spark("CASE WHEN __i = 0 AND typeof(__x) NOT LIKE 'map<%' THEN NULL ELSE try_element_at(__x, __i) END",
+                  x=value, i=index)
 
 
 def _replacement(text: str) -> str:
@@ -444,7 +470,7 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
             index = node.expressions[0]
             if isinstance(index, exp.Slice):
                 return _slice(node.this, index)
-            return _fn("try_element_at", node.this, index)
+            return _element(node.this, index)
         if isinstance(node, exp.Length) and not _is_text(node.this):
             return _fn("array_size", node.this)
         if isinstance(node, exp.TryCast) and node.to.is_type(exp.DataType.Type.ARRAY) and not (node.this.type and node.this.type.is_type(exp.DataType.Type.ARRAY)):
@@ -471,9 +497,11 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
             node.set("expression", exp.Struct(expressions=[exp.alias_(e, f"k{i}") for i, e in enumerate(node.expression.expressions)]))
             return node
         if isinstance(node, exp.GenerateSeries) and not isinstance(node.parent, exp.Table):
-            template = "filter(sequence(__a, greatest(__a, __b - 1)), _a -> _a < __b)" if node.args.get("is_end_exclusive") \
-                else "filter(sequence(__a, greatest(__a, __b)), _a -> _a <= __b)"
-            return _spark(template, a=node.args.get("start") or exp.Literal.number(0), b=node.args["end"])
+            return _numbers(node)
+        if isinstance(node, exp.Div):
+            # DuckDB divides by zero as IEEE does (inf, -inf, NaN); Spark gives NULL
+            return _spark("CASE WHEN __y = 0 THEN __x * CAST('Infinity' AS DOUBLE) ELSE __x / __y END",
+                          x=node.this, y=node.expression)
         if isinstance(node, exp.Anonymous):
             name = node.name.lower()
             args = node.expressions
@@ -503,26 +531,37 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
                 tree = new
             else:
                 node.replace(new)
-    for join in list(tree.find_all(exp.Join)):
-        table = join.this
-        if isinstance(table, exp.Table) and isinstance(table.this, exp.GenerateSeries):
-            _lateral_range(join)
+    for table in list(tree.find_all(exp.Table)):
+        if isinstance(table.this, exp.GenerateSeries):
+            _range_table(table)
     return tree
 
 
-def _lateral_range(join: exp.Join) -> None:
-    """`FROM t, range(t.n) p(i)`: a lateral table of numbers, as Spark's LATERAL VIEW explode(sequence(...))."""
-    table = join.this
-    series = table.this
-    alias = table.args.get("alias")
-    if alias is None or len(alias.columns) != 1 or join.args.get("on") or join.args.get("kind"):
-        raise Untranspilable("range() as a table needs a plain comma join and an alias with one column: r(i)")
+def _numbers(series: exp.GenerateSeries) -> exp.Expr:
+    """DuckDB's range(a, b) (b excluded) or generate_series(a, b) as a Spark array: empty when b is before a,
+    where Spark's sequence() would count down."""
     template = "filter(sequence(__a, greatest(__a, __b - 1)), _a -> _a < __b)" if series.args.get("is_end_exclusive") \
         else "filter(sequence(__a, greatest(__a, __b)), _a -> _a <= __b)"
-    numbers = _spark(template, a=series.args.get("start") or exp.Literal.number(0), b=series.args["end"])
-    select = join.parent
+    return _spark(template, a=series.args.get("start") or exp.Literal.number(0), b=series.args["end"])
+
+
+def _range_table(table: exp.Table) -> None:
+    """range() as a table: `FROM range(3) t(i)` becomes a subquery that explodes the numbers; `FROM t, range(t.n)
+    p(i)` (lateral: it reads t) becomes Spark's LATERAL VIEW explode(...) p AS i."""
+    alias = table.args.get("alias")
+    if alias is None or len(alias.columns) != 1:
+        raise Untranspilable("range() as a table needs an alias with one column: range(n) r(i)")
+    numbers = _numbers(table.this)
+    join = table.parent
+    if isinstance(join, exp.From):
+        subquery = exp.select(exp.alias_(exp.Explode(this=numbers), alias.columns[0].name)).subquery(alias.name)
+        table.replace(subquery)
+        return
+    if not isinstance(join, exp.Join) or join.args.get("on") or join.args.get("kind"):
+        raise Untranspilable("range() as a lateral table needs a plain comma join: FROM t, range(t.n) r(i)")
     lateral = exp.Lateral(this=exp.Explode(this=numbers), view=True,
                           alias=exp.TableAlias(this=alias.this.copy(), columns=[c.copy() for c in alias.columns]))
+    select = join.parent
     join.pop()
     select.append("laterals", lateral)
 

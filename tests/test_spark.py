@@ -1,0 +1,267 @@
+"""tracesql on Apache Spark: every curated query gives on Spark (local[2]) what it gives on DuckDB, over the same
+ingested runs; ingest on Spark writes the same run; the transpiler's DuckDB semantics hold value by value.
+
+One SparkSession for the whole module (a JVM start costs seconds on two cores). Skipped only without Java."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import tracesql
+from tracesql import db, engine, queries, store, transpile
+from tracesql.cli import main
+from tracesql.errors import TraceError
+
+from conftest import CORPUS, DATASETS
+
+if shutil.which("java") is None:
+    pytest.skip("Spark needs Java (17 or 21): none on PATH", allow_module_level=True)
+
+tsp = pytest.importorskip("tracesql.spark", reason="needs pyspark: pip install '.[spark]'")
+
+BUNDLED = ["hta_trace_filter", "torch_gloo_4rank_straggler", "jax_cpu_mlp", "tracelens_b200_eager",
+           "tracelens_mi210_gpu_only"]
+CORPUS_RUNS = {  # diverse formats and features: collectives metadata, GEMM/attention shapes, XPlane, Nsight, MTIA, rocprof
+    "nccl_parser_config": "hta/tests/data/nccl_parser_config/nccl_data.json.gz",
+    "qwen_h100": "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+    "jax_conv_mi300": "tracelens/tests/traces/mi300/jax_conv_minimal_08/tw003.xplane.pb",
+    "cloverleaf_nsys": "pipit/pipit/tests/data/cloverleaf-nsys/perlmutter-cloverleaf-cuda.sqlite",
+    "mtia_inference": "hta/tests/data/mtia_inference_trace/mtia_inference_rank_0.json.gz",
+    "rocprof_mi350": "tracelens/tests/rocprof/908_results.json.gz",
+}
+CATALOGUE = [q.name for q in queries.catalogue()]
+# the code paths that parameters switch on, each once
+VARIANTS = [
+    ("overlap", {"per": "step"}), ("overlap", {"per": "process_group"}),
+    ("temporal_breakdown", {"per": "step", "class_scheme": "hta", "analysis_window": "hta", "time_unit_ns": 1000}),
+    ("kernel_breakdown", {"class_scheme": "hta", "analysis_window": "hta"}),
+    ("bubbles", {"scope": "device", "time_unit_ns": 1000}),
+    ("hotspots", {"levels": "kernel_family,op_args", "top": 5}),
+    ("memory_ops", {"op_level": "top"}),
+    ("memory_curve", {"points": 7}),
+    ("mfu", {"device": "H100-SXM", "dtype": "bf16", "params": 1000000, "tokens_per_step": 4096}),
+    ("roofline", {"attention_convention": "torch", "device": "A100-SXM"}),
+]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = tsp.session()
+    yield session
+    session.stop()
+
+
+def _fleet(root: Path, sources: dict[str, Path]) -> Path:
+    for name, source in sources.items():
+        tracesql.ingest([source], root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def bundled_fleet(tmp_path_factory) -> Path:
+    return _fleet(tmp_path_factory.mktemp("fleet"), {n: DATASETS / n for n in BUNDLED})
+
+
+@pytest.fixture(scope="module")
+def corpus_fleet(tmp_path_factory) -> Path:
+    missing = [p for p in CORPUS_RUNS.values() if not (CORPUS / p).exists()]
+    if missing:
+        pytest.skip(f"corpus not available: {CORPUS / missing[0]}")
+    return _fleet(tmp_path_factory.mktemp("corpus_fleet"), {n: CORPUS / p for n, p in CORPUS_RUNS.items()})
+
+
+def _value(v):
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, dict):
+        return tuple(sorted((k, _value(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_value(x) for x in v)
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def assert_same_table(duck, spark_table, what: str):
+    """Same column names, same rows in the same order, floats within a relative 1e-9."""
+    assert duck.column_names == spark_table.column_names, what
+    d = [tuple(_value(v) for v in row.values()) for row in duck.to_pylist()]
+    s = [tuple(_value(v) for v in row.values()) for row in spark_table.to_pylist()]
+    assert len(d) == len(s), f"{what}: {len(d)} rows on DuckDB, {len(s)} on Spark"
+    for i, (x, y) in enumerate(zip(d, s)):
+        assert _same(x, y), f"{what}, row {i}:\n  DuckDB {x}\n  Spark  {y}"
+
+
+_views_of = {}  # the fleet whose tables the session's views show (registering them again costs seconds)
+
+
+def _on(spark, fleet: Path):
+    if _views_of.get(spark) != fleet:
+        tsp.connect(fleet, spark=spark)
+        _views_of[spark] = fleet
+    return spark
+
+
+def _parity(spark, fleet: Path, name: str, params: dict) -> int:
+    q = queries.find(name)
+    duck = queries.run(engine.connect(fleet), q, params).to_arrow_table()
+    session = _on(spark, fleet)
+    assert_same_table(duck, tsp.to_arrow(tsp.run(session, q, params)), f"{name} {params}")
+    return duck.num_rows
+
+
+@pytest.mark.parametrize("name", CATALOGUE)
+def test_every_query_same_on_spark_bundled(spark, bundled_fleet, name):
+    assert _parity(spark, bundled_fleet, name, {}) > 0
+
+
+@pytest.mark.parametrize("name,params", VARIANTS, ids=[f"{n}-{'-'.join(p)}" for n, p in VARIANTS])
+def test_parameter_variants_same_on_spark(spark, bundled_fleet, name, params):
+    _parity(spark, bundled_fleet, name, params)
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("name", CATALOGUE)
+def test_every_query_same_on_spark_corpus(spark, corpus_fleet, name):
+    _parity(spark, corpus_fleet, name, {})
+
+
+def test_no_curated_query_is_untranspilable():
+    for q in queries.catalogue():
+        assert transpile.to_spark(q.sql, queries.variables(q)), q.name
+
+
+# DuckDB expressions whose Spark rewrite is easy to get wrong, each checked value by value against DuckDB
+SEMANTICS = [
+    "[10, 20, 30][1]", "[10, 20, 30][-1]", "[10, 20, 30][4]", "[10, 20, 30][0]",
+    "[10, 20, 30][2:]", "[10, 20, 30][1:2]", "[10, 20, 30][1:-1]", "[10, 20, 30][3:1]", "[[1, 2], [3]][1][-1]",
+    "len([1, 2, NULL])", "len(CAST(NULL AS INTEGER[]))",
+    "list_product([2, 3, NULL])", "list_product(CAST([] AS BIGINT[]))", "list_sum([1.5, NULL, 2])",
+    "range(3)", "range(2, 2)", "range(1, 4)", "list_reverse([1, 2, 3])",
+    "list_transform([5, 6, 7], lambda x, i: x * i)", "list_filter(['a', 'b', 'c'], lambda s, i: i <> 2)",
+    "regexp_replace('ab_12_34', '_\\d+$', '')", "regexp_replace('a<b<c>>', '<[^<>]*>', '', 'g')",
+    "regexp_replace('f(x)', '^(\\w+)\\(.*$', '\\1!')", "regexp_matches('NCCL kernel', '(?i)nccl')",
+    "TRY_CAST('[2, 3]' AS BIGINT[])", "TRY_CAST('[]' AS BIGINT[])", "TRY_CAST('7' AS BIGINT[])",
+    "TRY_CAST('[True, false]' AS BOOLEAN[])",
+    "floor(log10(1000))", "7 // 2", "1 / 0", "0.1 + 0.2", "{'a': 1, 'b': 2.5}.b",
+    "arg_max(x, (x % 2, x)) FROM range(5) t(x)", "list(x ORDER BY -x) FROM range(3) t(x)",
+    "histogram(x % 2)[1] FROM range(5) t(x)", "quantile_cont(x, 0.3) FROM range(10) t(x)",
+    "string_agg(s, '') FROM (SELECT trim(unnest(string_split(' a, b ', ','))) AS s)",
+]
+
+
+@pytest.mark.parametrize("expression", SEMANTICS)
+def test_duckdb_semantics_on_spark(spark, expression):
+    sql = f"SELECT {expression}"
+    duck = db.connect().sql(sql).fetchall()[0][0]
+    spark.conf.set("spark.sql.ansi.enabled", "false")
+    got = tsp.sql(spark, sql).collect()[0][0]
+    got = got.asDict() if hasattr(got, "asDict") else got
+    assert _same(_value(duck), _value(got)), f"{expression}: DuckDB {duck!r}, Spark {got!r}"
+
+
+def test_untranspilable_query_named_with_reason(spark, bundled_fleet, tmp_path):
+    user = tmp_path / "first_match.sql"
+    user.write_text("-- first_match: replaces the first 'a' only\nSELECT regexp_replace(name, 'a', 'b') AS n FROM slices\n")
+    session = _on(spark, bundled_fleet)
+    with pytest.raises(TraceError, match=r"first_match.sql: cannot run on Spark: regexp_replace\(\) of the first match"):
+        tsp.run(session, queries.find(user))
+    result = CliRunner().invoke(main, ["query", str(user), str(bundled_fleet), "--engine", "spark"])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {user}: cannot run on Spark: regexp_replace()")
+
+
+def test_cli_prints_the_same_table(spark, bundled_fleet):
+    run = str(bundled_fleet / "torch_gloo_4rank_straggler")
+    out = {}
+    _views_of.clear()
+    for eng in ("duckdb", "spark"):
+        result = CliRunner().invoke(main, ["query", "collective_stragglers", run, "-f", "markdown", "--engine", eng])
+        assert result.exit_code == 0, result.output
+        out[eng] = result.output
+    assert out["spark"] == out["duckdb"]
+    assert "| torch_gloo_4rank_straggler | 2 | 1 | 27 | 23 |" in out["spark"]  # rank 2, the known straggler
+
+
+def test_python_api(spark, bundled_fleet):
+    _views_of.clear()
+    df = tracesql.query("steps", bundled_fleet / "hta_trace_filter", engine="spark")
+    duck = tracesql.query("steps", bundled_fleet / "hta_trace_filter")
+    assert list(df.columns) == list(duck.columns) and len(df) == len(duck) == 4
+    assert df["device_ns"].tolist() == duck["device_ns"].tolist()
+
+
+def test_uri_fleet_and_schema_version(spark, bundled_fleet, tmp_path):
+    """Runs named by URI (file:// here, s3a:// on a cluster) are found through Spark's file systems."""
+    fleet = tmp_path / "fleet"
+    for name in ("hta_trace_filter", "torch_gloo_4rank_straggler"):
+        shutil.copytree(bundled_fleet / name, fleet / name)
+    assert [r.rsplit("/", 1)[1] for r in tsp.find_runs(spark, fleet.as_uri())] == ["hta_trace_filter",
+                                                                                    "torch_gloo_4rank_straggler"]
+    session = tsp.connect(fleet.as_uri(), spark=spark)
+    _views_of.clear()
+    assert_same_table(queries.run(engine.connect(fleet), queries.find("steps")).to_arrow_table(),
+                      tsp.to_arrow(tsp.run(session, queries.find("steps"))), "steps over file://")
+    manifest = fleet / "hta_trace_filter" / store.MANIFEST
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema_version": 99}))
+    with pytest.raises(TraceError, match="written with schema version 99; .* upgrade tracesql"):
+        tsp.connect(fleet.as_uri(), spark=spark)
+    with pytest.raises(TraceError, match="no tracesql run here"):
+        tsp.connect((tmp_path / "nothing").as_uri(), spark=spark)
+
+
+def _rows(run: Path, table: str):
+    con = db.connect()
+    return sorted(map(repr, con.sql(f"SELECT * EXCLUDE (args) FROM read_parquet('{run}/{table}/*.parquet')"
+                                      if table == "slices" else
+                                      f"SELECT * FROM read_parquet('{run}/{table}/*.parquet')").fetchall()))
+
+
+def test_ingest_on_spark_writes_the_same_run(spark, tmp_path):
+    source = DATASETS / "torch_gloo_4rank_straggler"
+    local = tracesql.ingest([source], tmp_path / "local" / "straggler")
+    distributed = tracesql.ingest([source], tmp_path / "spark" / "straggler", spark=spark)
+    assert distributed.ingested == local.ingested and distributed.rows == local.rows
+    for table in tracesql.schema.TABLES:
+        assert _rows(distributed.run, table) == _rows(local.run, table), table
+    a, b = (json.loads((r.run / store.MANIFEST).read_text()) for r in (local, distributed))
+    assert {k: {f: v[f] for f in ("rank", "part", "size")} for k, v in a["sources"].items()} == \
+           {k: {f: v[f] for f in ("rank", "part", "size")} for k, v in b["sources"].items()}
+    assert sorted(p.name for p in distributed.run.iterdir()) == sorted(p.name for p in local.run.iterdir())
+
+
+def test_ingest_on_spark_bad_file_is_one_line_and_keeps_the_run(spark, tmp_path):
+    traces = tmp_path / "traces"
+    shutil.copytree(DATASETS / "torch_gloo_2rank", traces)
+    out = tmp_path / "run"
+    tracesql.ingest([traces], out, spark=spark)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    bad = next(traces.rglob("*.json*"))
+    bad.write_bytes(bad.read_bytes()[:200])
+    result = CliRunner().invoke(main, ["ingest", str(traces), "-o", str(out), "--engine", "spark"])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {bad}: ") and result.output.count("\n") == 1
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.staging")]
+
+
+def test_cli_ingest_engine_spark(spark, tmp_path):
+    out = tmp_path / "gloo"
+    result = CliRunner().invoke(main, ["ingest", str(DATASETS / "torch_gloo_2rank"), "-o", str(out), "--engine", "spark"])
+    assert result.exit_code == 0, result.output
+    assert "2 file(s) ingested" in result.output and "2 rank(s)" in result.output
+    assert len(tracesql.query("steps", out)) > 0
