@@ -36,17 +36,14 @@ CORPUS_RUNS = {  # diverse formats and features: collectives metadata, GEMM/atte
     "rocprof_mi350": "tracelens/tests/rocprof/908_results.json.gz",
 }
 CATALOGUE = [q.name for q in queries.catalogue()]
-# the code paths that parameters switch on, each once
+# the code paths that parameters switch on (and that the defaults leave out), each once
 VARIANTS = [
-    ("overlap", {"per": "step"}), ("overlap", {"per": "process_group"}),
+    ("overlap", {"per": "process_group"}),
     ("temporal_breakdown", {"per": "step", "class_scheme": "hta", "analysis_window": "hta", "time_unit_ns": 1000}),
-    ("kernel_breakdown", {"class_scheme": "hta", "analysis_window": "hta"}),
-    ("bubbles", {"scope": "device", "time_unit_ns": 1000}),
+    ("bubbles", {"scope": "device"}),
     ("hotspots", {"levels": "kernel_family,op_args", "top": 5}),
     ("memory_ops", {"op_level": "top"}),
     ("memory_curve", {"points": 7}),
-    ("mfu", {"device": "H100-SXM", "dtype": "bf16", "params": 1000000, "tokens_per_step": 4096}),
-    ("roofline", {"attention_convention": "torch", "device": "A100-SXM"}),
 ]
 
 
@@ -57,23 +54,15 @@ def spark():
     session.stop()
 
 
-def _fleet(root: Path, sources: dict[str, Path]) -> Path:
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Path:
+    """The bundled datasets, plus the corpus runs when the corpus is there: one fleet, read as one dataset."""
+    root = tmp_path_factory.mktemp("fleet")
+    sources = {name: DATASETS / name for name in BUNDLED}
+    sources.update({name: CORPUS / path for name, path in CORPUS_RUNS.items() if (CORPUS / path).exists()})
     for name, source in sources.items():
         tracesql.ingest([source], root / name)
     return root
-
-
-@pytest.fixture(scope="module")
-def bundled_fleet(tmp_path_factory) -> Path:
-    return _fleet(tmp_path_factory.mktemp("fleet"), {n: DATASETS / n for n in BUNDLED})
-
-
-@pytest.fixture(scope="module")
-def corpus_fleet(tmp_path_factory) -> Path:
-    missing = [p for p in CORPUS_RUNS.values() if not (CORPUS / p).exists()]
-    if missing:
-        pytest.skip(f"corpus not available: {CORPUS / missing[0]}")
-    return _fleet(tmp_path_factory.mktemp("corpus_fleet"), {n: CORPUS / p for n, p in CORPUS_RUNS.items()})
 
 
 def _value(v):
@@ -125,19 +114,21 @@ def _parity(spark, fleet: Path, name: str, params: dict) -> int:
 
 
 @pytest.mark.parametrize("name", CATALOGUE)
-def test_every_query_same_on_spark_bundled(spark, bundled_fleet, name):
-    assert _parity(spark, bundled_fleet, name, {}) > 0
+def test_every_query_same_on_spark(spark, fleet, name):
+    assert _parity(spark, fleet, name, {}) > 0
 
 
 @pytest.mark.parametrize("name,params", VARIANTS, ids=[f"{n}-{'-'.join(p)}" for n, p in VARIANTS])
-def test_parameter_variants_same_on_spark(spark, bundled_fleet, name, params):
-    _parity(spark, bundled_fleet, name, params)
+def test_parameter_variants_same_on_spark(spark, fleet, name, params):
+    assert _parity(spark, fleet, name, params) > 0
 
 
 @pytest.mark.corpus
-@pytest.mark.parametrize("name", CATALOGUE)
-def test_every_query_same_on_spark_corpus(spark, corpus_fleet, name):
-    _parity(spark, corpus_fleet, name, {})
+def test_parity_covers_the_corpus_runs(fleet):
+    missing = [p for p in CORPUS_RUNS.values() if not (CORPUS / p).exists()]
+    if missing:
+        pytest.skip(f"corpus not available: {CORPUS / missing[0]}")
+    assert sorted(p.name for p in fleet.iterdir()) == sorted(BUNDLED + list(CORPUS_RUNS))
 
 
 def test_no_curated_query_is_untranspilable():
@@ -157,6 +148,7 @@ SEMANTICS = [
     "regexp_replace('f(x)', '^(\\w+)\\(.*$', '\\1!')", "regexp_matches('NCCL kernel', '(?i)nccl')",
     "TRY_CAST('[2, 3]' AS BIGINT[])", "TRY_CAST('[]' AS BIGINT[])", "TRY_CAST('7' AS BIGINT[])",
     "TRY_CAST('[True, false]' AS BOOLEAN[])",
+    "CAST(['', 'a b', 'a,b', 'it''s', NULL] AS VARCHAR)", "CAST([[1, NULL], NULL, []] AS VARCHAR)",
     "floor(log10(1000))", "7 // 2", "1 / 0", "0.1 + 0.2", "{'a': 1, 'b': 2.5}.b",
     "arg_max(x, (x % 2, x)) FROM range(5) t(x)", "list(x ORDER BY -x) FROM range(3) t(x)",
     "histogram(x % 2)[1] FROM range(5) t(x)", "quantile_cont(x, 0.3) FROM range(10) t(x)",
@@ -174,19 +166,19 @@ def test_duckdb_semantics_on_spark(spark, expression):
     assert _same(_value(duck), _value(got)), f"{expression}: DuckDB {duck!r}, Spark {got!r}"
 
 
-def test_untranspilable_query_named_with_reason(spark, bundled_fleet, tmp_path):
+def test_untranspilable_query_named_with_reason(spark, fleet, tmp_path):
     user = tmp_path / "first_match.sql"
     user.write_text("-- first_match: replaces the first 'a' only\nSELECT regexp_replace(name, 'a', 'b') AS n FROM slices\n")
-    session = _on(spark, bundled_fleet)
+    session = _on(spark, fleet)
     with pytest.raises(TraceError, match=r"first_match.sql: cannot run on Spark: regexp_replace\(\) of the first match"):
         tsp.run(session, queries.find(user))
-    result = CliRunner().invoke(main, ["query", str(user), str(bundled_fleet), "--engine", "spark"])
+    result = CliRunner().invoke(main, ["query", str(user), str(fleet), "--engine", "spark"])
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: {user}: cannot run on Spark: regexp_replace()")
 
 
-def test_cli_prints_the_same_table(spark, bundled_fleet):
-    run = str(bundled_fleet / "torch_gloo_4rank_straggler")
+def test_cli_prints_the_same_table(spark, fleet):
+    run = str(fleet / "torch_gloo_4rank_straggler")
     out = {}
     _views_of.clear()
     for eng in ("duckdb", "spark"):
@@ -197,29 +189,29 @@ def test_cli_prints_the_same_table(spark, bundled_fleet):
     assert "| torch_gloo_4rank_straggler | 2 | 1 | 27 | 23 |" in out["spark"]  # rank 2, the known straggler
 
 
-def test_python_api(spark, bundled_fleet):
+def test_python_api(spark, fleet):
     _views_of.clear()
-    df = tracesql.query("steps", bundled_fleet / "hta_trace_filter", engine="spark")
-    duck = tracesql.query("steps", bundled_fleet / "hta_trace_filter")
+    df = tracesql.query("steps", fleet / "hta_trace_filter", engine="spark")
+    duck = tracesql.query("steps", fleet / "hta_trace_filter")
     assert list(df.columns) == list(duck.columns) and len(df) == len(duck) == 4
     assert df["device_ns"].tolist() == duck["device_ns"].tolist()
 
 
-def test_uri_fleet_and_schema_version(spark, bundled_fleet, tmp_path):
+def test_uri_fleet_and_schema_version(spark, fleet, tmp_path):
     """Runs named by URI (file:// here, s3a:// on a cluster) are found through Spark's file systems."""
-    fleet = tmp_path / "fleet"
+    copy = tmp_path / "fleet"
     for name in ("hta_trace_filter", "torch_gloo_4rank_straggler"):
-        shutil.copytree(bundled_fleet / name, fleet / name)
-    assert [r.rsplit("/", 1)[1] for r in tsp.find_runs(spark, fleet.as_uri())] == ["hta_trace_filter",
-                                                                                    "torch_gloo_4rank_straggler"]
-    session = tsp.connect(fleet.as_uri(), spark=spark)
+        shutil.copytree(fleet / name, copy / name)
+    assert [r.rsplit("/", 1)[1] for r in tsp.find_runs(spark, copy.as_uri())] == ["hta_trace_filter",
+                                                                                   "torch_gloo_4rank_straggler"]
+    session = tsp.connect(copy.as_uri(), spark=spark)
     _views_of.clear()
-    assert_same_table(queries.run(engine.connect(fleet), queries.find("steps")).to_arrow_table(),
+    assert_same_table(queries.run(engine.connect(copy), queries.find("steps")).to_arrow_table(),
                       tsp.to_arrow(tsp.run(session, queries.find("steps"))), "steps over file://")
-    manifest = fleet / "hta_trace_filter" / store.MANIFEST
+    manifest = copy / "hta_trace_filter" / store.MANIFEST
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema_version": 99}))
     with pytest.raises(TraceError, match="written with schema version 99; .* upgrade tracesql"):
-        tsp.connect(fleet.as_uri(), spark=spark)
+        tsp.connect(copy.as_uri(), spark=spark)
     with pytest.raises(TraceError, match="no tracesql run here"):
         tsp.connect((tmp_path / "nothing").as_uri(), spark=spark)
 

@@ -147,7 +147,7 @@ def _lambda_bound(node: exp.Expr) -> set[str]:
 
 
 def _simple(e: exp.Expr) -> bool:
-    return isinstance(e, (exp.Column, exp.Literal, exp.Null, exp.Boolean, exp.Paren, exp.Func, exp.Cast))
+    return isinstance(e, (exp.Column, exp.Literal, exp.Null, exp.Boolean, exp.Paren, exp.Func, exp.Cast, exp.Lambda))
 
 
 def _bind(macro: Macro, call_args: list[exp.Expr]) -> dict[str, exp.Expr]:
@@ -294,6 +294,23 @@ def _element(value: exp.Expr, index: exp.Expr) -> exp.Expr:
         return _fn("try_element_at", value, index)
     return _spark("CASE WHEN __i = 0 AND typeof(__x) NOT LIKE 'map<%' THEN NULL ELSE try_element_at(__x, __i) END",
                   x=value, i=index)
+
+
+def _list_text(value: exp.Expr, list_type: exp.DataType) -> exp.Expr:
+    """CAST(list AS VARCHAR) as DuckDB writes it: [1, NULL, [2]], strings bare unless empty, 'NULL' or holding
+    brackets, commas, quotes or edge blanks (then quoted, ' escaped as \\')."""
+    element = list_type.expressions[0] if list_type.expressions else exp.DataType.build("VARCHAR")
+    var = exp.column(_fresh())
+    if element.is_type(exp.DataType.Type.ARRAY):
+        inner = _spark("coalesce(__l, 'NULL')", l=_list_text(var, element))
+    elif element.is_type(*exp.DataType.TEXT_TYPES):
+        inner = _spark("CASE WHEN __e IS NULL THEN 'NULL' "
+                       "WHEN __e = '' OR lower(__e) = 'null' OR __e RLIKE '[,\\\\[\\\\]{}():\\'\"]|^\\\\s|\\\\s$' "
+                       "THEN concat('\\'', replace(__e, '\\'', '\\\\\\''), '\\'') ELSE __e END", e=var)
+    else:
+        inner = _spark("coalesce(CAST(__e AS STRING), 'NULL')", e=var)
+    return _spark("CASE WHEN __x IS NOT NULL THEN concat('[', array_join(transform(__x, __f), ', '), ']') END",
+                  x=value, f=exp.Lambda(this=inner, expressions=[var.this]))
 
 
 def _replacement(text: str) -> str:
@@ -475,6 +492,9 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
             return _fn("array_size", node.this)
         if isinstance(node, exp.TryCast) and node.to.is_type(exp.DataType.Type.ARRAY) and not (node.this.type and node.this.type.is_type(exp.DataType.Type.ARRAY)):
             return _list_from_string(node)
+        if (isinstance(node, (exp.Cast, exp.TryCast)) and node.to.is_type(*exp.DataType.TEXT_TYPES)
+                and node.this.type is not None and node.this.type.is_type(exp.DataType.Type.ARRAY)):
+            return _list_text(node.this, node.this.type)
         if isinstance(node, exp.RegexpReplace):
             return _regexp_replace(node)
         if isinstance(node, exp.Log) and node.expression is not None and _int(node.this) == 10:
