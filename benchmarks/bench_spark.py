@@ -56,12 +56,13 @@ def bench_queries(args, spark) -> None:
     for i in range(args.runs):
         tracesql.ingest([source], fleet / f"run{i:02d}", run_id=f"run{i:02d}")
     rows = tracesql.connect(fleet).sql("SELECT count(*) FROM slices").fetchall()[0][0]
-    print(f"fleet: {args.runs} runs of {source.name}, {rows:,} slices, ingested in {time.perf_counter() - start:.1f} s\n")
+    print(f"fleet: {args.runs} runs of {source.name}, {rows:,} slices, "
+          f"ingested in {time.perf_counter() - start:.1f} s\n")
 
     start = time.perf_counter()
     session = tsp.connect(fleet, spark=spark)
     print(f"Spark views and functions registered in {time.perf_counter() - start:.1f} s\n")
-    print(f"| query | rows | DuckDB s | Spark s | Spark ÷ DuckDB |\n|---|---|---|---|---|")
+    print("| query | rows | DuckDB s | Spark s | Spark ÷ DuckDB |\n|---|---|---|---|---|")
     totals = [0.0, 0.0]
     for q in queries.catalogue():
         duck_s, duck = best(args.repeat, lambda: queries.run(tracesql.connect(fleet), q).to_arrow_table())
@@ -111,8 +112,8 @@ def main() -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     spark = tsp.session(args.master)
-    print(f"Spark {spark.version} session ({spark.sparkContext.master}) started in {time.perf_counter() - start:.1f} s; "
-          f"{os.cpu_count()} CPUs\n")
+    print(f"Spark {spark.version} session ({spark.sparkContext.master}) started in "
+          f"{time.perf_counter() - start:.1f} s; {os.cpu_count()} CPUs\n")
     bench_queries(args, spark)
     bench_ingest(args, spark)
 

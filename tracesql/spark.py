@@ -166,7 +166,8 @@ def connect(target, *, spark=None, master: str | None = None):
     tracesql's functions are expanded into the SQL that `sql()` runs.
 
     >>> spark = tracesql.spark.connect("s3a://bucket/runs/")                           # doctest: +SKIP
-    >>> tracesql.spark.sql(spark, "SELECT kernel_family(name), count(*) FROM slices GROUP BY 1").show()  # doctest: +SKIP
+    >>> tracesql.spark.sql(spark, "SELECT kernel_family(name), count(*) FROM slices GROUP BY 1").show()
+    ... # doctest: +SKIP
     """
     spark = spark or session(master)
     # DuckDB semantics: a failed cast or a division by zero is NULL, not an error

@@ -17,7 +17,9 @@ What cannot be rewritten raises `Untranspilable` with the reason.
 
 from __future__ import annotations
 
+import logging
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -219,7 +221,8 @@ def expand_macros(tree: exp.Expr) -> exp.Expr:
                 args = _bind(macro, node.expressions)
                 node.replace(_fn(udf_name(macro.name), *(args[p].copy() for p in macro.params)))
                 changed = True
-            elif isinstance(node, exp.Anonymous) and node.name.lower() in known and node.find_ancestor(exp.Table) is None:
+            elif (isinstance(node, exp.Anonymous) and node.name.lower() in known
+                  and node.find_ancestor(exp.Table) is None):
                 macro = known[node.name.lower()]
                 if macro.table:
                     raise Untranspilable(f"table function {macro.name}() used as a value")
@@ -281,7 +284,8 @@ def _slice(array: exp.Expr, s: exp.Slice) -> exp.Expr:
         return _spark("slice(__x, __s, greatest(array_size(__x) - __s + 1, 0))", x=array, s=start)
     if (_int(end) or 0) >= 0 and _int(start) is not None and _int(start) > 0 and _int(end) is not None:
         return _fn("slice", array.copy(), start.copy(), exp.Literal.number(max(_int(end) - _int(start) + 1, 0)))
-    return _spark("slice(__x, __s, greatest(CASE WHEN __e < 0 THEN array_size(__x) + __e + 1 ELSE __e END - __s + 1, 0))",
+    return _spark("slice(__x, __s, "
+                  "greatest(CASE WHEN __e < 0 THEN array_size(__x) + __e + 1 ELSE __e END - __s + 1, 0))",
                   x=array, s=start, e=end)
 
 
@@ -344,7 +348,8 @@ def _regexp_replace(node: exp.RegexpReplace) -> exp.Expr:
     replacement = node.args.get("replacement")
     if not isinstance(replacement, exp.Literal):
         raise Untranspilable("regexp_replace() with a replacement that is not a constant")
-    return _fn("regexp_replace", node.this.copy(), exp.Literal.string(text), exp.Literal.string(_replacement(replacement.this)))
+    return _fn("regexp_replace", node.this.copy(), exp.Literal.string(text),
+               exp.Literal.string(_replacement(replacement.this)))
 
 
 def _list_from_string(node: exp.TryCast) -> exp.Expr:
@@ -356,7 +361,8 @@ def _list_from_string(node: exp.TryCast) -> exp.Expr:
     return _spark(
         "CASE WHEN __s RLIKE '^\\\\s*\\\\[.*\\\\]\\\\s*$' THEN "
         f"CASE WHEN trim(regexp_extract(__s, '^\\\\s*\\\\[(.*)\\\\]\\\\s*$', 1)) = '' THEN CAST(array() AS ARRAY<{t}>) "
-        f"ELSE transform(split(regexp_extract(__s, '^\\\\s*\\\\[(.*)\\\\]\\\\s*$', 1), ','), _a -> TRY_CAST(trim(_a) AS {t})) "
+        "ELSE transform(split(regexp_extract(__s, '^\\\\s*\\\\[(.*)\\\\]\\\\s*$', 1), ','), "
+        f"_a -> TRY_CAST(trim(_a) AS {t})) "
         "END END", s=node.this)
 
 
@@ -421,11 +427,13 @@ def _positional_names(union: exp.Union) -> None:
     if not isinstance(right, exp.Select) or "*" in left.named_selects or "*" in right.named_selects:
         return
     if len(left.named_selects) == len(right.expressions):
-        right.set("expressions", [exp.alias_(e.unalias(), name) for e, name in zip(right.expressions, left.named_selects)])
+        right.set("expressions",
+                  [exp.alias_(e.unalias(), name) for e, name in zip(right.expressions, left.named_selects)])
 
 
 def _nested_explode(node: exp.Explode) -> exp.Expr | None:
-    """f(unnest(xs)) in a select list: Spark only takes a generator at the top, so apply f inside: unnest(transform(xs, x -> f(x)))."""
+    """f(unnest(xs)) in a select list: Spark only takes a generator at the top, so f goes inside:
+    unnest(transform(xs, x -> f(x)))."""
     top = node
     while not isinstance(top.parent, (exp.Select, exp.Alias)):
         top = top.parent
@@ -455,8 +463,29 @@ def _unpivot_statement(node: exp.Pivot) -> exp.Expr:
     return exp.select("*").from_(table)
 
 
+ARRAY = exp.DataType.Type.ARRAY
+
+
 def _is_text(e: exp.Expr) -> bool:
     return e.type is not None and e.type.is_type(*exp.DataType.TEXT_TYPES)
+
+
+def _is_list(e: exp.Expr) -> bool:
+    return e.type is not None and e.type.is_type(ARRAY)
+
+
+def _one_based_index(node: exp.Lambda) -> None:
+    """lambda x, i: ... — DuckDB's index i counts from 1, Spark's from 0: i becomes (i + 1) in the body."""
+    index = node.expressions[1].name
+
+    def shift(n):
+        is_variable = isinstance(n, exp.Column) or (isinstance(n, exp.Identifier)
+                                                     and not isinstance(n.parent, exp.Column))
+        if is_variable and n.name == index:
+            return exp.Paren(this=exp.Add(this=exp.to_identifier(index), expression=exp.Literal.number(1)))
+        return n
+
+    node.set("this", node.this.transform(shift))
 
 
 def spark_semantics(tree: exp.Expr) -> exp.Expr:
@@ -474,12 +503,9 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
     annotate_types(tree, schema=table_schema(), dialect=READ)
 
     def rewrite(node):
-        if isinstance(node, exp.Lambda) and len(node.expressions) == 2 and isinstance(node.parent, (exp.ArrayFilter, exp.Transform)):
-            index = node.expressions[1].name
-            # DuckDB's lambda index is 1-based, Spark's 0-based
-            node.set("this", node.this.transform(
-                lambda n: exp.Paren(this=exp.Add(this=exp.to_identifier(index), expression=exp.Literal.number(1)))
-                if isinstance(n, (exp.Identifier, exp.Column)) and n.name == index and not (isinstance(n, exp.Identifier) and isinstance(n.parent, exp.Column)) else n))
+        if (isinstance(node, exp.Lambda) and len(node.expressions) == 2
+                and isinstance(node.parent, (exp.ArrayFilter, exp.Transform))):
+            _one_based_index(node)
             return node
         if isinstance(node, exp.Bracket):
             if len(node.expressions) != 1:
@@ -490,10 +516,10 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
             return _element(node.this, index)
         if isinstance(node, exp.Length) and not _is_text(node.this):
             return _fn("array_size", node.this)
-        if isinstance(node, exp.TryCast) and node.to.is_type(exp.DataType.Type.ARRAY) and not (node.this.type and node.this.type.is_type(exp.DataType.Type.ARRAY)):
+        if isinstance(node, exp.TryCast) and node.to.is_type(ARRAY) and not _is_list(node.this):
             return _list_from_string(node)
         if (isinstance(node, (exp.Cast, exp.TryCast)) and node.to.is_type(*exp.DataType.TEXT_TYPES)
-                and node.this.type is not None and node.this.type.is_type(exp.DataType.Type.ARRAY)):
+                and _is_list(node.this)):
             return _list_text(node.this, node.this.type)
         if isinstance(node, exp.RegexpReplace):
             return _regexp_replace(node)
@@ -506,7 +532,8 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
             return _ordered_list(node)
         if isinstance(node, exp.IgnoreNulls) and isinstance(node.this, exp.AnyValue):
             return _fn("any_value", node.this.this, exp.true())
-        if isinstance(node, exp.Window) and isinstance(node.this, exp.Count) and isinstance(node.this.this, exp.Distinct):
+        if isinstance(node, exp.Window) and isinstance(node.this, exp.Count) and isinstance(node.this.this,
+                                                                                         exp.Distinct):
             values = node.this.this.expressions
             if len(values) != 1:
                 raise Untranspilable("count(DISTINCT a, b) OVER (...)")
@@ -514,7 +541,8 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
             window.set("this", _fn("collect_set", values[0].copy()))
             return _fn("array_size", window)
         if isinstance(node, (exp.ArgMax, exp.ArgMin)) and isinstance(node.expression, exp.Tuple):
-            node.set("expression", exp.Struct(expressions=[exp.alias_(e, f"k{i}") for i, e in enumerate(node.expression.expressions)]))
+            keys = node.expression.expressions
+            node.set("expression", exp.Struct(expressions=[exp.alias_(e, f"k{i}") for i, e in enumerate(keys)]))
             return node
         if isinstance(node, exp.GenerateSeries) and not isinstance(node.parent, exp.Table):
             return _numbers(node)
@@ -526,17 +554,18 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
             name = node.name.lower()
             args = node.expressions
             if name == "list_product":
-                return _spark("CASE WHEN array_size(filter(__x, _a -> _a IS NOT NULL)) > 0 THEN "
-                              "aggregate(filter(__x, _a -> _a IS NOT NULL), CAST(1 AS DOUBLE), (_a, _b) -> _a * _b) END",
+                return _spark("CASE WHEN array_size(filter(__x, _a -> _a IS NOT NULL)) > 0 THEN aggregate("
+                              "filter(__x, _a -> _a IS NOT NULL), CAST(1 AS DOUBLE), (_a, _b) -> _a * _b) END",
                               x=args[0])
             if name == "list_sum":
-                return _spark("CASE WHEN array_size(filter(__x, _a -> _a IS NOT NULL)) > 0 THEN "
-                              "aggregate(filter(__x, _a -> _a IS NOT NULL), CAST(0 AS DOUBLE), (_a, _b) -> _a + _b) END",
+                return _spark("CASE WHEN array_size(filter(__x, _a -> _a IS NOT NULL)) > 0 THEN aggregate("
+                              "filter(__x, _a -> _a IS NOT NULL), CAST(0 AS DOUBLE), (_a, _b) -> _a + _b) END",
                               x=args[0])
             if name == "list_reverse":
                 return _fn("reverse", *args)
             if name == "histogram":
-                return _spark("map_from_arrays(array_distinct(collect_list(__x)), transform(array_distinct(collect_list(__x)), "
+                return _spark("map_from_arrays(array_distinct(collect_list(__x)), "
+                              "transform(array_distinct(collect_list(__x)), "
                               "_a -> CAST(array_size(filter(collect_list(__x), _b -> _b = _a)) AS BIGINT)))", x=args[0])
         if isinstance(node, exp.Literal) and not node.is_string and not node.is_int and "e" not in node.this.lower():
             # DuckDB computes with DECIMAL literals and turns quotients into DOUBLE; Spark keeps bounded decimals
@@ -586,6 +615,17 @@ def _range_table(table: exp.Table) -> None:
     select.append("laterals", lateral)
 
 
+@contextmanager
+def _quiet_sqlglot():
+    logger = logging.getLogger("sqlglot")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def to_spark(sql: str, variables: dict[str, str] | None = None) -> list[str]:
     """The statements of DuckDB `sql` as Spark SQL, with `variables` (name -> SQL literal) for getvariable()."""
     statements = [s for s in sqlglot.parse(sql, read=READ) if s is not None]
@@ -595,10 +635,12 @@ def to_spark(sql: str, variables: dict[str, str] | None = None) -> list[str]:
     for tree in statements:
         tree = substitute_variables(tree, variables or {})
         tree = expand_macros(tree)
+        # DuckDB's statement UNPIVOT stands where a query does; an UNPIVOT clause hangs under its table
         tree = tree.transform(lambda n: _unpivot_statement(n) if isinstance(n, exp.Pivot) and n.args.get("unpivot")
-                              and isinstance(n.this, exp.Table) and n.parent is None or (isinstance(n, exp.Pivot) and n.args.get("into") and not isinstance(n.parent, exp.Table)) else n)
-        tree = qualify(tree, schema=table_schema(), dialect=READ, validate_qualify_columns=False,
-                       quote_identifiers=False, identify=False)
+                              and not isinstance(n.parent, exp.Table) else n)
+        with _quiet_sqlglot():  # it logs a warning for each UNPIVOT it cannot look into; the star stays for Spark
+            tree = qualify(tree, schema=table_schema(), dialect=READ, validate_qualify_columns=False,
+                           quote_identifiers=False, identify=False)
         tree = spark_semantics(tree)
         out.append(tree.sql(WRITE, comments=False))
     return out
