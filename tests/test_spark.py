@@ -23,7 +23,9 @@ from conftest import CORPUS, DATASETS
 if shutil.which("java") is None:
     pytest.skip("Spark needs Java (17 or 21): none on PATH", allow_module_level=True)
 
-tsp = pytest.importorskip("tracesql.spark", reason="needs pyspark: pip install '.[spark]'")
+pytest.importorskip("pyspark", reason="needs pyspark: pip install '.[spark]' (the test extra has it)")
+pytest.importorskip("sqlglot", reason="needs sqlglot: pip install '.[spark]' (the test extra has it)")
+from tracesql import spark as tsp  # noqa: E402
 
 BUNDLED = ["hta_trace_filter", "torch_gloo_4rank_straggler", "jax_cpu_mlp", "tracelens_b200_eager",
            "tracelens_mi210_gpu_only"]

@@ -18,11 +18,18 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import db, engine, functions, queries, schema, store, transpile
 from .errors import TraceError
 
+try:
+    import pyspark  # noqa: F401
+    import sqlglot  # noqa: F401
+except ImportError as missing:
+    raise TraceError("--engine spark",
+                     f"needs {missing.name}: pip install 'tracesql[spark]' (and Java 17 or 21)") from None
+
+from . import db, engine, functions, queries, schema, store, transpile  # noqa: E402
+
 DEFAULT_MASTER = "local[2]"
-TESTED = "pyspark 4.1 (4.0-4.1) on OpenJDK 17"
 
 
 def session(master: str | None = None):
@@ -30,11 +37,9 @@ def session(master: str | None = None):
     (or spark-defaults.conf) configured; else `local[2]`."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a laptop's hostname often resolves to nothing useful
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers run this interpreter, which has tracesql
-    try:
-        from pyspark import SparkConf
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise TraceError("--engine spark", "needs pyspark: pip install 'tracesql[spark]' (and Java 17 or 21)") from None
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
     active = SparkSession.getActiveSession()
     if active is not None and master is None:
         return active
