@@ -444,8 +444,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", nargs="*", help=f"trace files (default: {' '.join(DEFAULT_TRACES)})")
     p.add_argument("--big", action="store_true",
-                   help=f"also the tiled >=1 GB and >=2 GB traces of df_index_resolver, made in "
-                        f"--scratch with tile_trace.py if missing")
+                   help="also the tiled >=1 GB and >=2 GB traces of df_index_resolver, made in "
+                        "--scratch with tile_trace.py if missing")
     p.add_argument("--scratch", default=DEFAULT_SCRATCH, help=f"scratch dir (default {DEFAULT_SCRATCH})")
     p.add_argument("--only", default=",".join(MODES),
                    help="comma-separated subset of json,hta,tracesql (default all)")

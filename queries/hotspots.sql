@@ -44,11 +44,14 @@ WITH levels AS (
     SELECT run_id, 'kernel' AS level, name, NULL AS args, rank, name AS variant, dur AS device_ns,
         dur AS inclusive_ns FROM kernels
     UNION ALL
+    -- each level only when asked for: kernel_family's regular expressions are the costliest part
     SELECT run_id, 'kernel_family', kernel_family(name), NULL, rank, name, dur, dur FROM kernels
+    WHERE 'kernel_family' IN (SELECT level FROM levels)
     UNION ALL
     SELECT run_id, 'op', name, NULL, rank, name, device_self_ns, device_total_ns FROM op_calls
     UNION ALL
     SELECT run_id, 'op_args', name, op_args, rank, name, device_self_ns, device_total_ns FROM op_calls
+    WHERE 'op_args' IN (SELECT level FROM levels)
 ), grouped AS (
     SELECT run_id, level, name, args, count(*) AS count, CAST(sum(device_ns) AS BIGINT) AS device_ns,
         CAST(sum(inclusive_ns) AS BIGINT) AS inclusive_ns,

@@ -60,7 +60,8 @@ WITH timeline AS (
     FROM timeline t
     JOIN comm_kernels k ON k.run_id = t.run_id AND k.rank = t.rank AND k.device_id = t.device_id
      AND t.ts >= k.ts AND t.ts + t.dur <= k.te
-    WHERE t.classes & 2 = 2
+    -- (the per test here too: without it the whole timeline is built for a join with an empty side)
+    WHERE t.classes & 2 = 2 AND COALESCE(getvariable('per'), 'rank') = 'process_group'
 )
 SELECT
     run_id, rank, device_id, step, process_group,

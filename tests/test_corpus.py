@@ -1,4 +1,5 @@
-"""Every Kineto trace of the corpus ingests, keeps its invariants, and answers every curated query."""
+"""Every file of the corpus: each trace (any format) ingests, keeps its invariants and answers every curated
+query; every other file (READMEs, scripts, reference outputs) is refused with a one-line reason."""
 
 from __future__ import annotations
 
@@ -7,13 +8,28 @@ import pytest
 import tracesql
 from conftest import CORPUS
 from tracesql import queries
+from tracesql.readers import trace_suffixes
 
-KINETO = sorted(CORPUS.rglob("*.json.gz")) if CORPUS.exists() else []
+FILES = sorted(p for p in CORPUS.rglob("*") if p.is_file()) if CORPUS.exists() else []
+TRACES = [p for p in FILES if p.name.endswith(trace_suffixes())]
+OTHERS = [p for p in FILES if p not in TRACES]
 
 
 @pytest.mark.corpus
-@pytest.mark.skipif(not KINETO, reason="corpus not available")
-@pytest.mark.parametrize("trace", KINETO, ids=lambda p: str(p.relative_to(CORPUS)))
+@pytest.mark.skipif(not FILES, reason="corpus not available")
+@pytest.mark.parametrize("other", OTHERS, ids=lambda p: str(p.relative_to(CORPUS)))
+def test_corpus_file_that_is_no_trace_is_refused_in_one_line(other, tmp_path):
+    with pytest.raises(tracesql.TraceError) as err:
+        tracesql.ingest([other], tmp_path / "run")
+    message = str(err.value)
+    assert message.startswith(f"{other}: ") and "\n" not in message
+    assert "not a trace" in message or "not valid JSON" in message or "no timed events" in message, message
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.corpus
+@pytest.mark.skipif(not TRACES, reason="corpus not available")
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: str(p.relative_to(CORPUS)))
 def test_corpus_trace(trace, tmp_path):
     tracesql.ingest([trace], tmp_path / "run")
     con = tracesql.connect(tmp_path / "run")

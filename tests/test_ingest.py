@@ -24,7 +24,9 @@ BAD_INPUTS = {
     "truncated gzip": (lambda: GOOD.read_bytes()[:5000], "truncated gzip"),
     "truncated JSON": (lambda: gzip.decompress(GOOD.read_bytes())[:100_000], "not valid JSON (Input data was truncated)"),
     "not JSON": (lambda: b"step,time\n1,2\n", "not a trace tracesql can read"),
-    "JSON list": (lambda: b'[{"ph": "X"}]', "not a trace tracesql can read"),
+    "JSON list of events without times": (lambda: b'[{"ph": "X"}]', "no timed events"),
+    "JSON list of numbers": (lambda: b'[1, 2, "ph"]', "no timed events"),
+    "truncated JSON list": (lambda: b'[{"ph": "X", "ts": 1, "dur": 2}, {"ph": "X", "ts"', "not valid JSON"),
     "JSON without traceEvents": (lambda: b'{"schemaVersion": 1, "deviceProperties": []}',
                                  "not a trace: JSON object has no 'traceEvents'"),
     "empty traceEvents": (lambda: b'{"schemaVersion": 1, "traceEvents": []}', "empty trace: 'traceEvents' has no events"),
@@ -134,3 +136,24 @@ def test_parallel_ingest_equals_serial(tmp_path):
         diff = con.execute(f"SELECT count(*) FROM (SELECT * EXCLUDE (run_id) FROM {table} EXCEPT ALL "
                            f"SELECT * EXCLUDE (run_id) FROM read_parquet('{tmp_path}/serial/{table}/*.parquet'))")
         assert diff.fetchone()[0] == 0
+
+
+def test_a_folder_mixing_formats_ingests_in_one_command(tmp_path):
+    """Kineto, XPlane, Perfetto and generic Chrome JSON side by side: one run, a rank each (from distributedInfo
+    or the file name), and every curated query answers over all of them."""
+    from tracesql import queries
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copy(DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz", mixed)
+    shutil.copy(DATASETS / "jax_cpu_mlp" / "vm.xplane.pb", mixed / "rank-1.xplane.pb")
+    shutil.copy(DATASETS / "chromium_perfetto" / "chromium.perfetto-trace.gz", mixed / "rank-2.perfetto-trace.gz")
+    shutil.copy(DATASETS / "viztracer_counters" / "viz_trace.json", mixed / "rank-3.json")
+    result = tracesql.ingest([mixed], tmp_path / "run")
+    assert len(result.ingested) == 4
+    con = tracesql.connect(tmp_path / "run")
+    assert con.execute("SELECT rank, source_format FROM ranks ORDER BY 1").fetchall() == [
+        (0, "kineto"), (1, "xplane"), (2, "perfetto"), (3, "chrome")]
+    assert con.execute("SELECT count(DISTINCT rank) FROM slices").fetchall() == [(4,)]
+    for query in queries.catalogue():
+        queries.run(con, query).fetchall()

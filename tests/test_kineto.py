@@ -6,7 +6,7 @@ import pytest
 
 import tracesql
 from conftest import DATASETS, raw_events, write_trace
-from tracesql.readers.kineto import rank_from_file_name
+from tracesql.readers import rank_from_file_name
 
 
 def run_sql(run, sql):
@@ -99,8 +99,8 @@ def test_ops_collectives_memory_steps(tiny_run):
                             "op_id = (SELECT slice_id FROM slices WHERE name = 'aten::mm'), step FROM memory")
     assert mem == [("gpu", 0, 256, 1256, 2048, True, 5)]
     steps = run_sql(tiny_run, "SELECT step, dur, kernel_count, device_ts, device_dur FROM steps")
-    # the memcpy's correlation id has no runtime call in this trace: it has no launch, so no step
-    assert steps == [(5, 100_000, 4, 1_000_000_000 + 110_000, 60_000)]
+    # the memcpy's correlation id has no runtime call in this trace: no launch, so its step is the one it ran in
+    assert steps == [(5, 100_000, 5, 1_000_000_000 + 110_000, 60_000)]
 
 
 def test_damaged_events_are_skipped_with_a_count(tmp_path):

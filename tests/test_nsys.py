@@ -104,18 +104,44 @@ def test_export_without_optional_tables(tmp_path):
     assert run_sql(run, "SELECT device_id, name FROM devices") == [(0, None)]
 
 
-def test_several_processes_keep_the_busiest_with_a_warning(tmp_path):
-    """One file is one rank: a second process's kernels are left out, and the warning says so."""
+def _second_process(path, pid: int) -> None:
+    """Give the export a second process (as `nsys profile mpirun -n 2` would): a copy of every CUDA record of
+    the first, under another pid, its threads moved along (globalTid: vm id + pid in bits 24-47, tid below)."""
+    with sqlite3.connect(path) as con:
+        tables = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for table, column in (("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"), ("CUPTI_ACTIVITY_KIND_MEMCPY", "globalPid"),
+                              ("CUPTI_ACTIVITY_KIND_MEMSET", "globalPid"), ("CUPTI_ACTIVITY_KIND_RUNTIME", "globalTid"),
+                              ("NVTX_EVENTS", "globalTid")):
+            if table not in tables:
+                continue
+            columns = [c[1] for c in con.execute(f"PRAGMA table_info({table})")]
+            moved = f"(({pid} << 24) | ({column} & {0xFFFFFF}))"
+            values = ", ".join(moved if c == column else f'"{c}"' for c in columns)
+            con.execute(f"INSERT INTO {table} SELECT {values} FROM {table} WHERE {column} IS NOT NULL")
+
+
+def test_each_process_of_an_export_is_a_rank(tmp_path):
     path = tmp_path / "two.sqlite"
     shutil.copy(_export(EXPORTS[0]), path)
-    other = 4242 << 24
-    with sqlite3.connect(path) as con:
-        columns = [c[1] for c in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")]
-        values = ", ".join(str(other) if c == "globalPid" else f'"{c}"' for c in columns)
-        con.execute(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT {values} FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 2")
+    _second_process(path, 4242)
     result = tracesql.ingest([path], tmp_path / "run")
-    assert run_sql(tmp_path / "run", "SELECT count(*) FROM slices WHERE kind = 'kernel'") == [(5,)]
-    assert any("kept pid 1230493" in w and "left out pids 4242" in w for w in result.warnings), result.warnings
+    assert any("2 processes with CUDA activity: ranks 0-1 in pid order (pids 4242, 1230493)" in w
+               for w in result.warnings), result.warnings
+    per_rank = run_sql(tmp_path / "run", """
+        SELECT rank, kind, count(*), sum(dur), count(launch_id) FROM slices GROUP BY ALL ORDER BY ALL""")
+    one = [("driver", 1), ("kernel", 5), ("memcpy", 15), ("runtime", 56), ("user_annotation", 22)]
+    kernels = raw(path, 'SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL')[0]
+    assert [(r, k, n) for r, k, n, _, _ in per_rank] == [(r, k, n) for r in (0, 1) for k, n in one]
+    # the same work in each process: equal times, every kernel linked to its own process's launch
+    for r in (0, 1):
+        kernel = next(row for row in per_rank if row[:2] == (r, "kernel"))
+        assert kernel[2:] == (kernels[0] // 2, kernels[1] // 2, 5)
+    assert run_sql(tmp_path / "run", "SELECT rank, source_path FROM ranks ORDER BY 1") == [
+        (0, "two.sqlite"), (1, "two.sqlite")]
+    # unchanged on the next ingest: both ranks' parts are kept
+    again = tracesql.ingest([path], tmp_path / "run")
+    assert again.reused == ["two.sqlite"] and not again.ingested
+    assert run_sql(tmp_path / "run", "SELECT count(DISTINCT rank) FROM slices") == [(2,)]
 
 
 def _no_kernel_table(path):

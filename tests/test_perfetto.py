@@ -60,7 +60,8 @@ def _event(builder, ts, kind, track, seq=1, name=None, flows=(), ends_flows=(), 
 
 def _small_trace(path):
     """A process with a python thread: a step enclosing an op enclosing a launch (interned names, a string and an
-    interned category), a kernel on 'GPU 1 / stream 7' linked by a flow, an instant and a counter."""
+    interned category), a kernel on 'GPU 1 / stream 7' linked by a flow, an instant, a process counter and an
+    incremental device counter in KiB (one value carried by the kernel's slice begin)."""
     b = TraceProtoBuilder()
     _describe(b, 1, pid=10, process_name="trainer")
     _describe(b, 2, pid=10, tid=11, parent=1)
@@ -69,6 +70,9 @@ def _small_trace(path):
     _describe(b, 4, name="stream 7", parent=3)
     _describe(b, 5, name="loss", parent=1)
     b.trace.packet[-1].track_descriptor.counter.SetInParent()
+    _describe(b, 6, name="bytes sent", parent=3)
+    b.trace.packet[-1].track_descriptor.counter.is_incremental = True
+    b.trace.packet[-1].track_descriptor.counter.unit_multiplier = 1024
     p = b.add_packet()
     p.trusted_packet_sequence_id = 1
     p.sequence_flags = CLEARED
@@ -88,7 +92,9 @@ def _small_trace(path):
     _event(b, 1400, TE.TYPE_SLICE_END, 2)
     _event(b, 1500, TE.TYPE_COUNTER, 5, counter_value=3)
     _event(b, 2000, TE.TYPE_SLICE_END, 2)
-    _event(b, 1600, TE.TYPE_SLICE_BEGIN, 4, name="gemm", ends_flows=[77])
+    _event(b, 1550, TE.TYPE_COUNTER, 6, counter_value=1)
+    _event(b, 1600, TE.TYPE_SLICE_BEGIN, 4, name="gemm", ends_flows=[77], extra_counter_track_uuids=[6],
+           extra_counter_values=[2])
     _event(b, 1900, TE.TYPE_SLICE_END, 4)
     # a second sequence reusing iid 1 for another name: interning is per sequence
     p = b.add_packet()
@@ -102,8 +108,7 @@ def _small_trace(path):
 
 
 def test_slices_nesting_names_and_flows(tmp_path):
-    result = tracesql.ingest([_small_trace(tmp_path / "small.pftrace")], tmp_path / "run")
-    assert any("1 counter values not kept" in w for w in result.warnings)
+    tracesql.ingest([_small_trace(tmp_path / "small.pftrace")], tmp_path / "run")
     rows = run_sql(tmp_path / "run", """
         SELECT s.name, s.kind, s.category, s.ts, s.dur, s.depth, p.name, s.track, s.device_id, s.stream,
                l.name, s.step, s.args
@@ -124,6 +129,10 @@ def test_slices_nesting_names_and_flows(tmp_path):
     # the op owns the kernel its launch caused, and its input shapes come from the debug annotation
     assert run_sql(tmp_path / "run", "SELECT name, kernel_count, device_self_ns, input_dims, external_id FROM ops") == [
         ("aten::mm", 1, 300, [[4, 8], [8, 16]], 5)]
+    assert run_sql(tmp_path / "run", "SELECT name, series, track, device_id, ts, value FROM counters ORDER BY ts") == [
+        ("loss", None, "trainer", None, 1500, 3.0),
+        ("bytes sent", None, "device 1", 1, 1550, 1024.0),
+        ("bytes sent", None, "device 1", 1, 1600, 3072.0)]
 
 
 def test_every_curated_query_runs(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import duckdb
 
-from . import __version__, db, queries, schema
+from . import __version__, db, queries, schema, store
 from . import engine as duckdb_engine
 from .ingestion import ingest as ingest_traces
 from .errors import TraceError
@@ -259,3 +259,86 @@ def shell(target):
             click.echo(f"Error: {str(e).strip().splitlines()[0]}", err=True)
     if buffer.strip():
         click.echo("Error: statement not terminated with ';'", err=True)
+
+
+@main.command()
+@click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=Path("report"), show_default=True,
+              help="Folder for index.html, summary.md, metrics.json, metrics.parquet.")
+@click.option("--baseline", type=click.Path(path_type=Path), help="The run to compare with (default: the first).")
+@click.option("--fail-on", "fail_on", multiple=True, metavar="GATE",
+              help="Exit with status 3 when the gate holds, e.g. 'step_time_p50>+5%' or 'overlap<-10pp' (repeatable).")
+@click.option("--gate", "gate_runs", type=click.Choice(["latest", "all"]), default="latest", show_default=True,
+              help="Gate the latest run, or every run but the baseline.")
+@click.option("--order", type=click.Choice(["time", "given"]), default="time", show_default=True,
+              help="Run order: by trace start time, or as given (arguments, then folder names).")
+@click.option("--threshold", type=float, default=5.0, show_default=True,
+              help="A metric worse than the baseline by more than this (% of it, or pp) is a regression.")
+@click.option("--model-flops", type=float, help="Model FLOPs of one step of the whole job: enables MFU.")
+@click.option("--params", "n_params", type=float, help="Model parameters; with --tokens-per-step, model FLOPs = 6·P·T.")
+@click.option("--tokens-per-step", type=float, help="Tokens the whole job processes per step.")
+@click.option("--device", help="device_peaks key for MFU/HFU and the roofline (e.g. H100-SXM); default: from the trace.")
+@click.option("--top", type=int, default=10, show_default=True, help="Rows of the hotspot, bubble and diff tables.")
+@_errors_as_messages
+def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_flops, n_params, tokens_per_step,
+           device, top):
+    """A report over many runs: metrics per run and rank, trend, regressions with what explains them, gates.
+
+    TARGETS are run folders, folders of runs, or folders of raw-trace folders (one run per subfolder, ingested
+    into the cache incrementally). Exit status: 0, 1 on bad input, 3 when a --fail-on gate failed (one line each).
+
+    Example:
+
+        tracesql report ci-runs/ --baseline ci-runs/main --fail-on "step_time_p50>+5%" -o report/
+    """
+    try:
+        from . import report as reporting
+        from .report import render  # noqa: F401  (jinja2 and plotly: the [report] extra)
+        import plotly  # noqa: F401
+    except ImportError as e:
+        raise click.ClickException(f"the report needs the [report] extra: pip install 'tracesql[report]' ({e})")
+    mfu_params = {k: v for k, v in (("model_flops_per_step", model_flops), ("params", n_params),
+                                    ("tokens_per_step", tokens_per_step)) if v is not None}
+    result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order, gate_runs=gate_runs,
+                             threshold=threshold, mfu_params=mfu_params or None, device=device, top=top)
+    result.write(out)
+    runs = result.metrics.runs
+    click.echo(f"{out}: index.html, summary.md, metrics.json, metrics.parquet — {len(runs)} run(s), baseline "
+               f"{result.baseline}, {len(result.regressions)} regressed")
+    for v in result.verdicts:
+        if not v.passed:
+            click.echo(f"FAIL {v.gate.text}: {v.reason}", err=True)
+    if result.failed:
+        sys.exit(3)
+
+
+@main.command()
+@click.argument("before", type=click.Path(path_type=Path))
+@click.argument("after", type=click.Path(path_type=Path))
+@click.option("--top", type=int, default=20, show_default=True, help="Rows per level (kernel, op).")
+@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
+@_errors_as_messages
+def diff(before, after, top, fmt, output):
+    """What changed from BEFORE to AFTER, kernel by kernel and op by op, largest change first (the diff query).
+
+    Each is a run folder or raw traces. Counts and times are per rank, names normalized (kernel families), so
+    runs with other rank counts or from other formats compare.
+
+    Example:
+
+        tracesql diff runs/before runs/after
+    """
+    runs = [duckdb_engine.resolve(t) for t in (before, after)]
+    for target, found in zip((before, after), runs):
+        if len(found) != 1:
+            raise TraceError(target, f"diff compares two runs; this holds {len(found)}")
+    ids = [store.load_manifest(r[0])["run_id"] for r in runs]
+    if ids[0] == ids[1] and runs[0][0].absolute() != runs[1][0].absolute():
+        raise TraceError(after, f"both runs are named {ids[0]!r}; ingest one with another --run-id")
+    con = duckdb_engine.connect([runs[0][0], runs[1][0]])
+    rel = queries.run(con, queries.find("diff"), {"before": ids[0], "after": ids[1], "top": top})
+    if fmt == "table":  # the runs once on top instead of in every row
+        click.echo(f"{ids[0]} -> {ids[1]}: per rank, largest change first")
+        rel = rel.project("* EXCLUDE (before_run, after_run)")
+    _emit(rel, fmt, output)

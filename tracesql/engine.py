@@ -65,11 +65,13 @@ def resolve(target) -> list[Path]:
 
 def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection where the run's (or fleet's) tables are views and the tracesql functions exist.
+    `target` may also be a list of targets, read together as one fleet (e.g. the two runs of a diff).
 
     >>> con = tracesql.connect("runs/1234")                     # doctest: +SKIP
     >>> con.sql("SELECT kind, count(*) FROM slices GROUP BY 1").show()   # doctest: +SKIP
     """
-    runs = resolve(target)
+    targets = target if isinstance(target, (list, tuple)) else [target]
+    runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
     for run in runs:
         store.load_manifest(run)  # refuses runs of another schema version with a clear message
     con = db.connect(threads)

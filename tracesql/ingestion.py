@@ -69,27 +69,38 @@ def _with_source(ranks: pa.Table, rel: str, size: int) -> pa.Table:
 
 def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int) -> dict:
     """Read, normalize and write one file's tables into the staging run. Runs in a worker process.
-    `ranks` is (the user's --rank, the rank to assume when the trace names none)."""
+    `ranks` is (the user's --rank, the rank to assume when the trace names none). A file that holds several
+    processes gives one rank each (and one part each)."""
     from .normalize import normalize
     from .readers import read_trace
 
     p = Path(path)
     gc.disable()  # bulk allocation of short-lived, acyclic objects: the cycle collector only costs time here
     try:
-        data = read_trace(p, threads=threads)
-        chosen, fallback = ranks
-        rank = next((r for r in (chosen, data.rank, fallback) if r is not None), None)
-        if rank is None:
-            raise TraceError(p, "cannot tell which rank this is: no distributedInfo, no rank-N/workerN in the name; "
-                                "ingest it alone with --rank N")
-        part = store.part_name(rank, hashlib.sha1(rel.encode()).hexdigest()[:10])
-        with store.PartWriter(Path(staging), part) as writer:  # each table is written as soon as it is done
-            rows = normalize(data, run_id, rank, threads=threads, on_table=lambda name, table: writer.write(
-                name, _with_source(table, rel, p.stat().st_size) if name == "ranks" else table))
+        traces = read_trace(p, threads=threads)
+        chosen, fallback = ranks if len(traces) == 1 else (None, None)
+        summary = {"ranks": [], "parts": [], "format": traces[0].format, "events": 0, "skipped": {},
+                   "notes": [], "rows": {}}
+        for data in traces:
+            rank = next((r for r in (chosen, data.rank, fallback) if r is not None), None)
+            if rank is None:
+                raise TraceError(p, "cannot tell which rank this is: no distributedInfo, no rank-N/workerN in the "
+                                    "name; ingest it alone with --rank N")
+            part = store.part_name(rank, hashlib.sha1(rel.encode()).hexdigest()[:10])
+            with store.PartWriter(Path(staging), part) as writer:  # each table is written as soon as it is done
+                rows = normalize(data, run_id, rank, threads=threads, on_table=lambda name, table: writer.write(
+                    name, _with_source(table, rel, p.stat().st_size) if name == "ranks" else table))
+            summary["ranks"].append(rank)
+            summary["parts"].append(part)
+            summary["events"] += data.event_count
+            summary["notes"] += data.notes
+            for reason, n in data.skipped.items():
+                summary["skipped"][reason] = summary["skipped"].get(reason, 0) + n
+            for table, n in rows.items():
+                summary["rows"][table] = summary["rows"].get(table, 0) + n
     finally:
         gc.enable()
-    return {"rank": rank, "part": part, "format": data.format, "events": data.event_count,
-            "skipped": data.skipped, "notes": data.notes, "rows": rows}
+    return summary
 
 
 def ingest(
@@ -116,7 +127,7 @@ def ingest(
         raise TraceError(out, f"--rank applies to a single trace file, but {len(files)} were given")
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
         raise TraceError(out, "exists and is not a tracesql run (refusing to write into it)")
-    old = store.load_manifest(out) if store.is_run(out) else None
+    old = store.load_manifest(out, rewriting=True) if store.is_run(out) else None
     run_id = run_id or (old or {}).get("run_id") or out.name
     options = {"rank": rank, "run_id": run_id}
     result = IngestResult(run=out, run_id=run_id)
@@ -139,7 +150,8 @@ def ingest(
     staging = store.new_staging(out)
     try:
         for rel, entry in keep.items():
-            store.reuse_part(out, staging, entry["part"])
+            for part in entry["parts"]:
+                store.reuse_part(out, staging, part)
         entries = dict(keep)
         ranks = (rank, 0 if len(files) == 1 else None)
         if spark is not None:
@@ -159,11 +171,11 @@ def ingest(
             result.warnings += [f"{todo[rel][0]}: {note}" for note in summary["notes"]]
         by_rank: dict[int, str] = {}
         for rel in sorted(entries):
-            r = entries[rel]["rank"]
-            if r in by_rank:
-                raise TraceError(wanted[rel], f"rank {r} is also the rank of {by_rank[r]}; "
-                                              "ingest different jobs into different runs")
-            by_rank[r] = rel
+            for r in entries[rel]["ranks"]:
+                if r in by_rank:
+                    raise TraceError(wanted[rel], f"rank {r} is also the rank of {by_rank[r]}; "
+                                                  "ingest different jobs into different runs")
+                by_rank[r] = rel
         result.ingested.sort()
         for entry in entries.values():
             for table, n in entry["rows"].items():

@@ -20,7 +20,8 @@ from . import db, functions, schema
 from .arrays import array, strings, to_numpy
 from .readers import TraceData
 
-STEP_PATTERN = r"^ProfilerStep#(\d+)$"
+# 'ProfilerStep#3' (PyTorch), also with a trailing label ('ProfilerStep#3 (train.py:20)': VizTracer's log_event)
+STEP_PATTERN = r"^ProfilerStep#(?P<step>\d+)(?:\s.*)?$"
 LAUNCH_KINDS = ("runtime", "driver")
 DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
@@ -76,17 +77,17 @@ def _link(s: pa.Table, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
     enclosing_op[launched] = enclosing_op[launch[launched]]
     enclosing_call[launched] = enclosing_call[launch[launched]]
 
-    # steps: host events by time inside the step range; device events by their launch's step
+    # steps: host events by time inside the step range; device events by their launch's step, or by time when
+    # nothing launched them (XLA CPU thunks, TPU ops, device work whose launch was not recorded)
     step_rows = np.flatnonzero(is_kind(("user_annotation", "cpu_op")) & _name_matches(s["name"], STEP_PATTERN))
     step_rows = step_rows[np.lexsort((sid[step_rows], ts[step_rows]))]
-    step_names = s["name"].take(array(step_rows)).cast(pa.string()).to_pylist()
-    step_numbers = np.array([int(nm.split("#", 1)[1]) for nm in step_names], np.int64)
+    step_names = s["name"].take(array(step_rows)).cast(pa.string())
+    step_numbers = to_numpy(pc.struct_field(pc.extract_regex(step_names, STEP_PATTERN), "step").cast(pa.int64()))
     step = np.full(n, -1, np.int64)
     if len(step_rows):
         k = np.searchsorted(ts[step_rows], ts, side="right") - 1
         inside = (k >= 0) & (ts < end[step_rows][np.clip(k, 0, None)])
         step[inside] = step_numbers[k[inside]]
-        step[on_device] = -1
         step[launched] = step[launch[launched]]
 
     # device time each op caused: directly (self) and through nested ops (total)
@@ -108,9 +109,7 @@ def _link(s: pa.Table, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
     def ids(rows):  # row positions (-1: none) -> slice ids
         return array(np.where(rows >= 0, sid[rows], -1), pa.int64(), rows < 0)
 
-    run_ids = pa.DictionaryArray.from_arrays(array(np.zeros(n, np.int32)), strings([run_id]))
-    slices = s.append_column("run_id", run_ids)
-    slices = slices.append_column("rank", array(np.full(n, rank, np.int32)))
+    slices = _with_run_rank(s, run_id, rank)
     for col, values in (("parent_id", ids(parent)), ("depth", array(depth, pa.int32())),
                         ("launch_id", ids(launch)), ("op_id", ids(enclosing_op)),
                         ("step", array(step, pa.int32(), step < 0))):
@@ -229,6 +228,7 @@ def _derive(con, slices: pa.Table, extra: pa.Table, data: TraceData, run_id: str
     metadata = _metadata_tables(con, data, run_id, rank)
     for name, table in metadata.items():
         emit(name, table)
+    emit("counters", _counters(data.counters, run_id, rank))
     con.register("groups", metadata["process_groups"])  # used by the collectives query
     for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL)):
         emit(name, con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})"))
@@ -315,7 +315,9 @@ SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_des
          THEN COALESCE(r.out_nelems, r.in_nelems * COALESCE(r.group_size, g.group_size))
          ELSE r.in_nelems END * dtype_bytes(r.dtype) AS size_bytes,
     r.recorded_seq IS NOT NULL AS seq_recorded,
-    COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY COALESCE(r.pg_name, g.pg_name, '')
+    -- numbered per group; device work no host call issued (XLA's SPMD ops, one set per device) per device too
+    COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY COALESCE(r.pg_name, g.pg_name, ''),
+                                                             CASE WHEN r.cpu_ts IS NULL THEN r.device_id END
                                                 ORDER BY COALESCE(r.cpu_ts, r.device_ts)) - 1) AS seq
 FROM rows r LEFT JOIN only_group g ON true
 ORDER BY COALESCE(r.cpu_ts, r.device_ts)
@@ -375,6 +377,18 @@ def _metadata_tables(con, data: TraceData, run_id: str, rank: int) -> dict[str, 
         "devices": _from_rows(con, "devices", devices),
         "process_groups": _from_rows(con, "process_groups", groups),
     }
+
+
+def _counters(counters: pa.Table | None, run_id: str, rank: int) -> pa.Table:
+    if counters is None:
+        return pa.Table.from_batches([], schema.arrow_schema("counters"))
+    return schema.conform("counters", _with_run_rank(counters, run_id, rank))
+
+
+def _with_run_rank(table: pa.Table, run_id: str, rank: int) -> pa.Table:
+    n = table.num_rows
+    run_ids = pa.DictionaryArray.from_arrays(array(np.zeros(n, np.int32)), strings([run_id]))
+    return table.append_column("run_id", run_ids).append_column("rank", array(np.full(n, rank, np.int32)))
 
 
 def _from_rows(con, name: str, rows: list[dict]) -> pa.Table:

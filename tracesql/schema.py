@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -215,6 +215,20 @@ TABLES: dict[str, Table] = {
             ),
         ),
         Table(
+            "counters",
+            "Sampled values over time: Chrome JSON counter ('C') events, Perfetto counter tracks. One row per sample.",
+            _cols(
+                *_RUN_RANK,
+                ("name", "VARCHAR", "Counter name (the event's or the counter track's)."),
+                ("series", "VARCHAR", "Series within the counter: the args key of a Chrome counter event (one event sets "
+                 "several series); NULL for single-valued counters (Perfetto)."),
+                ("track", "VARCHAR", "Process (or device) the counter belongs to, as in slices.track."),
+                ("device_id", "INTEGER", "Device the counter measures, when it is a device counter."),
+                ("ts", "BIGINT", "When the value was sampled, absolute ns."),
+                ("value", "DOUBLE", "The value from this sample until the next one."),
+            ),
+        ),
+        Table(
             "steps",
             "Steps (ProfilerStep#N ranges) per rank, on the host and projected onto the device.",
             _cols(
@@ -224,9 +238,10 @@ TABLES: dict[str, Table] = {
                 ("slice_id", "BIGINT", "slice_id of that range."),
                 ("ts", "BIGINT", "Host start, ns."),
                 ("dur", "BIGINT", "Host duration, ns."),
-                ("device_ts", "BIGINT", "Start of the first device event launched in the step."),
-                ("device_dur", "BIGINT", "From that start to the end of the last device event launched in the step."),
-                ("kernel_count", "BIGINT", "Device events launched in the step."),
+                ("device_ts", "BIGINT", "Start of the first device event of the step (launched in it, or run in it when "
+                 "nothing launched it: XLA CPU thunks, TPU ops)."),
+                ("device_dur", "BIGINT", "From that start to the end of the step's last device event."),
+                ("kernel_count", "BIGINT", "Device events of the step (kernels, copies, memsets)."),
             ),
         ),
     ]

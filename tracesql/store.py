@@ -40,7 +40,9 @@ def is_run(path: Path) -> bool:
     return (path / MANIFEST).is_file()
 
 
-def load_manifest(run: Path) -> dict:
+def load_manifest(run: Path, rewriting: bool = False) -> dict:
+    """The run's manifest. A run of another schema version is refused, unless it is about to be rewritten: an
+    older run is then re-ingested from its sources as if new."""
     try:
         manifest = json.loads((run / MANIFEST).read_text())
     except (OSError, ValueError) as e:
@@ -51,6 +53,8 @@ def load_manifest(run: Path) -> dict:
 def check_manifest(manifest: dict, run) -> dict:
     """`manifest` if this tracesql reads its schema version, else a TraceError saying what to do."""
     version = manifest.get("schema_version")
+    if rewriting and isinstance(version, int) and version < schema.SCHEMA_VERSION:
+        return {"run_id": manifest.get("run_id")}
     if version != schema.SCHEMA_VERSION:
         newer = isinstance(version, int) and version > schema.SCHEMA_VERSION
         raise TraceError(

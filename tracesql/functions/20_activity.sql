@@ -22,6 +22,12 @@ WITH names AS (
     SELECT run_id, rank, count(*) AS n_steps, max(ts) AS last_start, min(ts) AS first_start,
         max(ts + dur) AS last_end
     FROM steps GROUP BY run_id, rank
+), mtia_in_step AS (
+    -- MTIA DMA requests inside a step (HTA's window keeps them); a join over those rows only, empty unless 'hta'
+    -- (an EXISTS in the WHERE clause below would be a range join over every device event whatever the window)
+    SELECT DISTINCT s.run_id, s.rank, s.slice_id
+    FROM slices s JOIN steps st ON st.run_id = s.run_id AND st.rank = s.rank AND s.ts BETWEEN st.ts AND st.ts + st.dur
+    WHERE analysis_window = 'hta' AND s.category = 'mtia_ccp_events'
 )
 SELECT s.* REPLACE (
         (s.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS ts,
@@ -32,14 +38,13 @@ FROM slices s
 JOIN classes c ON c.kind = s.kind AND c.name = s.name
 LEFT JOIN slices l ON l.run_id = s.run_id AND l.rank = s.rank AND l.slice_id = s.launch_id
 LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
+LEFT JOIN mtia_in_step m ON m.run_id = s.run_id AND m.rank = s.rank AND m.slice_id = s.slice_id
 WHERE analysis_window = 'all'
    OR (analysis_window = 'hta' AND l.ts IS NOT NULL AND (
           b.n_steps IS NULL
        OR (b.n_steps = 1 AND l.ts BETWEEN b.first_start AND b.last_end)
        OR (b.n_steps > 1 AND l.ts < b.last_start)))
-   OR (analysis_window = 'hta' AND s.category = 'mtia_ccp_events' AND c.class = 'memory'
-       AND EXISTS (SELECT 1 FROM steps st WHERE st.run_id = s.run_id AND st.rank = s.rank
-                   AND s.ts BETWEEN st.ts AND st.ts + st.dur));
+   OR (analysis_window = 'hta' AND c.class = 'memory' AND m.slice_id IS NOT NULL);
 
 -- The busy timeline of each device: consecutive segments from its first to its last activity, each with the set
 -- of classes running then as bits (1 compute, 2 communication, 4 memory; 0 = idle). Summing `dur` over segments

@@ -2,7 +2,8 @@
 
 Each reader module has `FORMAT` (its name), `SUFFIXES` (file name endings it is looked for under, when a folder
 is ingested), `detect(path, head) -> bool` (head: the first bytes of the file, decompressed) and
-`read(path, threads=None) -> TraceData`. A reader turns one file into the common schema's host/device
+`read(path, threads=None) -> TraceData` (or a list of them, one per process, for a file that holds
+several processes). A reader turns one file into the common schema's host/device
 events (`slices` columns that need no cross-event reasoning) plus the file's metadata; everything that links
 events (nesting, launches, steps, ops, collectives, memory) is format-agnostic and lives in `normalize`.
 """
@@ -10,6 +11,7 @@ events (nesting, launches, steps, ops, collectives, memory) is format-agnostic a
 from __future__ import annotations
 
 import gzip
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +55,20 @@ def slices_from_columns(columns: dict[str, list]) -> pa.Table:
     return pa.table(arrays)
 
 
+#: Columns of a reader's `counters` table (normalize adds run_id and rank).
+READER_COUNTER_TYPES = {
+    "name": pa.string(), "series": pa.string(), "track": pa.string(), "device_id": pa.int32(),
+    "ts": pa.int64(), "value": pa.float64(),
+}
+
+
+def counters_from_columns(columns: dict[str, list]) -> pa.Table:
+    """A reader's counter samples from Python lists, one per column (a column left out is all NULL)."""
+    n = len(columns["ts"])
+    return pa.table({name: pa.array(columns[name], type_) if name in columns else pa.nulls(n, type_)
+                     for name, type_ in READER_COUNTER_TYPES.items()})
+
+
 @dataclass
 class TraceData:
     """What a reader returns for one file."""
@@ -70,6 +86,7 @@ class TraceData:
     metadata: dict = field(default_factory=dict)
     devices: list[dict] = field(default_factory=list)  # device_id, name, total_memory_bytes, ..., properties
     process_groups: list[dict] = field(default_factory=list)
+    counters: pa.Table | None = None  # READER_COUNTER_TYPES columns, when the format has counters
 
 
 HEAD_BYTES = 1 << 16
@@ -118,8 +135,23 @@ def reader_for(path: Path):
     raise TraceError(path, f"not a trace tracesql can read (formats: {', '.join(r.FORMAT for r in READERS)})")
 
 
-def read_trace(path: Path, threads: int | None = None) -> TraceData:
-    data = reader_for(path).read(path, threads=threads)
-    missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
-    assert not missing, f"reader {data.format} left out {missing}"
-    return data
+_RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_.]?(\d+)", re.IGNORECASE)
+
+
+def rank_from_file_name(path: Path) -> int | None:
+    """'rank-3.json.gz', 'worker_12.xplane.pb' -> the rank the name gives, if any."""
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def read_trace(path: Path, threads: int | None = None) -> list[TraceData]:
+    """The file's traces: one, or one per process when a file holds several (an Nsight export of an MPI job).
+    A single trace whose content names no rank takes the one its file name gives (any format)."""
+    read = reader_for(path).read(path, threads=threads)
+    traces = read if isinstance(read, list) else [read]
+    if len(traces) == 1 and traces[0].rank is None:
+        traces[0].rank = rank_from_file_name(path)
+    for data in traces:
+        missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
+        assert not missing, f"reader {data.format} left out {missing}"
+    return traces

@@ -1,23 +1,33 @@
-"""PyTorch profiler (Kineto) JSON traces: `*.pt.trace.json[.gz]` from CUDA, ROCm, MTIA and CPU runs.
+"""Chrome trace JSON: PyTorch profiler (Kineto) traces, and any chrome://tracing file.
 
-Speed and memory: msgspec checks the whole document and finds the `traceEvents` array without building Python
-objects for it; the array goes to a scratch file that DuckDB's JSON reader parses on every core, keeping `args`
-as JSON text. Python only sees a few hundred metadata events and the small lookup tables.
+Kineto (`*.pt.trace.json[.gz]` from CUDA, ROCm, MTIA and CPU runs) is the main dialect: its categories say what
+each event is. Other producers are read by the same code: JAX/TensorFlow (TSL) traces, whose '/host:CPU' and
+'/device:GPU:N' processes say where XLA ops ran; and the rest (Chrome, Node.js, VizTracer, ...), whose events are
+host annotations. Complete (X) and instant events are kept as they are, begin/end pairs (B/E on a thread, b/e and
+S/F async on a track per async name) are matched into slices, counter (C) events become counter samples, flows
+(s/t/f) give a correlation id to the slices they bind to (not in Kineto, whose correlation ids are in args), and
+process/thread names name the tracks. The JSON Array Format (a bare list of events) is read too.
+
+Speed and memory: msgspec checks the whole document and finds the events without building Python objects for
+them; the array goes to a scratch file that DuckDB's JSON reader parses on every core, keeping `args` as JSON
+text. Python only sees metadata, the small lookup tables and the begin/end matching.
 """
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 
 import duckdb
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import db
+from ..arrays import array, to_numpy
 from ..errors import TraceError
+from .xplane import ACCELERATOR_PLANE, HOST_PLANE, STREAM_LINE
 
 FORMAT = "kineto"
 SUFFIXES = (".json", ".json.gz")
@@ -49,25 +59,30 @@ DEVICE_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 # Device events whose name, not category, says what they are.
 NAME_KINDS = {("mtia_ccp_events", "dma_request"): "memcpy"}
 
-SLICE_PHASES = ("X", "i", "I")
-KNOWN_OTHER_PHASES = ("M", "s", "f", "t")  # metadata and flows: used or deliberately not kept
+SLICE_PHASES = ("X", "i", "I", "n", "R")  # complete; instant, async instant, mark: kept as they are
+OPENING_PHASES, CLOSING_PHASES = ("B", "b", "S"), ("E", "e", "F")  # matched into slices
+COUNTER_PHASE = "C"
+FLOW_PHASES = ("s", "t", "f")
+KNOWN_OTHER_PHASES = ("M", *FLOW_PHASES)  # metadata and flows: used, not kept as events
+KINETO_KEYS = ("schemaVersion", "deviceProperties", "distributedInfo", "traceName", "baseTimeNanoseconds")
 
-_RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_.]?(\d+)", re.IGNORECASE)
+# TSL (JAX/TensorFlow) traces name processes and threads as XPlane names planes and lines
+TSL_HOST, TSL_DEVICE, TSL_STREAM = HOST_PLANE, ACCELERATOR_PLANE.pattern, STREAM_LINE.pattern
 
 
 def detect(path: Path, head: bytes) -> bool:
     text = head.lstrip()
+    if text[:1] == b"[":  # the JSON Array Format: a bare list of events
+        return b'"ph"' in text
     return text[:1] == b"{" and any(k in text for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"'))
 
-
-def rank_from_file_name(path: Path) -> int | None:
-    m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else None
 
 
 def _split(path: Path, data: bytes):
     """(the raw `traceEvents` array, the other top-level fields decoded). msgspec validates the whole document
     here, so everything after works on well-formed JSON."""
+    if data.lstrip()[:1] == b"[":
+        return _event_array(path, data), {}
     try:
         top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
     except msgspec.ValidationError:
@@ -88,18 +103,34 @@ def _split(path: Path, data: bytes):
     return raw_events, meta
 
 
+def _event_array(path: Path, data: bytes) -> bytes:
+    """The JSON Array Format's events. Its closing bracket is optional (a tracer may stop writing mid-stream):
+    without one, the array is closed after the last complete event."""
+    try:
+        msgspec.json.decode(data, type=list[msgspec.Raw])
+        return data
+    except msgspec.DecodeError as e:
+        closed = data.rstrip().rstrip(b",") + b"]"
+        try:
+            msgspec.json.decode(closed, type=list[msgspec.Raw])
+        except msgspec.DecodeError:
+            raise TraceError(path, f"not valid JSON ({e})") from None
+        return closed
+
+
 # The events as DuckDB reads them. Fast path: typed columns. If a value does not fit its type (a damaged event),
 # the robust path reads every event as one JSON value and extracts the fields with TRY_CAST.
 _TYPED = """
-SELECT row_number() OVER () - 1 AS idx, false AS malformed, ph, cat, name, pid, tid, ts, dur, args
+SELECT row_number() OVER () - 1 AS idx, false AS malformed, ph, cat, name, pid, tid, ts, dur, args, id, id2, bp
 FROM read_json($file, format = 'array',
                columns = {ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'JSON', tid: 'JSON',
-                          ts: 'DOUBLE', dur: 'DOUBLE', args: 'JSON'})
+                          ts: 'DOUBLE', dur: 'DOUBLE', args: 'JSON', id: 'JSON', id2: 'JSON', bp: 'VARCHAR'})
 """
 _ROBUST = """
 SELECT row_number() OVER () - 1 AS idx, json_type(e) <> 'OBJECT' AS malformed,
     e ->> 'ph' AS ph, e ->> 'cat' AS cat, e ->> 'name' AS name, e -> 'pid' AS pid, e -> 'tid' AS tid,
-    TRY_CAST(e ->> 'ts' AS DOUBLE) AS ts, TRY_CAST(e ->> 'dur' AS DOUBLE) AS dur, e -> 'args' AS args
+    TRY_CAST(e ->> 'ts' AS DOUBLE) AS ts, TRY_CAST(e ->> 'dur' AS DOUBLE) AS dur, e -> 'args' AS args,
+    e -> 'id' AS id, e -> 'id2' AS id2, e ->> 'bp' AS bp
 FROM read_json($file, format = 'array', records = false,
                columns = {e: 'JSON'})
 """
@@ -135,27 +166,31 @@ def read(path: Path, threads: int | None = None):
     base_time_ns = int(meta.get("baseTimeNanoseconds") or 0)
     counts = con.execute(_COUNTS).fetchone()
     total, skipped = counts[0], dict(zip(_SKIP_REASONS, counts[1:]))
-    skipped = {reason: n for reason, n in skipped.items() if n}
     if not total:
         raise TraceError(path, "empty trace: 'traceEvents' has no events")
     if total == sum(skipped.values()) + counts[-1]:
         raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
+    skipped.update(_pair(con))
     con.execute(_LOOKUPS)
+    dialect = con.execute(_DIALECT, {"kineto_keys": any(k in meta for k in KINETO_KEYS)}).fetchone()[0]
+    con.execute("SET VARIABLE dialect = $d", {"d": dialect})
     # batch by batch: DuckDB never holds the whole result; dictionary-encoding shrinks each batch as it comes
     batches = [pa.RecordBatch.from_arrays([pc.dictionary_encode(b[c]) if c in _DICTIONARY else b[c]
                                            for c in b.schema.names], names=b.schema.names)
                for b in con.sql(_SLICES, params={"base": base_time_ns}).to_arrow_reader(1 << 16)]
-    con.close()  # frees the events table before normalizing
     slices = pa.Table.from_batches(batches).unify_dictionaries().combine_chunks()
     del batches
+    if dialect != "kineto":  # Kineto's flows repeat the correlation ids its args carry
+        slices = _bind_flows(con, slices, base_time_ns)
+    counters = con.sql(_COUNTERS, params={"base": base_time_ns}).to_arrow_table()
+    skipped["counter value that is not a number"] = con.execute(_NON_NUMERIC_COUNTERS).fetchone()[0]
+    con.close()  # frees the events table before normalizing
 
     dist = meta.pop("distributedInfo", None)
     dist = dist if isinstance(dist, dict) else {}
-    rank = dist.get("rank")
-    if not isinstance(rank, int):
-        rank = rank_from_file_name(path)
+    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
     return TraceData(
-        format=FORMAT,
+        format=FORMAT if dialect == "kineto" else "chrome",
         slices=slices,
         rank=rank,
         world_size=dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
@@ -163,44 +198,121 @@ def read(path: Path, threads: int | None = None):
         host_name=meta.get("host_name") or meta.get("hostname"),
         base_time_ns=base_time_ns,
         event_count=total,
-        skipped=skipped,
+        skipped={reason: n for reason, n in skipped.items() if n},
         notes=notes,
-        metadata={k: v for k, v in meta.items() if k != "deviceProperties"},
+        metadata={**{k: v for k, v in meta.items() if k != "deviceProperties"},
+                  **({"dialect": dialect} if dialect != "kineto" else {})},
         devices=_devices(meta.get("deviceProperties")),
         process_groups=_process_groups(dist),
+        counters=counters,
     )
+
+
+def _pair(con) -> dict[str, int]:
+    """Match begin and end events (table `paired`): an end closes the latest open begin of its thread or async
+    id. Returns the counts of those left unmatched."""
+    marks = con.execute(_MARKS).fetchnumpy()
+    open_idx, close_idx, stack = [], [], []
+    current, unmatched_ends, unmatched_begins = None, 0, 0
+    for idx, opens, key in zip(marks["idx"].tolist(), marks["opens"].tolist(), marks["pair_key"].tolist()):
+        if key != current:
+            current, unmatched_begins = key, unmatched_begins + len(stack)
+            stack.clear()
+        if opens:
+            stack.append(idx)
+        elif stack:
+            open_idx.append(stack.pop())
+            close_idx.append(idx)
+        else:
+            unmatched_ends += 1
+    con.register("pairs", pa.table({"open_idx": pa.array(open_idx, pa.int64()),
+                                    "close_idx": pa.array(close_idx, pa.int64())}))
+    con.execute(_PAIRED)
+    return {"end without a begin": unmatched_ends,
+            "begin that never ends": unmatched_begins + len(stack)}
+
+
+def _bind_flows(con, slices: pa.Table, base_time_ns: int) -> pa.Table:
+    """`slices` with the correlation ids their flows give them (where they have none of their own)."""
+    con.register("read_slices", slices)
+    bound = con.execute(_FLOW_BINDINGS, {"base": base_time_ns}).fetchnumpy()
+    if not len(bound["slice_id"]):
+        return slices
+    ids = to_numpy(slices["slice_id"])
+    order = np.argsort(ids)
+    rows = order[np.searchsorted(ids, bound["slice_id"], sorter=order)]
+    correlation = to_numpy(slices["correlation"], fill=0).copy()
+    has = ~to_numpy(slices["correlation"].is_null())
+    correlation[rows], has[rows] = bound["flow"], True
+    column = slices.column_names.index("correlation")
+    return slices.set_column(column, "correlation", array(correlation, pa.int64(), ~has))
 
 
 _DICTIONARY = ("kind", "category", "name", "track")
 _SKIP_REASONS = ("malformed event", "unsupported phase", "missing or non-numeric ts", "missing or negative dur")
-_phases = ", ".join(f"'{p}'" for p in SLICE_PHASES)
-_known = ", ".join(f"'{p}'" for p in SLICE_PHASES + KNOWN_OTHER_PHASES)
+
+
+def _in(phases) -> str:
+    return ", ".join(f"'{p}'" for p in phases)
+
+
+# '{}': TSL writers end the list with one
+_EMPTY = "(ph IS NULL AND name IS NULL AND ts IS NULL AND args IS NULL AND pid IS NULL)"
+_TIMED_PHASES = SLICE_PHASES + OPENING_PHASES + CLOSING_PHASES + (COUNTER_PHASE,)
 _COUNTS = f"""
 SELECT count(*),
     count(*) FILTER (malformed),
-    count(*) FILTER (NOT malformed AND (ph IS NULL OR ph NOT IN ({_known}))),
-    count(*) FILTER (NOT malformed AND ph IN ({_phases}) AND (ts IS NULL OR NOT isfinite(ts))),
-    count(*) FILTER (NOT malformed AND ph IN ({_phases}) AND ts IS NOT NULL AND isfinite(ts)
-                     AND ph = 'X' AND (dur IS NULL OR NOT isfinite(dur) OR dur < 0)),
-    count(*) FILTER (NOT malformed AND ph IN ({", ".join(f"'{p}'" for p in KNOWN_OTHER_PHASES)}))
+    count(*) FILTER (NOT malformed AND (ph IS NULL OR ph NOT IN ({_in(_TIMED_PHASES + KNOWN_OTHER_PHASES)}))
+                     AND NOT {_EMPTY}),
+    count(*) FILTER (NOT malformed AND ph IN ({_in(_TIMED_PHASES)}) AND (ts IS NULL OR NOT isfinite(ts))),
+    count(*) FILTER (NOT malformed AND ph = 'X' AND isfinite(ts) AND (dur IS NULL OR NOT isfinite(dur) OR dur < 0)),
+    count(*) FILTER (NOT malformed AND (ph IN ({_in(KNOWN_OTHER_PHASES)}) OR {_EMPTY}))
 FROM events
 """
-_KEEP = f"NOT malformed AND ph IN ({_phases}) AND isfinite(ts) AND (ph <> 'X' OR (isfinite(dur) AND dur >= 0))"
+_KEEP = f"NOT malformed AND ph IN ({_in(SLICE_PHASES)}) AND isfinite(ts) AND (ph <> 'X' OR (isfinite(dur) AND dur >= 0))"
+
+# Begin/end events, in the order they are matched: a thread's B/E pair on that thread; async ones (b/e, S/F) on
+# their (process, category, id).
+_MARKS = f"""
+SELECT idx, ph IN ({_in(OPENING_PHASES)}) AS opens,
+    dense_rank() OVER (ORDER BY CASE WHEN ph IN ('B', 'E') THEN 'thread ' || CAST(pid AS VARCHAR) || ' ' || CAST(tid AS VARCHAR)
+        ELSE 'async ' || CAST(pid AS VARCHAR) || ' ' || COALESCE(cat, '') || ' '
+             || COALESCE(CAST(id AS VARCHAR), CAST(id2 AS VARCHAR), '') END) AS pair_key
+FROM events
+WHERE NOT malformed AND ph IN ({_in(OPENING_PHASES + CLOSING_PHASES)}) AND isfinite(ts)
+ORDER BY pair_key, ts, idx
+"""
+# A matched pair as one complete event: the begin's fields, the end's args merged in (as Chrome shows them). Async
+# slices go on a track of their own per name ('async <name>'), beside the threads of their process.
+_PAIRED = """
+CREATE OR REPLACE TABLE paired AS
+SELECT o.idx, false AS malformed, 'X' AS ph, o.cat, o.name, o.pid,
+    CASE WHEN o.ph = 'B' THEN o.tid ELSE to_json('async ' || COALESCE(o.name, '')) END AS tid,
+    o.ts, c.ts - o.ts AS dur,
+    CASE WHEN json_type(c.args) = 'OBJECT' AND CAST(c.args AS VARCHAR) <> '{}'
+         THEN json_merge_patch(COALESCE(o.args, '{}'), c.args) ELSE o.args END AS args,
+    o.id, o.id2
+FROM pairs p JOIN events o ON o.idx = p.open_idx JOIN events c ON c.idx = p.close_idx
+"""
 _category_kinds = ", ".join(f"('{c}', '{k}')" for c, k in CATEGORY_KINDS.items())
 _name_kinds = ", ".join(f"('{c}', '{n}', '{k}')" for (c, n), k in NAME_KINDS.items())
-_device_kinds = ", ".join(f"'{k}'" for k in DEVICE_KINDS)
+_device_kinds = _in(DEVICE_KINDS)
 # Labels: pid/tid values that are not integers ('Spans', ...) get negative ids, per column in order of first
 # appearance; process/thread names come from the first process_name/thread_name metadata event.
 _LOOKUPS = f"""
+CREATE OR REPLACE VIEW kept AS SELECT * FROM events WHERE {_KEEP} UNION ALL BY NAME SELECT * FROM paired;
+CREATE OR REPLACE VIEW lanes AS
+    SELECT idx, pid, tid FROM kept
+    UNION ALL SELECT idx, pid, tid FROM events WHERE NOT malformed AND ph = '{COUNTER_PHASE}' AND isfinite(ts);
 CREATE OR REPLACE TABLE category_kinds AS SELECT * FROM (VALUES {_category_kinds}) t(cat, kind);
 CREATE OR REPLACE TABLE name_kinds AS SELECT * FROM (VALUES {_name_kinds}) t(cat, name, kind);
 CREATE OR REPLACE TABLE labels AS
     WITH firsts AS (
         SELECT 0 AS col, COALESCE(json_extract_string(pid, '$'), 'None') AS label, min(idx) AS first
-        FROM events WHERE {_KEEP} AND TRY_CAST(pid AS BIGINT) IS NULL GROUP BY 2
+        FROM lanes WHERE TRY_CAST(pid AS BIGINT) IS NULL GROUP BY 2
         UNION ALL
         SELECT 1, COALESCE(json_extract_string(tid, '$'), 'None'), min(idx)
-        FROM events WHERE {_KEEP} AND TRY_CAST(tid AS BIGINT) IS NULL GROUP BY 2
+        FROM lanes WHERE TRY_CAST(tid AS BIGINT) IS NULL GROUP BY 2
     )
     SELECT col, label, -row_number() OVER (ORDER BY col, first) AS id FROM firsts;
 CREATE OR REPLACE TABLE process_names AS
@@ -208,12 +320,17 @@ CREATE OR REPLACE TABLE process_names AS
     WHERE ph = 'M' AND name = 'process_name' AND json_type(pid) IN ('UBIGINT', 'BIGINT')
       AND json_type(args -> 'name') = 'VARCHAR'
     GROUP BY 1;
+-- threads of a process that share a name (a pool's workers) keep apart: the tid joins the name
 CREATE OR REPLACE TABLE thread_names AS
-    SELECT TRY_CAST(pid AS BIGINT) AS pid, TRY_CAST(tid AS BIGINT) AS tid, arg_min(args ->> 'name', idx) AS label
-    FROM events
-    WHERE ph = 'M' AND name = 'thread_name' AND json_type(pid) IN ('UBIGINT', 'BIGINT')
-      AND json_type(tid) IN ('UBIGINT', 'BIGINT') AND json_type(args -> 'name') = 'VARCHAR'
-    GROUP BY 1, 2;
+    SELECT pid, tid, label || CASE WHEN count(*) OVER (PARTITION BY pid, label) > 1 THEN ' ' || tid ELSE '' END
+        AS label
+    FROM (
+        SELECT TRY_CAST(pid AS BIGINT) AS pid, TRY_CAST(tid AS BIGINT) AS tid, arg_min(args ->> 'name', idx) AS label
+        FROM events
+        WHERE ph = 'M' AND name = 'thread_name' AND json_type(pid) IN ('UBIGINT', 'BIGINT')
+          AND json_type(tid) IN ('UBIGINT', 'BIGINT') AND json_type(args -> 'name') = 'VARCHAR'
+        GROUP BY 1, 2
+    );
 SET VARIABLE category_kind = (SELECT map(list(cat), list(kind)) FROM category_kinds);
 SET VARIABLE name_kind = (SELECT map(list(cat || chr(0) || name), list(kind)) FROM name_kinds);
 SET VARIABLE pid_label_id = (SELECT map(list(label), list(id)) FROM labels WHERE col = 0);
@@ -221,47 +338,117 @@ SET VARIABLE tid_label_id = (SELECT map(list(label), list(id)) FROM labels WHERE
 SET VARIABLE label_of = (SELECT map(list(id), list(label)) FROM labels);
 SET VARIABLE process_name = (SELECT map(list(pid), list(label)) FROM process_names);
 SET VARIABLE thread_name = (SELECT map(list(pid || '/' || tid), list(label)) FROM thread_names);
+-- TSL (JAX/TensorFlow): '/device:GPU:N' processes are devices, their 'Stream #S(...)' threads streams
+SET VARIABLE tsl_device = (SELECT map(list(pid), list(CAST(regexp_extract(label, '{TSL_DEVICE}', 1) AS BIGINT)))
+                           FROM process_names WHERE regexp_matches(label, '{TSL_DEVICE}'));
+SET VARIABLE tsl_stream = (SELECT map(list(pid || '/' || tid), list(CAST(regexp_extract(label, '{TSL_STREAM}', 1) AS BIGINT)))
+                           FROM thread_names WHERE regexp_matches(label, '{TSL_STREAM}'));
+SET VARIABLE tsl_streamed = (SELECT list(DISTINCT pid) FROM thread_names WHERE regexp_matches(label, '{TSL_STREAM}'));
+CREATE OR REPLACE MACRO lane_id(v, labels) AS
+    COALESCE(TRY_CAST(v AS BIGINT), getvariable(labels)[COALESCE(json_extract_string(v, '$'), 'None')]);
+CREATE OR REPLACE MACRO process_label(p) AS
+    COALESCE(NULLIF(getvariable('process_name')[p], ''), NULLIF(getvariable('label_of')[p], ''), 'process ' || p);
+CREATE OR REPLACE MACRO thread_label(p, t) AS
+    COALESCE(NULLIF(getvariable('thread_name')[p || '/' || t], ''), NULLIF(getvariable('label_of')[t], ''),
+             'thread ' || t);
+-- µs as double -> integer ns, rounding the fraction on its own so epoch-scale values keep the ns
+CREATE OR REPLACE MACRO us_to_ns(us) AS
+    CAST(floor(us) AS BIGINT) * 1000 + CAST(round_even((us - floor(us)) * 1000, 0) AS BIGINT);
 """
+_DIALECT = f"""
+SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM process_names WHERE label = '{TSL_HOST}' OR regexp_matches(label, '{TSL_DEVICE}'))
+        THEN 'tsl'
+    WHEN $kineto_keys OR EXISTS (SELECT 1 FROM kept WHERE lower(cat) IN (SELECT cat FROM category_kinds))
+        THEN 'kineto'
+    ELSE 'chrome' END
+"""
+# What an event is: Kineto's category says; in TSL traces where it ran and its XLA stats say (as the XPlane reader
+# decides from the same stats); other producers' events are host annotations.
+_KIND = f"""
+CASE WHEN e.name = '[memory]' THEN 'memory'
+     WHEN e.ph <> 'X' THEN 'instant'
+     WHEN getvariable('dialect') = 'kineto' THEN
+         COALESCE(getvariable('name_kind')[lower(e.cat) || chr(0) || e.name], getvariable('category_kind')[lower(e.cat)],
+                  'other')
+     WHEN getvariable('tsl_device')[e.pid_id] IS NOT NULL THEN CASE
+         WHEN getvariable('tsl_stream')[e.pid_id || '/' || e.tid_id] IS NULL THEN
+             CASE WHEN thread_label(e.pid_id, e.tid_id) = 'XLA Ops'
+                       AND NOT list_contains(COALESCE(getvariable('tsl_streamed'), []), e.pid_id)
+                  THEN 'kernel' ELSE 'gpu_annotation' END
+         WHEN json_exists(e.args, '$.memcpy_details') THEN 'memcpy'
+         WHEN json_exists(e.args, '$.memset_details') THEN 'memset'
+         ELSE 'kernel' END
+     WHEN getvariable('dialect') = 'tsl' AND process_label(e.pid_id) = '{TSL_HOST}' THEN CASE
+         WHEN json_exists(e.args, '$.correlation_id') THEN 'runtime'
+         WHEN json_exists(e.args, '$.hlo_op') AND json_exists(e.args, '$.device_ordinal') THEN 'kernel'
+         WHEN e.dur <= 1e-6 THEN 'instant'  -- TSL writes a zero-length event as 1 ps long
+         WHEN starts_with(e.name, '$') THEN 'python_function'
+         ELSE 'user_annotation' END
+     ELSE COALESCE(getvariable('category_kind')[lower(e.cat)], 'user_annotation')
+END"""
 # One pass over the kept events with no join and no sort, so the result streams out in batches: the small lookups
 # are maps held in variables. Rows may come out of order; slice_id (the event's index in traceEvents) says which.
 # Kineto puts a device event's device in pid and its stream in tid, unless args say otherwise.
 _SLICES = f"""
-SELECT t.idx AS slice_id, t.kind, t.cat AS category, t.name,
-    -- µs as double -> integer ns, rounding the fraction on its own so epoch-scale values keep the ns
-    CAST(floor(t.ts) AS BIGINT) * 1000 + CAST(round_even((t.ts - floor(t.ts)) * 1000, 0) AS BIGINT) + $base AS ts,
-    CASE WHEN t.ph = 'X' THEN CAST(floor(t.dur) AS BIGINT) * 1000
-                              + CAST(round_even((t.dur - floor(t.dur)) * 1000, 0) AS BIGINT)
-         ELSE 0 END AS dur,
+SELECT t.idx AS slice_id, t.kind, t.cat AS category,
+    -- jax.profiler.StepTraceAnnotation: the step name normalize recognizes (the annotation's name stays in args)
+    CASE WHEN t.step_num IS NOT NULL THEN 'ProfilerStep#' || t.step_num ELSE t.name END AS name,
+    us_to_ns(t.ts) + $base AS ts,
+    CASE WHEN t.ph = 'X' THEN us_to_ns(t.dur) ELSE 0 END AS dur,
     t.pid_id AS pid, t.tid_id AS tid,
     CASE WHEN t.on_device THEN CAST(t.lane_device AS INTEGER) END AS device_id,
     CASE WHEN t.on_device THEN t.lane_stream END AS stream,
     CASE WHEN t.on_device THEN 'device ' || t.lane_device || ' / stream ' || t.lane_stream
-         ELSE COALESCE(NULLIF(getvariable('process_name')[t.pid_id], ''), NULLIF(getvariable('label_of')[t.pid_id], ''),
-                       'process ' || t.pid_id)
-              || ' / ' || COALESCE(NULLIF(getvariable('thread_name')[t.pid_id || '/' || t.tid_id], ''),
-                                   NULLIF(getvariable('label_of')[t.tid_id], ''), 'thread ' || t.tid_id) END AS track,
-    TRY_CAST(t.links[3] AS BIGINT) AS correlation,
+         ELSE process_label(t.pid_id) || ' / ' || thread_label(t.pid_id, t.tid_id) END AS track,
+    COALESCE(TRY_CAST(t.links[3] AS BIGINT), TRY_CAST(t.links[5] AS BIGINT)) AS correlation,
     TRY_CAST(t.links[4] AS BIGINT) AS external_id,
-    t.args
+    CASE WHEN t.step_num IS NOT NULL THEN json_merge_patch(t.args, json_object('annotation', t.name))
+         ELSE t.args END AS args
 FROM (
   SELECT *, kind IN ({_device_kinds}) AS on_device,
-      COALESCE(TRY_CAST(links[1] AS BIGINT), pid_id) AS lane_device,
-      COALESCE(TRY_CAST(links[2] AS BIGINT), tid_id) AS lane_stream
+      COALESCE(TRY_CAST(links[1] AS BIGINT), getvariable('tsl_device')[pid_id], TRY_CAST(links[6] AS BIGINT), pid_id)
+          AS lane_device,
+      COALESCE(TRY_CAST(links[2] AS BIGINT), getvariable('tsl_stream')[pid_id || '/' || tid_id], tid_id) AS lane_stream,
+      CASE WHEN getvariable('dialect') = 'tsl' AND kind = 'user_annotation' THEN TRY_CAST(links[7] AS BIGINT)
+      END AS step_num
   FROM (
-    SELECT e.*,
-        COALESCE(TRY_CAST(e.pid AS BIGINT), getvariable('pid_label_id')[COALESCE(json_extract_string(e.pid, '$'), 'None')])
-            AS pid_id,
-        COALESCE(TRY_CAST(e.tid AS BIGINT), getvariable('tid_label_id')[COALESCE(json_extract_string(e.tid, '$'), 'None')])
-            AS tid_id,
-        CASE WHEN e.name = '[memory]' THEN 'memory'
-             WHEN e.ph <> 'X' THEN 'instant'
-             ELSE COALESCE(getvariable('name_kind')[lower(e.cat) || chr(0) || e.name], getvariable('category_kind')[lower(e.cat)], 'other')
-        END AS kind,
-        json_extract(e.args, ['$.device', '$.stream', '$.correlation', '$."External id"']) AS links
-    FROM events e
-    WHERE {_KEEP}
+    SELECT *, {_KIND} AS kind
+    FROM (
+      SELECT k.*, lane_id(k.pid, 'pid_label_id') AS pid_id, lane_id(k.tid, 'tid_label_id') AS tid_id,
+          json_extract_string(k.args, ['$.device', '$.stream', '$.correlation', '$."External id"',
+                                       '$.correlation_id', '$.device_ordinal', '$.step_num']) AS links
+      FROM kept k
+    ) e
   )
 ) t
+"""
+# One row per series of each counter event ({{"allocated": 1000, "reserved": 4000}}: two series).
+_COUNTERS = f"""
+SELECT CASE WHEN e.id IS NULL THEN e.name ELSE e.name || ' ' || json_extract_string(e.id, '$') END AS name,
+    a.key AS series, process_label(lane_id(e.pid, 'pid_label_id')) AS track, NULL AS device_id,
+    us_to_ns(e.ts) + $base AS ts, CAST(a.value AS DOUBLE) AS value
+FROM events e, json_each(e.args) a
+WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND isfinite(e.ts) AND a.type IN ('UBIGINT', 'BIGINT', 'DOUBLE')
+"""
+_NON_NUMERIC_COUNTERS = f"""
+SELECT count(*) FROM events e, json_each(e.args) a
+WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND isfinite(e.ts) AND a.type NOT IN ('UBIGINT', 'BIGINT', 'DOUBLE')
+"""
+# Flow events bound to the slice that encloses them on their thread (the innermost: the latest to start; instants
+# bind nothing), whose
+# correlation id they become. Ids that are not integers ('0x1f') are hashed to one.
+_FLOW_BINDINGS = f"""
+WITH flows AS (
+    SELECT lane_id(pid, 'pid_label_id') AS pid, lane_id(tid, 'tid_label_id') AS tid, us_to_ns(ts) + $base AS ts,
+        COALESCE(TRY_CAST(id AS BIGINT), CAST(hash(CAST(id AS VARCHAR)) >> 2 AS BIGINT)) AS flow
+    FROM events WHERE NOT malformed AND ph IN ({_in(FLOW_PHASES)}) AND isfinite(ts) AND id IS NOT NULL
+)
+SELECT s.slice_id, min(f.flow) AS flow
+FROM flows f ASOF JOIN (SELECT * FROM read_slices WHERE kind <> 'instant') s
+    ON f.pid = s.pid AND f.tid = s.tid AND f.ts >= s.ts
+WHERE f.ts <= s.ts + s.dur AND s.correlation IS NULL
+GROUP BY 1
 """
 
 

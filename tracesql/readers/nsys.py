@@ -7,9 +7,8 @@ makes them absolute. Host threads come from globalTid, which packs the pid in bi
 CUPTI_ACTIVITY_KIND_RUNTIME holds CUDA runtime calls (eventClass 0), driver calls (1) and, when backtraces were
 collected, a second record of the same call (67, 'CUDA backtrace', same correlationId): only 0 and 1 are calls.
 
-One file is one rank (the ingestion contract). An export of several processes (e.g. `nsys profile mpirun ...`)
-keeps the process with the most CUDA activity and says which were left out in a note; its rank comes from the file
-name when it names one (as for Kineto), else ingestion's default.
+An export of one process is one rank (named by the file name when it names one, as for every format). An export of several processes with CUDA activity (`nsys profile mpirun ...`) gives one
+rank per process: ranks 0, 1, ... in pid order (the export does not record MPI ranks), said in a note.
 
 Read with Python's sqlite3 (DuckDB's sqlite extension needs a download): one query per table, its rows transposed
 into Arrow columns.
@@ -24,7 +23,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import TraceError
-from .kineto import rank_from_file_name
 
 FORMAT = "nsys"
 SUFFIXES = (".sqlite", ".nsys.sqlite")
@@ -120,13 +118,13 @@ def _queries(tables: dict[str, set[str]]) -> list[str]:
 _ACTIVITY = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 
 
-def _processes(con, tables) -> list[tuple[int, int]]:
-    """(process, CUDA records) for each process with CUDA activity, most first."""
+def _processes(con, tables) -> list[int]:
+    """The processes (vm id + pid) with CUDA activity, in order."""
     parts = [f'SELECT {_PROCESS.format(col="globalPid")} AS p FROM "{t}"' for t in _ACTIVITY if t in tables]
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
         parts.append(f"SELECT {_PROCESS.format(col='globalTid')} FROM CUPTI_ACTIVITY_KIND_RUNTIME"
                      " WHERE eventClass IN (0, 1)")
-    return con.execute(f"SELECT p, count(*) FROM ({' UNION ALL '.join(parts)}) GROUP BY p ORDER BY 2 DESC, 1").fetchall()
+    return [p for (p,) in con.execute(f"SELECT DISTINCT p FROM ({' UNION ALL '.join(parts)}) ORDER BY p")]
 
 
 _COLUMNS = [("kind", pa.string()), ("category", pa.string()), ("name", pa.string()), ("ts", pa.int64()),
@@ -157,21 +155,23 @@ def read(path: Path, threads: int | None = None):
 
 
 def _read(path: Path, con):
-    from . import TraceData
-
     tables = {name: {c[1] for c in con.execute(f'PRAGMA table_info("{name}")')}
               for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables and "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
         raise TraceError(path, "not an Nsight Systems export: no CUPTI_ACTIVITY_KIND_KERNEL table")
-    notes = []
     processes = _processes(con, tables)
     if not processes:
         raise TraceError(path, "no CUDA activity: the export's kernel, copy and runtime tables are empty")
-    process = processes[0][0]
-    if len(processes) > 1:
-        notes.append(f"{len(processes)} processes with CUDA activity: kept pid {process & 0xFFFFFF} "
-                     f"({processes[0][1]} records), left out pids "
-                     f"{', '.join(str(p & 0xFFFFFF) for p, _ in processes[1:])} (one file is one rank)")
+    if len(processes) == 1:
+        return _read_process(path, con, tables, processes[0], None, [])
+    note = (f"{len(processes)} processes with CUDA activity: ranks 0-{len(processes) - 1} in pid order "
+            f"(pids {', '.join(str(p & 0xFFFFFF) for p in processes)})")
+    return [_read_process(path, con, tables, process, rank, [note]) for rank, process in enumerate(processes)]
+
+
+def _read_process(path: Path, con, tables: dict, process: int, rank: int | None, notes: list[str]):
+    from . import TraceData
+
     params = {"process": process}
     rows = con.execute(" UNION ALL ".join(_queries(tables)), params).fetchall()
     skipped = {}
@@ -197,12 +197,12 @@ def _read(path: Path, con):
     return TraceData(
         format=FORMAT,
         slices=slices,
-        rank=rank_from_file_name(path),
+        rank=rank,
         base_time_ns=base,
         event_count=slices.num_rows + sum(skipped.values()),
         skipped=skipped,
         notes=notes,
-        metadata=_metadata(con, tables),
+        metadata={**_metadata(con, tables), "pid": process & 0xFFFFFF},
         devices=_devices(con, tables),
     )
 

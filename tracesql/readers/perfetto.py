@@ -3,8 +3,9 @@
 Decoded with the `perfetto` package's protobuf classes (the trace processor binary is not needed). What is read:
 track descriptors (process, thread and named tracks, with parents), slice begin/end pairs (nested per track),
 instants, interned names/categories/annotation names (per packet sequence, reset when a packet says its
-incremental state was cleared), debug annotations (-> args JSON) and flows/correlation ids (-> correlation).
-Counter values are counted, not kept: there is no counters table.
+incremental state was cleared), debug annotations (-> args JSON), flows/correlation ids (-> correlation) and
+counter tracks (counter events and the extra counter values slices carry, scaled by the track's unit multiplier,
+summed when incremental -> counters).
 
 A track is a device track when its name or an ancestor's names a GPU/device/stream/queue; the kind comes from
 the category when the producer writes Kineto's categories, else from the track (device: kernel, host: annotation).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -66,6 +68,54 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
+_BOOTTIME = 6  # the clock of a packet that names none
+_FIRST_SEQUENCE_CLOCK = 64  # ids from here on are clocks of one packet sequence
+
+
+class _SequenceClock:
+    def __init__(self, clock, reference_ns: int):
+        self.incremental = clock.is_incremental
+        self.unit_ns = clock.unit_multiplier_ns or 1
+        self.at_snapshot = self.last = clock.timestamp
+        self.reference_ns = reference_ns  # the snapshot's instant on the trace's clock
+
+
+class _Clocks:
+    """Packet timestamps -> ns on the trace's primary clock. A packet is timed on a builtin clock (BOOTTIME unless
+    its sequence's defaults say otherwise) or on a clock of its sequence (Chrome writes µs deltas on an incremental
+    one); ClockSnapshot packets relate them."""
+
+    def __init__(self):
+        self.offsets: dict[int, int] | None = None  # builtin clock -> ns to add to reach the primary clock
+        self.sequence_clocks: dict[tuple[int, int], _SequenceClock] = {}
+
+    def snapshot(self, seq_id: int, snap) -> None:
+        builtin = {c.clock_id: c.timestamp for c in snap.clocks if c.clock_id < _FIRST_SEQUENCE_CLOCK}
+        if self.offsets is None and builtin:
+            primary = snap.primary_trace_clock or _BOOTTIME
+            base = builtin.get(primary)
+            self.offsets = {c: base - t for c, t in builtin.items()} if base is not None else {}
+        ref = next(iter(builtin.items()), None)
+        for c in snap.clocks:
+            if c.clock_id >= _FIRST_SEQUENCE_CLOCK and ref is not None:
+                self.sequence_clocks[seq_id, c.clock_id] = _SequenceClock(c, ref[1] + self._offset(ref[0]))
+
+    def _offset(self, clock_id: int) -> int:
+        return (self.offsets or {}).get(clock_id, 0)
+
+    def ns(self, p, seq_id: int, default_clock: int | None) -> int | None:
+        """The packet's time, or None when it is on a sequence clock no snapshot defined."""
+        clock_id = p.timestamp_clock_id if p.HasField("timestamp_clock_id") else (default_clock or _BOOTTIME)
+        if clock_id < _FIRST_SEQUENCE_CLOCK:
+            return p.timestamp + self._offset(clock_id)
+        clock = self.sequence_clocks.get((seq_id, clock_id))
+        if clock is None:
+            return None
+        value = clock.last + p.timestamp if clock.incremental else p.timestamp
+        clock.last = value if clock.incremental else clock.last
+        return clock.reference_ns + (value - clock.at_snapshot) * clock.unit_ns
+
+
 class _Sequence:
     """Per packet sequence: interned strings and the default track."""
 
@@ -75,6 +125,20 @@ class _Sequence:
         self.annotation_names: dict[int, str] = {}
         self.annotation_strings: dict[int, str] = {}
         self.default_track = 0
+        self.default_clock: int | None = None
+        self.counter_sums: dict[int, float] = {}  # incremental counter tracks: the sum so far on this sequence
+        self.extra_counter_tracks: list[int] = []  # for slices that carry counter values without naming tracks
+        self.extra_double_counter_tracks: list[int] = []
+
+    def counter_value(self, track, value: float) -> float:
+        """A counter sample in the track's units times its multiplier; incremental tracks' deltas summed."""
+        counter = track.counter
+        if counter is None:
+            return value
+        value *= counter.unit_multiplier or 1
+        if counter.is_incremental:
+            value = self.counter_sums[track.uuid] = self.counter_sums.get(track.uuid, 0) + value
+        return value
 
     def intern(self, interned) -> None:
         for entries, table, field in ((interned.event_names, self.names, "name"),
@@ -129,6 +193,8 @@ class _Track:
         self.device_id = int(device.group(1)) if device else 0
         stream = _STREAM_NUMBER.search(self.name)
         self.stream = int(stream.group(1)) if stream else None  # filled in by the reader when unnamed
+        self.counter = desc.counter if desc.HasField("counter") else None
+        self.shared_name = False  # another thread of the process has this name (a pool's workers): add the tid
 
     def _chain(self):
         t = self
@@ -136,9 +202,18 @@ class _Track:
             yield t
             t = t.parent
 
+    def home(self) -> str:
+        """Where a counter track belongs: its device, its thread (as slices name it) or its process."""
+        if self.on_device:
+            return f"device {self.device_id}"
+        if self.parent is not None and self.parent.is_thread:
+            return self.parent.host_label()
+        return self.process_name or f"process {self.pid}"
+
     def host_label(self) -> str:
         process = self.process_name or f"process {self.pid}"
-        return f"{process} / {self.name or (f'thread {self.tid}' if self.is_thread else 'process')}"
+        name = self.name or (f"thread {self.tid}" if self.is_thread else "process")
+        return f"{process} / {name} {self.tid}" if self.shared_name else f"{process} / {name}"
 
 
 def read(path: Path, threads: int | None = None):
@@ -164,31 +239,52 @@ def read(path: Path, threads: int | None = None):
         if t.on_device and t.stream is None:
             t.stream = next(unnamed_streams)
     default = _Track(TrackDescriptor(), tracks)  # events on no described track: host, process 0
+    threads_named = Counter((t.pid, t.name) for t in tracks.values() if t.is_thread)
+    for t in tracks.values():
+        t.shared_name = t.is_thread and threads_named[t.pid, t.name] > 1
 
     rows: list[tuple] = []  # kind, category, name, ts, dur, track, correlation, external_id, args, flows
     open_slices: dict[int, list[list]] = {}
     sequences: dict[int, _Sequence] = {}
     skipped: dict[str, int] = {}
-    counters = 0
+    samples: list[tuple[int, int, float]] = []  # counter track uuid, ts, value
 
     def skip(reason: str) -> None:
         skipped[reason] = skipped.get(reason, 0) + 1
 
+    clocks = _Clocks()
     for p in trace.packet:
         seq_id = p.trusted_packet_sequence_id
         if p.sequence_flags & _INCREMENTAL_STATE_CLEARED or seq_id not in sequences:
             sequences[seq_id] = _Sequence()
         seq = sequences[seq_id]
+        if p.HasField("clock_snapshot"):
+            clocks.snapshot(seq_id, p.clock_snapshot)
         if p.HasField("interned_data"):
             seq.intern(p.interned_data)
         if p.HasField("trace_packet_defaults"):
-            seq.default_track = p.trace_packet_defaults.track_event_defaults.track_uuid
+            if p.trace_packet_defaults.HasField("timestamp_clock_id"):
+                seq.default_clock = p.trace_packet_defaults.timestamp_clock_id
+            defaults = p.trace_packet_defaults.track_event_defaults
+            seq.default_track = defaults.track_uuid
+            seq.extra_counter_tracks = list(defaults.extra_counter_track_uuids)
+            seq.extra_double_counter_tracks = list(defaults.extra_double_counter_track_uuids)
         if not p.HasField("track_event"):
             continue
         e = p.track_event
         track_uuid = e.track_uuid if e.HasField("track_uuid") else seq.default_track
+        ts = clocks.ns(p, seq_id, seq.default_clock)
+        if ts is None:
+            skip("timestamp on a clock no snapshot defines")
+            continue
+        for uuids, values in ((e.extra_counter_track_uuids or seq.extra_counter_tracks, e.extra_counter_values),
+                              (e.extra_double_counter_track_uuids or seq.extra_double_counter_tracks,
+                               e.extra_double_counter_values)):
+            samples += ((uuid, ts, seq.counter_value(tracks.get(uuid, default), value))
+                        for uuid, value in zip(uuids, values))
         if e.type == TrackEvent.TYPE_COUNTER:
-            counters += 1
+            value = e.double_counter_value if e.HasField("double_counter_value") else e.counter_value
+            samples.append((track_uuid, ts, seq.counter_value(tracks.get(track_uuid, default), value)))
             continue
         if e.type == TrackEvent.TYPE_SLICE_END:
             stack = open_slices.get(track_uuid)
@@ -196,10 +292,10 @@ def read(path: Path, threads: int | None = None):
                 skip("slice end without a begin")
                 continue
             row = stack.pop()
-            if p.timestamp < row[3]:
+            if ts < row[3]:
                 skip("slice ends before it begins")
                 continue
-            row[4] = p.timestamp - row[3]
+            row[4] = ts - row[3]
             row[9] += [*e.flow_ids, *e.terminating_flow_ids]
             rows.append(tuple(row))
             continue
@@ -210,7 +306,7 @@ def read(path: Path, threads: int | None = None):
         categories = list(e.categories) or [seq.categories.get(i, "") for i in e.category_iids]
         args = {_annotation_name(a, seq): _annotation_value(a, seq) for a in e.debug_annotations}
         external = args.get("External id")
-        row = [None, ",".join(categories) or None, name, p.timestamp, 0, track_uuid,
+        row = [None, ",".join(categories) or None, name, ts, 0, track_uuid,
                e.correlation_id if e.HasField("correlation_id") else None,
                external if isinstance(external, int) else None,
                json.dumps(args) if args else None, [*e.flow_ids, *e.terminating_flow_ids]]
@@ -222,16 +318,29 @@ def read(path: Path, threads: int | None = None):
     unfinished = sum(len(s) for s in open_slices.values())
     if unfinished:
         skipped["slice never ended"] = unfinished
-    if not rows:
-        raise TraceError(path, "no slices (no TrackEvent slice or instant on any track)")
+    if not rows and not samples:
+        raise TraceError(path, "no slices or counters (no TrackEvent slice, instant or counter on any track)")
     return TraceData(
         format=FORMAT,
         slices=_slices(rows, tracks, default),
-        event_count=len(rows) + sum(skipped.values()) + counters,
+        event_count=len(rows) + sum(skipped.values()) + len(samples),
         skipped=skipped,
-        notes=[f"{counters} counter values not kept (no counters table yet)"] if counters else [],
         metadata={"tracks": len(tracks)},
+        counters=_counters(samples, tracks, default),
     )
+
+
+def _counters(samples: list[tuple[int, int, float]], tracks: dict, default: _Track) -> pa.Table:
+    from . import counters_from_columns
+
+    homes = {uuid: tracks.get(uuid, default) for uuid in {s[0] for s in samples}}
+    return counters_from_columns({
+        "name": [homes[u].name or f"counter {u}" for u, _, _ in samples],
+        "track": [homes[u].home() for u, _, _ in samples],
+        "device_id": [homes[u].device_id if homes[u].on_device else None for u, _, _ in samples],
+        "ts": [ts for _, ts, _ in samples],
+        "value": [v for _, _, v in samples],
+    })
 
 
 def _slices(rows: list[tuple], tracks: dict, default: _Track) -> pa.Table:

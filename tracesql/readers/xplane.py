@@ -90,8 +90,8 @@ def _message_classes() -> dict:
 XSpace = _message_classes()["XSpace"]
 
 # ---- mapping ----
-_ACCELERATOR_PLANE = re.compile(r"^/device:(?:GPU|TPU):(\d+)$")
-_STREAM_LINE = re.compile(r"^Stream #(\d+)")
+ACCELERATOR_PLANE = re.compile(r"^/device:(?:GPU|TPU):(\d+)$")  # also the Chrome reader's TSL dialect
+STREAM_LINE = re.compile(r"^Stream #(\d+)")
 _LINE_SUFFIX = re.compile(r"/-?\d+$")  # 'Host Threads/583', 'tf_pjrt_thread_pool/-246...': the thread id
 HOST_PLANE = "/host:CPU"
 # stats that say what a stream event is (the line name lists every kind the stream ran, not the event's)
@@ -159,16 +159,16 @@ def read(path: Path, threads: int | None = None):
     total = aggregated = 0
     devices = []
     for plane in space.planes:
-        accelerator = _ACCELERATOR_PLANE.match(plane.name)
+        accelerator = ACCELERATOR_PLANE.match(plane.name)
         plane_stats = _stats(plane, plane.stats)
         if accelerator:
             device_id = int(accelerator.group(1))
             devices.append(_device(device_id, plane, plane_stats))
-        has_streams = any(_STREAM_LINE.match(line.name) for line in plane.lines)
+        has_streams = any(STREAM_LINE.match(line.name) for line in plane.lines)
         metadata = {k: (m.name, _stats(plane, m.stats)) for k, m in plane.event_metadata.items()}
         pid = device_id if accelerator else plane_stats.get("process_id", plane.id)
         for line in plane.lines:
-            stream_match = _STREAM_LINE.match(line.name)
+            stream_match = STREAM_LINE.match(line.name)
             family = _LINE_SUFFIX.sub("", line.name)
             if accelerator:
                 stream = int(stream_match.group(1)) if stream_match else line.id

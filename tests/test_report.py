@@ -1,0 +1,388 @@
+"""`tracesql report` and `tracesql diff` on real runs: gates and their exit codes, numbers cross-checked against
+the raw JSON, the diff, the four output files, escaping of trace strings, and the page in a real headless browser."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from conftest import DATASETS, corpus_path, raw_events
+from tracesql.cli import main
+from tracesql.report import gates, render
+
+GLOO2, GLOO4 = DATASETS / "torch_gloo_2rank", DATASETS / "torch_gloo_4rank_straggler"
+XSS_KERNEL = "<script>alert(1)</script>"
+XSS_OP = "<img src=x onerror=alert(2)>"
+XSS_RUN = '"><svg onload=alert(3)>'
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def fleet(tmp_path: Path, *datasets: Path) -> Path:
+    """A CI-style folder: one raw-trace subfolder per run (symlinks to bundled or corpus traces)."""
+    folder = tmp_path / "ci-runs"
+    folder.mkdir(exist_ok=True)
+    for d in datasets:
+        (folder / d.name).symlink_to(d)
+    return folder
+
+
+def step_p50_from_json(folder: Path) -> float:
+    """The report's step time, the second way: per ProfilerStep the slowest rank's host range (CPU-only traces),
+    then the median over steps, in ns."""
+    per_step: dict[str, float] = {}
+    for f in folder.glob("*.json.gz"):
+        for e in raw_events(f):
+            if e.get("name", "").startswith("ProfilerStep#"):
+                per_step[e["name"]] = max(per_step.get(e["name"], 0), e["dur"] * 1000)
+    return statistics.median(per_step.values())
+
+
+def device_step_windows_from_json(path: Path) -> list[float]:
+    """Per ProfilerStep: first start to last end of the device events whose launch call lies in the step, ns."""
+    events = raw_events(path)
+    launches = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    windows = []
+    for s in (e for e in events if e.get("name", "").startswith("ProfilerStep#") and e.get("ph") == "X"):
+        inside = [d for d in device if s["ts"] <= launches.get(d["args"].get("correlation"), -1) < s["ts"] + s["dur"]]
+        windows.append((max(d["ts"] + d["dur"] for d in inside) - min(d["ts"] for d in inside)) * 1000)
+    return windows
+
+
+# ---------------------------------------------------------------- the gate grammar
+
+
+@pytest.mark.parametrize("text, metric, op, mode, threshold", [
+    ("step_time_p50>+5%", "step_time_p50", ">", "relative", 5.0),
+    ("overlap<-10pp", "overlap", "<", "delta", -10.0),
+    (" idle >= 30 ", "idle", ">=", "value", 30.0),
+    ("idle>30%", "idle", ">", "value", 30.0),
+    ("peak_memory>+2GiB", "peak_memory", ">", "delta", 2 * 2**30),
+    ("step_time_p90>120ms", "step_time_p90", ">", "value", 120e6),
+    ("largest_bubble>+500us", "largest_bubble", ">", "delta", 500e3),
+    ("busbw<-1.5GB/s", "busbw", "<", "delta", -1.5),
+])
+def test_gate_grammar(text, metric, op, mode, threshold):
+    g = gates.parse(text)
+    assert (g.metric, g.op, g.mode) == (metric, op, mode) and math.isclose(g.threshold, threshold)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("step_tim>+5%", "unknown metric 'step_tim' (metrics: step_time_p50, step_time_p90, overlap"),
+    ("step_time_p50>5%", "unit '%' does not fit step_time_p50 (a relative change needs a sign (+5%))"),
+    ("step_time_p50>+5GB", "unit 'GB' does not fit step_time_p50 (units for step_time_p50: ns, us, µs, ms, s)"),
+    ("step_time_p50 = 5", "expected METRIC OP [+|-]NUMBER[UNIT]"),
+    ("overlap<<-10pp", "expected METRIC OP"),
+])
+def test_gate_grammar_errors_name_the_gate_and_the_problem(text, message):
+    with pytest.raises(gates.TraceError) as e:
+        gates.parse(text)
+    assert str(e.value).startswith(f"--fail-on {text!r}: ") and message in str(e.value)
+
+
+def test_gate_verdicts_on_edge_values():
+    base = pd.Series({"run_id": "main", "step_time_p50": 100e6, "overlap": 40.0, "idle": 0.0})
+    run = pd.Series({"run_id": "pr", "step_time_p50": 104e6, "overlap": 29.0, "idle": 12.0})
+    verdict = {t: gates.evaluate(gates.parse(t), run, base) for t in
+               ("step_time_p50>+5%", "step_time_p50>+3%", "overlap<-10pp", "overlap<-12pp", "idle>+10%",
+                "idle>10", "mfu<-1pp")}
+    assert verdict["step_time_p50>+5%"].passed and not verdict["step_time_p50>+3%"].passed
+    assert verdict["step_time_p50>+3%"].reason == "pr: step_time_p50 104.00 ms vs 100.00 ms in baseline main (+4.0%)"
+    assert not verdict["overlap<-10pp"].passed and verdict["overlap<-12pp"].passed
+    assert not verdict["idle>+10%"].passed and "no relative change from 0" in verdict["idle>+10%"].reason
+    assert not verdict["idle>10"].passed and verdict["idle>10"].reason == "pr: idle 12.00 %"
+    # a gate on a metric the run does not have fails (a silent pass would hide a broken profile)
+    assert not verdict["mfu<-1pp"].passed and "no value" in verdict["mfu<-1pp"].reason
+
+
+# ---------------------------------------------------------------- report + gates on bundled runs (no corpus)
+
+
+@pytest.fixture(scope="module")
+def gloo_report(tmp_path_factory):
+    """2-rank gloo baseline, then the 4-rank run with a straggler: slower steps."""
+    tmp = tmp_path_factory.mktemp("gloo")
+    runs = fleet(tmp, GLOO2, GLOO4)
+    result = cli("report", runs, "-o", tmp / "report", "--baseline", runs / GLOO2.name,
+                 "--fail-on", "step_time_p50>+5%", "--fail-on", "peak_memory>+50%", "--fail-on", "step_time_p90>200ms")
+    return tmp, result
+
+
+def test_gate_fails_on_the_slower_run_with_one_line_per_failed_gate(gloo_report):
+    tmp, result = gloo_report
+    assert result.exit_code == 3, result.output
+    base, slow = step_p50_from_json(GLOO2), step_p50_from_json(GLOO4)
+    assert round(base) == 27_892_281 and round(slow) == 70_051_947
+    change = (slow - base) / base * 100
+    fails = [line for line in result.output.splitlines() if line.startswith("FAIL")]
+    assert fails == [f"FAIL step_time_p50>+5%: torch_gloo_4rank_straggler: step_time_p50 {slow / 1e6:.2f} ms vs "
+                     f"{base / 1e6:.2f} ms in baseline torch_gloo_2rank (+{change:.1f}%)"]
+    data = json.loads((tmp / "report" / "metrics.json").read_text())
+    runs = {r["run_id"]: r for r in data["runs"]}
+    assert runs["torch_gloo_2rank"]["step_time_p50"] == pytest.approx(base, abs=1)
+    assert runs["torch_gloo_4rank_straggler"]["step_time_p50"] == pytest.approx(slow, abs=1)
+    assert [g["passed"] for g in data["gates"]] == [False, True, True]
+
+
+def test_report_files(gloo_report):
+    tmp, _ = gloo_report
+    out = tmp / "report"
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "metrics.json", "metrics.parquet", "summary.md"]
+    data = json.loads((out / "metrics.json").read_text())
+    assert data["baseline"] == "torch_gloo_2rank" and data["latest"] == "torch_gloo_4rank_straggler"
+    assert [r["order"] for r in data["runs"]] == [1, 2] and [r["ranks"] for r in data["runs"]] == [2, 4]
+    # the regression is explained by the diff (CPU-only traces: host time), per rank
+    (reg,) = data["regressions"]
+    assert reg["run_id"] == "torch_gloo_4rank_straggler" and "step_time_p50" in reg["changes"]
+    assert reg["diff"][0]["time_basis"] == "host" and {d["level"] for d in reg["diff"]} == {"op"}
+    table = pq.read_table(out / "metrics.parquet").to_pandas()
+    assert set(table.columns) == {"run_id", "order", "rank", "metric", "value", "unit"}
+    whole = table[table["rank"].isna() & (table.metric == "step_time_p50")].set_index("run_id").value
+    assert whole["torch_gloo_4rank_straggler"] == pytest.approx(step_p50_from_json(GLOO4), abs=1)
+    assert sorted(table[table.run_id == "torch_gloo_4rank_straggler"]["rank"].dropna().unique()) == [0, 1, 2, 3]
+    summary = (out / "summary.md").read_text()
+    assert "**Gates: 1 of 3 failed**" in summary and "| 2 | torch\\_gloo\\_4rank\\_straggler | 4 |" in summary
+    page = (out / "index.html").read_text()
+    assert "<script src" not in page and "<link" not in page  # self-contained: plotly.js is inline
+    assert page.count('<div class="chart"') >= 3
+
+
+def test_run_against_itself_passes_every_change_gate(tmp_path):
+    result = cli("report", GLOO2, "-o", tmp_path / "r", "--baseline", GLOO2, "--fail-on", "step_time_p50>+0%",
+                 "--fail-on", "peak_memory>+0B")
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert [g["passed"] for g in data["gates"]] == [True, True] and data["regressions"] == []
+    assert data["gates"][0]["reason"].endswith("(+0.0%)")
+
+
+def test_bad_gate_and_bad_input_are_one_line_errors(tmp_path):
+    result = cli("report", GLOO2, "-o", tmp_path / "r", "--fail-on", "stepz>+5%")
+    assert result.exit_code == 1 and result.output.startswith("Error: --fail-on 'stepz>+5%': unknown metric 'stepz'")
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+    result = cli("report", tmp_path / "missing", "-o", tmp_path / "r")
+    assert result.exit_code == 1 and result.output.strip() == f"Error: {tmp_path / 'missing'}: no such file or folder"
+    result = cli("report", GLOO2, "-o", tmp_path / "r", "--fail-on", "mfu<-1pp")
+    assert result.exit_code == 1 and "MFU needs the model's FLOPs" in result.output
+    (tmp_path / "file").write_text("x")
+    result = cli("report", GLOO2, "-o", tmp_path / "file")
+    assert result.exit_code == 1 and "exists and is not a folder" in result.output
+    assert (tmp_path / "file").read_text() == "x"
+
+
+# ---------------------------------------------------------------- diff
+
+
+def test_diff_per_rank_across_rank_counts(tmp_path):
+    result = cli("diff", GLOO2, GLOO4, "-f", "json", "--top", "500")
+    assert result.exit_code == 0, result.output
+    rows = pd.DataFrame(json.loads(result.output))
+    assert set(rows.level) == {"op"} and set(rows.time_basis) == {"host"}
+    counts = {}
+    for folder in (GLOO2, GLOO4):
+        files = sorted(folder.glob("*.json.gz"))
+        calls = sum(e.get("name") == "aten::mm" and e.get("cat") == "cpu_op" for f in files for e in raw_events(f))
+        counts[folder.name] = calls / len(files)
+    mm = rows[rows.name == "aten::mm"].iloc[0]
+    assert (mm.before_count, mm.after_count) == (counts[GLOO2.name], counts[GLOO4.name])
+    assert list(rows.delta_ns.abs()) == sorted(rows.delta_ns.abs(), reverse=True)  # by impact
+    assert rows.share_of_change.sum() == pytest.approx(1.0)  # every op shown: the shares add up
+
+
+def test_diff_of_a_run_with_itself_is_all_same():
+    result = cli("diff", DATASETS / "hta_trace_filter", DATASETS / "hta_trace_filter", "-f", "json", "--top", "1000")
+    rows = pd.DataFrame(json.loads(result.output))
+    assert result.exit_code == 0 and set(rows.status) == {"same"} and (rows.delta_ns == 0).all()
+    kernels = rows[rows.level == "kernel"]
+    assert kernels.time_basis.iloc[0] == "device" and kernels.before_count.sum() > 0
+
+
+def test_diff_refuses_two_runs_with_one_name(tmp_path):
+    for side, data in (("a", GLOO2), ("b", GLOO4)):
+        shutil.copytree(data, tmp_path / side / "job")
+    result = cli("diff", tmp_path / "a" / "job", tmp_path / "b" / "job")
+    assert result.exit_code == 1 and "both runs are named 'job'" in result.output
+
+
+# ---------------------------------------------------------------- the corpus pair: control vs test (HTA trace_diff)
+
+
+@pytest.mark.corpus
+def test_corpus_trace_diff_gate_and_explanation(tmp_path):
+    pair = corpus_path("hta", "tests", "data", "trace_diff")  # control/ and test/: one run per subfolder
+    result = cli("report", pair, "-o", tmp_path / "r", "--baseline", pair / "control", "--fail-on",
+                 "step_time_p50>+5%", "--fail-on", "overlap<-10pp")
+    assert result.exit_code == 3, result.output
+    control = statistics.median(device_step_windows_from_json(pair / "control" / "control.json.gz"))
+    test = statistics.median(device_step_windows_from_json(pair / "test" / "test.json.gz"))
+    assert (control, test) == (76_324_000, 161_924_500)
+    assert [line for line in result.output.splitlines() if line.startswith("FAIL")] == [
+        f"FAIL step_time_p50>+5%: test: step_time_p50 161.92 ms vs 76.32 ms in baseline control "
+        f"(+{(test - control) / control * 100:.1f}%)"]
+    data = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    (reg,) = data["regressions"]
+    diff = pd.DataFrame(reg["diff"])
+    top_op = diff[diff.level == "op"].iloc[0]
+    assert (top_op["name"], top_op.status) == ("CompiledFunctionBackward", "added")  # torch.compile in `test`
+    nccl = diff[diff.name == "ncclKernel_AllReduce_RING_LL_Sum_float"].iloc[0]
+    raw = {side: [e["dur"] for e in raw_events(pair / side / f"{side}.json.gz") if e.get("cat") == "kernel"
+                  and e["name"].startswith("ncclKernel_AllReduce_RING_LL_Sum_float(")] for side in ("control", "test")}
+    assert (nccl.before_count, nccl.after_count) == (len(raw["control"]), len(raw["test"])) == (18, 21)
+    assert (nccl.before_ns, nccl.after_ns) == (sum(raw["control"]) * 1000, sum(raw["test"]) * 1000)
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "| op | CompiledFunctionBackward | added |" in summary
+
+
+# ---------------------------------------------------------------- escaping
+
+
+def hostile_run(tmp_path: Path) -> Path:
+    """hta_trace_filter with its top kernel renamed to a script tag, an op to an img tag, and a run (folder) name
+    that tries to close an attribute."""
+    folder = tmp_path / "runs" / XSS_RUN
+    folder.mkdir(parents=True)
+    for src in sorted((DATASETS / "hta_trace_filter").glob("*.json.gz")):
+        doc = json.loads(gzip.decompress(src.read_bytes()))
+        for e in doc["traceEvents"]:
+            if e.get("name", "").startswith("ncclKernel_SendRecv"):
+                e["name"] = XSS_KERNEL
+            elif e.get("name") == "record_param_comms":
+                e["name"] = XSS_OP
+        (folder / src.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hostile_report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("xss")
+    # after the clean run, and failing a gate: the regression's diff lists the renamed kernel and op as added
+    result = cli("report", DATASETS / "hta_trace_filter", hostile_run(tmp), "--order", "given", "--fail-on", "idle>1",
+                 "-o", tmp / "report")
+    assert result.exit_code == 3 and f"FAIL idle>1: {XSS_RUN}: idle " in result.output
+    return tmp / "report"
+
+
+def test_trace_strings_are_escaped_in_every_output(hostile_report):
+    page = (hostile_report / "index.html").read_text()
+    for raw in (XSS_KERNEL, XSS_OP, XSS_RUN, "<svg onload", "<img src=x"):
+        assert raw not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # in the HTML tables, escaped
+    assert "\\u0026lt;script\\u0026gt;alert(1)" in page  # chart labels: HTML-escaped, then JSON-escaped
+    summary = (hostile_report / "summary.md").read_text()
+    for raw in (XSS_KERNEL, XSS_OP, XSS_RUN, "<svg onload", "<img src=x"):
+        assert raw not in summary
+    assert "| kernel | alert | added |" in summary  # the diff compares kernel families: <...> and (...) folded
+    assert "| op | &lt;img src=x onerror=alert(2)&gt; | added |" in summary
+
+
+def test_script_json_cannot_close_its_script_element():
+    text = render.script_json({"name": "</script><script>alert(1)</script>", "amp": "a&b", "ls": "\u2028"})
+    assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
+    assert json.loads(text)["name"] == "</script><script>alert(1)</script>"
+
+
+# ---------------------------------------------------------------- the page in a real browser
+
+
+def open_in_browser(page: Path, screenshot: Path) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        tab = browser.new_page(viewport={"width": 1400, "height": 900})
+        seen = {"console": [], "dialogs": [], "requests": []}
+        tab.on("console", lambda m: seen["console"].append((m.type, m.text)))
+        tab.on("pageerror", lambda e: seen["console"].append(("pageerror", str(e))))
+        tab.on("dialog", lambda d: (seen["dialogs"].append(d.message), d.dismiss()))
+        tab.on("request", lambda r: seen["requests"].append(r.url))
+        tab.goto(page.as_uri())
+        tab.wait_for_load_state("load")
+        seen.update(tab.evaluate("""() => ({
+            charts: document.querySelectorAll('div.chart').length,
+            rendered: [...document.querySelectorAll('div.chart')].filter(d => d.classList.contains('js-plotly-plot')
+                && [...d.querySelectorAll('svg.main-svg g.trace path')].some(
+                    p => (p.getAttribute('d') || '').length > 10)).length,
+            names: [...document.querySelectorAll('div.chart')].map(d => d.id),
+            text: document.body.innerText,
+            chart_text: [...document.querySelectorAll('div.chart svg text')].map(t => t.textContent).join('\\n'),
+            scripts: [...document.scripts].filter(s => !s.type).length })"""))
+        tab.screenshot(path=str(screenshot), full_page=True)
+        browser.close()
+    return seen
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_every_chart_renders_in_headless_chromium(tmp_path):
+    runs = fleet(tmp_path, GLOO2, DATASETS / "hta_trace_filter", DATASETS / "tracelens_b200_eager")
+    result = cli("report", runs, "-o", tmp_path / "report", "--order", "given", "--fail-on", "idle>95")
+    assert result.exit_code == 0, result.output
+    seen = open_in_browser(tmp_path / "report" / "index.html", tmp_path / "report.png")
+    # trends of the metrics these runs have, then the latest run (b200): timeline, breakdown, hotspots, roofline
+    trends = ["step_time_p50", "step_time_p90", "overlap", "exposed_comm", "idle", "compute", "largest_bubble",
+              "busbw", "peak_memory"]  # mfu, hfu: no model FLOPs given
+    assert seen["charts"] == seen["rendered"] == len(trends) + 5, seen["names"]
+    assert seen["console"] == [] and seen["dialogs"] == []
+    assert all(url.startswith("file:") for url in seen["requests"])  # offline: nothing fetched from a network
+    assert (tmp_path / "report.png").stat().st_size > 50_000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_hostile_names_are_shown_not_run(hostile_report, tmp_path):
+    seen = open_in_browser(hostile_report / "index.html", tmp_path / "hostile.png")
+    assert seen["dialogs"] == [] and seen["console"] == []
+    assert seen["charts"] == seen["rendered"] > 0
+    assert XSS_KERNEL in seen["text"] and XSS_OP in seen["text"]  # displayed as text, exactly as in the trace
+    assert XSS_KERNEL in seen["chart_text"]  # the hotspot bars' labels, as SVG text
+    assert seen["scripts"] == 2  # executable scripts: the page's own plotly.js and chart loader, nothing injected
+
+
+def test_mfu_from_model_flops_matches_the_formula_on_raw_steps(tmp_path):
+    """MFU = 6·P·T / (step time × devices × peak): step time per step the slowest rank's device window (raw JSON),
+    devices the job's world size (128), the A100's dense fp32 peak (19.5 TFLOP/s, the trace's ops are fp32)."""
+    folder = DATASETS / "hta_trace_filter"
+    result = cli("report", folder, "-o", tmp_path / "r", "--params", "1e8", "--tokens-per-step", "1e6",
+                 "--device", "A100-SXM", "--fail-on", "mfu<-0.01pp")
+    assert result.exit_code == 0, result.output
+    windows = [device_step_windows_from_json(f) for f in sorted(folder.glob("*.json.gz"))]
+    per_step = [max(w) for w in zip(*windows)]
+    expected = statistics.mean(6 * 1e8 * 1e6 / (w / 1e9 * 128 * 19.5e12) for w in per_step) * 100
+    (run,) = json.loads((tmp_path / "r" / "metrics.json").read_text())["runs"]
+    assert run["mfu"] == pytest.approx(expected, rel=1e-9) and round(expected, 2) == 39.29
+    assert run["step_time_p50"] == statistics.median(per_step)
+
+
+def test_new_runs_in_the_folder_are_ingested_once(tmp_path):
+    """A folder of raw-trace folders: each is ingested into the cache on first sight, never again when unchanged."""
+    from tracesql.report import find_runs
+
+    runs = fleet(tmp_path, GLOO2)
+    (first,) = find_runs([runs])
+    stamp = (first / "tracesql.json").stat().st_mtime_ns
+    (runs / GLOO4.name).symlink_to(GLOO4)
+    result = cli("report", runs, "-o", tmp_path / "r")
+    assert result.exit_code == 0 and "2 run(s)" in result.output
+    again = find_runs([runs])
+    assert again[0] == first and (first / "tracesql.json").stat().st_mtime_ns == stamp
+    assert len(again) == 2 and again[1] != first
+
+
+def test_diff_table_names_the_runs_once():
+    result = cli("diff", GLOO2, GLOO4, "--top", "1")
+    lines = result.output.splitlines()
+    assert result.exit_code == 0 and lines[0] == "torch_gloo_2rank -> torch_gloo_4rank_straggler: per rank, " \
+                                                 "largest change first"
+    assert "before_run" not in result.output and " aten::mm " in result.output and lines[-1] == "(1 rows)"  # CPU-only runs: ops only

@@ -1,0 +1,230 @@
+"""`tracesql report`: metrics of many runs (CI runs, nightlies) from the curated queries, their trend, the
+regressions against a baseline with the ops and kernels that explain them (the `diff` query), gates for CI, and
+the outputs: an offline HTML page, a Markdown summary, the metrics as JSON and Parquet.
+
+    report = tracesql.report.build(["ci-runs/"], baseline="ci-runs/main-0412", fail_on=["step_time_p50>+5%"])
+    report.write("report/")            # index.html, summary.md, metrics.json, metrics.parquet
+    report.failed                      # the gates that failed, each with a one-line reason
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .. import engine, queries, store
+from ..errors import TraceError
+from ..ingestion import find_traces
+from . import charts, gates
+from .metrics import METRICS, FleetMetrics, collect
+
+DIFFS_SHOWN = 20  # regressed runs explained with a diff (the most regressed first)
+
+
+def find_runs(targets) -> list[Path]:
+    """The runs behind `targets`, in the order given. A run folder is one run; a folder whose subfolders are runs
+    or raw trace folders is one run per subfolder (raw ones ingested into the cache, incrementally: only new or
+    changed files are read); a folder of trace files is one run."""
+    runs: list[Path] = []
+    for target in map(Path, targets):
+        if not target.exists():
+            raise TraceError(target, "no such file or folder")
+        subfolders = [] if store.is_run(target) or not target.is_dir() else sorted(
+            p for p in target.iterdir() if p.is_dir() and not p.name.startswith("."))
+        loose_files = target.is_dir() and any(p.is_file() and not p.name.startswith(".") and _is_trace(p)
+                                              for p in target.iterdir())
+        if subfolders and not loose_files:
+            for sub in subfolders:
+                if store.is_run(sub) or any(store.is_run(p) for p in sub.iterdir() if p.is_dir()) or _has_traces(sub):
+                    runs += engine.resolve(sub)
+        else:
+            runs += engine.resolve(target)
+    runs = list(dict.fromkeys(r.absolute() for r in runs))
+    if not runs:
+        raise TraceError(", ".join(map(str, targets)), "no runs and no trace files found")
+    return runs
+
+
+def _is_trace(path: Path) -> bool:
+    from ..readers import trace_suffixes
+
+    return path.name.endswith(trace_suffixes())
+
+
+def _has_traces(folder: Path) -> bool:
+    try:
+        find_traces([folder])
+    except TraceError:
+        return False
+    return True
+
+
+@dataclass
+class Regression:
+    run_id: str
+    changes: list[tuple[str, str]]  # (metric, change as read: '+12.3 %', '-11.00 pp') that got worse
+    diff: pd.DataFrame | None = None  # the diff query, baseline -> run
+
+
+@dataclass
+class Report:
+    metrics: FleetMetrics
+    baseline: str
+    focus: str  # the run whose details (timeline, roofline, hotspots) the page shows: the latest
+    threshold: float
+    gates: list[gates.Gate]
+    verdicts: list[gates.Verdict]
+    regressions: list[Regression]
+    charts: list[tuple[str, str, dict]] = field(default_factory=list)  # (section, title, figure)
+    focus_tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[gates.Verdict]:
+        return [v for v in self.verdicts if not v.passed]
+
+    def write(self, out) -> list[Path]:
+        from .render import write
+
+        return write(self, Path(out))
+
+
+def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs: str = "latest",
+          threshold: float = 5.0, mfu_params: dict | None = None, device: str | None = None,
+          top: int = 10) -> Report:
+    """Collect the metrics of every run under `targets`, compare them with the baseline (a path; default the first
+    run in order) and evaluate the gates (`fail_on`, see gates.py) on the latest run (gate_runs='latest') or on
+    every run but the baseline ('all')."""
+    parsed = [gates.parse(g) for g in fail_on]
+    if any(g.metric in ("mfu",) for g in parsed) and not mfu_params:
+        raise TraceError("--fail-on mfu", "MFU needs the model's FLOPs: --model-flops, or --params with "
+                                          "--tokens-per-step")
+    runs = find_runs(targets)
+    base_path = None
+    if baseline is not None:
+        base_runs = engine.resolve(baseline)
+        if len(base_runs) != 1:
+            raise TraceError(baseline, f"the baseline must be one run, this holds {len(base_runs)}")
+        base_path = base_runs[0].absolute()
+        runs = list(dict.fromkeys([base_path, *runs]))
+    run_ids = {}
+    for run in runs:
+        run_id = store.load_manifest(run)["run_id"]
+        if run_id in run_ids:
+            raise TraceError(run, f"run_id {run_id!r} is also the run_id of {run_ids[run_id]}; runs compared in "
+                                  "one report need different run_ids (ingest with --run-id)")
+        run_ids[run_id] = run
+    paths = {rid: p for rid, p in run_ids.items()}
+
+    con = engine.connect(runs)
+    flops = dict(mfu_params or {})
+    if flops and device:
+        flops["device"] = device
+    fleet = collect(con, mfu_params=flops or None, top=top)
+    given = {rid: i for i, rid in enumerate(run_ids)}
+    key = fleet.runs.run_id.map(given) if order == "given" else fleet.runs.start_ns
+    fleet.runs = fleet.runs.assign(_key=key).sort_values(["_key", "run_id"]).drop(columns="_key")
+    fleet.runs.insert(1, "order", range(1, len(fleet.runs) + 1))
+    base_id = next(rid for rid, p in paths.items() if p == base_path) if base_path else fleet.runs.run_id.iloc[0]
+    rows = fleet.runs.set_index("run_id", drop=False)
+    base_row = rows.loc[base_id]
+    focus = fleet.runs.run_id.iloc[-1]
+
+    gated = [focus] if gate_runs == "latest" else [r for r in fleet.runs.run_id if r != base_id] or [base_id]
+    verdicts = [gates.evaluate(g, rows.loc[rid], base_row) for rid in gated for g in parsed]
+
+    regressions = []
+    failed_runs = {v.run_id for v in verdicts if not v.passed}
+    for rid in fleet.runs.run_id:
+        if rid == base_id:
+            continue
+        worse = _worse(rows.loc[rid], base_row, threshold)
+        if worse or rid in failed_runs:
+            regressions.append(Regression(rid, worse))
+    # the most regressed (by step time, else in order) are explained with a diff against the baseline
+    by_step = sorted(regressions, key=lambda r: -_relative(rows.loc[r.run_id], base_row, "step_time_p50"))
+    diff = queries.find("diff")
+    for reg in by_step[:DIFFS_SHOWN]:
+        pair = engine.connect([paths[base_id], paths[reg.run_id]])
+        reg.diff = queries.run(pair, diff, {"before": base_id, "after": reg.run_id, "top": top}).df()
+
+    report = Report(fleet, base_id, focus, threshold, parsed, verdicts, regressions)
+    _focus_details(report, paths[focus], device, top)
+    for name in METRICS:
+        if name in fleet.runs:
+            figure = charts.trend(name, fleet.runs, base_id, threshold)
+            if figure:
+                report.charts.append(("trend", name, figure))
+    return report
+
+
+def _relative(run, base, metric) -> float:
+    value, before = run.get(metric), base.get(metric)
+    if pd.isna(value) or pd.isna(before) or not before:
+        return float("-inf")
+    return (value - before) / abs(before)
+
+
+def _worse(run, base, threshold: float) -> list[tuple[str, str]]:
+    """The metrics of `run` worse than the baseline's by more than threshold (% of it, or pp for percentages)."""
+    from .metrics import change
+
+    out = []
+    for name, m in METRICS.items():
+        value, before = run.get(name), base.get(name)
+        if m.worse is None or pd.isna(value) or pd.isna(before):
+            continue
+        delta = value - before if m.kind == "percent" else ((value - before) / abs(before) * 100 if before else 0)
+        if (delta > threshold) if m.worse == "higher" else (delta < -threshold):
+            out.append((name, change(name, value, before)))
+    return out
+
+
+def _focus_details(report: Report, path: Path, device: str | None, top: int) -> None:
+    """Charts and tables of the latest run: step timeline, per-rank breakdown, hotspots, roofline."""
+    rid = report.focus
+    tables = report.metrics.tables
+    con = engine.connect(path)
+    steps = tables["steps"][tables["steps"].run_id == rid]
+    params, title = {}, f"{rid}: device timeline"
+    if len(steps):
+        per_step = steps.groupby("step").step_ns.max()
+        median = (per_step - per_step.median()).abs().idxmin()
+        params = {"step": int(median), "resolution_ns": max(1, int(per_step[median] // 500))}
+        title = f"{rid}: step {median} (the median step), device timeline per rank"
+    else:
+        window = tables["breakdown"].loc[tables["breakdown"].run_id == rid, "window_ns"]
+        if len(window):
+            params = {"resolution_ns": max(1, int(window.max() // 800))}
+    lanes = queries.run(con, queries.find("timeline"), params).df()
+    shown_ranks = sorted(lanes["rank"].unique())[:8]
+    figure = charts.timeline(lanes[lanes["rank"].isin(shown_ranks)], title)
+    if figure:
+        report.charts.append(("focus", "timeline", figure))
+    per_rank = tables["breakdown"][tables["breakdown"].run_id == rid].sort_values("rank")
+    figure = charts.breakdown(per_rank, f"{rid}: where each device's time went")
+    if figure:
+        report.charts.append(("focus", "breakdown", figure))
+    hot = tables["hotspots"][tables["hotspots"].run_id == rid]
+    for level in ("kernel", "op"):
+        figure = charts.hotspots(hot[hot.level == level], f"{rid}: top {level}s by device time")
+        if figure:
+            report.charts.append(("focus", f"hotspots_{level}", figure))
+    roof = queries.run(con, queries.find("roofline"), {"top": 30, **({"device": device} if device else {})}).df()
+    peaks = con.sql("SELECT DISTINCT device, dtype, peak_flops_per_s, peak_bytes_per_s "
+                    "FROM rank_device_peaks(device_key := $1) WHERE peak_flops_per_s IS NOT NULL",
+                    params=[device]).df()
+    peaks = peaks[peaks.dtype.isin(roof.dtype.dropna().unique()) & peaks.device.isin(roof.device.dropna().unique())]
+    figure = charts.roofline(roof, peaks, f"{rid}: roofline (ops by shape)")
+    if figure:
+        report.charts.append(("focus", "roofline", figure))
+    bubbles = tables["bubbles"][tables["bubbles"].run_id == rid].nlargest(top, "dur")
+    coll = tables["collectives"][tables["collectives"].run_id == rid]
+    report.focus_tables = {
+        "kernels": hot[hot.level == "kernel"], "ops": hot[hot.level == "op"], "bubbles": bubbles,
+        "collectives": coll.groupby("collective", as_index=False).agg(
+            instances=("seq", "size"), size_bytes=("size_bytes", "sum"), busbw_gbps=("busbw_gbps", "median"),
+            max_skew_ns=("max_skew_ns", "max")) if len(coll) else coll,
+        "ranks": report.metrics.ranks[report.metrics.ranks.run_id == rid],
+    }

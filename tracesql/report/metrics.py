@@ -1,0 +1,151 @@
+"""The report's metrics: what each one is, and its values per run and per rank, taken from the curated queries.
+
+Every number here comes out of a query in queries/ run on the fleet (all runs in one DuckDB session); this module
+only picks columns and aggregates ranks into a run (sums of nanoseconds before ratios, maxima of peaks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .. import queries
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: str  # 'time' (ns), 'percent', 'bytes', 'bandwidth' (GB/s)
+    worse: str | None  # 'higher' or 'lower': the direction of a regression; None: no direction
+    doc: str
+    per_rank: bool = True
+
+
+METRICS = {m.name: m for m in [
+    Metric("step_time_p50", "time", "higher", "median step time: per step the slowest rank's device window "
+           "(`steps` query: device_ns, else cpu_ns), median over steps"),
+    Metric("step_time_p90", "time", "higher", "90th percentile of the same step times"),
+    Metric("overlap", "percent", "lower", "communication time hidden under compute (`overlap`: "
+           "Σ overlap_ns / Σ comm_ns over ranks)"),
+    Metric("exposed_comm", "percent", "higher", "communication not hidden by compute, share of the device window "
+           "(`temporal_breakdown`: Σ exposed_comm_ns / Σ window_ns)"),
+    Metric("idle", "percent", "higher", "device idle time, share of the window (`temporal_breakdown`)"),
+    Metric("compute", "percent", None, "device time with compute running, share of the window "
+           "(`temporal_breakdown`)"),
+    Metric("largest_bubble", "time", "higher", "longest idle gap of any device (`bubbles_largest`, scope device)"),
+    Metric("busbw", "bandwidth", "lower", "bus bandwidth of the collectives, GB/s, weighted by their duration "
+           "(`collectives`: Σ busbw·duration / Σ duration over instances with a size)", per_rank=False),
+    Metric("peak_memory", "bytes", "higher", "highest allocated device memory (`memory`: peak_allocated_bytes, "
+           "accelerator devices, else host)"),
+    Metric("mfu", "percent", "lower", "model FLOPs utilization, mean over steps (`mfu`; needs --model-flops or "
+           "--params with --tokens-per-step)", per_rank=False),
+    Metric("hfu", "percent", "lower", "hardware FLOPs utilization from the FLOPs in the trace, mean over steps (`mfu`; computed with the MFU options)",
+           per_rank=False),
+]}
+
+
+def display(metric: str, value) -> str:
+    """A value in the unit people read it in (ms, GB, %)."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "–"
+    kind = METRICS[metric].kind
+    if kind == "time":
+        return f"{value / 1e6:,.2f} ms" if value >= 1e5 else f"{value / 1e3:,.1f} µs"
+    if kind == "percent":
+        return f"{value:.2f} %"
+    if kind == "bytes":
+        return f"{value / 2**30:,.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.1f} MiB"
+    return f"{value:,.3g} GB/s"
+
+
+def change(metric: str, value, base) -> str:
+    """The change from `base` to `value` as people read it: relative for amounts, points for percentages."""
+    if value is None or base is None or pd.isna(value) or pd.isna(base):
+        return "–"
+    if METRICS[metric].kind == "percent":
+        return f"{value - base:+.2f} pp"
+    return f"{(value - base) / abs(base) * 100:+.1f} %" if base else "–"
+
+
+@dataclass
+class FleetMetrics:
+    runs: pd.DataFrame  # one row per run: run_id, ranks, start_ns, formats, devices + a column per metric
+    ranks: pd.DataFrame  # one row per (run_id, rank): the per-rank metrics
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # query outputs kept for the report's tables
+
+
+def _run(con, name: str, **params) -> pd.DataFrame:
+    return queries.run(con, queries.find(name), params).df()
+
+
+def collect(con, *, mfu_params: dict | None = None, top: int = 10) -> FleetMetrics:
+    """Run the curated queries on `con` (a fleet) and derive every metric per run and per rank."""
+    info = con.sql("""
+        SELECT r.run_id, count(DISTINCT r.rank) AS ranks, min(r.trace_start_ns) AS start_ns,
+            max(r.trace_end_ns) AS end_ns,
+            string_agg(DISTINCT r.source_format, ', ' ORDER BY r.source_format) AS formats,
+            (SELECT string_agg(DISTINCT d.name, ', ' ORDER BY d.name) FROM devices d WHERE d.run_id = r.run_id)
+                AS devices
+        FROM ranks r GROUP BY r.run_id""").df()
+    steps = _run(con, "steps")
+    breakdown = _run(con, "temporal_breakdown")
+    overlap = _run(con, "overlap")
+    bubbles = _run(con, "bubbles_largest", top=top)
+    hotspots = _run(con, "hotspots", top=top)
+    collectives = _run(con, "collectives")
+    memory = _run(con, "memory")
+    mfu = _run(con, "mfu", **mfu_params) if mfu_params else pd.DataFrame(columns=["run_id", "mfu", "hfu"])
+
+    ranks = info[["run_id"]].merge(con.sql("SELECT DISTINCT run_id, rank FROM ranks").df(), on="run_id")
+
+    # steps: per step the slowest rank sets the pace; per rank its own steps
+    steps["step_ns"] = steps.device_ns.astype("float64").fillna(steps.cpu_ns.astype("float64"))
+    per_step = steps.groupby(["run_id", "step"], as_index=False).step_ns.max()
+    run_steps = per_step.groupby("run_id").step_ns.agg(
+        step_time_p50=lambda s: s.quantile(0.5), step_time_p90=lambda s: s.quantile(0.9), steps="count")
+    rank_steps = steps.groupby(["run_id", "rank"]).step_ns.agg(
+        step_time_p50=lambda s: s.quantile(0.5), step_time_p90=lambda s: s.quantile(0.9))
+
+    sums = breakdown.groupby("run_id")[["window_ns", "compute_ns", "exposed_comm_ns", "idle_ns"]].sum()
+    run_time = pd.DataFrame({name: 100 * sums[f"{name}_ns"] / sums.window_ns.where(sums.window_ns > 0)
+                             for name in ("exposed_comm", "idle", "compute")})
+    rank_time = breakdown.groupby(["run_id", "rank"])[["window_ns", "compute_ns", "exposed_comm_ns", "idle_ns"]].sum()
+    rank_time = pd.DataFrame({name: 100 * rank_time[f"{name}_ns"] / rank_time.window_ns.where(rank_time.window_ns > 0)
+                              for name in ("exposed_comm", "idle", "compute")})
+
+    ov = overlap.groupby("run_id")[["overlap_ns", "comm_ns"]].sum()
+    run_overlap = (100 * ov.overlap_ns / ov.comm_ns.where(ov.comm_ns > 0)).rename("overlap")
+    ov_rank = overlap.groupby(["run_id", "rank"])[["overlap_ns", "comm_ns"]].sum()
+    rank_overlap = (100 * ov_rank.overlap_ns / ov_rank.comm_ns.where(ov_rank.comm_ns > 0)).rename("overlap")
+
+    run_bubble = bubbles.groupby("run_id").dur.max().rename("largest_bubble")
+    rank_bubble = bubbles.groupby(["run_id", "rank"]).dur.max().rename("largest_bubble")
+
+    sized = collectives.dropna(subset=["busbw_gbps"])
+    sized = sized.assign(weighted=sized.busbw_gbps * sized.duration_ns)
+    bw = sized.groupby("run_id")[["weighted", "duration_ns"]].sum()
+    run_busbw = (bw.weighted / bw.duration_ns.where(bw.duration_ns > 0)).rename("busbw")
+
+    # an accelerator's memory when the trace has it, else the host's
+    memory["accelerator"] = memory.device_type != "cpu"
+    mem = memory[memory.accelerator == memory.groupby("run_id").accelerator.transform("max")]
+    run_memory = mem.groupby("run_id").peak_allocated_bytes.max().rename("peak_memory")
+    rank_memory = mem.groupby(["run_id", "rank"]).peak_allocated_bytes.max().rename("peak_memory")
+
+    run_flops = (100 * mfu.groupby("run_id")[["mfu", "hfu"]].mean()) if len(mfu) else pd.DataFrame(
+        columns=["mfu", "hfu"], dtype="float64")
+
+    runs = info.set_index("run_id").join([run_steps, run_time, run_overlap, run_bubble, run_busbw, run_memory,
+                                          run_flops]).reset_index()
+    ranks = ranks.set_index(["run_id", "rank"]).join([rank_steps, rank_time, rank_overlap, rank_bubble,
+                                                      rank_memory]).reset_index()
+    for frame in (runs, ranks):
+        for name in METRICS:
+            if name in frame:
+                frame[name] = frame[name].astype("float64")
+    runs["steps"] = runs["steps"].fillna(0).astype("int64")
+    return FleetMetrics(runs=runs, ranks=ranks, tables={
+        "hotspots": hotspots, "bubbles": bubbles, "collectives": collectives, "memory": memory,
+        "breakdown": breakdown, "steps": steps, "mfu": mfu})

@@ -1,0 +1,202 @@
+"""The report's files: index.html (one offline page: plotly.js embedded, no network), summary.md (a CI job
+summary or PR comment), metrics.json and metrics.parquet. Each file is written aside and renamed into place.
+
+Escaping: the HTML template autoescapes every value (jinja2); figure JSON is embedded in a non-executed
+<script type="application/json"> with <, > and & written as \\u003c, \\u003e, \\u0026, so no trace string can close
+it; a Content-Security-Policy admits only the page's own two scripts (by hash) and no network at all.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import html
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import __version__
+from ..errors import TraceError
+from .gates import __doc__ as GATE_GRAMMAR
+from . import DIFFS_SHOWN
+from .metrics import METRICS, change, display
+
+MARKDOWN_RUNS = 20  # rows of the Markdown runs table (the baseline and the latest runs)
+
+_INIT_JS = """
+document.querySelectorAll('div.chart').forEach(function (div) {
+  var figure = JSON.parse(document.getElementById(div.dataset.figure).textContent);
+  Plotly.newPlot(div, figure.data, figure.layout, {displaylogo: false, responsive: true});
+});
+"""
+
+
+def script_json(value) -> str:
+    """JSON safe inside <script>: no '<', '>' or '&' characters at all (nor the JS line separators)."""
+    text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                    ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+def md(value, width: int | None = None) -> str:
+    """A trace-derived string for Markdown tables: HTML special characters as entities, Markdown ones escaped."""
+    s = " ".join(str(value).split())
+    if width and len(s) > width:
+        s = s[: width - 1] + "…"
+    s = html.escape(s, quote=False)
+    for ch in "\\`*_[]|":
+        s = s.replace(ch, "\\" + ch)
+    return s
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return json.loads(df.to_json(orient="records", double_precision=15)) if len(df) else []
+
+
+def _sha256(script: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode()).digest()).decode() + "'"
+
+
+def _fmt_ns(ns) -> str:
+    if pd.isna(ns) or ns == 0:
+        return "–" if pd.isna(ns) else "0"
+    return f"{ns / 1e6:,.3f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:,.1f} µs"
+
+
+def html_page(report) -> str:
+    import jinja2
+    from plotly.offline import get_plotlyjs
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("tracesql.report", "."),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters.update(ns=_fmt_ns, metric=lambda v, name: display(name, v),
+                       pct=lambda v: "–" if pd.isna(v) else f"{v:.1f} %",
+                       num=lambda v: "–" if pd.isna(v) else f"{v:,.4g}",
+                       short=lambda v: v if v is None or len(str(v)) <= 160 else str(v)[:159] + "…")
+    plotly_js = get_plotlyjs()
+    runs = report.metrics.runs
+    base = runs.set_index("run_id").loc[report.baseline]
+    shown = [m for m in METRICS if m in runs and runs[m].notna().any()]
+    charts = [{"section": s, "name": n, "id": f"chart-{i}", "json": script_json(fig)}
+              for i, (s, n, fig) in enumerate(report.charts)]
+    csp = ("default-src 'none'; script-src " + _sha256(plotly_js) + " " + _sha256(_INIT_JS)
+           + "; style-src 'unsafe-inline'; img-src data: blob:; font-src data:")
+    return env.get_template("report.html.j2").render(
+        report=report, runs=runs, base=base, shown=shown, metrics=METRICS, charts=charts,
+        change=change, display=display, worse={(r.run_id, m) for r in report.regressions for m, _ in r.changes}, plotly_js=plotly_js, init_js=_INIT_JS, csp=csp,
+        generated=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        start=lambda ns: "–" if pd.isna(ns) else datetime.datetime.fromtimestamp(
+            ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        version=__version__, diffs_shown=DIFFS_SHOWN, grammar=GATE_GRAMMAR.split("\n\n", 1)[1].strip())
+
+
+def markdown(report) -> str:
+    runs = report.metrics.runs
+    rows = runs.set_index("run_id", drop=False)
+    base = rows.loc[report.baseline]
+    lines = [f"## tracesql report: {len(runs)} run(s), baseline {md(report.baseline)}, latest {md(report.focus)}", ""]
+    if report.verdicts:
+        failed = report.failed
+        lines.append(f"**Gates: {len(failed)} of {len(report.verdicts)} failed**" if failed else
+                     f"**Gates: all {len(report.verdicts)} passed**")
+        lines += [f"- {'❌ FAIL' if not v.passed else '✅ pass'} `{v.gate.text.replace('`', '')}`: {md(v.reason)}"
+                  for v in report.verdicts]
+        lines.append("")
+    shown = [m for m in METRICS if m in runs and runs[m].notna().any()]
+    picked = runs if len(runs) <= MARKDOWN_RUNS else pd.concat(
+        [runs[runs.run_id == report.baseline], runs[runs.run_id != report.baseline].tail(MARKDOWN_RUNS - 1)])
+    if len(picked) < len(runs):
+        lines.append(f"The baseline and the latest {len(picked) - 1} of {len(runs)} runs (all in index.html):")
+        lines.append("")
+    lines.append("| # | run | ranks | " + " | ".join(shown) + " |")
+    lines.append("|---:|---|---:|" + "---:|" * len(shown))
+    for r in picked.itertuples():
+        cells = []
+        for m in shown:
+            value = getattr(r, m)
+            delta = "" if r.run_id == report.baseline else f" ({change(m, value, base[m])})"
+            cells.append(display(m, value) + (delta if delta != " (–)" else ""))
+        mark = " (baseline)" if r.run_id == report.baseline else ""
+        lines.append(f"| {r.order} | {md(r.run_id, 50)}{mark} | {r.ranks} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if report.regressions:
+        lines.append(f"### Regressions against {md(report.baseline)} (threshold {report.threshold:g} % / pp)")
+        lines.append("")
+        for reg in report.regressions:
+            what = ", ".join(f"{m} {c}" for m, c in reg.changes) or "failed a gate"
+            lines.append(f"**{md(reg.run_id)}**: {what}")
+            lines.append("")
+            if reg.diff is not None and len(reg.diff):
+                lines.append("| level | name | status | count/rank before → after | time/rank before → after | Δ | share of change |")
+                lines.append("|---|---|---|---:|---:|---:|---:|")
+                for level in ("kernel", "op"):
+                    for d in reg.diff[reg.diff.level == level].head(5).itertuples():
+                        share = "–" if pd.isna(d.share_of_change) else f"{d.share_of_change * 100:.0f} %"
+                        lines.append(f"| {level} | {md(d.name, 70)} | {d.status} | {d.before_count:,.4g} → "
+                                     f"{d.after_count:,.4g} | {_fmt_ns(d.before_ns)} → {_fmt_ns(d.after_ns)} | "
+                                     f"{'+' if d.delta_ns >= 0 else '−'}{_fmt_ns(abs(d.delta_ns))} | {share} |")
+                lines.append("")
+    else:
+        lines += [f"No regressions against {md(report.baseline)} (threshold {report.threshold:g} % / pp).", ""]
+    lines.append(f"<sub>tracesql {__version__}: metrics from the curated queries; the charts are in index.html."
+                 "</sub>")
+    return "\n".join(lines) + "\n"
+
+
+def metrics_json(report) -> dict:
+    return {
+        "tracesql_version": __version__, "baseline": report.baseline, "latest": report.focus,
+        "threshold": report.threshold,
+        "metrics": {m.name: {"kind": m.kind, "worse": m.worse, "doc": m.doc} for m in METRICS.values()},
+        "runs": _records(report.metrics.runs), "ranks": _records(report.metrics.ranks),
+        "gates": [{"gate": v.gate.text, "run_id": v.run_id, "passed": v.passed, "reason": v.reason}
+                  for v in report.verdicts],
+        "regressions": [{"run_id": r.run_id, "changes": dict(r.changes),
+                         "diff": None if r.diff is None else _records(r.diff)} for r in report.regressions],
+    }
+
+
+def metrics_table(report) -> pa.Table:
+    """Long format: one row per (run, rank or NULL for the whole run, metric)."""
+    runs, ranks = report.metrics.runs, report.metrics.ranks
+    names = [m for m in METRICS if m in runs]
+    long = runs.melt(id_vars=["run_id", "order"], value_vars=names, var_name="metric").assign(rank=None)
+    per_rank = ranks.merge(runs[["run_id", "order"]], on="run_id").melt(
+        id_vars=["run_id", "order", "rank"], value_vars=[m for m in METRICS if m in ranks], var_name="metric")
+    table = pd.concat([long, per_rank], ignore_index=True).dropna(subset=["value"])
+    table["unit"] = table.metric.map({m.name: {"time": "ns", "percent": "%", "bytes": "bytes",
+                                               "bandwidth": "GB/s"}[m.kind] for m in METRICS.values()})
+    return pa.Table.from_pydict({
+        "run_id": pa.array(table.run_id, pa.string()), "order": pa.array(table.order, pa.int32()),
+        "rank": pa.array(table["rank"].astype("Int32"), pa.int32()), "metric": pa.array(table.metric, pa.string()),
+        "value": pa.array(table.value.astype("float64"), pa.float64()), "unit": pa.array(table.unit, pa.string())})
+
+
+def write(report, out: Path) -> list[Path]:
+    """Write the four files into `out`, each aside then renamed: an interrupted run leaves the previous files."""
+    if out.exists() and not out.is_dir():
+        raise TraceError(out, "exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    contents = {
+        "index.html": html_page(report).encode(),
+        "summary.md": markdown(report).encode(),
+        "metrics.json": (json.dumps(metrics_json(report), indent=1, ensure_ascii=False) + "\n").encode(),
+    }
+    written = []
+    for name, data in contents.items():
+        tmp = out / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, out / name)
+        written.append(out / name)
+    tmp = out / f".metrics.parquet.{uuid.uuid4().hex[:8]}.tmp"
+    pq.write_table(metrics_table(report), tmp)
+    os.replace(tmp, out / "metrics.parquet")
+    return written + [out / "metrics.parquet"]
