@@ -107,6 +107,8 @@ def _parse_manifest(run: str, text: str) -> dict:
 def run_paths(spark, target) -> list[str]:
     """Where the runs of `target` are, as paths Spark reads: URIs as they are; local runs, fleets and raw traces
     (ingested into the cache) as DuckDB resolves them."""
+    if isinstance(target, (list, tuple)):  # several targets read as one fleet (as `tracesql diff` does)
+        return list(dict.fromkeys(run for t in target for run in run_paths(spark, t)))
     if _is_uri(target):
         return find_runs(spark, target)
     runs = engine.resolve(target)

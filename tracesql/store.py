@@ -47,14 +47,15 @@ def load_manifest(run: Path, rewriting: bool = False) -> dict:
         manifest = json.loads((run / MANIFEST).read_text())
     except (OSError, ValueError) as e:
         raise TraceError(run, f"not a readable tracesql run ({e})") from None
+    version = manifest.get("schema_version")
+    if rewriting and isinstance(version, int) and version < schema.SCHEMA_VERSION:
+        return {"run_id": manifest.get("run_id")}
     return check_manifest(manifest, run)
 
 
 def check_manifest(manifest: dict, run) -> dict:
     """`manifest` if this tracesql reads its schema version, else a TraceError saying what to do."""
     version = manifest.get("schema_version")
-    if rewriting and isinstance(version, int) and version < schema.SCHEMA_VERSION:
-        return {"run_id": manifest.get("run_id")}
     if version != schema.SCHEMA_VERSION:
         newer = isinstance(version, int) and version > schema.SCHEMA_VERSION
         raise TraceError(
