@@ -1,3 +1,3 @@
-from .cli import main
+from tracesql.cli import main  # absolute: spark-submit runs this file as a script
 
 main()

@@ -12,12 +12,20 @@ from pathlib import Path
 import click
 import duckdb
 
-from . import __version__, engine, queries, schema, store
+from . import __version__, db, queries, schema, store
+from . import engine as duckdb_engine
 from .info import info as run_info
 from .ingestion import ingest as ingest_traces
 from .errors import OlderSchemaWarning, TraceError
 
 FORMATS = ("table", "csv", "json", "markdown", "parquet")
+ENGINES = ("duckdb", "spark")
+
+
+def _spark_session(master: str | None):
+    from .spark import session
+
+    return session(master)
 
 
 def _errors_as_messages(fn):
@@ -35,7 +43,9 @@ def _errors_as_messages(fn):
                         click.echo(f"Note: {note.message}", err=True)
         except TraceError as e:
             raise click.ClickException(str(e)) from None
-        except duckdb.Error as e:
+        except Exception as e:
+            if not isinstance(e, duckdb.Error) and not type(e).__module__.startswith(("pyspark", "py4j")):
+                raise
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise click.ClickException(f"SQL error: {first}") from None
 
@@ -60,8 +70,11 @@ def main():
                    "(default: $TRACESQL_MEMORY_LIMIT or 1GB).")
 @click.option("--max-events", type=int, metavar="N", help="Read only the first N events of each file (a quick look).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
+@click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
+              help="spark: read the files in Spark tasks (see --master), one file per task.")
+@click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @_errors_as_messages
-def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, quiet):
+def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, quiet, engine, master):
     """Read trace files (or folders of them) into a run folder of Parquet tables.
 
     Unchanged files already in the run are not read again. On any error the run folder is left as it was.
@@ -71,9 +84,10 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, q
         tracesql ingest traces/run-1234/ -o runs/1234/
     """
     t0 = time.perf_counter()
+    spark = _spark_session(master) if engine == "spark" else None
     result = ingest_traces(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
                            progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
-                           max_events=max_events)
+                           max_events=max_events, spark=spark)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:
@@ -103,8 +117,11 @@ def _parse_params(pairs) -> dict:
 @click.option("-p", "--param", "params", multiple=True, metavar="NAME=VALUE", help="Query parameter (repeatable).")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
+@click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
+              help="spark: transpile the query to Spark SQL and run it on Spark (see --master).")
+@click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @_errors_as_messages
-def query(query, target, params, fmt, output):
+def query(query, target, params, fmt, output, engine, master):
     """Run a curated query (by name, e.g. `overlap`) or your own .sql file on a run.
 
     TARGET is a run folder, a folder of runs, or raw traces (ingested on the fly into a cache).
@@ -114,8 +131,13 @@ def query(query, target, params, fmt, output):
         tracesql query overlap runs/1234/ --param class_scheme=hta
     """
     q = queries.find(query)
-    con = engine.connect(target)
-    rel = queries.run(con, q, _parse_params(params))
+    if engine == "spark":
+        from . import spark as spark_engine
+
+        session = spark_engine.connect(target, spark=_spark_session(master))
+        rel = db.connect().from_arrow(spark_engine.to_arrow(spark_engine.run(session, q, _parse_params(params))))
+    else:
+        rel = queries.run(duckdb_engine.connect(target), q, _parse_params(params))
     rows = _emit(rel, fmt, output)
     if rows == 0:
         click.echo(f"Note: no rows: {q.name} needs {q.needs or 'data this run does not have'}.", err=True)
@@ -259,7 +281,7 @@ def shell(target):
 
         tracesql shell runs/1234/
     """
-    con = engine.connect(target)
+    con = duckdb_engine.connect(target)
     interactive = sys.stdin.isatty()
     if interactive:
         try:
@@ -364,14 +386,14 @@ def diff(before, after, top, fmt, output):
 
         tracesql diff runs/before runs/after
     """
-    runs = [engine.resolve(t) for t in (before, after)]
+    runs = [duckdb_engine.resolve(t) for t in (before, after)]
     for target, found in zip((before, after), runs):
         if len(found) != 1:
             raise TraceError(target, f"diff compares two runs; this holds {len(found)}")
     ids = [store.load_manifest(r[0])["run_id"] for r in runs]
     if ids[0] == ids[1] and runs[0][0].absolute() != runs[1][0].absolute():
         raise TraceError(after, f"both runs are named {ids[0]!r}; ingest one with another --run-id")
-    con = engine.connect([runs[0][0], runs[1][0]])
+    con = duckdb_engine.connect([runs[0][0], runs[1][0]])
     rel = queries.run(con, queries.find("diff"), {"before": ids[0], "after": ids[1], "top": top})
     if fmt == "table":  # the runs once on top instead of in every row
         click.echo(f"{ids[0]} -> {ids[1]}: per rank, largest change first")

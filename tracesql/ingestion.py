@@ -152,10 +152,13 @@ def ingest(
     progress: bool = False,
     memory_limit: str | None = None,
     max_events: int | None = None,
+    spark=None,
 ) -> IngestResult:
     """Ingest trace files or folders into the run folder `out`. Unchanged files already in `out` are not re-read.
     `memory_limit` caps DuckDB's working memory per file (it spills to disk beyond it); `max_events` reads only
-    the first N events of each file (see `tracesql.limits`).
+    the first N events of each file (see `tracesql.limits`). With `spark` (a SparkSession, see
+    tracesql.spark.session) the files are read by Spark tasks instead of local processes; the run is published
+    the same way.
 
     >>> tracesql.ingest(["traces/run-1234/"], "runs/1234")          # doctest: +SKIP
     """
@@ -215,7 +218,13 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
                 store.reuse_part(out, staging, part)
         entries = dict(keep)
         ranks = (rank, 0 if len(wanted) == 1 else None)
-        for rel, summary in _run_all(todo, staging, ranks, run_id, jobs, progress, lim):
+        if spark is not None:
+            from .spark import read_files
+
+            done = read_files(spark, todo, staging, ranks, run_id, lim)
+        else:
+            done = _run_all(todo, staging, ranks, run_id, jobs, progress, lim)
+        for rel, summary in done:
             entries[rel] = {**todo[rel][1], **summary}
             result.ingested.append(rel)
             if summary["skipped"]:

@@ -115,15 +115,19 @@ def literal(value) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def run(con, query: Query, params: dict | None = None):
-    """Run `query` on `con` with `params` (name -> value). Returns a DuckDB relation of the last statement."""
+def variables(query: Query, params: dict | None = None) -> dict[str, str]:
+    """The value of each of the query's parameters as a SQL literal: the one in `params`, else the default."""
     params = dict(params or {})
     unknown = sorted(set(params) - set(query.params))
     if unknown:
         known = ", ".join(query.params) or "none"
         raise TraceError(query.path, f"unknown parameter {', '.join(unknown)} (this query takes: {known})")
-    for name, p in query.params.items():
-        value = literal(params[name]) if name in params else p.default
+    return {name: literal(params[name]) if name in params else p.default for name, p in query.params.items()}
+
+
+def run(con, query: Query, params: dict | None = None):
+    """Run `query` on `con` with `params` (name -> value). Returns a DuckDB relation of the last statement."""
+    for name, value in variables(query, params).items():
         con.execute(f"SET VARIABLE {name} = {value}").fetchall()
     statements = con.extract_statements(query.sql)
     if not statements:
@@ -133,11 +137,18 @@ def run(con, query: Query, params: dict | None = None):
     return con.sql(statements[-1].query)
 
 
-def query(name_or_path, target, **params):
+def query(name_or_path, target, *, engine: str = "duckdb", **params):
     """Run a curated query (or a SQL file) on a run, fleet or raw traces and return a DataFrame.
+    engine="spark" runs it on Spark (tracesql.spark.query: the same table).
 
     >>> tracesql.query("overlap", "runs/1234", class_scheme="hta")   # doctest: +SKIP
     """
+    if engine == "spark":
+        from .spark import query as spark_query
+
+        return spark_query(name_or_path, target, **params)
+    if engine != "duckdb":
+        raise TraceError(engine, "unknown engine (duckdb or spark)")
     from .engine import connect
 
     return run(connect(target), find(name_or_path), params).df()

@@ -106,6 +106,12 @@ def load_manifest(run: Path) -> dict:
             raise ValueError("the manifest is not a JSON object")
     except (OSError, ValueError) as e:
         raise TraceError(run, f"not a readable tracesql run ({e})") from None
+    return check_manifest(manifest, run)
+
+
+def check_manifest(manifest: dict, run) -> dict:
+    """`manifest` if this tracesql reads its schema version (an older one is read as it is), else a TraceError
+    saying what to do. Also used by the Spark engine, which reads manifests from URIs."""
     version = manifest.get("schema_version")
     writer = f"tracesql {manifest.get('tracesql_version') or '(unknown version)'}"
     readable = f"{schema.OLDEST_READABLE}..{schema.SCHEMA_VERSION}"

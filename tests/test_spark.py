@@ -1,0 +1,272 @@
+"""tracesql on Apache Spark: every curated query gives on Spark (local[2]) what it gives on DuckDB, over the same
+ingested runs; ingest on Spark writes the same run; the transpiler's DuckDB semantics hold value by value.
+
+One SparkSession for the whole module (a JVM start costs seconds on two cores). Skipped only without Java."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import tracesql
+from tracesql import db, engine, queries, store, transpile
+from tracesql.cli import main
+from tracesql.errors import TraceError
+
+from conftest import CORPUS, DATASETS
+
+if shutil.which("java") is None:
+    pytest.skip("Spark needs Java (17 or 21): none on PATH", allow_module_level=True)
+
+pytest.importorskip("pyspark", reason="needs pyspark: pip install '.[spark]' (the test extra has it)")
+pytest.importorskip("sqlglot", reason="needs sqlglot: pip install '.[spark]' (the test extra has it)")
+from tracesql import spark as tsp  # noqa: E402
+
+BUNDLED = ["hta_trace_filter", "torch_gloo_4rank_straggler", "jax_cpu_mlp", "tracelens_b200_eager",
+           "tracelens_mi210_gpu_only"]
+# diverse formats and features: collectives metadata, GEMM/attention shapes, XPlane, Nsight, MTIA, rocprof
+CORPUS_RUNS = {
+    "nccl_parser_config": "hta/tests/data/nccl_parser_config/nccl_data.json.gz",
+    "qwen_h100": "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+    "jax_conv_mi300": "tracelens/tests/traces/mi300/jax_conv_minimal_08/tw003.xplane.pb",
+    "cloverleaf_nsys": "pipit/pipit/tests/data/cloverleaf-nsys/perlmutter-cloverleaf-cuda.sqlite",
+    "mtia_inference": "hta/tests/data/mtia_inference_trace/mtia_inference_rank_0.json.gz",
+    "rocprof_mi350": "tracelens/tests/rocprof/908_results.json.gz",
+}
+CATALOGUE = [q.name for q in queries.catalogue()]
+# the code paths that parameters switch on (and that the defaults leave out), each once
+VARIANTS = [
+    ("overlap", {"per": "process_group"}),
+    ("temporal_breakdown", {"per": "step", "class_scheme": "hta", "analysis_window": "hta", "time_unit_ns": 1000}),
+    ("bubbles", {"scope": "device"}),
+    ("hotspots", {"levels": "kernel_family,op_args", "top": 5}),
+    ("memory_ops", {"op_level": "top"}),
+    ("memory_curve", {"points": 7}),
+]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = tsp.session()
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Path:
+    """The bundled datasets, plus the corpus runs when the corpus is there: one fleet, read as one dataset."""
+    root = tmp_path_factory.mktemp("fleet")
+    sources = {name: DATASETS / name for name in BUNDLED}
+    sources.update({name: CORPUS / path for name, path in CORPUS_RUNS.items() if (CORPUS / path).exists()})
+    for name, source in sources.items():
+        tracesql.ingest([source], root / name)
+    return root
+
+
+def _value(v):
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, dict):
+        return tuple(sorted((k, _value(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_value(x) for x in v)
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def _sort_key(row: tuple):
+    """Rows in an order both engines agree on, floats compared to 9 significant digits."""
+    return tuple((v is None, f"{v:.9g}" if isinstance(v, float) else repr(v)) for v in row)
+
+
+def assert_same_table(duck, spark_table, what: str):
+    """Same column names, same rows, floats within a relative 1e-9: in the same order, or — where the query's
+    ORDER BY leaves ties (e.g. launch's two NULL-step rows of a rank, the total and the steps-less group) — as
+    the same multiset of rows."""
+    assert duck.column_names == spark_table.column_names, what
+    d = [tuple(_value(v) for v in row.values()) for row in duck.to_pylist()]
+    s = [tuple(_value(v) for v in row.values()) for row in spark_table.to_pylist()]
+    assert len(d) == len(s), f"{what}: {len(d)} rows on DuckDB, {len(s)} on Spark"
+    if all(_same(x, y) for x, y in zip(d, s)):
+        return
+    for i, (x, y) in enumerate(zip(sorted(d, key=_sort_key), sorted(s, key=_sort_key))):
+        assert _same(x, y), f"{what}, row {i} (rows sorted):\n  DuckDB {x}\n  Spark  {y}"
+
+
+_views_of = {}  # the fleet whose tables the session's views show (registering them again costs seconds)
+
+
+def _on(spark, fleet: Path):
+    if _views_of.get(spark) != fleet:
+        tsp.connect(fleet, spark=spark)
+        _views_of[spark] = fleet
+    return spark
+
+
+def _parity(spark, fleet: Path, name: str, params: dict) -> int:
+    q = queries.find(name)
+    duck = queries.run(engine.connect(fleet), q, params).to_arrow_table()
+    session = _on(spark, fleet)
+    assert_same_table(duck, tsp.to_arrow(tsp.run(session, q, params)), f"{name} {params}")
+    return duck.num_rows
+
+
+@pytest.mark.parametrize("name", CATALOGUE)
+def test_every_query_same_on_spark(spark, fleet, name):
+    assert _parity(spark, fleet, name, {}) > 0
+
+
+@pytest.mark.parametrize("name,params", VARIANTS, ids=[f"{n}-{'-'.join(p)}" for n, p in VARIANTS])
+def test_parameter_variants_same_on_spark(spark, fleet, name, params):
+    assert _parity(spark, fleet, name, params) > 0
+
+
+@pytest.mark.corpus
+def test_parity_covers_the_corpus_runs(fleet):
+    missing = [p for p in CORPUS_RUNS.values() if not (CORPUS / p).exists()]
+    if missing:
+        pytest.skip(f"corpus not available: {CORPUS / missing[0]}")
+    assert sorted(p.name for p in fleet.iterdir()) == sorted(BUNDLED + list(CORPUS_RUNS))
+
+
+def test_no_curated_query_is_untranspilable():
+    for q in queries.catalogue():
+        assert transpile.to_spark(q.sql, queries.variables(q)), q.name
+
+
+# DuckDB expressions whose Spark rewrite is easy to get wrong, each checked value by value against DuckDB
+SEMANTICS = [
+    "[10, 20, 30][1]", "[10, 20, 30][-1]", "[10, 20, 30][4]", "[10, 20, 30][0]",
+    "[10, 20, 30][2:]", "[10, 20, 30][1:2]", "[10, 20, 30][1:-1]", "[10, 20, 30][3:1]", "[[1, 2], [3]][1][-1]",
+    "len([1, 2, NULL])", "len(CAST(NULL AS INTEGER[]))",
+    "list_product([2, 3, NULL])", "list_product(CAST([] AS BIGINT[]))", "list_sum([1.5, NULL, 2])",
+    "range(3)", "range(2, 2)", "range(1, 4)", "list_reverse([1, 2, 3])",
+    "list_transform([5, 6, 7], lambda x, i: x * i)", "list_filter(['a', 'b', 'c'], lambda s, i: i <> 2)",
+    "regexp_replace('ab_12_34', '_\\d+$', '')", "regexp_replace('a<b<c>>', '<[^<>]*>', '', 'g')",
+    "regexp_replace('f(x)', '^(\\w+)\\(.*$', '\\1!')", "regexp_matches('NCCL kernel', '(?i)nccl')",
+    "TRY_CAST('[2, 3]' AS BIGINT[])", "TRY_CAST('[]' AS BIGINT[])", "TRY_CAST('7' AS BIGINT[])",
+    "TRY_CAST('[True, false]' AS BOOLEAN[])",
+    "CAST(['', 'a b', 'a,b', 'it''s', NULL] AS VARCHAR)", "CAST([[1, NULL], NULL, []] AS VARCHAR)",
+    "floor(log10(1000))", "7 // 2", "1 / 0", "0.1 + 0.2", "{'a': 1, 'b': 2.5}.b",
+    "arg_max(x, (x % 2, x)) FROM range(5) t(x)", "list(x ORDER BY -x) FROM range(3) t(x)",
+    "histogram(x % 2)[1] FROM range(5) t(x)", "quantile_cont(x, 0.3) FROM range(10) t(x)",
+    "string_agg(s, '') FROM (SELECT trim(unnest(string_split(' a, b ', ','))) AS s)",
+]
+
+
+@pytest.mark.parametrize("expression", SEMANTICS)
+def test_duckdb_semantics_on_spark(spark, expression):
+    sql = f"SELECT {expression}"
+    duck = db.connect().sql(sql).fetchall()[0][0]
+    spark.conf.set("spark.sql.ansi.enabled", "false")
+    got = tsp.sql(spark, sql).collect()[0][0]
+    got = got.asDict() if hasattr(got, "asDict") else got
+    assert _same(_value(duck), _value(got)), f"{expression}: DuckDB {duck!r}, Spark {got!r}"
+
+
+def test_untranspilable_query_named_with_reason(spark, fleet, tmp_path):
+    user = tmp_path / "first_match.sql"
+    user.write_text("-- first_match: the first 'a' replaced\nSELECT regexp_replace(name, 'a', 'b') AS n FROM slices\n")
+    session = _on(spark, fleet)
+    with pytest.raises(TraceError, match=r"first_match.sql: cannot run on Spark: regexp_replace\(\) of the first"):
+        tsp.run(session, queries.find(user))
+    result = CliRunner().invoke(main, ["query", str(user), str(fleet), "--engine", "spark"])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {user}: cannot run on Spark: regexp_replace()")
+
+
+def test_cli_prints_the_same_table(spark, fleet):
+    run = str(fleet / "torch_gloo_4rank_straggler")
+    out = {}
+    _views_of.clear()
+    for eng in ("duckdb", "spark"):
+        result = CliRunner().invoke(main, ["query", "collective_stragglers", run, "-f", "markdown", "--engine", eng])
+        assert result.exit_code == 0, result.output
+        out[eng] = result.output
+    assert out["spark"] == out["duckdb"]
+    assert "| torch_gloo_4rank_straggler | 2 | 1 | 27 | 23 |" in out["spark"]  # rank 2, the known straggler
+
+
+def test_python_api(spark, fleet):
+    _views_of.clear()
+    df = tracesql.query("steps", fleet / "hta_trace_filter", engine="spark")
+    duck = tracesql.query("steps", fleet / "hta_trace_filter")
+    assert list(df.columns) == list(duck.columns) and len(df) == len(duck) == 4
+    assert df["device_ns"].tolist() == duck["device_ns"].tolist()
+
+
+def test_uri_fleet_and_schema_version(spark, fleet, tmp_path):
+    """Runs named by URI (file:// here, s3a:// on a cluster) are found through Spark's file systems."""
+    copy = tmp_path / "fleet"
+    for name in ("hta_trace_filter", "torch_gloo_4rank_straggler"):
+        shutil.copytree(fleet / name, copy / name)
+    assert [r.rsplit("/", 1)[1] for r in tsp.find_runs(spark, copy.as_uri())] == ["hta_trace_filter",
+                                                                                   "torch_gloo_4rank_straggler"]
+    session = tsp.connect(copy.as_uri(), spark=spark)
+    _views_of.clear()
+    assert_same_table(queries.run(engine.connect(copy), queries.find("steps")).to_arrow_table(),
+                      tsp.to_arrow(tsp.run(session, queries.find("steps"))), "steps over file://")
+    manifest = copy / "hta_trace_filter" / store.MANIFEST
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema_version": 99}))
+    with pytest.raises(TraceError, match="written with schema version 99; .* upgrade tracesql"):
+        tsp.connect(copy.as_uri(), spark=spark)
+    with pytest.raises(TraceError, match="no tracesql run here"):
+        tsp.connect((tmp_path / "nothing").as_uri(), spark=spark)
+
+
+def _rows(run: Path, table: str):
+    con = db.connect()
+    return sorted(map(repr, con.sql(f"SELECT * EXCLUDE (args) FROM read_parquet('{run}/{table}/*.parquet')"
+                                      if table == "slices" else
+                                      f"SELECT * FROM read_parquet('{run}/{table}/*.parquet')").fetchall()))
+
+
+def test_ingest_on_spark_writes_the_same_run(spark, tmp_path):
+    source = DATASETS / "torch_gloo_4rank_straggler"
+    local = tracesql.ingest([source], tmp_path / "local" / "straggler")
+    distributed = tracesql.ingest([source], tmp_path / "spark" / "straggler", spark=spark)
+    assert distributed.ingested == local.ingested and distributed.rows == local.rows
+    for table in tracesql.schema.TABLES:
+        assert _rows(distributed.run, table) == _rows(local.run, table), table
+    a, b = (json.loads((r.run / store.MANIFEST).read_text()) for r in (local, distributed))
+    assert {k: {f: v[f] for f in ("ranks", "parts", "size")} for k, v in a["sources"].items()} == \
+           {k: {f: v[f] for f in ("ranks", "parts", "size")} for k, v in b["sources"].items()}
+    assert sorted(p.name for p in distributed.run.iterdir()) == sorted(p.name for p in local.run.iterdir())
+
+
+def test_ingest_on_spark_bad_file_is_one_line_and_keeps_the_run(spark, tmp_path):
+    traces = tmp_path / "traces"
+    shutil.copytree(DATASETS / "torch_gloo_2rank", traces)
+    out = tmp_path / "run"
+    tracesql.ingest([traces], out, spark=spark)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    bad = next(traces.rglob("*.json*"))
+    bad.write_bytes(bad.read_bytes()[:200])
+    result = CliRunner().invoke(main, ["ingest", str(traces), "-o", str(out), "--engine", "spark"])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {bad}: ") and result.output.count("\n") == 1
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.staging")]
+
+
+def test_cli_ingest_engine_spark(spark, tmp_path):
+    out = tmp_path / "gloo"
+    result = CliRunner().invoke(main, ["ingest", str(DATASETS / "torch_gloo_2rank"), "-o", str(out),
+                                       "--engine", "spark"])
+    assert result.exit_code == 0, result.output
+    assert "2 file(s) ingested" in result.output and "2 rank(s)" in result.output
+    assert len(tracesql.query("steps", out)) > 0
