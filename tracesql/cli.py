@@ -114,9 +114,8 @@ def query(query, target, params, fmt, output):
         tracesql query overlap runs/1234/ --param class_scheme=hta
     """
     q = queries.find(query)
-    con = engine.connect(target)
-    rel = queries.run(con, q, _parse_params(params))
-    rows = _emit(rel, fmt, output)
+    params = _parse_params(params)
+    rows = engine.on_fresh_connection(target, lambda con: _emit(queries.run(con, q, params), fmt, output))
     if rows == 0:
         click.echo(f"Note: no rows: {q.name} needs {q.needs or 'data this run does not have'}.", err=True)
 

@@ -138,6 +138,7 @@ def query(name_or_path, target, **params):
 
     >>> tracesql.query("overlap", "runs/1234", class_scheme="hta")   # doctest: +SKIP
     """
-    from .engine import connect
+    from .engine import on_fresh_connection
 
-    return run(connect(target), find(name_or_path), params).df()
+    query = find(name_or_path)
+    return on_fresh_connection(target, lambda con: run(con, query, params).df())
