@@ -23,15 +23,13 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 READER = """
 import json, os, sys, tracesql
-run, stop = sys.argv[1], sys.argv[2]
+run, stop, sql = sys.argv[1], sys.argv[2], sys.argv[3]
 last = False
 while not last:
     last = os.path.exists(stop)  # one more answer after the writer is done
     try:
-        con = tracesql.connect(run)
-        row = con.execute("SELECT (SELECT count(*) FROM slices), (SELECT list(source_path ORDER BY source_path) "
-                          "FROM ranks), (SELECT count(*) FROM ops)").fetchone()
-        print(json.dumps(list(row)), flush=True)
+        row = tracesql.query(sql, run).iloc[0]
+        print(json.dumps([int(row.slices), list(row.sources), int(row.ops)]), flush=True)
     except Exception as e:
         print(json.dumps(["error", type(e).__name__, str(e)]), flush=True)
 """
@@ -84,8 +82,11 @@ def test_readers_see_the_old_or_the_new_run_while_ingests_publish(tmp_path, expe
     run = tmp_path / "run"
     tracesql.ingest([A], run)
     stop = tmp_path / "stop"
-    reader = subprocess.Popen([sys.executable, "-c", READER, str(run), str(stop)], env=ENV, stdout=subprocess.PIPE,
-                              text=True)
+    sql = tmp_path / "state.sql"
+    sql.write_text("SELECT (SELECT count(*) FROM slices) AS slices, (SELECT list(source_path ORDER BY source_path) "
+                   "FROM ranks) AS sources, (SELECT count(*) FROM ops) AS ops")
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(run), str(stop), str(sql)], env=ENV,
+                              stdout=subprocess.PIPE, text=True)
     seen = [json.loads(reader.stdout.readline())]  # it reads A before the first swap, and B after the last
     for source in (B, A, B):
         subprocess.run(_ingest_cmd(source, run), env=ENV, check=True)
@@ -148,3 +149,24 @@ def test_a_reader_waits_while_the_first_ingest_of_a_run_holds_its_lock(tmp_path)
     assert tracesql.engine.resolve(run) == [run]  # waited for it instead of taking `run` for missing traces
     assert time.monotonic() - t0 > 0.5
     locker.wait(timeout=60)
+
+
+def test_a_query_that_loses_a_file_to_a_swap_runs_again_on_the_new_run(tmp_path):
+    import duckdb
+
+    tracesql.ingest([A], tmp_path / "run")
+    attempts = []
+
+    def work(con):
+        attempts.append(con)
+        if len(attempts) == 1:  # what DuckDB says when a globbed file is gone by the time it opens it
+            raise duckdb.IOException('IO Error: Cannot open file "x.parquet": No such file or directory')
+        return con.execute("SELECT count(*) FROM ranks").fetchone()[0]
+
+    assert tracesql.engine.on_fresh_connection(tmp_path / "run", work) == 2 and len(attempts) == 2
+
+    def broken(con):
+        raise duckdb.IOException("IO Error: disk on fire")
+
+    with pytest.raises(duckdb.IOException, match="disk on fire"):
+        tracesql.engine.on_fresh_connection(tmp_path / "run", broken)

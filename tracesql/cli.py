@@ -131,14 +131,14 @@ def query(query, target, params, fmt, output, engine, master):
         tracesql query overlap runs/1234/ --param class_scheme=hta
     """
     q = queries.find(query)
+    params = _parse_params(params)
     if engine == "spark":
         from . import spark as spark_engine
 
         session = spark_engine.connect(target, spark=_spark_session(master))
-        rel = db.connect().from_arrow(spark_engine.to_arrow(spark_engine.run(session, q, _parse_params(params))))
+        rows = _emit(db.connect().from_arrow(spark_engine.to_arrow(spark_engine.run(session, q, params))), fmt, output)
     else:
-        rel = queries.run(duckdb_engine.connect(target), q, _parse_params(params))
-    rows = _emit(rel, fmt, output)
+        rows = duckdb_engine.on_fresh_connection(target, lambda con: _emit(queries.run(con, q, params), fmt, output))
     if rows == 0:
         click.echo(f"Note: no rows: {q.name} needs {q.needs or 'data this run does not have'}.", err=True)
 

@@ -69,6 +69,24 @@ def resolve(target) -> list[Path]:
     return [cached]
 
 
+SWAP_ATTEMPTS = 3
+
+
+def on_fresh_connection(target, work):
+    """`work(con)` on a new connection to `target`, and again (up to SWAP_ATTEMPTS times) on another if a file of
+    the run vanished under it: an ingest swapped the run in between listing its files and opening them; the
+    next attempt sees the new run whole."""
+    for attempt in range(1, SWAP_ATTEMPTS + 1):
+        con = connect(target)
+        try:
+            return work(con)
+        except duckdb.IOException as e:
+            if attempt == SWAP_ATTEMPTS or "No such file" not in str(e):
+                raise
+        finally:
+            con.close()
+
+
 def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection where the run's (or fleet's) tables are views and the tracesql functions exist.
     `target` may also be a list of targets, read together as one fleet (e.g. the two runs of a diff).

@@ -174,7 +174,7 @@ def ingest(
             store.remove_leftovers(out)
             scratch = store.new_scratch(out)  # archive members are unpacked here
             try:
-                return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim)
+                return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim, spark)
             finally:
                 archives.remove(scratch)
     except OSError as e:  # the run's folder cannot be written (permissions, disk full, ...)
@@ -182,7 +182,7 @@ def ingest(
 
 
 def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress,
-                   lim: limits.Limits) -> IngestResult:
+                   lim: limits.Limits, spark) -> IngestResult:
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
         raise TraceError(out, "exists and is not a tracesql run (refusing to write into it)")
     old = store.load_manifest(out) if store.is_run(out) else None

@@ -149,6 +149,7 @@ def query(name_or_path, target, *, engine: str = "duckdb", **params):
         return spark_query(name_or_path, target, **params)
     if engine != "duckdb":
         raise TraceError(engine, "unknown engine (duckdb or spark)")
-    from .engine import connect
+    from .engine import on_fresh_connection
 
-    return run(connect(target), find(name_or_path), params).df()
+    query = find(name_or_path)
+    return on_fresh_connection(target, lambda con: run(con, query, params).df())
