@@ -92,10 +92,10 @@ def _link(s: pa.Table, run_id: str, rank: int) -> tuple[pa.Table, pa.Table, list
     # nothing launched them (XLA CPU thunks, TPU ops, device work whose launch was not recorded)
     step_rows = np.flatnonzero(is_kind(("user_annotation", "cpu_op")) & _name_matches(s["name"], STEP_PATTERN))
     step_rows = step_rows[np.lexsort((sid[step_rows], ts[step_rows]))]
-    step_names = s["name"].take(array(step_rows)).cast(pa.string())
-    step_numbers = to_numpy(pc.struct_field(pc.extract_regex(step_names, STEP_PATTERN), "step").cast(pa.int64()))
     step = np.full(n, -1, np.int64)
     if len(step_rows):
+        step_names = s["name"].take(array(step_rows)).cast(pa.string())
+        step_numbers = to_numpy(pc.struct_field(pc.extract_regex(step_names, STEP_PATTERN), "step").cast(pa.int64()))
         k = np.searchsorted(ts[step_rows], ts, side="right") - 1
         inside = (k >= 0) & (ts < end[step_rows][np.clip(k, 0, None)])
         step[inside] = step_numbers[k[inside]]

@@ -375,8 +375,8 @@ def _pair(con) -> dict[str, int]:
             close_idx.append(idx)
         else:
             unmatched_ends += 1
-    con.register("pairs", pa.table({"open_idx": pa.array(open_idx, pa.int64()),
-                                    "close_idx": pa.array(close_idx, pa.int64())}))
+    con.register("pairs", pa.table({"open_idx": array(np.array(open_idx, np.int64)),
+                                    "close_idx": array(np.array(close_idx, np.int64))}))
     con.execute(_PAIRED)
     return {"end without a begin": unmatched_ends,
             "begin that never ends": unmatched_begins + len(stack)}
