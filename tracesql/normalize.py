@@ -20,9 +20,8 @@ import pyarrow.compute as pc
 from . import db, functions, limits, quality, schema
 from .arrays import array, strings, to_numpy
 from .readers import TraceData
+from .schema import STEP_PATTERN
 
-# 'ProfilerStep#3' (PyTorch), also with a trailing label ('ProfilerStep#3 (train.py:20)': VizTracer's log_event)
-STEP_PATTERN = r"^ProfilerStep#(?P<step>\d+)(?:\s.*)?$"
 LAUNCH_KINDS = ("runtime", "driver")
 DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")

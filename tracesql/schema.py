@@ -24,6 +24,11 @@ SCHEMA_CHANGES = {
 OLDEST_READABLE = 1
 
 
+#: What names a step range (steps table): 'ProfilerStep#3' (PyTorch), also with a trailing label
+#: ('ProfilerStep#3 (train.py:20)': VizTracer's log_event). Python re and DuckDB (RE2) syntax alike.
+STEP_PATTERN = r"^ProfilerStep#(?P<step>\d+)(?:\s.*)?$"
+
+
 @dataclass(frozen=True)
 class Column:
     name: str

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from .. import db, limits
 from ..arrays import array, to_numpy
 from ..errors import TraceError
+from ..schema import STEP_PATTERN
 from .xplane import ACCELERATOR_PLANE, HOST_PLANE, STREAM_LINE
 
 FORMAT = "kineto"
@@ -331,7 +332,8 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
     if dialect != "kineto":  # Kineto's flows repeat the correlation ids its args carry
         slices = _bind_flows(con, slices, base_time_ns)
     counters = con.sql(_COUNTERS, params={"base": base_time_ns}).to_arrow_table()
-    skipped["counter value that is not a number"] = con.execute(_NON_NUMERIC_COUNTERS).fetchone()[0]
+    skipped["counter value that is not a number"] = counters["value"].null_count
+    counters = counters.filter(pc.is_valid(counters["value"]))
     con.close()  # frees the events table before normalizing
 
     dist = meta.pop("distributedInfo", None)
@@ -414,7 +416,7 @@ _ts_ok = f"isfinite(ts) AND abs(ts) < {_MAX_US}"
 _dur_ok = f"isfinite(dur) AND dur >= 0 AND dur < {_MAX_US}"
 _timed_x = f"NOT malformed AND ph = 'X' AND {_ts_ok}"
 _no_dur = "(dur IS NULL OR NOT isfinite(dur))"
-_is_step = r"regexp_matches(COALESCE(name, ''), '^ProfilerStep#[0-9]+(\s.*)?$')"  # normalize.STEP_PATTERN
+_is_step = f"regexp_matches(COALESCE(name, ''), '{STEP_PATTERN}')"
 # reason -> the events it skips; each count comes with the first such event as an example
 _SKIPS = {
     "malformed event": "malformed",
@@ -594,13 +596,10 @@ FROM (
 _COUNTERS = f"""
 SELECT CASE WHEN e.id IS NULL THEN e.name ELSE e.name || ' ' || json_extract_string(e.id, '$') END AS name,
     a.key AS series, process_label(lane_id(e.pid, 'pid_label_id')) AS track, NULL AS device_id,
-    us_to_ns(e.ts) + $base AS ts, CAST(a.value AS DOUBLE) AS value
+    us_to_ns(e.ts) + $base AS ts,
+    CASE WHEN a.type IN ('UBIGINT', 'BIGINT', 'DOUBLE') THEN CAST(a.value AS DOUBLE) END AS value  -- NULL: no number
 FROM events e, json_each(e.args) a
-WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND {_ts_ok.replace('ts', 'e.ts')} AND a.type IN ('UBIGINT', 'BIGINT', 'DOUBLE')
-"""
-_NON_NUMERIC_COUNTERS = f"""
-SELECT count(*) FROM events e, json_each(e.args) a
-WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND {_ts_ok.replace('ts', 'e.ts')} AND a.type NOT IN ('UBIGINT', 'BIGINT', 'DOUBLE')
+WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND {_ts_ok.replace('ts', 'e.ts')}
 """
 # Flow events bound to the slice that encloses them on their thread (the innermost: the latest to start; instants
 # bind nothing), whose
