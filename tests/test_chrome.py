@@ -229,3 +229,14 @@ def test_chromium_perfetto_trace_times_are_on_the_monotonic_clock(ingested):
     values = [v for v, in run_sql(run, """SELECT value FROM counters
                                         WHERE track = 'GPU Process / VizCompositorThread' AND name = 'thread_time'""")]
     assert sorted(values) == sorted(expected) and len(values) == 380
+
+
+def test_counter_values_that_are_not_numbers_are_counted_not_stored(tmp_path):
+    """A real VizTracer trace whose first counter event had a series damaged into text."""
+    trace = json.loads(VIZ.read_text())
+    first = next(e for e in trace["traceEvents"] if e.get("ph") == "C")
+    first["args"]["allocated"] = "lots"
+    (tmp_path / "damaged.json").write_text(json.dumps(trace))
+    result = tracesql.ingest([tmp_path / "damaged.json"], tmp_path / "run")
+    assert any("1 counter value that is not a number" in w for w in result.warnings), result.warnings
+    assert run_sql(tmp_path / "run", "SELECT count(*), count(*) FILTER (series = 'allocated') FROM counters") == [(5, 2)]
