@@ -53,7 +53,7 @@ def measure(trace: Path, args) -> dict:
             cmd += ["--max-events", str(args.max_events)]
         env = {**os.environ, "PYTHONPATH": args.pythonpath or str(REPO), "TMPDIR": d}
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env)
+        proc = subprocess.Popen(cmd, env=env, cwd=d)  # not the repo root: `-m` would import its tracesql first
         peak_anon = 0
         done = threading.Event()
 

@@ -222,3 +222,29 @@ def test_op_shapes_match_json(ingested):
     run = ingested(DATASETS / "torch_gloo_2rank")
     got = run_sql(run, "SELECT input_dims FROM ops WHERE rank = 0 AND name = 'aten::addmm' ORDER BY ts")
     assert [r[0] for r in got] == [[d if d else [] for d in dims] for _, dims in addmm]
+
+
+@pytest.mark.parametrize("source", [DATASETS / "hta_nccl_parser_config" / "nccl_data.json.gz",
+                                    DATASETS / "tracelens_b200_eager" / "eager_trace.json.gz"])
+def test_op_device_totals_equal_the_sums_over_nested_ops(source, ingested):
+    """Totals come from running sums over the nesting order; checked here by walking each op's ancestors."""
+    run = ingested(source)
+    mismatched = run_sql(run, """
+        WITH RECURSIVE up(op_id, ancestor) AS (
+            SELECT op_id, op_id FROM ops
+            UNION ALL
+            SELECT u.op_id, o.parent_op_id FROM up u JOIN ops o ON o.op_id = u.ancestor
+            WHERE o.parent_op_id IS NOT NULL
+        ), direct AS (  -- device work by the op it belongs to, from the slices
+            SELECT op_id, sum(dur) AS ns, count(*) AS n FROM slices
+            WHERE kind IN ('kernel', 'memcpy', 'memset') AND op_id IS NOT NULL GROUP BY op_id
+        ), summed AS (
+            SELECT u.ancestor AS op_id, sum(d.ns) AS ns, sum(d.n) AS n FROM up u JOIN direct d USING (op_id)
+            GROUP BY u.ancestor
+        )
+        SELECT count(*) FILTER (WHERE o.device_total_ns <> COALESCE(s.ns, 0)
+                                   OR o.kernel_count_total <> COALESCE(s.n, 0)
+                                   OR o.device_self_ns <> COALESCE(d.ns, 0)),
+               count(*) FILTER (WHERE o.device_total_ns > o.device_self_ns), sum(o.device_total_ns)
+        FROM ops o LEFT JOIN summed s USING (op_id) LEFT JOIN direct d USING (op_id)""")[0]
+    assert mismatched[0] == 0 and mismatched[1] > 100 and mismatched[2] > 0

@@ -1,17 +1,16 @@
 """What every source needs after reading: nesting, CPU->device links, steps, and the derived tables.
 
 Input: a reader's TraceData for one file. Output: every table of `schema.TABLES`, as Arrow, for that rank.
-Sequential work (the nesting stack) is one Python pass over plain ints; everything else is numpy or DuckDB SQL
-over the Arrow columns, so a trace of a few hundred thousand events normalizes in a fraction of a second.
+Memory does not grow with the trace: the links are computed by DuckDB under the memory limit (in a scratch
+database file for big traces, spilling beyond the limit) and by one streamed Python pass that nests the events
+of each track with a stack; what they produce goes to memory-mapped scratch files, like the reader's slices.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import json
-import re
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -19,217 +18,256 @@ import pyarrow.compute as pc
 
 from . import db, functions, limits, quality, schema
 from .arrays import array, strings, to_numpy
-from .readers import TraceData
+from .readers import FileMapping, TraceData
 from .schema import STEP_PATTERN
 
 LAUNCH_KINDS = ("runtime", "driver")
 DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
+DEVICE_TIME_KINDS = ("kernel", "memcpy", "memset")  # the device work ops are charged with
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
-NEST_CHUNK = 1 << 18
+STEP_KINDS = ("user_annotation", "cpu_op")
+NEST_BATCH = 1 << 16
 SCAN_BATCH = 1 << 17
+ON_DISK_ROWS = 1 << 21  # traces with more slices link in a scratch database file instead of in memory
 # the functions the derived tables use (all of them take a fifth of a second to create)
 INGEST_FUNCTIONS = ("kernel_classes.csv", "10_sizes.sql", "20_activity.sql")
 
 
+def _in(values) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
 def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 1) -> dict[str, int]:
     """Every table for one file, handed to `on_table(name, rows) -> row count` as soon as it is defined, to be
-    written: `rows` is an Arrow table, or, for the large derived tables, a DuckDB relation to stream to disk.
-    Nothing is kept: memory holds the slices and their links. Returns the row count of each table."""
-    starter = ThreadPoolExecutor(1)  # DuckDB starts up (tens of ms, without the GIL) while the numpy work runs
-    # DuckDB's working memory for the derived tables: their inputs are Arrow (outside it); beyond it, it spills
-    connecting = starter.submit(db.connect, threads, limits.current().memory)
-    starter.shutdown(wait=False)
-    slices, extra, checks = _link(data.slices, run_id, rank)  # its numpy temporaries are freed when it returns
-    _release_freed_memory()
-    checks = quality.skipped_rows(data.skipped, data.examples) + checks
-    return _derive(connecting.result(), slices, extra, checks, data, run_id, rank, on_table)
+    written: `rows` is an Arrow table (the slices: memory-mapped), or, for the large derived tables, a DuckDB
+    relation to stream to disk. Returns the row count of each table."""
+    slices = data.slices
+    with tempfile.TemporaryDirectory(prefix="tracesql-link-") as scratch:
+        scratch = Path(scratch)
+        on_disk = slices.num_rows > ON_DISK_ROWS
+        con = db.connect(threads, limits.current().memory, database=scratch / "link.duckdb" if on_disk else None)
+        try:
+            con.register("read_slices", slices)
+            links, checks = _link(con, slices, scratch, run_id, rank, data.mappings)
+            for name in links.column_names:
+                slices = slices.append_column(name, links[name])
+            checks = quality.skipped_rows(data.skipped, data.examples) + checks
+            return _derive(con, slices, checks, data, run_id, rank, on_table)
+        finally:
+            con.close()
 
 
-def _release_freed_memory() -> None:
-    """Give the heap memory the linking temporaries freed back to the system (glibc keeps arrays of a few tens of
-    MB in its heap otherwise: about 0.1 KB per event that the derived tables' DuckDB would add to)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+def _link(con, slices: pa.Table, scratch: Path, run_id: str, rank: int, mappings: list) -> tuple[pa.Table, list[dict]]:
+    """The columns normalize adds to the slices (parent, depth, launch, op, step, run and rank), in the order
+    of the reader's rows and memory-mapped, plus the quality checks on those links. Leaves table `extra` (per slice: op
+    depth, self time, the device time it caused, its collective call) for the derived tables."""
+    steps = con.execute(STEP_RANGES_SQL).fetchnumpy()
+    has_metadata = con.execute(COLLECTIVE_METADATA_SQL).fetchall()[0][0]
+    is_call = COLLECTIVE_CALL_BY_METADATA if has_metadata else COLLECTIVE_CALL_BY_NAME
+
+    def kept(mapping: FileMapping) -> pa.Table:
+        mappings.append(mapping)  # its pages are shed with the reader's
+        return mapping.table()
+
+    order = con.sql(NEST_ORDER_SQL.format(is_call=is_call)).to_arrow_reader(NEST_BATCH)
+    with pa.ipc.new_stream(str(scratch / "op_spans.arrows"), SPAN_SCHEMA) as spans:
+        nest = FileMapping.of_batches(scratch / "nest.arrows", NEST_SCHEMA, _nest(order, steps, spans.write_batch))
+    con.register("nest", kept(nest))
+    con.register("op_spans", kept(FileMapping(scratch / "op_spans.arrows")))
+    con.register("slice_rows", kept(FileMapping.of_batches(scratch / "rows.arrows", ROW_SCHEMA, _row_numbers(slices))))
+    con.execute(LINK_SQL)
+    checks = quality.link_checks(con, steps)
+    columns = con.sql(LINK_COLUMNS_SQL, params={"run_id": run_id, "rank": rank}).to_arrow_reader(SCAN_BATCH)
+    links = kept(FileMapping.of_batches(scratch / "links.arrows", columns.schema, columns))
+    con.execute(EXTRA_SQL)
+    for name in ("nest", "op_spans", "slice_rows"):
+        con.unregister(name)
+    return links, checks
 
 
-def _link(s: pa.Table, run_id: str, rank: int) -> tuple[pa.Table, pa.Table, list[dict]]:
-    """The reader's slices plus the columns that link events (parent, launch, op, step), the per-row facts
-    the derived tables need (`extra`), computed over numpy arrays, and the quality checks on those links."""
-    n = s.num_rows
-    is_kind = functools.partial(_is_in, s["kind"])
-    ts = to_numpy(s["ts"])
-    dur = to_numpy(s["dur"])
-    end = ts + dur
-    sid = to_numpy(s["slice_id"])  # rows may be in any order: arrays below are by row, ties broken by slice_id
-    is_op = is_kind(("cpu_op",))
-    is_collective_call = _collective_calls(s, is_op)
-    lane = to_numpy(_dictionary(s["track"]).indices)
-
-    parent, depth, enclosing_op, op_depth, enclosing_call = _nest(lane, ts, end, sid, is_op, is_collective_call)
-
-    # device work -> the runtime/driver call with the same correlation id (CUDA graphs: many kernels, one call)
-    correlation = s["correlation"]
-    launch = np.full(n, -1, np.int64)
-    on_device = is_kind(DEVICE_WORK_KINDS)
-    has_corr = ~to_numpy(correlation.is_null())
-    corr = to_numpy(correlation, fill=-1)
-    launchers = np.flatnonzero(is_kind(LAUNCH_KINDS) & has_corr)
-    if len(launchers):
-        order = launchers[np.lexsort((sid[launchers], corr[launchers]))]
-        keys, first = np.unique(corr[order], return_index=True)
-        targets = np.flatnonzero(on_device & has_corr)
-        pos = np.clip(np.searchsorted(keys, corr[targets]), 0, len(keys) - 1)
-        hit = keys[pos] == corr[targets]
-        launch[targets[hit]] = order[first[pos[hit]]]
-    launched = launch >= 0
-    enclosing_op[launched] = enclosing_op[launch[launched]]
-    enclosing_call[launched] = enclosing_call[launch[launched]]
-
-    # steps: host events by time inside the step range; device events by their launch's step, or by time when
-    # nothing launched them (XLA CPU thunks, TPU ops, device work whose launch was not recorded)
-    step_rows = np.flatnonzero(is_kind(("user_annotation", "cpu_op")) & _name_matches(s["name"], STEP_PATTERN))
-    step_rows = step_rows[np.lexsort((sid[step_rows], ts[step_rows]))]
-    step = np.full(n, -1, np.int64)
-    if len(step_rows):
-        step_names = s["name"].take(array(step_rows)).cast(pa.string())
-        step_numbers = to_numpy(pc.struct_field(pc.extract_regex(step_names, STEP_PATTERN), "step").cast(pa.int64()))
-        k = np.searchsorted(ts[step_rows], ts, side="right") - 1
-        inside = (k >= 0) & (ts < end[step_rows][np.clip(k, 0, None)])
-        step[inside] = step_numbers[k[inside]]
-        step[launched] = step[launch[launched]]
-
-    # device time each op caused: directly (self) and through nested ops (total)
-    is_device_work = is_kind(("kernel", "memcpy", "memset"))
-    device_work = is_device_work & (enclosing_op >= 0)
-    dev_dur = np.where(device_work, dur, 0)
-    dev_count = device_work
-    owner = np.where(enclosing_op >= 0, enclosing_op, 0)
-    device_self = np.bincount(owner, weights=dev_dur, minlength=n).astype(np.int64)
-    kernel_self = np.bincount(owner, weights=dev_count, minlength=n).astype(np.int64)
-    device_total, kernel_total = device_self.copy(), kernel_self.copy()
-    op_parent = np.where(is_op, enclosing_op, -1)
-    for d in range(int(op_depth[is_op].max(initial=0)), 0, -1):
-        rows = np.flatnonzero(is_op & (op_depth == d) & (op_parent >= 0))
-        device_total += np.bincount(op_parent[rows], weights=device_total[rows], minlength=n).astype(np.int64)
-        kernel_total += np.bincount(op_parent[rows], weights=kernel_total[rows], minlength=n).astype(np.int64)
-    child = np.flatnonzero(is_kind(SELF_TIME_CHILD_KINDS) & (parent >= 0))
-    child_time = np.bincount(parent[child], weights=dur[child], minlength=n).astype(np.int64)
-
-    def names(rows):
-        return s["name"].take(array(np.asarray(rows, np.int64))).cast(pa.string()).to_pylist()
-
-    checks = quality.link_rows(names, is_device_work, launch, launchers, corr, sid, end, step_rows)
-
-    def ids(rows):  # row positions (-1: none) -> slice ids
-        return array(np.where(rows >= 0, sid[rows], -1), pa.int64(), rows < 0)
-
-    slices = _with_run_rank(s, run_id, rank)
-    for col, values in (("parent_id", ids(parent)), ("depth", array(depth, pa.int32())),
-                        ("launch_id", ids(launch)), ("op_id", ids(enclosing_op)),
-                        ("step", array(step, pa.int32(), step < 0))):
-        slices = slices.append_column(col, values)
-    extra = pa.table({
-        "slice_id": s["slice_id"],
-        "op_depth": array(op_depth, pa.int32()),
-        "self_dur": array(dur - child_time),
-        "kernel_count": array(kernel_self), "device_self_ns": array(device_self),
-        "kernel_count_total": array(kernel_total), "device_total_ns": array(device_total),
-        "collective_call": ids(enclosing_call),
-        "is_collective_call": array(is_collective_call),
-    })
-    return slices, extra, checks
+def _row_numbers(slices: pa.Table):
+    """(slice_id, row) of each of the reader's rows, a batch at a time: the link columns line up with them."""
+    offset = 0
+    for batch in slices.select(["slice_id"]).to_batches():
+        yield pa.record_batch([batch["slice_id"], array(np.arange(offset, offset + batch.num_rows))], ROW_SCHEMA)
+        offset += batch.num_rows
 
 
-def _dictionary(col) -> pa.DictionaryArray:
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    return col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)
+NEST_SCHEMA = pa.schema([("slice_id", pa.int64()), ("pos", pa.int64()), ("parent_id", pa.int64()),
+                         ("depth", pa.int32()), ("op_id", pa.int64()), ("op_depth", pa.int32()),
+                         ("call_id", pa.int64()), ("is_call", pa.bool_()), ("step", pa.int32()),
+                         ("dur", pa.int64()), ("self_time_child", pa.bool_()), ("device_time", pa.bool_())])
+ROW_SCHEMA = pa.schema([("slice_id", pa.int64()), ("row", pa.int64())])
+SPAN_SCHEMA = pa.schema([("slice_id", pa.int64()), ("pos", pa.int64()), ("end_pos", pa.int64())])
 
 
-def _per_value(col, test) -> np.ndarray:
-    """test(distinct value) -> bool, evaluated once per distinct value and spread to every row (nulls: False)."""
-    d = _dictionary(col)
-    hits = np.array([bool(v is not None and test(v)) for v in d.dictionary.to_pylist()] + [False])
-    return hits[to_numpy(d.indices, fill=len(d.dictionary))]
+def _nest(order, steps, write_spans):
+    """Walk the slices in nesting order (per track, by start, longest first) with a stack of open events, and
+    yield a batch at a time every slice's parent, depth, innermost enclosing op (and op depth), innermost
+    enclosing collective call and step by time, at its position in this order (`nest`); for each op, the position
+    after the last event nested in it goes to `write_spans` (its subtree is the positions between).
+
+    An event that starts inside the top of the stack but ends after it (a partial overlap: clock jitter) is not
+    its child. Python ints in the loop, a batch at a time: memory holds one batch and the stack."""
+    step_ts, step_end, step_no = steps["ts"], steps["end_ts"], steps["step"]
+    # (end, slice_id, pos, op for children, op depth for children, call for children, is op)
+    stack: list[tuple] = []
+    span_id, span_pos, span_end = [], [], []
+    previous_track, lane, pos = None, -1, 0
+    for batch in order:
+        n = batch.num_rows
+        ts, end = to_numpy(batch["ts"]), to_numpy(batch["end_ts"])
+        # a number per track, counted up where the track changes (rows are sorted by track)
+        track = batch["track"]
+        codes = to_numpy(pc.dictionary_encode(track).indices, fill=-1)
+        changed = np.empty(n, bool)
+        changed[0] = pos == 0 or track[0].as_py() != previous_track
+        changed[1:] = codes[1:] != codes[:-1]
+        previous_track = track[n - 1].as_py()
+        parent, depth, enc_op, op_depth, enc_call = [], [], [], [], []
+        for s, ln, t, e, is_op, is_call in zip(to_numpy(batch["slice_id"]).tolist(),
+                                              (lane + np.cumsum(changed)).tolist(), ts.tolist(), end.tolist(),
+                                              to_numpy(batch["is_op"]).tolist(), to_numpy(batch["is_call"]).tolist()):
+            while stack:
+                top = stack[-1]
+                te = top[0]
+                if ln != lane or (te <= t and not (te == t == e)) or te < e:
+                    stack.pop()
+                    if top[6]:
+                        span_id.append(top[1])
+                        span_pos.append(top[2])
+                        span_end.append(pos)
+                else:
+                    break
+            lane = ln
+            if stack:
+                top = stack[-1]
+                p, d, o, od, c = top[1], len(stack), top[3], top[4], top[5]
+            else:
+                p, d, o, od, c = -1, 0, -1, 0, -1
+            parent.append(p)
+            depth.append(d)
+            enc_op.append(o)
+            op_depth.append(od)
+            enc_call.append(c)
+            stack.append((e, s, pos, s if is_op else o, od + is_op, s if is_call else c, is_op))
+            pos += 1
+        k = np.searchsorted(step_ts, ts, side="right") - 1
+        step = np.full(n, -1, np.int64)
+        if len(step_ts):
+            inside = (k >= 0) & (ts < step_end[np.maximum(k, 0)])
+            step[inside] = step_no[k[inside]]
+        yield pa.record_batch([
+            batch["slice_id"], array(np.arange(pos - n, pos)), _ids(parent), array(np.array(depth, np.int32)),
+            _ids(enc_op), array(np.array(op_depth, np.int32)), _ids(enc_call), batch["is_call"],
+            array(step.astype(np.int32), pa.int32(), step < 0), batch["dur"], batch["self_time_child"],
+            batch["device_time"],
+        ], schema=NEST_SCHEMA)
+        if span_id:
+            write_spans(_spans(span_id, span_pos, span_end))
+    while stack:
+        top = stack.pop()
+        if top[6]:
+            span_id.append(top[1])
+            span_pos.append(top[2])
+            span_end.append(pos)
+    if span_id:
+        write_spans(_spans(span_id, span_pos, span_end))
 
 
-def _is_in(col, values) -> np.ndarray:
-    return _per_value(col, lambda v: v in values)
+def _spans(*columns: list[int]) -> pa.RecordBatch:
+    """The op spans gathered so far, as a batch (the lists are emptied)."""
+    batch = pa.record_batch([array(np.array(c, np.int64)) for c in columns], SPAN_SCHEMA)
+    for c in columns:
+        c.clear()
+    return batch
 
 
-def _name_matches(col, pattern: str) -> np.ndarray:
-    regex = re.compile(pattern)
-    return _per_value(col, lambda v: regex.search(v) is not None)
+def _ids(values: list[int]) -> pa.Array:
+    """Slice ids with -1 for none -> an int64 column with nulls."""
+    ids = np.array(values, np.int64)
+    return array(ids, pa.int64(), ids < 0)
 
 
-def _collective_calls(s: pa.Table, is_op) -> np.ndarray:
-    """Host ops that are communication calls: record_param_comms that carry collective metadata; when a trace
-    has none (older PyTorch, gloo), the c10d::* ops."""
-    rpc = is_op & _is_in(s["name"], ("record_param_comms",))
-    if rpc.any():
-        args = s["args"].filter(array(rpc))
-        with_meta = to_numpy(pc.match_substring(args, '"Collective name"'), fill=False)
-        if with_meta.any():
-            calls = np.zeros(len(is_op), bool)
-            calls[np.flatnonzero(rpc)[with_meta]] = True
-            return calls
-    return is_op & _per_value(s["name"], lambda v: v.startswith("c10d::"))
+# Steps: ProfilerStep#N ranges (by start, then slice id: of ranges that start together the last one counts)
+STEP_RANGES_SQL = f"""
+SELECT ts, ts + dur AS end_ts, COALESCE(TRY_CAST(regexp_extract(name, '{STEP_PATTERN}', 1) AS INTEGER), -1) AS step,
+    slice_id, name
+FROM read_slices
+WHERE kind IN ({_in(STEP_KINDS)}) AND regexp_matches(name, '{STEP_PATTERN}')
+ORDER BY ts, slice_id
+"""
+# Host ops that are communication calls: record_param_comms that carry collective metadata; when a trace has
+# none (older PyTorch, gloo), the c10d::* ops.
+COLLECTIVE_METADATA_SQL = """
+SELECT count(*) > 0 FROM read_slices
+WHERE kind = 'cpu_op' AND name = 'record_param_comms' AND contains(args, '"Collective name"')
+"""
+COLLECTIVE_CALL_BY_METADATA = ("(kind = 'cpu_op' AND name = 'record_param_comms' "
+                               "AND COALESCE(contains(args, '\"Collective name\"'), false))")
+COLLECTIVE_CALL_BY_NAME = "(kind = 'cpu_op' AND starts_with(name, 'c10d::'))"
+NEST_ORDER_SQL = f"""
+SELECT slice_id, track, ts, ts + dur AS end_ts, COALESCE(kind = 'cpu_op', false) AS is_op,
+    COALESCE({{is_call}}, false) AS is_call, dur,
+    COALESCE(kind IN ({_in(SELF_TIME_CHILD_KINDS)}), false) AS self_time_child,
+    COALESCE(kind IN ({_in(DEVICE_TIME_KINDS)}), false) AS device_time
+FROM read_slices
+ORDER BY track, ts, dur DESC, slice_id
+"""
+# Device work -> the runtime/driver call with its correlation id (the earliest such call: CUDA graphs launch
+# many kernels with one call). Launched work takes its launch's op, collective call and step; device work
+# nothing launched (XLA CPU thunks, TPU ops, launches not recorded) keeps its own: by nesting, by time.
+LINK_SQL = f"""
+CREATE OR REPLACE TABLE launch AS
+WITH launchers AS (
+    SELECT correlation, min(slice_id) AS launch_id FROM read_slices
+    WHERE kind IN ({_in(LAUNCH_KINDS)}) AND correlation IS NOT NULL GROUP BY correlation
+)
+SELECT d.slice_id, l.launch_id
+FROM read_slices d JOIN launchers l USING (correlation)
+WHERE d.kind IN ({_in(DEVICE_WORK_KINDS)});
+CREATE OR REPLACE TABLE links AS
+SELECT n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n.dur, n.self_time_child, n.device_time,
+    la.launch_id,
+    CASE WHEN la.launch_id IS NULL THEN n.op_id ELSE h.op_id END AS op_id,
+    CASE WHEN la.launch_id IS NULL THEN n.call_id ELSE h.call_id END AS call_id,
+    CASE WHEN la.launch_id IS NULL THEN n.step ELSE h.step END AS step
+FROM nest n LEFT JOIN launch la USING (slice_id) LEFT JOIN nest h ON h.slice_id = la.launch_id;
+"""
+LINK_COLUMNS_SQL = """
+SELECT parent_id, depth, launch_id, op_id, step, CAST($run_id AS VARCHAR) AS run_id, CAST($rank AS INTEGER) AS rank
+FROM links JOIN slice_rows USING (slice_id) ORDER BY row
+"""
+# Per slice: its time outside nested ops and annotations, and for an op the device time (and kernels) it caused
+# directly and through the ops nested in it. An op's subtree is a range of positions in the nesting order, so its
+# total is a difference of running sums over the positions where device work is attributed (the launch call's,
+# or the work's own when nothing launched it).
+EXTRA_SQL = """
+CREATE OR REPLACE TABLE extra AS
+WITH child AS (
+    SELECT parent_id AS slice_id, sum(dur) AS child_ns FROM links
+    WHERE self_time_child AND parent_id IS NOT NULL GROUP BY parent_id
+), work AS (
+    SELECT op_id, COALESCE(launch_id, slice_id) AS at, dur FROM links WHERE device_time AND op_id IS NOT NULL
+), own AS (
+    SELECT op_id AS slice_id, sum(dur) AS ns, count(*) AS n FROM work GROUP BY op_id
+), at_pos AS (
+    SELECT l.pos, sum(w.dur) AS ns, count(*) AS n FROM work w JOIN links l ON l.slice_id = w.at GROUP BY l.pos
+), running AS (
+    SELECT pos, sum(ns) OVER w AS ns, sum(n) OVER w AS n FROM at_pos WINDOW w AS (ORDER BY pos)
+), total AS (
+    SELECT sp.slice_id, COALESCE(a.ns, 0) - COALESCE(b.ns, 0) AS ns, COALESCE(a.n, 0) - COALESCE(b.n, 0) AS n
+    FROM op_spans sp ASOF LEFT JOIN running a ON sp.end_pos > a.pos ASOF LEFT JOIN running b ON sp.pos >= b.pos
+)
+SELECT f.slice_id, f.op_depth, f.dur - COALESCE(c.child_ns, 0) AS self_dur,
+    COALESCE(o.n, 0) AS kernel_count, COALESCE(o.ns, 0) AS device_self_ns,
+    COALESCE(t.n, 0) AS kernel_count_total, COALESCE(t.ns, 0) AS device_total_ns,
+    f.call_id AS collective_call, f.is_call AS is_collective_call
+FROM links f LEFT JOIN child c USING (slice_id) LEFT JOIN own o USING (slice_id) LEFT JOIN total t USING (slice_id)
+"""
 
 
-def _nest(lane, ts, end, sid, is_op, is_call):
-    """Parent, depth, innermost enclosing op (and op depth), innermost enclosing collective call, per event.
-
-    Events are visited per lane in (start, longest first) order with a stack of open events. An event that starts
-    inside the top of the stack but ends after it (a partial overlap: clock jitter) is not its child."""
-    n = len(ts)
-    order = np.lexsort((sid, -(end - ts), ts, lane))
-    par = np.full(n, -1, np.int64)
-    dep = np.zeros(n, np.int32)
-    stack_end: list[int] = []
-    stack_idx: list[int] = []  # positions in `order`
-    current_lane = None
-    # Python ints for the loop, a chunk at a time: lists of every event would cost ~100 bytes an event
-    for lo in range(0, n, NEST_CHUNK):
-        chunk = order[lo:lo + NEST_CHUNK]
-        chunk_par, chunk_dep = [-1] * len(chunk), [0] * len(chunk)
-        for j, (ln, t, e) in enumerate(zip(lane[chunk].tolist(), ts[chunk].tolist(), end[chunk].tolist())):
-            if ln != current_lane:
-                current_lane = ln
-                stack_end.clear()
-                stack_idx.clear()
-            while stack_end and (stack_end[-1] <= t and not (stack_end[-1] == t == e) or stack_end[-1] < e):
-                stack_end.pop()
-                stack_idx.pop()
-            if stack_idx:
-                chunk_par[j] = stack_idx[-1]
-                chunk_dep[j] = len(stack_idx)
-            stack_end.append(e)
-            stack_idx.append(lo + j)
-        par[lo:lo + len(chunk)] = chunk_par
-        dep[lo:lo + len(chunk)] = chunk_dep
-    # positions in `order` -> rows
-    parent = np.full(n, -1, np.int64)
-    parent[order] = np.where(par >= 0, order[par], -1)
-    depth = np.zeros(n, np.int32)
-    depth[order] = dep
-    # what is inherited from the parent, one nesting level at a time (numpy, not in the loop above)
-    enclosing_op = np.full(n, -1, np.int64)
-    op_depth = np.zeros(n, np.int32)
-    enclosing_call = np.full(n, -1, np.int64)
-    by_depth = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[by_depth], np.arange(1, depth.max(initial=0) + 2))
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        rows = by_depth[lo:hi]
-        p = parent[rows]
-        enclosing_op[rows] = np.where(is_op[p], p, enclosing_op[p])
-        enclosing_call[rows] = np.where(is_call[p], p, enclosing_call[p])
-        op_depth[rows] = op_depth[p] + is_op[p]
-    return parent, depth, enclosing_op, op_depth, enclosing_call
-
-
-def _derive(con, slices: pa.Table, extra: pa.Table, checks: list[dict], data: TraceData, run_id: str, rank: int,
-            on_table):
+def _derive(con, slices: pa.Table, checks: list[dict], data: TraceData, run_id: str, rank: int, on_table):
     rows: dict[str, int] = {}
 
     def emit(name: str, table):
@@ -239,7 +277,6 @@ def _derive(con, slices: pa.Table, extra: pa.Table, checks: list[dict], data: Tr
     slices = emit("slices", schema.conform("slices", slices))
     # in batches (zero-copy views) so that DuckDB scans them on every thread
     con.register("slices", pa.Table.from_batches(slices.to_batches(max_chunksize=SCAN_BATCH)))
-    con.register("extra", extra)
     con.register("steps", emit("steps", _table(con, "steps", STEPS_SQL)))
     functions.install(con, INGEST_FUNCTIONS)
     metadata = _metadata_tables(con, data, run_id, rank)
@@ -363,7 +400,7 @@ WITH step_ranges AS (
     WHERE kind IN ('user_annotation', 'cpu_op') AND regexp_matches(name, '{STEP_PATTERN}')
 ), device AS (
     SELECT step, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur, count(*) AS kernel_count
-    FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset') AND step IS NOT NULL GROUP BY step
+    FROM slices WHERE kind IN ({_in(DEVICE_TIME_KINDS)}) AND step IS NOT NULL GROUP BY step
 )
 SELECT r.*, d.device_ts, d.device_dur, COALESCE(d.kernel_count, 0) AS kernel_count
 FROM step_ranges r LEFT JOIN device d USING (step)
@@ -372,7 +409,7 @@ ORDER BY r.ts
 
 
 def _metadata_tables(con, data: TraceData, run_id: str, rank: int) -> dict[str, pa.Table]:
-    span = con.execute("SELECT min(ts), max(ts + dur) FROM slices").fetchone()
+    span = con.execute("SELECT min(ts), max(ts + dur) FROM slices").fetchall()[0]
     ranks = {
         "run_id": run_id, "rank": rank, "source_path": None, "source_format": data.format,
         "source_bytes": None, "world_size": data.world_size, "backend": data.backend,

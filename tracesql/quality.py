@@ -38,38 +38,40 @@ def skipped_rows(skipped: dict[str, int], examples: dict[str, str]) -> list[dict
                  f"{n} event(s) skipped: {reason}") for reason, n in skipped.items()]
 
 
-def link_rows(names, on_device: np.ndarray, launch: np.ndarray, launchers: np.ndarray, corr: np.ndarray,
-              sid: np.ndarray, end: np.ndarray, step_rows: np.ndarray) -> list[dict]:
-    """Checks on the links normalize made. `names(rows)` -> the names of those rows; `on_device`: device work
-    (kernels, copies, memsets); `launch`: row of each event's launch (-1: none); `launchers`: rows of
-    runtime/driver calls with a correlation id; `step_rows`: the step ranges, in time order."""
+def link_checks(con, steps: dict) -> list[dict]:
+    """Checks on the links normalize made, in SQL over `read_slices` and `launch` (device work -> its launch
+    call). `steps`: the step ranges (slice_id, name, end_ts), in time order."""
+    from .normalize import DEVICE_TIME_KINDS, LAUNCH_KINDS, STEP_KINDS, _in
+    from .schema import STEP_PATTERN
+
     rows = []
-    unlaunched = np.flatnonzero(on_device & (launch < 0))
-    if len(unlaunched):
-        first = unlaunched[np.argmin(sid[unlaunched])]
+    launchers = f"kind IN ({_in(LAUNCH_KINDS)}) AND correlation IS NOT NULL"
+    unlaunched, first = con.execute(f"""
+        SELECT count(*), arg_min(name, slice_id) FROM read_slices s ANTI JOIN launch USING (slice_id)
+        WHERE kind IN ({_in(DEVICE_TIME_KINDS)})""").fetchall()[0]
+    launcher_count, repeats, value = con.execute(f"""
+        SELECT sum(n), sum(n - 1) FILTER (WHERE n > 1), min(correlation) FILTER (WHERE n > 1)
+        FROM (SELECT correlation, count(*) AS n FROM read_slices WHERE {launchers} GROUP BY correlation)""").fetchall()[0]
+    if unlaunched:
         why = ("no runtime call has their correlation id (the profile started after the launch, or a damaged id)"
-               if len(launchers) else
+               if launcher_count else
                "the trace has no host runtime calls (device work only, or launches not recorded)")
-        rows.append(_row("kernel_without_launch", len(unlaunched), names([first])[0],
-                         f"{len(unlaunched)} device event(s) without a launch: {why}; they count as device time "
+        rows.append(_row("kernel_without_launch", unlaunched, first,
+                         f"{unlaunched} device event(s) without a launch: {why}; they count as device time "
                          "and belong to the step they ran in, but to no op"))
-    if len(launchers):
-        values, counts = np.unique(corr[launchers], return_counts=True)
-        repeated = counts > 1
-        if repeated.any():
-            value = values[repeated][0]
-            calls = launchers[corr[launchers] == value]
-            rows.append(_row("repeated_correlation", int((counts[repeated] - 1).sum()),
-                             f"correlation {value}: " + ", ".join(names(calls[:3])),
-                             f"{int((counts[repeated] - 1).sum())} launch call(s) reuse the correlation id of another "
-                             "call: their device work is linked to the earliest call with that id"))
-    if len(step_rows):
-        others = np.ones(len(end), bool)
-        others[step_rows] = False
-        last_end = end[others].max(initial=np.iinfo(np.int64).min)
-        open_steps = step_rows[end[step_rows] > last_end]
-        if len(open_steps) and others.any():
-            rows.append(_row("unterminated_step", len(open_steps), names(open_steps[:1])[0],
+    if repeats:
+        calls = con.execute(f"SELECT name FROM read_slices WHERE {launchers} AND correlation = $v "
+                            "ORDER BY slice_id LIMIT 3", {"v": value}).fetchall()
+        rows.append(_row("repeated_correlation", repeats, f"correlation {value}: " + ", ".join(c for c, in calls),
+                         f"{repeats} launch call(s) reuse the correlation id of another "
+                         "call: their device work is linked to the earliest call with that id"))
+    if len(steps["slice_id"]):
+        last_end, others = con.execute(f"""
+            SELECT max(ts + dur), count(*) FROM read_slices
+            WHERE NOT (kind IN ({_in(STEP_KINDS)}) AND regexp_matches(name, '{STEP_PATTERN}'))""").fetchall()[0]
+        open_steps = np.flatnonzero(steps["end_ts"] > (last_end if last_end is not None else np.iinfo(np.int64).min))
+        if len(open_steps) and others:
+            rows.append(_row("unterminated_step", len(open_steps), steps["name"][open_steps[0]],
                              f"{len(open_steps)} step(s) end after every other event of the trace (cut short?): "
                              "their device time covers what was recorded"))
     return rows

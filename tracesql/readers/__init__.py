@@ -94,11 +94,13 @@ class TraceData:
     devices: list[dict] = field(default_factory=list)  # device_id, name, total_memory_bytes, ..., properties
     process_groups: list[dict] = field(default_factory=list)
     counters: pa.Table | None = None  # READER_COUNTER_TYPES columns, when the format has counters
-    mapping: FileMapping | None = None  # the scratch file `slices` are read from without copying, if any
+    # scratch files read without copying (the reader's slices; normalize adds its own): their pages are shed
+    mappings: list[FileMapping] = field(default_factory=list)
 
     def shedding(self):
-        """While in this block, the slices' file-backed pages are dropped from memory as they pile up."""
-        return self.mapping.shedding() if self.mapping else contextlib.nullcontext()
+        """While in this block, the file-backed pages of `mappings` (also those added meanwhile) are dropped from
+        memory as they pile up."""
+        return FileMapping.shedding(self.mappings)
 
 
 class FileMapping:
@@ -113,16 +115,31 @@ class FileMapping:
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays valid once the file is removed
 
-    def buffer(self) -> pa.Buffer:
-        return pa.py_buffer(self._map)
+    def table(self) -> pa.Table:
+        """The Arrow stream file's record batches, read without copying."""
+        return pa.ipc.open_stream(pa.BufferReader(pa.py_buffer(self._map))).read_all()
 
+    @classmethod
+    def of_batches(cls, path: Path, schema: pa.Schema, batches) -> FileMapping:
+        """`batches` (record batches of `schema`, an iterable: one batch in memory at a time) written to the Arrow
+        file `path`, and mapped."""
+        with pa.ipc.new_stream(str(path), schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+        return cls(path)
+
+    def shed(self) -> None:
+        self._map.madvise(mmap.MADV_DONTNEED)
+
+    @classmethod
     @contextlib.contextmanager
-    def shedding(self):
+    def shedding(cls, mappings: list[FileMapping]):
         done = threading.Event()
 
         def shed():
-            while not done.wait(self.SHED_SECONDS):
-                self._map.madvise(mmap.MADV_DONTNEED)
+            while not done.wait(cls.SHED_SECONDS):
+                for m in list(mappings):
+                    m.shed()
 
         thread = threading.Thread(target=shed, name="tracesql-shed", daemon=True)
         thread.start()
@@ -131,7 +148,8 @@ class FileMapping:
         finally:
             done.set()
             thread.join()
-            self._map.madvise(mmap.MADV_DONTNEED)
+            for m in mappings:
+                m.shed()
 
 
 HEAD_BYTES = 1 << 16

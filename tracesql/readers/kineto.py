@@ -322,13 +322,8 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
     # `args` text is most of a trace) are file-backed pages the kernel can drop and re-read, not heap memory.
     # The mapping outlives the scratch folder's removal (the file is unlinked, not gone, while mapped).
     reader = con.sql(_SLICES, params={"base": base_time_ns}).to_arrow_reader(1 << 16)
-    with pa.OSFile(str(slices_file), "wb") as sink, pa.ipc.new_stream(sink, reader.schema) as writer:
-        for batch in reader:
-            writer.write_batch(batch)
-    mapping = FileMapping(slices_file)
-    mapped = pa.ipc.open_stream(pa.BufferReader(mapping.buffer())).read_all()
-    slices = pa.table({c: pc.dictionary_encode(mapped[c]) if c in _DICTIONARY else mapped[c]
-                       for c in mapped.column_names}).unify_dictionaries()
+    mapping = FileMapping.of_batches(slices_file, reader.schema, reader)
+    slices = mapping.table()
     if dialect != "kineto":  # Kineto's flows repeat the correlation ids its args carry
         slices = _bind_flows(con, slices, base_time_ns)
     counters = con.sql(_COUNTERS, params={"base": base_time_ns}).to_arrow_table()
@@ -356,7 +351,7 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
         devices=_devices(meta.get("deviceProperties")),
         process_groups=_process_groups(dist),
         counters=counters,
-        mapping=mapping,
+        mappings=[mapping],
     )
 
 
@@ -398,9 +393,6 @@ def _bind_flows(con, slices: pa.Table, base_time_ns: int) -> pa.Table:
     correlation[rows], has[rows] = bound["flow"], True
     column = slices.column_names.index("correlation")
     return slices.set_column(column, "correlation", array(correlation, pa.int64(), ~has))
-
-
-_DICTIONARY = ("kind", "category", "name", "track")
 
 
 def _in(phases) -> str:
