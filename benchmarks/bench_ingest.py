@@ -49,6 +49,7 @@ import sys
 import threading
 import time
 import zlib
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = "/work/shared/corpus/hta/tests/data"
@@ -108,50 +109,44 @@ def _child(argv: list[str]) -> int:
 
 # --------------------------------------------------------------------------- parent side
 
-def _tree_rss(pid: int) -> int:
-    """RSS in bytes summed over pid and its descendants (0 if gone)."""
-    try:
-        import psutil
-    except ImportError:
-        psutil = None
-    if psutil is not None:
+def _tree_memory(pid: int) -> tuple[int, int]:
+    """(RSS, anonymous RSS) in bytes summed over pid and its descendants, from /proc (0, 0 if gone)."""
+    pids, i = [pid], 0
+    while i < len(pids):  # the descendants, breadth first
         try:
-            p = psutil.Process(pid)
-            procs = [p] + p.children(recursive=True)
-        except psutil.Error:
-            return 0
-        total = 0
-        for q in procs:
-            try:
-                total += q.memory_info().rss
-            except psutil.Error:
-                pass
-        return total
-    try:  # fallback: the child alone
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
+            pids += [int(c) for c in Path(f"/proc/{pids[i]}/task/{pids[i]}/children").read_text().split()]
+        except OSError:
+            pass
+        i += 1
+    rss = anon = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+                    rss += int(line.split()[1]) * 1024
+                elif line.startswith("RssAnon:"):
+                    anon += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return rss, anon
 
 
 def run_measured(cmd: list[str], timeout: float, mem_limit: int, log_path: str,
-                 env: dict | None = None) -> dict:
+                 env: dict | None = None, cwd: str | None = None) -> dict:
     """Run cmd as a fresh child in its own process group; return wall, rusage peak RSS,
-    sampled tree peak RSS, exit status and why it was killed, if it was."""
+    sampled (every 50 ms) tree peak RSS and peak anonymous RSS, exit status and why it was killed, if it was."""
     with open(log_path, "wb") as log:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True, env=env)
-        state = {"killed": None, "tree_peak": 0}
+                             start_new_session=True, env=env, cwd=cwd)
+        state = {"killed": None, "tree_peak": 0, "anon_peak": 0}
         done = threading.Event()
 
         def watch():
-            while not done.wait(0.1):
-                rss = _tree_rss(p.pid)
+            while not done.wait(0.05):
+                rss, anon = _tree_memory(p.pid)
                 state["tree_peak"] = max(state["tree_peak"], rss)
+                state["anon_peak"] = max(state["anon_peak"], anon)
                 reason = None
                 if time.perf_counter() - t0 > timeout:
                     reason = f"timeout after {timeout:.0f} s"
@@ -176,6 +171,7 @@ def run_measured(cmd: list[str], timeout: float, mem_limit: int, log_path: str,
         "wall_s": wall,
         "rss_mb": ru.ru_maxrss / 1024.0,  # Linux: KiB
         "tree_rss_mb": state["tree_peak"] / 2**20 if state["tree_peak"] else None,
+        "anon_mb": state["anon_peak"] / 2**20,
         "returncode": p.returncode,
         "killed": state["killed"],
         "user_s": ru.ru_utime,

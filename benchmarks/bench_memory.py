@@ -15,32 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
+from bench_ingest import run_measured  # the same child-process measurement as the ingest benchmark
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _rss_anon(pid: int) -> int:
-    """RssAnon of pid and its children, bytes."""
-    total = 0
-    pids = [pid]
-    try:
-        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        pass
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("RssAnon:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
 
 
 def measure(trace: Path, args) -> dict:
@@ -52,26 +33,14 @@ def measure(trace: Path, args) -> dict:
         if args.max_events:
             cmd += ["--max-events", str(args.max_events)]
         env = {**os.environ, "PYTHONPATH": args.pythonpath or str(REPO), "TMPDIR": d}
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, cwd=d)  # not the repo root: `-m` would import its tracesql first
-        peak_anon = 0
-        done = threading.Event()
-
-        def sample():
-            nonlocal peak_anon
-            while not done.wait(0.05):
-                peak_anon = max(peak_anon, _rss_anon(proc.pid))
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.monotonic() - t0
-        done.set()
-        sampler.join()
+        log = Path(d) / "ingest.log"
+        # run in the scratch folder, not the repository root: `-m` would import the root's tracesql first
+        m = run_measured(cmd, float("inf"), 0, str(log), env=env, cwd=d)
+        sys.stderr.write(log.read_text())
         return {"label": args.label, "trace": trace.name, "json_bytes": trace.stat().st_size,
-                "memory_limit": args.memory_limit, "max_events": args.max_events, "exit": status >> 8,
-                "wall_s": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024),
-                "peak_anon_mb": round(peak_anon / 2**20)}
+                "memory_limit": args.memory_limit, "max_events": args.max_events, "exit": m["returncode"],
+                "wall_s": round(m["wall_s"], 2), "peak_rss_mb": round(m["rss_mb"]),
+                "peak_anon_mb": round(m["anon_mb"])}
 
 
 def main() -> None:

@@ -18,3 +18,8 @@ def connect(threads: int | None = None, memory_limit: str | None = None,
     if database:
         con.execute(f"SET temp_directory = '{database}.spill'").fetchall()
     return con
+
+
+def sql_list(values) -> str:
+    """Constant strings as the inside of a SQL `IN (...)`: ('a', 'b') -> "'a', 'b'"."""
+    return ", ".join(f"'{v}'" for v in values)

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from . import db, functions, limits, quality, schema
 from .arrays import array, strings, to_numpy
+from .db import sql_list
 from .readers import FileMapping, TraceData
 from .schema import STEP_PATTERN
 
@@ -26,15 +27,12 @@ DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 DEVICE_TIME_KINDS = ("kernel", "memcpy", "memset")  # the device work ops are charged with
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
 STEP_KINDS = ("user_annotation", "cpu_op")
+IS_STEP = f"kind IN ({sql_list(STEP_KINDS)}) AND regexp_matches(name, '{STEP_PATTERN}')"  # ProfilerStep#N ranges
 NEST_BATCH = 1 << 16
 SCAN_BATCH = 1 << 17
 ON_DISK_ROWS = 1 << 21  # traces with more slices link in a scratch database file instead of in memory
 # the functions the derived tables use (all of them take a fifth of a second to create)
 INGEST_FUNCTIONS = ("kernel_classes.csv", "10_sizes.sql", "20_activity.sql")
-
-
-def _in(values) -> str:
-    return ", ".join(f"'{v}'" for v in values)
 
 
 def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 1) -> dict[str, int]:
@@ -112,7 +110,7 @@ def _nest(order, steps, write_spans):
     step_ts, step_end, step_no = steps["ts"], steps["end_ts"], steps["step"]
     # (end, slice_id, pos, op for children, op depth for children, call for children, is op)
     stack: list[tuple] = []
-    span_id, span_pos, span_end = [], [], []
+    spans: list[tuple] = []  # (op's slice_id, its position, the position after its subtree)
     previous_track, lane, pos = None, -1, 0
     for batch in order:
         n = batch.num_rows
@@ -134,9 +132,7 @@ def _nest(order, steps, write_spans):
                 if ln != lane or (te <= t and not (te == t == e)) or te < e:
                     stack.pop()
                     if top[6]:
-                        span_id.append(top[1])
-                        span_pos.append(top[2])
-                        span_end.append(pos)
+                        spans.append((top[1], top[2], pos))
                 else:
                     break
             lane = ln
@@ -163,23 +159,17 @@ def _nest(order, steps, write_spans):
             array(step.astype(np.int32), pa.int32(), step < 0), batch["dur"], batch["self_time_child"],
             batch["device_time"],
         ], schema=NEST_SCHEMA)
-        if span_id:
-            write_spans(_spans(span_id, span_pos, span_end))
-    while stack:
-        top = stack.pop()
-        if top[6]:
-            span_id.append(top[1])
-            span_pos.append(top[2])
-            span_end.append(pos)
-    if span_id:
-        write_spans(_spans(span_id, span_pos, span_end))
+        if spans:
+            write_spans(_spans(spans))
+    spans += [(top[1], top[2], pos) for top in stack if top[6]]
+    if spans:
+        write_spans(_spans(spans))
 
 
-def _spans(*columns: list[int]) -> pa.RecordBatch:
-    """The op spans gathered so far, as a batch (the lists are emptied)."""
-    batch = pa.record_batch([array(np.array(c, np.int64)) for c in columns], SPAN_SCHEMA)
-    for c in columns:
-        c.clear()
+def _spans(spans: list[tuple]) -> pa.RecordBatch:
+    """The op spans gathered so far, as a batch (the list is emptied)."""
+    batch = pa.record_batch([array(c) for c in np.array(spans, np.int64).T], SPAN_SCHEMA)
+    spans.clear()
     return batch
 
 
@@ -194,7 +184,7 @@ STEP_RANGES_SQL = f"""
 SELECT ts, ts + dur AS end_ts, COALESCE(TRY_CAST(regexp_extract(name, '{STEP_PATTERN}', 1) AS INTEGER), -1) AS step,
     slice_id, name
 FROM read_slices
-WHERE kind IN ({_in(STEP_KINDS)}) AND regexp_matches(name, '{STEP_PATTERN}')
+WHERE {IS_STEP}
 ORDER BY ts, slice_id
 """
 # Host ops that are communication calls: record_param_comms that carry collective metadata; when a trace has
@@ -209,8 +199,8 @@ COLLECTIVE_CALL_BY_NAME = "(kind = 'cpu_op' AND starts_with(name, 'c10d::'))"
 NEST_ORDER_SQL = f"""
 SELECT slice_id, track, ts, ts + dur AS end_ts, COALESCE(kind = 'cpu_op', false) AS is_op,
     COALESCE({{is_call}}, false) AS is_call, dur,
-    COALESCE(kind IN ({_in(SELF_TIME_CHILD_KINDS)}), false) AS self_time_child,
-    COALESCE(kind IN ({_in(DEVICE_TIME_KINDS)}), false) AS device_time
+    COALESCE(kind IN ({sql_list(SELF_TIME_CHILD_KINDS)}), false) AS self_time_child,
+    COALESCE(kind IN ({sql_list(DEVICE_TIME_KINDS)}), false) AS device_time
 FROM read_slices
 ORDER BY track, ts, dur DESC, slice_id
 """
@@ -218,14 +208,13 @@ ORDER BY track, ts, dur DESC, slice_id
 # many kernels with one call). Launched work takes its launch's op, collective call and step; device work
 # nothing launched (XLA CPU thunks, TPU ops, launches not recorded) keeps its own: by nesting, by time.
 LINK_SQL = f"""
+CREATE OR REPLACE TABLE launchers AS
+SELECT correlation, min(slice_id) AS launch_id, count(*) AS calls FROM read_slices
+WHERE kind IN ({sql_list(LAUNCH_KINDS)}) AND correlation IS NOT NULL GROUP BY correlation;
 CREATE OR REPLACE TABLE launch AS
-WITH launchers AS (
-    SELECT correlation, min(slice_id) AS launch_id FROM read_slices
-    WHERE kind IN ({_in(LAUNCH_KINDS)}) AND correlation IS NOT NULL GROUP BY correlation
-)
 SELECT d.slice_id, l.launch_id
 FROM read_slices d JOIN launchers l USING (correlation)
-WHERE d.kind IN ({_in(DEVICE_WORK_KINDS)});
+WHERE d.kind IN ({sql_list(DEVICE_WORK_KINDS)});
 CREATE OR REPLACE TABLE links AS
 SELECT n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n.dur, n.self_time_child, n.device_time,
     la.launch_id,
@@ -397,10 +386,10 @@ STEPS_SQL = f"""
 WITH step_ranges AS (
     SELECT run_id, rank, CAST(regexp_extract(name, '{STEP_PATTERN}', 1) AS INTEGER) AS step, name, slice_id, ts, dur
     FROM slices
-    WHERE kind IN ('user_annotation', 'cpu_op') AND regexp_matches(name, '{STEP_PATTERN}')
+    WHERE {IS_STEP}
 ), device AS (
     SELECT step, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur, count(*) AS kernel_count
-    FROM slices WHERE kind IN ({_in(DEVICE_TIME_KINDS)}) AND step IS NOT NULL GROUP BY step
+    FROM slices WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)}) AND step IS NOT NULL GROUP BY step
 )
 SELECT r.*, d.device_ts, d.device_dur, COALESCE(d.kernel_count, 0) AS kernel_count
 FROM step_ranges r LEFT JOIN device d USING (step)

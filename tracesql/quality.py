@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .db import sql_list
+
 #: A reader's skip reason -> its check. Reasons not listed are `malformed_event`.
 SKIP_CHECKS = {
     "end before start": "end_before_start",
@@ -39,19 +41,18 @@ def skipped_rows(skipped: dict[str, int], examples: dict[str, str]) -> list[dict
 
 
 def link_checks(con, steps: dict) -> list[dict]:
-    """Checks on the links normalize made, in SQL over `read_slices` and `launch` (device work -> its launch
-    call). `steps`: the step ranges (slice_id, name, end_ts), in time order."""
-    from .normalize import DEVICE_TIME_KINDS, LAUNCH_KINDS, STEP_KINDS, _in
-    from .schema import STEP_PATTERN
+    """Checks on the links normalize made, in SQL over `read_slices`, `launchers` (launch calls by correlation
+    id, with how many share it) and `launch` (device work -> its launch call). `steps`: the step ranges
+    (slice_id, name, end_ts), in time order."""
+    from .normalize import DEVICE_TIME_KINDS, LAUNCH_KINDS
 
     rows = []
-    launchers = f"kind IN ({_in(LAUNCH_KINDS)}) AND correlation IS NOT NULL"
     unlaunched, first = con.execute(f"""
         SELECT count(*), arg_min(name, slice_id) FROM read_slices s ANTI JOIN launch USING (slice_id)
-        WHERE kind IN ({_in(DEVICE_TIME_KINDS)})""").fetchall()[0]
-    launcher_count, repeats, value = con.execute(f"""
-        SELECT sum(n), sum(n - 1) FILTER (WHERE n > 1), min(correlation) FILTER (WHERE n > 1)
-        FROM (SELECT correlation, count(*) AS n FROM read_slices WHERE {launchers} GROUP BY correlation)""").fetchall()[0]
+        WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)})""").fetchall()[0]
+    launcher_count, repeats, value = con.execute("""
+        SELECT sum(calls), sum(calls - 1) FILTER (WHERE calls > 1), min(correlation) FILTER (WHERE calls > 1)
+        FROM launchers""").fetchall()[0]
     if unlaunched:
         why = ("no runtime call has their correlation id (the profile started after the launch, or a damaged id)"
                if launcher_count else
@@ -60,15 +61,15 @@ def link_checks(con, steps: dict) -> list[dict]:
                          f"{unlaunched} device event(s) without a launch: {why}; they count as device time "
                          "and belong to the step they ran in, but to no op"))
     if repeats:
-        calls = con.execute(f"SELECT name FROM read_slices WHERE {launchers} AND correlation = $v "
-                            "ORDER BY slice_id LIMIT 3", {"v": value}).fetchall()
+        calls = con.execute(f"SELECT name FROM read_slices WHERE kind IN ({sql_list(LAUNCH_KINDS)}) "
+                            "AND correlation = $v ORDER BY slice_id LIMIT 3", {"v": value}).fetchall()
         rows.append(_row("repeated_correlation", repeats, f"correlation {value}: " + ", ".join(c for c, in calls),
                          f"{repeats} launch call(s) reuse the correlation id of another "
                          "call: their device work is linked to the earliest call with that id"))
     if len(steps["slice_id"]):
-        last_end, others = con.execute(f"""
-            SELECT max(ts + dur), count(*) FROM read_slices
-            WHERE NOT (kind IN ({_in(STEP_KINDS)}) AND regexp_matches(name, '{STEP_PATTERN}'))""").fetchall()[0]
+        last_end, others = con.execute(
+            "SELECT max(ts + dur), count(*) FROM read_slices WHERE slice_id NOT IN (SELECT unnest($steps))",
+            {"steps": steps["slice_id"].tolist()}).fetchall()[0]
         open_steps = np.flatnonzero(steps["end_ts"] > (last_end if last_end is not None else np.iinfo(np.int64).min))
         if len(open_steps) and others:
             rows.append(_row("unterminated_step", len(open_steps), steps["name"][open_steps[0]],

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from .. import db, limits
 from ..arrays import array, to_numpy
+from ..db import sql_list
 from ..errors import TraceError
 from ..schema import STEP_PATTERN
 from .xplane import ACCELERATOR_PLANE, HOST_PLANE, STREAM_LINE
@@ -395,10 +396,6 @@ def _bind_flows(con, slices: pa.Table, base_time_ns: int) -> pa.Table:
     return slices.set_column(column, "correlation", array(correlation, pa.int64(), ~has))
 
 
-def _in(phases) -> str:
-    return ", ".join(f"'{p}'" for p in phases)
-
-
 # '{}': TSL writers end the list with one
 _EMPTY = "(ph IS NULL AND name IS NULL AND ts IS NULL AND args IS NULL AND pid IS NULL)"
 _TIMED_PHASES = SLICE_PHASES + OPENING_PHASES + CLOSING_PHASES + (COUNTER_PHASE,)
@@ -412,10 +409,10 @@ _is_step = f"regexp_matches(COALESCE(name, ''), '{STEP_PATTERN}')"
 # reason -> the events it skips; each count comes with the first such event as an example
 _SKIPS = {
     "malformed event": "malformed",
-    "unsupported phase": f"NOT malformed AND (ph IS NULL OR ph NOT IN ({_in(_TIMED_PHASES + KNOWN_OTHER_PHASES)})) "
+    "unsupported phase": f"NOT malformed AND (ph IS NULL OR ph NOT IN ({sql_list(_TIMED_PHASES + KNOWN_OTHER_PHASES)})) "
                          f"AND NOT {_EMPTY}",
-    "missing or non-numeric ts": f"NOT malformed AND ph IN ({_in(_TIMED_PHASES)}) AND (ts IS NULL OR NOT isfinite(ts))",
-    "time out of range": f"NOT malformed AND ph IN ({_in(_TIMED_PHASES)}) AND isfinite(ts) AND (abs(ts) >= {_MAX_US} "
+    "missing or non-numeric ts": f"NOT malformed AND ph IN ({sql_list(_TIMED_PHASES)}) AND (ts IS NULL OR NOT isfinite(ts))",
+    "time out of range": f"NOT malformed AND ph IN ({sql_list(_TIMED_PHASES)}) AND isfinite(ts) AND (abs(ts) >= {_MAX_US} "
                          f"OR ph = 'X' AND isfinite(dur) AND dur >= {_MAX_US})",
     "missing dur": f"{_timed_x} AND {_no_dur} AND NOT {_is_step}",
     "end before start": f"{_timed_x} AND dur < 0",
@@ -428,19 +425,19 @@ _COUNTS = f"""
 SELECT count(*),
     {", ".join(f"count(*) FILTER ({cond})" for cond in _SKIPS.values())},
     {", ".join(f"arg_min({_example}, idx) FILTER ({cond})" for cond in _SKIPS.values())},
-    count(*) FILTER (NOT malformed AND (ph IN ({_in(KNOWN_OTHER_PHASES)}) OR {_EMPTY}))
+    count(*) FILTER (NOT malformed AND (ph IN ({sql_list(KNOWN_OTHER_PHASES)}) OR {_EMPTY}))
 FROM events
 """
-_KEEP = f"NOT malformed AND ph IN ({_in(SLICE_PHASES)}) AND {_ts_ok} AND (ph <> 'X' OR ({_dur_ok}))"
+_KEEP = f"NOT malformed AND ph IN ({sql_list(SLICE_PHASES)}) AND {_ts_ok} AND (ph <> 'X' OR ({_dur_ok}))"
 # Begin/end events, in the order they are matched: a thread's B/E pair on that thread; async ones (b/e, S/F) on
 # their (process, category, id).
 _MARKS = f"""
-SELECT idx, ph IN ({_in(OPENING_PHASES)}) AS opens,
+SELECT idx, ph IN ({sql_list(OPENING_PHASES)}) AS opens,
     dense_rank() OVER (ORDER BY CASE WHEN ph IN ('B', 'E') THEN 'thread ' || CAST(pid AS VARCHAR) || ' ' || CAST(tid AS VARCHAR)
         ELSE 'async ' || CAST(pid AS VARCHAR) || ' ' || COALESCE(cat, '') || ' '
              || COALESCE(CAST(id AS VARCHAR), CAST(id2 AS VARCHAR), '') END) AS pair_key
 FROM events
-WHERE NOT malformed AND ph IN ({_in(OPENING_PHASES + CLOSING_PHASES)}) AND {_ts_ok}
+WHERE NOT malformed AND ph IN ({sql_list(OPENING_PHASES + CLOSING_PHASES)}) AND {_ts_ok}
 ORDER BY pair_key, ts, idx
 """
 # A matched pair as one complete event: the begin's fields, the end's args merged in (as Chrome shows them). Async
@@ -457,7 +454,7 @@ FROM pairs p JOIN events o ON o.idx = p.open_idx JOIN events c ON c.idx = p.clos
 """
 _category_kinds = ", ".join(f"('{c}', '{k}')" for c, k in CATEGORY_KINDS.items())
 _name_kinds = ", ".join(f"('{c}', '{n}', '{k}')" for (c, n), k in NAME_KINDS.items())
-_device_kinds = _in(DEVICE_KINDS)
+_device_kinds = sql_list(DEVICE_KINDS)
 # Labels: pid/tid values that are not integers ('Spans', ...) get negative ids, per column in order of first
 # appearance; process/thread names come from the first process_name/thread_name metadata event.
 _LOOKUPS = f"""
@@ -600,7 +597,7 @@ _FLOW_BINDINGS = f"""
 WITH flows AS (
     SELECT lane_id(pid, 'pid_label_id') AS pid, lane_id(tid, 'tid_label_id') AS tid, us_to_ns(ts) + $base AS ts,
         COALESCE(TRY_CAST(id AS BIGINT), CAST(hash(CAST(id AS VARCHAR)) >> 2 AS BIGINT)) AS flow
-    FROM events WHERE NOT malformed AND ph IN ({_in(FLOW_PHASES)}) AND {_ts_ok} AND id IS NOT NULL
+    FROM events WHERE NOT malformed AND ph IN ({sql_list(FLOW_PHASES)}) AND {_ts_ok} AND id IS NOT NULL
 )
 SELECT s.slice_id, min(f.flow) AS flow
 FROM flows f ASOF JOIN (SELECT * FROM read_slices WHERE kind <> 'instant') s
