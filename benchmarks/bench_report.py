@@ -42,7 +42,10 @@ def build_fleet(sources: list[Path], runs: int, ranks: int, scratch: Path) -> Pa
         run = scratch / "sources" / src.name
         tracesql.ingest([src], run)
         manifest = store.load_manifest(run)
-        ingested.append((run, sorted(manifest["sources"].values(), key=lambda s: s["rank"])))
+        # a source file may hold several ranks (one part each): the fleet's ranks cycle over all of them
+        parts = sorted((rank, part, entry) for entry in manifest["sources"].values()
+                       for rank, part in zip(entry["ranks"], entry["parts"]))
+        ingested.append((run, parts))
     fleet = scratch / f"fleet-{runs}x{ranks}"
     shutil.rmtree(fleet, ignore_errors=True)
     fleet.mkdir(parents=True)
@@ -53,14 +56,14 @@ def build_fleet(sources: list[Path], runs: int, ranks: int, scratch: Path) -> Pa
         staging = store.new_staging(fleet / run_id)
         entries = {}
         for rank in range(ranks):
-            entry = parts[rank % len(parts)]
+            source_rank, source_part, entry = parts[rank % len(parts)]
             part = store.part_name(rank, f"copy{rank:05d}")
             for table in schema.TABLES:
                 (staging / table).mkdir(exist_ok=True)
                 con.execute(f"COPY (SELECT * REPLACE ('{run_id}' AS run_id, {rank}::INTEGER AS rank) "
-                            f"FROM read_parquet('{source / table / entry['part']}')) "
+                            f"FROM read_parquet('{source / table / source_part}') WHERE rank = {source_rank}) "
                             f"TO '{staging / table / part}' (FORMAT parquet, COMPRESSION zstd)")
-            entries[f"rank-{rank}.json.gz"] = {**entry, "rank": rank, "part": part}
+            entries[f"rank-{rank}.json.gz"] = {**entry, "ranks": [rank], "parts": [part]}
         store.publish(staging, fleet / run_id, {"run_id": run_id, "sources": entries, "warnings": []},
                       engine.init_sql())
     return fleet
