@@ -1,0 +1,58 @@
+"""Smoke runs of the benchmark scripts on tiny bundled traces, so that none rots unnoticed (issue 15). They
+check that each script runs to the end and prints its table; timings are not asserted (benchmarks measure them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = REPO / "datasets" / "tracelens_vllm_graph_execution" / "graph_execution.json.gz"  # 34 KB, kernels
+
+
+def bench(script: str, *args, tmp_path: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path),
+           "TRACESQL_CORPUS": str(tmp_path / "no-corpus")}  # only bundled traces, with or without ../shared
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *map(str, args)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_bench_ingest(tmp_path):
+    out = bench("bench_ingest.py", SMALL, "--only", "json,tracesql", "--repeat", "1", "--scratch", tmp_path / "s",
+                tmp_path=tmp_path)
+    assert "graph_execution" in out
+
+
+def test_bench_memory(tmp_path):
+    bench("bench_memory.py", SMALL, "--out", tmp_path / "memory.jsonl", tmp_path=tmp_path)
+    assert '"exit": 0' in (tmp_path / "memory.jsonl").read_text()
+
+
+def test_bench_queries(tmp_path):
+    out = bench("bench_queries.py", SMALL, "--tiles", "1,2", "--repeat", "1", "--only", "overlap,hotspots",
+                "--scratch", tmp_path / "q", tmp_path=tmp_path)
+    assert "| `overlap` | per=step |" in out and "| `hotspots` | defaults |" in out
+
+
+def test_bench_report(tmp_path):
+    out = bench("bench_report.py", REPO / "datasets" / "hta_trace_filter", "--runs", "3", "--ranks", "3",
+                "--scratch", tmp_path / "r", tmp_path=tmp_path)
+    assert "| (b) report over 3 runs × 3 ranks |" in out
+
+
+def test_tile_trace(tmp_path):
+    out = bench("tile_trace.py", SMALL, tmp_path / "tiled.json", "--min-bytes", "2e5", tmp_path=tmp_path)
+    assert "copies of" in out and (tmp_path / "tiled.json").stat().st_size >= 2e5
+
+
+def test_compare_outputs(tmp_path):
+    for snap in ("a", "b"):
+        bench("compare_outputs.py", "snapshot", tmp_path / snap, "--only", "nodejs_async", tmp_path=tmp_path)
+    out = bench("compare_outputs.py", "diff", tmp_path / "a", tmp_path / "b", tmp_path=tmp_path)
+    assert " 0 differ; 0 new, 0 gone" in out and not out.strip().startswith("0 files")
