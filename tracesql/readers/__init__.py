@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import mmap
+import os
 import re
 import threading
 import zlib
@@ -47,6 +48,9 @@ READER_SLICE_COLUMNS = list(READER_SLICE_TYPES)
 DICTIONARY_COLUMNS = ("kind", "category", "name", "track")
 
 
+READER_SLICE_SCHEMA = pa.schema(READER_SLICE_TYPES)
+
+
 def slices_from_columns(columns: dict[str, list]) -> pa.Table:
     """A reader's slices from Python lists, one per column (a column left out is all NULL); slice_id numbers the
     rows unless given."""
@@ -59,6 +63,19 @@ def slices_from_columns(columns: dict[str, list]) -> pa.Table:
             array = pa.array(range(n), type_) if name == "slice_id" else pa.nulls(n, type_)
         arrays[name] = pc.dictionary_encode(array) if name in DICTIONARY_COLUMNS else array
     return pa.table(arrays)
+
+
+def as_reader_slices(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch with the reader slice columns (any order, any subset: the rest NULL), cast to their types."""
+    n = batch.num_rows
+    return pa.record_batch([batch.column(name).cast(type_) if name in batch.schema.names else pa.nulls(n, type_)
+                            for name, type_ in READER_SLICE_TYPES.items()], READER_SLICE_SCHEMA)
+
+
+def mapped_slices(path: Path, batches) -> FileMapping:
+    """Slices streamed batch by batch (`batches`: record batches with reader slice columns) into the Arrow file
+    `path`, memory-mapped: what a reader hands on as `TraceData.slices` without holding them in memory."""
+    return FileMapping.of_batches(path, READER_SLICE_SCHEMA, (as_reader_slices(b) for b in batches if b.num_rows))
 
 
 #: Columns of a reader's `counters` table (normalize adds run_id and rank).
@@ -172,6 +189,56 @@ def read_bytes(path: Path) -> bytes:
     return raw
 
 
+#: A gzip may always inflate to INFLATE_FREE_BYTES; beyond that, to at most MAX_INFLATE_RATIO times its own size
+#: (TRACESQL_MAX_GZIP_RATIO overrides): a decompression bomb is refused before it fills the scratch disk. Real
+#: traces compress 5-30x (Kineto JSON ~20x, rocprofv3 JSON ~23x, Perfetto protobuf ~5x).
+INFLATE_FREE_BYTES = 1 << 30
+MAX_INFLATE_RATIO = 100
+_INFLATE_CHUNK = 8 << 20
+
+
+def max_inflate_ratio() -> float:
+    value = os.environ.get("TRACESQL_MAX_GZIP_RATIO")
+    if not value:
+        return MAX_INFLATE_RATIO
+    try:
+        ratio = float(value)
+    except ValueError:
+        ratio = 0
+    if not ratio > 1:
+        raise TraceError("TRACESQL_MAX_GZIP_RATIO", f"{value!r} is not a number above 1")
+    return ratio
+
+
+def inflated(path: Path, scratch: Path) -> Path:
+    """The file's content as a plain file: `path` itself, or, when it is gzip (by magic number), its content
+    unpacked into the folder `scratch` a chunk at a time (memory: one chunk), refusing a decompression bomb."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                return path
+        size = path.stat().st_size
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    cap = max(INFLATE_FREE_BYTES, int(size * max_inflate_ratio()))
+    out = scratch / "inflated"
+    written = 0
+    try:
+        with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+            while chunk := src.read(_INFLATE_CHUNK):
+                written += len(chunk)
+                if written > cap:
+                    raise TraceError(path, f"gzip inflates beyond {cap / 2**30:.1f} GiB ({written / size:.0f}x its "
+                                           f"size): refused as a possible decompression bomb "
+                                           f"(TRACESQL_MAX_GZIP_RATIO raises the limit)")
+                dst.write(chunk)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise TraceError(path, "truncated gzip" if isinstance(e, EOFError) else f"damaged gzip ({e})") from None
+    if not written:
+        raise TraceError(path, "empty file")
+    return out
+
+
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
     """The first `n` bytes of content (decompressed when gzip), as far as the file has any: enough to detect."""
     try:
@@ -211,22 +278,39 @@ def rank_from_file_name(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _drop_out_of_range(data: TraceData) -> None:
-    s = data.slices
-    ts, dur = to_numpy(s["ts"], fill=MAX_TS_NS), to_numpy(s["dur"], fill=-1)  # (numpy: no pandas import)
-    keep = (ts > -MAX_TS_NS) & (ts < MAX_TS_NS) & (dur >= 0) & (dur < MAX_DUR_NS)
-    dropped = len(keep) - int(keep.sum())
+def _filter_batches(data: TraceData, keep_of) -> int:
+    """Keep the slices for which `keep_of(batch) -> bool numpy array` says so, a batch at a time (a mapped
+    table stays mapped where nothing is dropped). Returns how many were dropped."""
+    batches, dropped = [], 0
+    for batch in data.slices.to_batches():
+        keep = keep_of(batch)
+        kept = int(keep.sum())
+        if kept < batch.num_rows:
+            dropped += batch.num_rows - kept
+            batch = batch.filter(array(keep))
+        batches.append(batch)
     if dropped:
-        data.slices = s.filter(array(keep))
+        data.slices = pa.Table.from_batches(batches, data.slices.schema)
+    return dropped
+
+
+def _drop_out_of_range(data: TraceData) -> None:
+    def in_range(batch):
+        ts, dur = to_numpy(batch["ts"], fill=MAX_TS_NS), to_numpy(batch["dur"], fill=-1)  # (numpy: no pandas)
+        return (ts > -MAX_TS_NS) & (ts < MAX_TS_NS) & (dur >= 0) & (dur < MAX_DUR_NS)
+
+    dropped = _filter_batches(data, in_range)
+    if dropped:
         data.skipped["time out of range"] = data.skipped.get("time out of range", 0) + dropped
 
 
 def _keep_first_events(data: TraceData, max_events: int) -> None:
     """For readers that cannot stop early (--max-events): keep the first `max_events` slices."""
-    if data.slices.num_rows > max_events:
-        ids = to_numpy(data.slices["slice_id"])
-        data.slices = data.slices.filter(array(ids < np.partition(ids, max_events - 1)[max_events - 1] + 1))
-        data.notes.append(f"kept only the first {max_events:,} of {len(ids):,} events (--max-events)")
+    total = data.slices.num_rows
+    if total > max_events:
+        last = pc.max(pc.bottom_k_unstable(data.slices["slice_id"], max_events)).as_py()
+        _filter_batches(data, lambda batch: to_numpy(batch["slice_id"]) <= last)
+        data.notes.append(f"kept only the first {max_events:,} of {total:,} events (--max-events)")
 
 
 def read_trace(path: Path, threads: int | None = None) -> list[TraceData]:
