@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from .. import db, limits
 from ..arrays import array, to_numpy
 from ..errors import TraceError
+from . import MAX_NAME_CHARS, OUT_BATCH_ROWS
 
 FORMAT = "nsys"
 SUFFIXES = (".sqlite", ".nsys.sqlite")
@@ -202,7 +203,7 @@ def _read(path: Path, con, scratch: Path, threads: int | None):
     with adbc_driver_sqlite.dbapi.connect(_uri(path)) as source:
         duck = db.connect(threads, lim.memory, database=scratch / "nsys.duckdb")
         try:
-            _load_strings(source, duck, tables)
+            notes += _load_strings(source, duck, tables)
             traces = [_read_process(path, con, source, duck, tables, process, base, scratch / f"slices-{i}.arrows",
                                     lim.max_events, rank=i if len(processes) > 1 else None, notes=notes, **common)
                       for i, process in enumerate(processes)]
@@ -265,8 +266,9 @@ def _utf8(column: pa.Array) -> pa.Array:
                         pa.string())
 
 
-def _load_strings(source, duck, tables) -> None:
-    """StringIds into DuckDB (table `strings`: id -> value), a batch at a time."""
+def _load_strings(source, duck, tables) -> list[str]:
+    """StringIds into DuckDB (table `strings`: id -> value), a batch at a time; returns a note on the names cut
+    to MAX_NAME_CHARS."""
     duck.execute("CREATE TABLE strings (id BIGINT, value VARCHAR)")
     if {"id", "value"} <= tables.get("StringIds", set()):
         sql = ("SELECT CASE WHEN typeof(id) = 'integer' THEN id END AS id, CAST(COALESCE(value, '') AS BLOB) AS value"
@@ -275,8 +277,10 @@ def _load_strings(source, duck, tables) -> None:
             _insert(duck, "strings", pa.record_batch([batch["id"].cast(pa.int64()), _utf8(batch["value"])],
                                                      names=["id", "value"]))
     # a hand-made export may repeat an id: its first value, as a lookup by id would give
-    duck.execute("CREATE OR REPLACE TABLE strings AS SELECT id, first(value ORDER BY rowid) AS value "
-                 "FROM strings WHERE id IS NOT NULL GROUP BY id")
+    duck.execute(f"CREATE OR REPLACE TABLE strings AS SELECT id, left(first(value ORDER BY rowid), {MAX_NAME_CHARS}) "
+                 f"AS value, max(length(value)) > {MAX_NAME_CHARS} AS cut FROM strings WHERE id IS NOT NULL GROUP BY id")
+    cut = duck.execute("SELECT count(*) FROM strings WHERE cut").fetchone()[0]
+    return [f"{cut} strings longer than {MAX_NAME_CHARS:,} characters cut to that length"] if cut else []
 
 
 def _insert(duck, table: str, batch: pa.RecordBatch) -> None:
@@ -308,7 +312,7 @@ def _read_process(path: Path, con, source, duck, tables: dict, process: int, bas
             try:
                 cur.register("batches", pa.RecordBatchReader.from_batches(first.schema, _chain(first, checked)))
                 params = {"base": base, **({"process_label": label} if "$process_label" in table.select else {})}
-                yield from cur.sql(table.select, params=params).to_arrow_reader(_BATCH_ROWS)
+                yield from cur.sql(table.select, params=params).to_arrow_reader(OUT_BATCH_ROWS)
             finally:
                 cur.close()
 
@@ -398,7 +402,7 @@ def _load_thread_names(source, duck, tables, process: int) -> None:
 def _process_label(con, tables, process: int) -> str:
     row = con.execute("SELECT name FROM PROCESSES WHERE globalPid = ? AND name <> '' LIMIT 1",
                       (process << 24,)).fetchone() if {"globalPid", "name"} <= tables.get("PROCESSES", set()) else None
-    return str(row[0]) if row else f"process {process & _PID_MASK}"
+    return str(row[0])[:MAX_NAME_CHARS] if row else f"process {process & _PID_MASK}"
 
 
 def _scalar(con, tables, table: str, column: str):

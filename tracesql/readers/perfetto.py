@@ -15,7 +15,7 @@ block in C; Python sees each event once). Slices, flows and counter samples go t
 time as they complete; what depends on the tracks (kind, lanes, labels, which flows link a host and a device
 slice, counter units and sums) is resolved at the end by DuckDB joins with the track table, since a producer may
 describe a track after events on it. Memory holds a block, the tracks, the live interned strings and the open
-slices (each bounded: MAX_TRACKS, MAX_INTERNED, MAX_OPEN_SLICES) and DuckDB's working memory (the limit).
+slices (each bounded: MAX_TRACKS, MAX_INTERNED_BYTES, MAX_OPEN_BYTES) and DuckDB's working memory (the limit).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from .. import db, limits
 from ..arrays import array, texts
 from ..db import sql_list
 from ..errors import TraceError
+from . import MAX_NAME_CHARS, OUT_BATCH_ROWS
 from .kineto import CATEGORY_KINDS, DEVICE_KINDS
 
 FORMAT = "perfetto"
@@ -46,9 +47,12 @@ _STREAM_NUMBER = re.compile(r"(?i)\b(?:stream|queue)\s*[:#]?\s*(\d+)")
 _INCREMENTAL_STATE_CLEARED = 1
 BLOCK_BYTES = 4 << 20  # packets are parsed this many bytes at a time
 MAX_PACKET_BYTES = 64 << 20  # a longer packet is skipped (no producer writes one)
-MAX_TRACKS = 200_000  # track descriptors kept (real traces: thousands)
-MAX_INTERNED = 2_000_000  # interned strings alive at once, over all sequences (real traces: thousands)
-MAX_OPEN_SLICES = 1_000_000  # begun, not yet ended slices held at once; deeper begins are counted and dropped
+MAX_TRACKS = 50_000  # track descriptors kept (real traces: thousands); a track's name is cut to MAX_TRACK_NAME
+MAX_TRACK_NAME = 1024
+MAX_INTERNED_BYTES = 64 << 20  # interned strings alive at once, over all sequences (real traces: < 1 MB)
+MAX_OPEN_BYTES = 64 << 20  # begun, not yet ended slices held at once; begins beyond are counted and dropped
+_ROW_BYTES = 200  # what a row costs in Python besides its strings
+_BATCH_BYTES = 32 << 20  # a batch of rows is written at _BATCH_ROWS rows or this many bytes of text
 _BATCH_ROWS = 1 << 16
 
 
@@ -144,17 +148,21 @@ class _Sequence:
         self.default_clock: int | None = None
         self.extra_counter_tracks: list[int] = []  # for slices that carry counter values without naming tracks
         self.extra_double_counter_tracks: list[int] = []
+        self.size = 0  # bytes of interned strings held (with a per-entry cost)
 
-    def interned(self) -> int:
-        return len(self.names) + len(self.categories) + len(self.annotation_names) + len(self.annotation_strings)
-
-    def intern(self, interned) -> None:
+    def intern(self, interned) -> int:
+        """The packet's interned strings into the tables; returns how many bytes they add (in `size`)."""
+        before = self.size
         for entries, table, field in ((interned.event_names, self.names, "name"),
                                       (interned.event_categories, self.categories, "name"),
                                       (interned.debug_annotation_names, self.annotation_names, "name"),
                                       (interned.debug_annotation_string_values, self.annotation_strings, "str")):
             for e in entries:
-                table[e.iid] = _text(getattr(e, field))
+                text = _text(getattr(e, field))[:MAX_NAME_CHARS]
+                old = table.get(e.iid)
+                self.size += len(text) - (len(old) if old is not None else -_ROW_BYTES)
+                table[e.iid] = text
+        return self.size - before
 
 
 def _text(value):
@@ -190,15 +198,15 @@ class _Track:
     def __init__(self, desc, tracks: dict):
         self.uuid = desc.uuid
         self.parent = tracks.get(desc.parent_uuid) if desc.HasField("parent_uuid") else None
-        self.name = _text(desc.name or desc.static_name or "")
+        self.name = _text(desc.name or desc.static_name or "")[:MAX_TRACK_NAME]
         self.pid = desc.process.pid if desc.HasField("process") else (
             desc.thread.pid if desc.HasField("thread") else (self.parent.pid if self.parent else 0))
         self.is_thread = desc.HasField("thread")
         self.tid = desc.thread.tid if self.is_thread else 0
-        self.process_name = _text(desc.process.process_name) if desc.HasField("process") else (
+        self.process_name = _text(desc.process.process_name)[:MAX_TRACK_NAME] if desc.HasField("process") else (
             self.parent.process_name if self.parent else "")
         if desc.HasField("thread") and desc.thread.thread_name:
-            self.name = self.name or _text(desc.thread.thread_name)
+            self.name = self.name or _text(desc.thread.thread_name)[:MAX_TRACK_NAME]
         names = [t.name for t in self._chain()]
         self.on_device = any(_DEVICE_TRACK.search(n) for n in names)
         device = next((m for n in names if (m := _DEVICE_NUMBER.search(n))), None)
@@ -291,6 +299,7 @@ class _Rows:
         self.batch: list[tuple] = []
         self.writer = pa.ipc.new_stream(str(path), schema)
         self.rows = 0
+        self.bytes = 0  # text in the batch
 
     def flush(self) -> None:
         """Write the batch; its first column, when the schema's first field is `numbered`, is the row's index."""
@@ -302,6 +311,7 @@ class _Rows:
             self.writer.write_batch(pa.record_batch(arrays, schema=self.schema))
             self.rows += len(self.batch)
             self.batch.clear()
+            self.bytes = 0
 
     def close(self):
         from . import FileMapping
@@ -385,19 +395,20 @@ class _Reader:
                                                     TrackEvent.TYPE_INSTANT, TrackEvent.TYPE_COUNTER)
         tracks, sequences, clocks = self.tracks, {}, _Clocks()
         open_slices: dict[int, list[list]] = {}
-        overflow: dict[int, int] = {}  # per track: begins beyond MAX_OPEN_SLICES not held (their ends pop these)
-        open_count = interned = 0
+        overflow: dict[int, int] = {}  # per track: begins beyond MAX_OPEN_BYTES not held (their ends pop these)
+        open_count = open_bytes = interned = 0
         rows, flows, samples = self.rows.batch, self.flows.batch, self.samples.batch
         skip = self.skip
 
-        def emit(row: list, flow_ids: list) -> None:
+        def emit(row: list, flow_ids: list, size: int) -> None:
             if flow_ids:
                 slice_id = self.rows.rows + len(rows)
                 flows.extend((slice_id, flow, k) for k, flow in enumerate(flow_ids))
                 if len(flows) >= _BATCH_ROWS:
                     self.flows.flush()
             rows.append(row)
-            if len(rows) >= _BATCH_ROWS:
+            self.rows.bytes += size
+            if len(rows) >= _BATCH_ROWS or self.rows.bytes >= _BATCH_BYTES:
                 self.rows.flush()
 
         for block in _blocks(self.path, doc, self.skipped):
@@ -411,7 +422,7 @@ class _Reader:
                 seq = sequences.get(seq_id)
                 if seq is None or p.sequence_flags & _INCREMENTAL_STATE_CLEARED:
                     if seq is not None:
-                        interned -= seq.interned()
+                        interned -= seq.size
                     seq = sequences[seq_id] = _Sequence(seq.generation + 1 if seq is not None else 0)
                 data = p.WhichOneof("data")
                 if data == "track_descriptor":
@@ -421,12 +432,10 @@ class _Reader:
                 elif data == "clock_snapshot":
                     clocks.snapshot(seq_id, p.clock_snapshot)
                 if p.HasField("interned_data"):
-                    before = seq.interned()
-                    seq.intern(p.interned_data)
-                    interned += seq.interned() - before
-                    if interned > MAX_INTERNED:
-                        raise TraceError(self.path, f"more than {MAX_INTERNED:,} interned strings at once: refused "
-                                                    "as damaged or hostile")
+                    interned += seq.intern(p.interned_data)
+                    if interned > MAX_INTERNED_BYTES:
+                        raise TraceError(self.path, f"more than {MAX_INTERNED_BYTES >> 20} MB of interned strings at "
+                                                    "once: refused as damaged or hostile")
                 if p.HasField("trace_packet_defaults"):
                     defaults = p.trace_packet_defaults
                     if defaults.HasField("timestamp_clock_id"):
@@ -464,21 +473,23 @@ class _Reader:
                 if kind == SLICE_END:
                     if overflow.get(track_uuid):
                         overflow[track_uuid] -= 1
-                        skip(f"slice nested under {MAX_OPEN_SLICES:,} open slices")
+                        skip(f"slice begun while {MAX_OPEN_BYTES >> 20} MB of slices were open")
                         continue
                     stack = open_slices.get(track_uuid)
                     if not stack:
                         skip("slice end without a begin")
                         continue
                     row = stack.pop()
+                    size = row.pop()
                     open_count -= 1
+                    open_bytes -= size
                     if ts < row[3]:
                         skip("slice ends before it begins")
                         continue
                     row[4] = ts - row[3]
                     row_flows = row.pop()
                     ending = e.flow_ids or e.terminating_flow_ids
-                    emit(row, row_flows + [*e.flow_ids, *e.terminating_flow_ids] if ending else row_flows)
+                    emit(row, row_flows + [*e.flow_ids, *e.terminating_flow_ids] if ending else row_flows, size)
                     continue
                 if kind != SLICE_BEGIN and kind != INSTANT:
                     skip("unsupported track event type")
@@ -502,14 +513,16 @@ class _Reader:
                 row = [kind == INSTANT, category, name, ts, 0, track_uuid,
                        e.correlation_id if e.HasField("correlation_id") else None, external, args]
                 flow_ids = [*e.flow_ids, *e.terminating_flow_ids] if e.flow_ids or e.terminating_flow_ids else []
+                size = _ROW_BYTES + len(args or "") + len(name or "") + len(category or "")
                 if kind == INSTANT:
-                    emit(row, flow_ids)
-                elif open_count >= MAX_OPEN_SLICES:
+                    emit(row, flow_ids, size)
+                elif open_bytes >= MAX_OPEN_BYTES:
                     overflow[track_uuid] = overflow.get(track_uuid, 0) + 1
                 else:
-                    row.append(flow_ids)
+                    row += (flow_ids, size)
                     open_slices.setdefault(track_uuid, []).append(row)
                     open_count += 1
+                    open_bytes += size
         unfinished = open_count + sum(overflow.values())
         if unfinished:
             self.skipped["slice never ended"] = self.skipped.get("slice never ended", 0) + unfinished
@@ -550,7 +563,7 @@ class _Reader:
     def _mapped(self, con, name: str, sql: str, counters: bool = False):
         from . import READER_COUNTER_TYPES, FileMapping, mapped_slices
 
-        reader = con.sql(sql).to_arrow_reader(_BATCH_ROWS)
+        reader = con.sql(sql).to_arrow_reader(OUT_BATCH_ROWS)
         if not counters:
             return mapped_slices(self.scratch / name, reader)
         schema = pa.schema(READER_COUNTER_TYPES)

@@ -25,6 +25,7 @@ import msgspec
 
 from .. import db, limits
 from ..errors import TraceError
+from . import MAX_NAME_CHARS, OUT_BATCH_ROWS
 
 FORMAT = "rocprof"
 SUFFIXES = ("_results.json", "_results.json.gz")
@@ -313,8 +314,8 @@ WHERE what IS NOT NULL AND end_timestamp >= start_timestamp AND (what NOT IN ('k
 _SYMBOLS = f"""
 CREATE TABLE symbols AS
 SELECT f.carved, s.kernel_id,
-    last(COALESCE(NULLIF(s.formatted_kernel_name, ''), NULLIF(s.demangled_kernel_name, ''), s.kernel_name)
-         ORDER BY s.pos) AS name,
+    left(last(COALESCE(NULLIF(s.formatted_kernel_name, ''), NULLIF(s.demangled_kernel_name, ''), s.kernel_name)
+              ORDER BY s.pos), {MAX_NAME_CHARS}) AS name,
     last(s.sgpr_count ORDER BY s.pos) AS sgpr_count, last(s.arch_vgpr_count ORDER BY s.pos) AS arch_vgpr_count,
     last(s.accum_vgpr_count ORDER BY s.pos) AS accum_vgpr_count
 FROM (SELECT row_number() OVER () AS pos, * FROM read_json($files, format = 'array', filename = true,
@@ -384,7 +385,7 @@ def _read(path: Path, scratch: Path, carver: _Carver, processes: list[_Process],
             if not carver.record_files:
                 return
             reader = con.sql(_SLICES, params={"records": [str(scratch / f) for f, _, _ in carver.record_files]}
-                             ).to_arrow_reader(1 << 16)
+                             ).to_arrow_reader(OUT_BATCH_ROWS)
             for batch in reader:
                 if lim.max_events:
                     batch = batch.slice(0, lim.max_events - kept[0])
@@ -461,7 +462,8 @@ _LOOKUPS = {"processes": ("carved BIGINT", "pid BIGINT", "symbols BIGINT"),
 
 
 def _text(value) -> str | None:
-    return value if isinstance(value, str) or value is None else json.dumps(value)
+    return (value if isinstance(value, str) or value is None else json.dumps(value))[:MAX_NAME_CHARS] \
+        if value is not None else None
 
 
 def _device_id(agent: dict) -> int:
