@@ -30,9 +30,9 @@ from ..errors import TraceError
 
 #: Names a reader looks up by id (string tables, kernel symbols, interned names, track names) are cut to this
 #: many characters: each row that names one gets a copy, so one huge name must not be multiplied by the rows.
-MAX_NAME_CHARS = 1 << 16
-#: Rows per batch of the slices a reader streams out of DuckDB: with names cut to MAX_NAME_CHARS, a batch is at
-#: most a few hundred MB whatever the input.
+MAX_NAME_CHARS = 8192
+#: Rows per batch of the slices a reader streams out of DuckDB: with names cut to MAX_NAME_CHARS, a batch's names
+#: are at most 16 MB whatever the input.
 OUT_BATCH_ROWS = 2048
 
 from . import kineto, nsys, perfetto, rocprof, xplane  # noqa: E402 (they use the limits above)

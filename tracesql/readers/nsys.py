@@ -202,6 +202,10 @@ def _read(path: Path, con, scratch: Path, threads: int | None):
     common = {"metadata": _metadata(con, tables), "devices": _devices(con, tables)}
     with adbc_driver_sqlite.dbapi.connect(_uri(path)) as source:
         duck = db.connect(threads, lim.memory, database=scratch / "nsys.duckdb")
+        # the batches stream through (slice_id says their order); the lookup tables are what joins build hash
+        # tables of: DuckDB cannot tell the size of a stream and would otherwise build on it, holding it all
+        duck.execute("SET preserve_insertion_order = false")
+        duck.execute("SET disabled_optimizers = 'build_side_probe_side'")
         try:
             notes += _load_strings(source, duck, tables)
             traces = [_read_process(path, con, source, duck, tables, process, base, scratch / f"slices-{i}.arrows",

@@ -323,6 +323,11 @@ class _Rows:
 
 def _arrow(values, type_: pa.DataType) -> pa.Array:
     """A Python list (or range) as an Arrow array without pa.array (which imports pandas)."""
+    if pa.types.is_dictionary(type_):  # each distinct string once: names repeat (and one may be long)
+        codes: dict = {}
+        indices = np.array([codes.setdefault(v, len(codes)) for v in values], np.int32)
+        missing = indices == codes[None] if None in codes else None
+        return pa.DictionaryArray.from_arrays(array(indices, pa.int32(), missing), texts(list(codes)))
     if pa.types.is_string(type_):
         return texts(values)
     if pa.types.is_boolean(type_):
@@ -334,8 +339,8 @@ def _arrow(values, type_: pa.DataType) -> pa.Array:
         return array(np.array([0 if v is None else v for v in values], type_.to_pandas_dtype()), type_, missing)
 
 
-_ROWS = pa.schema([("slice_id", pa.int64()), ("instant", pa.bool_()), ("category", pa.string()),
-                   ("name", pa.string()), ("ts", pa.int64()), ("dur", pa.int64()), ("track_uuid", pa.uint64()),
+_NAMES = pa.dictionary(pa.int32(), pa.string())
+_ROWS = pa.schema([("slice_id", pa.int64()), ("instant", pa.bool_()), ("category", _NAMES), ("name", _NAMES), ("ts", pa.int64()), ("dur", pa.int64()), ("track_uuid", pa.uint64()),
                    ("correlation", pa.uint64()), ("external_id", pa.int64()), ("args", pa.string())])
 _FLOWS = pa.schema([("slice_id", pa.int64()), ("flow", pa.uint64()), ("ord", pa.int32())])
 _SAMPLES = pa.schema([("ord", pa.int64()), ("track_uuid", pa.uint64()), ("seq", pa.uint32()),
@@ -535,6 +540,8 @@ class _Reader:
             raise TraceError(self.path, "empty trace: no packets")
         if not self.rows.rows and not self.samples.rows:
             raise TraceError(self.path, "no slices or counters (no TrackEvent slice, instant or counter on any track)")
+        import duckdb
+
         lim = limits.current()
         con = db.connect(threads, lim.memory, database=self.scratch / "perfetto.duckdb")
         try:
@@ -545,6 +552,8 @@ class _Reader:
             con.execute(_CATEGORY_KINDS)
             slices, counters = self._mapped(con, "slices.arrows", _SLICES), self._mapped(con, "counters.arrows",
                                                                                          _COUNTERS, counters=True)
+        except duckdb.Error as e:
+            raise TraceError(self.path, f"cannot finish the tables ({str(e).splitlines()[0][:300]})") from None
         finally:
             con.close()
         notes = [f"read only the first {self.max_events:,} events (--max-events)"] if getattr(self, "truncated",

@@ -377,6 +377,9 @@ def _read(path: Path, scratch: Path, carver: _Carver, processes: list[_Process],
 
     lim = limits.current()
     con = db.connect(threads, lim.memory, database=scratch / "rocprof.duckdb")
+    # the records stream through; joins build their hash tables on the lookup tables, never on the stream (whose
+    # size DuckDB cannot tell)
+    con.execute("SET disabled_optimizers = 'build_side_probe_side'")
     try:
         devices = _lookups(con, processes, carver, scratch)
         kept = [0]
