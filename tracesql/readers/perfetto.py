@@ -493,18 +493,20 @@ class _Reader:
                         continue
                     row[4] = ts - row[3]
                     row_flows = row.pop()
-                    ending = e.flow_ids or e.terminating_flow_ids
-                    emit(row, row_flows + [*e.flow_ids, *e.terminating_flow_ids] if ending else row_flows, size)
+                    starting, ending = e.flow_ids, e.terminating_flow_ids
+                    emit(row, row_flows + [*starting, *ending] if starting or ending else row_flows, size)
                     continue
                 if kind != SLICE_BEGIN and kind != INSTANT:
                     skip("unsupported track event type")
                     continue
                 name = _text(e.name) if e.HasField("name") else seq.names.get(e.name_iid)
-                categories = e.categories
+                categories, category_iids = e.categories, e.category_iids
                 if categories:
                     category = ",".join(_text(c) for c in categories) or None
-                elif e.category_iids:
-                    category = ",".join(seq.categories.get(i, "") for i in e.category_iids) or None
+                elif len(category_iids) == 1:  # the common case
+                    category = seq.categories.get(category_iids[0]) or None
+                elif category_iids:
+                    category = ",".join(seq.categories.get(i, "") for i in category_iids) or None
                 else:
                     category = None
                 args = external = None
@@ -517,7 +519,8 @@ class _Reader:
                             external = None
                 row = [kind == INSTANT, category, name, ts, 0, track_uuid,
                        e.correlation_id if e.HasField("correlation_id") else None, external, args]
-                flow_ids = [*e.flow_ids, *e.terminating_flow_ids] if e.flow_ids or e.terminating_flow_ids else []
+                starting, ending = e.flow_ids, e.terminating_flow_ids
+                flow_ids = [*starting, *ending] if starting or ending else []
                 size = _ROW_BYTES + len(args or "") + len(name or "") + len(category or "")
                 if kind == INSTANT:
                     emit(row, flow_ids, size)
