@@ -10,7 +10,8 @@ in a fresh process: (a) the baseline, reading the file's bytes (gunzipped when g
 reader (`tracesql.readers.read_trace`, the slices streamed to their memory-mapped scratch file) under
 --memory-limit. Reported: wall seconds, CPU seconds (user + system, from wait4), CPU-s per million events (events:
 the reader's event count), peak RSS (ru_maxrss: file-backed pages of the mapped slices included) and peak anonymous
-RSS (RssAnon, sampled every 50 ms: the heap), and (b)/(a) ratios of time and CPU.
+RSS (RssAnon, sampled every 50 ms: the heap), and (b)/(a) ratios of time and CPU. Scratch files (the
+reader's, and TMPDIR of the children) go to a temporary folder.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
+
+from bench_ingest import run_measured  # the same child-process measurement as the other benchmarks
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,33 +50,17 @@ print(sum(t.event_count for t in traces), sum(t.slices.num_rows for t in traces)
 
 
 def measure(code: str, args: list[str]) -> dict:
-    """A fresh `python -c code args...`: wall, CPU (user + system), peak RSS, peak RssAnon, and its output."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, cwd=tempfile.gettempdir())
-    anon, done = [0], threading.Event()
-
-    def sample():
-        while not done.wait(0.05):
-            try:
-                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-                    if line.startswith("RssAnon:"):
-                        anon[0] = max(anon[0], int(line.split()[1]) * 1024)
-            except OSError:
-                return
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    done.set()
-    thread.join()
-    out, err = proc.stdout.read().decode(), proc.stderr.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(args)}\n{err[-2000:]}")
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024,
-            "peak_anon_mb": anon[0] / 2**20, "output": out.split()}
+    """A fresh `python -c code args...`: wall, CPU (user + system), peak RSS, peak RssAnon, and the words of its
+    last line of output."""
+    with tempfile.TemporaryDirectory(prefix="tracesql-bench-") as d:
+        log = Path(d) / "out.log"
+        m = run_measured([sys.executable, "-c", code, *args], float("inf"), 0, str(log),
+                         env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": d}, cwd=d)
+        lines = log.read_text().splitlines()
+    if m["returncode"] != 0:
+        raise SystemExit(f"failed: {' '.join(args)}\n" + "\n".join(lines[-20:]))
+    return {"wall_s": m["wall_s"], "cpu_s": m["user_s"] + m["sys_s"], "peak_rss_mb": m["rss_mb"],
+            "peak_anon_mb": m["anon_mb"], "output": lines[-1].split()}
 
 
 def bench(fmt: str, path: Path, memory_limit: str, repeat: int) -> dict:

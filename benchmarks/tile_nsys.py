@@ -14,13 +14,13 @@ OUT.meta.json records copies, rows and bytes.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import shutil
 import sqlite3
 import time
+
+from tiling import main, publish
 
 TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
           "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS")
@@ -64,25 +64,9 @@ def tile(src: str, out: str, min_bytes: float, gap_ns: int = 1_000_000, copies: 
         con.execute("COMMIT")
     counts = {t: con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in sorted(present)}
     con.close()
-    os.replace(tmp, out)
-    meta = {"source": src, "copies": k, "shift_ns": shift, "correlation_step": corr_step, "rows": counts,
-            "events": sum(counts.values()), "bytes": os.path.getsize(out),
-            "seconds": round(time.perf_counter() - start, 1)}
-    with open(out + ".meta.json", "w") as f:
-        json.dump(meta, f, indent=1)
-    return meta
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("src")
-    parser.add_argument("out")
-    parser.add_argument("--min-bytes", type=float, default=1e9)
-    parser.add_argument("--gap-ns", type=int, default=1_000_000)
-    parser.add_argument("--copies", type=int, help="exactly this many copies (instead of --min-bytes)")
-    args = parser.parse_args()
-    print(json.dumps(tile(args.src, args.out, args.min_bytes, args.gap_ns, args.copies)))
+    return publish(tmp, out, {"source": src, "copies": k, "shift_ns": shift, "correlation_step": corr_step,
+                              "rows": counts, "events": sum(counts.values())}, start)
 
 
 if __name__ == "__main__":
-    main()
+    main(tile, __doc__)

@@ -16,12 +16,11 @@ bytes. Written to OUT.tmp, renamed to OUT at the end; a sidecar OUT.meta.json re
 
 from __future__ import annotations
 
-import argparse
 import gzip
-import json
 import math
-import os
 import time
+
+from tiling import main, publish
 
 _FIRST_SEQUENCE_CLOCK = 64
 _BOOTTIME = 6
@@ -97,25 +96,10 @@ def tile(src: str, out: str, min_bytes: float, gap_ns: int = 1_000_000, copies: 
                 body = q.SerializeToString()
                 chunk.append(b"\x0a" + _varint(len(body)) + body)
             f.write(b"".join(chunk))
-    os.replace(tmp, out)
     events = sum(1 for p in trace.packet if p.HasField("track_event")) * k
-    meta = {"source": src, "copies": k, "shift_ns": shift, "packets": len(trace.packet) * k, "events": events,
-            "bytes": os.path.getsize(out), "seconds": round(time.perf_counter() - start, 1)}
-    with open(out + ".meta.json", "w") as f:
-        json.dump(meta, f, indent=1)
-    return meta
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("src")
-    parser.add_argument("out")
-    parser.add_argument("--min-bytes", type=float, default=1e9)
-    parser.add_argument("--gap-ns", type=int, default=1_000_000)
-    parser.add_argument("--copies", type=int, help="exactly this many copies (instead of --min-bytes)")
-    args = parser.parse_args()
-    print(json.dumps(tile(args.src, args.out, args.min_bytes, args.gap_ns, args.copies)))
+    return publish(tmp, out, {"source": src, "copies": k, "shift_ns": shift, "packets": len(trace.packet) * k,
+                              "events": events}, start)
 
 
 if __name__ == "__main__":
-    main()
+    main(tile, __doc__)

@@ -14,14 +14,13 @@ OUT.meta.json records copies, records and bytes.
 
 from __future__ import annotations
 
-import argparse
 import gzip
-import json
 import math
-import os
 import time
 
 import msgspec
+
+from tiling import main, publish
 
 
 def _load(path: str) -> dict:
@@ -63,12 +62,8 @@ def tile(src: str, out: str, min_bytes: float, gap_ns: int = 1_000_000, copies: 
                 f.write(b"]")
             f.write(b"}}")
         f.write(b"]}")
-    os.replace(tmp, out)
-    meta = {"source": src, "copies": k, "shift_ns": shift, "records": count, "events": count,
-            "bytes": os.path.getsize(out), "seconds": round(time.perf_counter() - start, 1)}
-    with open(out + ".meta.json", "w") as f:
-        json.dump(meta, f, indent=1)
-    return meta
+    return publish(tmp, out, {"source": src, "copies": k, "shift_ns": shift, "records": count, "events": count},
+                   start)
 
 
 def _moved(r: dict, shift: int, corr: int, dispatch: int) -> dict:
@@ -80,16 +75,5 @@ def _moved(r: dict, shift: int, corr: int, dispatch: int) -> dict:
     return r
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("src")
-    parser.add_argument("out")
-    parser.add_argument("--min-bytes", type=float, default=1e9)
-    parser.add_argument("--gap-ns", type=int, default=1_000_000)
-    parser.add_argument("--copies", type=int, help="exactly this many copies (instead of --min-bytes)")
-    args = parser.parse_args()
-    print(json.dumps(tile(args.src, args.out, args.min_bytes, args.gap_ns, args.copies)))
-
-
 if __name__ == "__main__":
-    main()
+    main(tile, __doc__)

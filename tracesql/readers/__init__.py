@@ -251,6 +251,24 @@ def inflated(path: Path, scratch: Path) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def mapped_content(path: Path, scratch: Path):
+    """The file's content (unpacked into `scratch` when gzip: `inflated`) memory-mapped, for this block; the
+    unpacked copy is removed after it."""
+    content = inflated(path, scratch)
+    try:
+        with open(content, "rb") as f:
+            doc = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except ValueError:  # mmap of an empty file
+        raise TraceError(path, "empty file") from None
+    try:
+        yield doc
+    finally:
+        doc.close()
+        if content != path:
+            content.unlink()
+
+
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
     """The first `n` bytes of content (decompressed when gzip), as far as the file has any: enough to detect."""
     try:

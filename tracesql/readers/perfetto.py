@@ -21,7 +21,6 @@ slices (each bounded: MAX_TRACKS, MAX_INTERNED_BYTES, MAX_OPEN_BYTES) and DuckDB
 from __future__ import annotations
 
 import json
-import mmap
 import re
 import tempfile
 from collections import Counter
@@ -56,15 +55,19 @@ _BATCH_BYTES = 32 << 20  # a batch of rows is written at _BATCH_ROWS rows or thi
 _BATCH_ROWS = 1 << 16
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _varint_at(buf, pos: int) -> tuple[int, int]:
+    """The varint at `pos` of `buf`: (value, position after it), or (-1, pos) when cut off or too long."""
     value = shift = 0
-    while pos < len(buf):
+    n = len(buf)
+    while pos < n:
         b = buf[pos]
         value |= (b & 0x7F) << shift
         pos += 1
         if not b & 0x80:
             return value, pos
         shift += 7
+        if shift > 63:
+            break
     return -1, pos
 
 
@@ -75,11 +78,11 @@ def detect(path: Path, head: bytes) -> bool:
     while pos < len(head):
         if head[pos] != _PACKET_TAG:
             return False
-        length, start = _varint(head, pos + 1)
+        length, start = _varint_at(head, pos + 1)
         if length < 0:
             return pos > 0
         if start < len(head) and length:
-            tag, _ = _varint(head, start)
+            tag, _ = _varint_at(head, start)
             if tag >> 3 == 0 or tag & 7 not in (0, 1, 2, 5):
                 return False
         pos = start + length
@@ -236,22 +239,6 @@ class _Track:
         return f"{process} / {name} {self.tid}" if self.shared_name else f"{process} / {name}"
 
 
-def _varint_at(buf, pos: int) -> tuple[int, int]:
-    """A varint at `pos` of the mapped file: (value, position after it), or (-1, pos) when cut off."""
-    value = shift = 0
-    n = len(buf)
-    while pos < n:
-        b = buf[pos]
-        value |= (b & 0x7F) << shift
-        pos += 1
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            break
-    return -1, pos
-
-
 def _blocks(path: Path, doc, skipped: dict[str, int]):
     """The file's packets, a block of whole packets (~BLOCK_BYTES) at a time, as bytes of a `Trace`. A packet
     over MAX_PACKET_BYTES is left out (counted); other top-level fields are skipped as a protobuf parser would."""
@@ -355,25 +342,16 @@ _INT64 = 1 << 63
 def read(path: Path, threads: int | None = None):
     from google.protobuf.message import DecodeError
 
-    from . import inflated
+    from . import mapped_content
 
     with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
         scratch = Path(scratch)
-        content = inflated(path, scratch)
-        try:
-            with open(content, "rb") as f:
-                doc = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # mmap of an empty file
-            raise TraceError(path, "empty file") from None
-        try:
-            state = _Reader(path, scratch)
-            state.read(doc)
-        except DecodeError as e:
-            raise TraceError(path, f"truncated or damaged protobuf ({e})") from None
-        finally:
-            doc.close()
-        if content != path:
-            content.unlink()
+        state = _Reader(path, scratch)
+        with mapped_content(path, scratch) as doc:
+            try:
+                state.read(doc)
+            except DecodeError as e:
+                raise TraceError(path, f"truncated or damaged protobuf ({e})") from None
         return state.finish(threads)
 
 

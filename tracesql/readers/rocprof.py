@@ -16,7 +16,6 @@ SKELETON_MAX_BYTES) is decoded by msgspec. Memory: a chunk, the skeleton and Duc
 from __future__ import annotations
 
 import json
-import mmap
 import re
 import tempfile
 from pathlib import Path
@@ -76,7 +75,9 @@ class _Skeleton(msgspec.Struct, rename={"processes": "rocprofiler-sdk-tool"}):
 # string, whose quotes are escaped), and, inside record arrays, the candidates for a cut between two records.
 _CARVED = {b'"kernel_symbols"': b"[", b'"buffer_records"': b"{", b'"callback_records"': b"{"}
 _COLON = re.compile(rb"\s*:\s*")
-_DOMAIN = re.compile(rb'\s*"((?:[^"\\]|\\.)*)"\s*:\s*\[')
+_DOMAIN = re.compile(rb'\s*"((?:[^"\\]|\\.)*)"\s*:\s*')
+_JSON_TYPES = {ord("["): "array", ord("{"): "object", ord('"'): "str", ord("t"): "bool", ord("f"): "bool",
+               ord("n"): "null"}
 _CUT = re.compile(rb"}\s*,\s*{")
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 _WHITESPACE = b" \t\r\n"
@@ -162,16 +163,19 @@ class _Carver:
             if m is None:
                 raise TraceError(self.path, "unreadable buffer_records: expected a domain's array of records")
             domain = m.group(1).decode("utf-8", "replace")
+            if doc[m.end():m.end() + 1] != b"[":
+                got = _JSON_TYPES.get(doc[m.end()] if m.end() < len(doc) else -1, "int")
+                raise TraceError(self.path, f"unreadable {domain} records (Expected `array`, got `{got}`)")
             kept = read and (domain in DEVICE_DOMAINS or domain in API_KINDS)
             if kept:
                 name = f"records-{len(self.record_files):05d}.json"
                 with open(self.scratch / name, "wb") as out:
-                    pos, count = self._array(m.end() - 1, out)
+                    pos, count = self._array(m.end(), out)
                 self.read_records += count
                 if count:
                     self.record_files.append((name, number, domain))
             else:
-                pos, count = self._array(m.end() - 1, None)
+                pos, count = self._array(m.end(), None)
                 if read:
                     self.unread[domain] = self.unread.get(domain, 0) + count
             while pos < len(doc) and doc[pos] in _WHITESPACE:
@@ -330,23 +334,13 @@ _UNUSABLE = "unusable record (negative duration or unknown agent)"
 def read(path: Path, threads: int | None = None):
     import duckdb
 
-    from . import inflated
+    from . import mapped_content
 
     with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
         scratch = Path(scratch)
-        content = inflated(path, scratch)
-        try:
-            with open(content, "rb") as f:
-                doc = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # mmap of an empty file
-            raise TraceError(path, "empty file") from None
-        try:
+        with mapped_content(path, scratch) as doc:
             carver = _Carver(path, doc, scratch)
             skeleton = carver.run()
-        finally:
-            doc.close()
-        if content != path:
-            content.unlink()  # the unpacked copy: what is needed of it is carved out
         processes, notes = _decode_skeleton(path, skeleton)
         if not processes:
             raise TraceError(path, "empty trace: 'rocprofiler-sdk-tool' has no process")
