@@ -421,22 +421,41 @@ LEFT JOIN has_inner i ON i.run_id = c.run_id AND i.rank = c.rank AND i.op_id = c
 LEFT JOIN has_outer_math m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_id = c.op_id;
 
 -- The peaks of the device each rank ran on, one row per (run, rank, dtype): the `device_peaks` row whose
--- name_regex matches the rank's device name (the first in match_order), or the row named by device_key
--- (e.g. 'H100-SXM') for every rank. Ranks whose device is unknown or unlisted get no rows.
-CREATE OR REPLACE MACRO rank_device_peaks(device_key := NULL) AS TABLE
+-- name_regex matches the rank's device name (the rows' patterns never overlap on a real name: a name two rows
+-- match, such as 'AMD Instinct MI250X / MI250', is ambiguous and gets no device), or the row named by device_key
+-- (e.g. 'H100-SXM') for every rank. peak_flops / peak_bytes_per_s, when given, replace the table's peaks (for
+-- every dtype), also for a device the table lacks. device_note says why a rank has no device.
+CREATE OR REPLACE MACRO rank_device_peaks(device_key := NULL, peak_flops := NULL, peak_bytes_per_s := NULL) AS TABLE
 WITH rank_device AS (
     SELECT r.run_id, r.rank, mode(d.name) AS device_name
     FROM ranks r LEFT JOIN devices d ON d.run_id = r.run_id AND d.rank = r.rank
     GROUP BY ALL
 ), by_name AS (
-    SELECT rd.run_id, rd.rank, rd.device_name, arg_min(p.device, p.match_order) AS device
+    SELECT rd.run_id, rd.rank, rd.device_name, list(p.device ORDER BY p.device) FILTER (WHERE p.device IS NOT NULL)
+        AS candidates
     FROM rank_device rd
     LEFT JOIN device_peaks p ON regexp_matches(rd.device_name, p.name_regex)
     GROUP BY rd.run_id, rd.rank, rd.device_name
 ), matched AS (
-    SELECT run_id, rank, device_name, coalesce(device_key, device) AS device FROM by_name
+    SELECT run_id, rank, device_name,
+        CASE WHEN device_key IS NOT NULL THEN device_key WHEN len(candidates) = 1 THEN candidates[1] END AS device,
+        CASE WHEN device_key IS NOT NULL THEN NULL
+             WHEN device_name IS NULL THEN 'the trace names no device'
+             WHEN len(candidates) > 1
+                 THEN 'ambiguous device name ''' || device_name || ''': ' || array_to_string(candidates, ' or ')
+             WHEN len(candidates) IS NULL OR len(candidates) = 0
+                 THEN 'unknown device ''' || device_name || ''' (not in device_peaks)'
+        END AS device_note
+    FROM by_name
 ), peaks AS (
-    UNPIVOT device_peaks ON fp64, fp32, tf32, bf16, fp16, fp8 INTO NAME dtype VALUE peak_flops_per_s
+    UNPIVOT device_peaks ON fp64, fp32, tf32, bf16, fp16, fp8, int8 INTO NAME dtype VALUE peak_flops_per_s
+), dtypes AS (
+    SELECT unnest(['fp64', 'fp32', 'tf32', 'bf16', 'fp16', 'fp8', 'int8']) AS dtype
 )
-SELECT m.run_id, m.rank, m.device_name, m.device, p.dtype, p.peak_flops_per_s, p.bytes_per_s AS peak_bytes_per_s
-FROM matched m JOIN peaks p ON p.device = m.device;
+SELECT m.run_id, m.rank, m.device_name, m.device, m.device_note, t.dtype,
+    CAST(coalesce(peak_flops, p.peak_flops_per_s) AS DOUBLE) AS peak_flops_per_s,
+    CAST(coalesce(peak_bytes_per_s, d.bytes_per_s) AS DOUBLE) AS peak_bytes_per_s,
+    d.link_bytes_per_s
+FROM matched m CROSS JOIN dtypes t
+LEFT JOIN device_peaks d ON d.device = m.device
+LEFT JOIN peaks p ON p.device = m.device AND p.dtype = t.dtype;
