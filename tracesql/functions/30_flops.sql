@@ -426,25 +426,26 @@ LEFT JOIN has_outer_math m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_i
 -- (e.g. 'H100-SXM') for every rank. peak_flops / peak_bytes_per_s, when given, replace the table's peaks (for
 -- every dtype), also for a device the table lacks. device_note says why a rank has no device.
 CREATE OR REPLACE MACRO rank_device_peaks(device_key := NULL, peak_flops := NULL, peak_bytes_per_s := NULL) AS TABLE
-WITH rank_device AS (
-    SELECT r.run_id, r.rank, mode(d.name) AS device_name
-    FROM ranks r LEFT JOIN devices d ON d.run_id = r.run_id AND d.rank = r.rank
-    GROUP BY ALL
+WITH named AS (  -- the rank's most common device name (ties: the first by name)
+    SELECT run_id, rank, name, row_number() OVER (PARTITION BY run_id, rank ORDER BY count(*) DESC, name) AS nth
+    FROM devices WHERE name IS NOT NULL GROUP BY run_id, rank, name
+), rank_device AS (
+    SELECT r.run_id, r.rank, n.name AS device_name
+    FROM ranks r LEFT JOIN named n ON n.run_id = r.run_id AND n.rank = r.rank AND n.nth = 1
 ), by_name AS (
-    SELECT rd.run_id, rd.rank, rd.device_name, list(p.device ORDER BY p.device) FILTER (WHERE p.device IS NOT NULL)
-        AS candidates
+    SELECT rd.run_id, rd.rank, rd.device_name, count(p.device) AS matches, min(p.device) AS first_match,
+        max(p.device) AS last_match
     FROM rank_device rd
     LEFT JOIN device_peaks p ON regexp_matches(rd.device_name, p.name_regex)
     GROUP BY rd.run_id, rd.rank, rd.device_name
 ), matched AS (
     SELECT run_id, rank, device_name,
-        CASE WHEN device_key IS NOT NULL THEN device_key WHEN len(candidates) = 1 THEN candidates[1] END AS device,
+        CASE WHEN device_key IS NOT NULL THEN device_key WHEN matches = 1 THEN first_match END AS device,
         CASE WHEN device_key IS NOT NULL THEN NULL
              WHEN device_name IS NULL THEN 'the trace names no device'
-             WHEN len(candidates) > 1
-                 THEN 'ambiguous device name ''' || device_name || ''': ' || array_to_string(candidates, ' or ')
-             WHEN len(candidates) IS NULL OR len(candidates) = 0
-                 THEN 'unknown device ''' || device_name || ''' (not in device_peaks)'
+             WHEN matches > 1 THEN 'ambiguous device name ''' || device_name || ''': ' || first_match
+                                   || CASE WHEN matches > 2 THEN ', ..., ' ELSE ' or ' END || last_match
+             WHEN matches = 0 THEN 'unknown device ''' || device_name || ''' (not in device_peaks)'
         END AS device_note
     FROM by_name
 ), peaks AS (
