@@ -266,7 +266,8 @@ def _device(device_id: int, plane, stats: dict) -> dict:
     major, minor = stats.get("compute_cap_major"), stats.get("compute_cap_minor")
     return {
         "device_id": device_id,
-        "name": stats.get("device_name") or plane.name,  # XPlane records a vendor, not always a model name
+        # XPlane records a vendor, not always a model name; TPUs their generation ('TPU v6 Lite', 'TPU v5p')
+        "name": stats.get("device_name") or stats.get("device_type_string") or plane.name,
         "total_memory_bytes": stats.get("memory_size"),
         "compute_capability": f"{major}.{minor}" if major is not None else None,
         "sm_count": stats.get("core_count"),
