@@ -103,10 +103,15 @@ def test_tpu_ops_equal_xprof_op_statistics(tpu):
              "JOIN xla_ops x USING (rank, program_id, name) GROUP BY ALL")}
     assert {(r["program_id"], r["hlo_op_name"]): (int(r["occurrences"]), r["category"]) for r in reference} == ours
     assert rows(tpu, "SELECT count(*) FROM slices WHERE kind = 'kernel' AND starts_with(name, '%')") == [(0,)]
+    # op time by the device's clock, as XProf counts it: every op within the rounding of each event to 1 ns
     total = {r["hlo_op_name"]: r["total_time"] * 1000 for r in reference}
-    got = dict(rows(tpu, "SELECT name, sum(device_self_ns) FROM ops WHERE name IN ('all-reduce', 'broadcast.2', "
-                         "'broadcast_add_fusion.2') GROUP BY name"))
-    assert all(math.isclose(ns, total[name], rel_tol=1e-4) for name, ns in got.items()) and len(got) == 3
+    got = rows(tpu, "SELECT name, sum(device_self_ns), count(*) FROM ops GROUP BY name")
+    assert len(got) == len(total) and all(abs(ns - total[name]) <= n / 2 for name, ns, n in got)
+    # the timeline's durations differ where the device-to-host clock alignment was re-anchored during an op:
+    # copy-done.2 spans 298.8 ms of the timeline the first time it runs on TPU 0, but took 194.1 ms
+    (timeline, device), = rows(tpu, "SELECT o.dur, o.device_self_ns FROM ops o JOIN slices s ON s.slice_id = o.op_id "
+                                    "WHERE o.name = 'copy-done.2' AND s.device_id = 0 ORDER BY o.ts LIMIT 1")
+    assert (timeline, device) == (298807392, 194118896)
 
 
 def test_tpu_collectives_and_classes(tpu):
