@@ -17,7 +17,7 @@ from tracesql import queries
 FFN = DATASETS / "jax_cpu_8dev_ffn"
 TPU = DATASETS / "xprof_tpu_inference"
 XPROF = json.loads((Path(__file__).parent / "data" / "xprof_reference.json").read_text())
-EXPECTED = json.loads((FFN / "expected.json").read_text())
+EXPECTED = json.loads((Path(__file__).parent / "data" / "jax_cpu_8dev_ffn_expected.json").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,9 @@ reduce-scatters with known sizes and replica groups.
 
     python datasets/generators/jax_sharded_ffn.py datasets/jax_cpu_8dev_ffn
 
-writes there `ffn.xplane.pb` (the profile, with the HLO of every program) and `expected.json` (the shapes, and
-XLA's own cost analysis of the compiled step, for the tests).
+writes there `ffn.xplane.pb` (the profile, with the HLO of every program), and
+`tests/data/jax_cpu_8dev_ffn_expected.json` (the shapes, and XLA's own cost analysis of the compiled step, for the
+tests; not in the dataset folder, which is ingested whole).
 """
 import glob
 import json
@@ -80,7 +81,8 @@ def main(out: str) -> None:
         "jax": jax.__version__, "devices": DEVICES, "tokens": B, "model": D, "hidden": F, "dtype": "f32",
         "xla_cost_analysis": {k: cost[k] for k in ("flops", "bytes accessed", "transcendentals") if k in cost},
     }
-    with open(os.path.join(out, "expected.json"), "w") as f:
+    tests_data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data")
+    with open(os.path.join(tests_data, "jax_cpu_8dev_ffn_expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
 
 
