@@ -15,12 +15,16 @@ CREATE OR REPLACE MACRO drop_innermost_templates(name) AS (regexp_replace(name, 
 CREATE OR REPLACE MACRO kernel_family(name) AS (
     regexp_replace(regexp_replace(regexp_replace(regexp_replace(regexp_replace(
         drop_innermost_templates(drop_innermost_templates(drop_innermost_templates(
-            drop_innermost_templates(regexp_replace(name, '^void |\.kd$', '', 'g'))))),
+            drop_innermost_templates(regexp_replace(
+                -- an XLA op compiled for ROCm ('input_transpose_fusion_1.kd') loses its code-object suffix;
+                -- a library kernel's ('Cijk_..._WG32_8.kd': every part names a variant) keeps it
+                CASE WHEN regexp_matches(name, '^[a-z][a-z0-9_.-]*\.kd$') THEN name[:-4] ELSE name END,
+                '^void ', ''))))),
         '^(.*?[\w>])\(.*$', '\1'),   -- the argument list: from the first '(' right after a name (not 'x::(anon...')
         '_\d+x\d+(x\d+)*', '', 'g'),  -- tile / launch shapes
         '_[nt][nt]$', ''),               -- GEMM operand layout
         '_+(\d+d)+\d*e?$', ''),         -- Triton argument specialisation suffix
-        '([._]\d+)+$', '')              -- instance numbers: '_0', XLA's '.3' and '_1.2'
+        '(_\d+)?(\.\d+)*$', '')        -- instance numbers: '_0', XLA's '.3' and '_1.2'
 );
 
 -- Idle gaps between device events: one row per gap, in the chosen window.
