@@ -13,14 +13,14 @@
 --
 -- Needs: steps (ProfilerStep#N) with device events; for HFU, ops with recorded shapes (record_shapes=True); a known device or the device parameter
 -- Parameters:
---   model_flops_per_step = NULL      model FLOPs of one step of the whole job
---   params = NULL                    model parameters P: with tokens_per_step, model FLOPs = 6 · P · T
---   tokens_per_step = NULL           tokens the whole job processes per step (global batch × sequence length)
---   num_devices = NULL               devices of the job; NULL = ranks.world_size, else the ranks in the run
---   device = NULL                    device_peaks key (e.g. 'H100-SXM'); NULL = matched from devices.name
---   dtype = NULL                     peak to use (fp64, fp32, tf32, bf16, fp16, fp8); NULL = the dtype with most counted FLOPs, else bf16
---   flops_source = 'auto'            HFU's FLOPs: 'formula', 'profiler', or 'auto' (profiler when the step has any, else formula)
---   attention_convention = 'flash'   causal attention FLOPs: 'flash' halves them, 'torch' (FlopCounterMode) does not
+--   model_flops_per_step = NULL      number > 0: model FLOPs of one step of the whole job
+--   params = NULL                    number > 0: model parameters P: with tokens_per_step, model FLOPs = 6 · P · T
+--   tokens_per_step = NULL           number > 0: tokens the whole job processes per step (global batch × sequence length)
+--   num_devices = NULL               integer >= 1: devices of the job; NULL = ranks.world_size, else the ranks in the run
+--   device = NULL                    device key: device_peaks key (e.g. 'H100-SXM'); NULL = matched from devices.name
+--   dtype = NULL                     one of fp64, fp32, tf32, bf16, fp16, fp8: peak to use; NULL = the dtype with most counted FLOPs, else bf16
+--   flops_source = 'auto'            one of formula, profiler, auto: HFU's FLOPs ('auto': profiler when the step has any, else formula)
+--   attention_convention = 'flash'   one of flash, torch: causal attention FLOPs: 'flash' halves them, 'torch' (FlopCounterMode) does not
 -- Columns:
 --   run_id            VARCHAR   run
 --   step              INTEGER   step number

@@ -13,10 +13,10 @@
 --
 -- Needs: ops with recorded shapes (record_shapes=True); device time from a GPU trace; a known device or the device parameter for the peaks
 -- Parameters:
---   device = NULL                    device_peaks key for every rank (e.g. 'H100-SXM'); NULL = matched from devices.name
---   dtype = NULL                     peak to rate against (fp64, fp32, tf32, bf16, fp16, fp8); NULL = each op's input dtype
---   top = 20                         rows per run, by device time, then total FLOPs
---   attention_convention = 'flash'   causal attention FLOPs: 'flash' halves them, 'torch' (FlopCounterMode) does not
+--   device = NULL                    device key: device_peaks key for every rank (e.g. 'H100-SXM'); NULL = matched from devices.name
+--   dtype = NULL                     one of fp64, fp32, tf32, bf16, fp16, fp8: peak to rate against; NULL = each op's input dtype
+--   top = 20                         integer >= 1: rows per run, by device time, then total FLOPs
+--   attention_convention = 'flash'   one of flash, torch: causal attention FLOPs: 'flash' halves them, 'torch' (FlopCounterMode) does not
 -- Columns:
 --   run_id                  VARCHAR   run
 --   device                  VARCHAR   device_peaks key of the ranks' device (NULL: unknown device)

@@ -131,7 +131,7 @@ def query(query, target, params, fmt, output, engine, master):
         tracesql query overlap runs/1234/ --param class_scheme=hta
     """
     q = queries.find(query)
-    params = _parse_params(params)
+    params = queries.check(q, _parse_params(params))  # before the target is opened or Spark starts
     if engine == "spark":
         from . import spark as spark_engine
 
