@@ -11,10 +11,10 @@
 --
 -- Needs: XLA ops (a JAX / TensorFlow / XLA profile)
 -- Parameters:
---   dimensions = 'category,pass'   what to group by, comma-separated: category, scope, pass, program, op
---   per = 'run'                    'run' (one breakdown per run) or 'step' (one per step)
---   scope_depth = NULL             named scope: keep the first N components of the path (NULL: all)
---   top = 50                       rows per dimension (and step), by device time
+--   dimensions = 'category,pass'   list of category, scope, pass, program, op: what to group by, comma-separated
+--   per = 'run'                    one of run, step: one breakdown per run, or one per step
+--   scope_depth = NULL             integer >= 1: named scope: keep the first N components of the path (NULL: all)
+--   top = 50                       integer >= 1: rows per dimension (and step), by device time
 -- Columns:
 --   run_id           VARCHAR   run
 --   step             INTEGER   step (NULL with per = 'run')
