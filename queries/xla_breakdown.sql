@@ -6,8 +6,8 @@
 -- op ran (runtime copies, kernels of other libraries) is the key '(not an XLA op)'; XLA ops whose program has no
 -- HLO in the profile are '(no HLO)' except by op; ops without a framework path '(no op_name)' / '(no scope)'. The pass and the scope come from the op's
 -- framework path (`xla_ops.op_name`, see xla_pass() and xla_scope() in tracesql/functions/60_xla.sql); the
--- category is XProf's (`xla_ops.category`); class is the kernel class (compute, communication, memory,
--- infeed_outfeed) of the events in the row.
+-- category is XProf's (`xla_ops.category`); compute_ns / communication_ns / memory_ns split the row's time by the
+-- kernel class of its events (infeed/outfeed counts as memory), so a pass shows how much of it is collectives.
 --
 -- Needs: XLA ops (a JAX / TensorFlow / XLA profile)
 -- Parameters:
@@ -20,9 +20,11 @@
 --   step             INTEGER   step (NULL with per = 'run')
 --   dimension        VARCHAR   category, scope, pass, program or op
 --   key              VARCHAR   the category, scope, pass, program (module name) or op name
---   class            VARCHAR   kernel class of the events (of the longest one when they differ)
 --   ops              BIGINT    device events
 --   device_ns        BIGINT    their summed duration
+--   compute_ns       BIGINT    of which events of class compute
+--   communication_ns BIGINT    of which events of class communication
+--   memory_ns        BIGINT    of which events of class memory or infeed_outfeed
 --   share            DOUBLE    device_ns / the device time of the run or step (rows of a dimension sum to 1)
 --   total_device_ns  BIGINT    the device time of the run or step
 --   flops            DOUBLE    FLOPs of the XLA ops in the row (NULL: none known)
@@ -54,15 +56,17 @@ WITH dims AS (
         END AS key
     FROM work w CROSS JOIN dims d
 ), grouped AS (
-    SELECT run_id, step, dimension, key, arg_max(class, dur) AS class, count(*) AS ops,
-        CAST(sum(dur) AS BIGINT) AS device_ns, sum(flops) AS flops, count(DISTINCT rank) AS ranks
+    SELECT run_id, step, dimension, key, count(*) AS ops, CAST(sum(dur) AS BIGINT) AS device_ns,
+        CAST(COALESCE(sum(dur) FILTER (WHERE class = 'compute'), 0) AS BIGINT) AS compute_ns,
+        CAST(COALESCE(sum(dur) FILTER (WHERE class = 'communication'), 0) AS BIGINT) AS communication_ns,
+        CAST(COALESCE(sum(dur) FILTER (WHERE class IN ('memory', 'infeed_outfeed')), 0) AS BIGINT) AS memory_ns, sum(flops) AS flops, count(DISTINCT rank) AS ranks
     FROM keyed GROUP BY run_id, step, dimension, key
 ), ranked AS (
     SELECT *, sum(device_ns) OVER (PARTITION BY run_id, step, dimension) AS total,
         row_number() OVER (PARTITION BY run_id, step, dimension ORDER BY device_ns DESC, key) AS row_in_dimension
     FROM grouped
 )
-SELECT run_id, step, dimension, key, class, ops, device_ns,
+SELECT run_id, step, dimension, key, ops, device_ns, compute_ns, communication_ns, memory_ns,
     CASE WHEN total > 0 THEN device_ns / total END AS share, CAST(total AS BIGINT) AS total_device_ns, flops, ranks
 FROM ranked
 WHERE row_in_dimension <= COALESCE(getvariable('top'), 50)

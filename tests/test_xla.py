@@ -89,7 +89,9 @@ def test_ffn_roofline_and_breakdown(ffn):
     for step, ns in device.items():
         for dimension in ("category", "pass", "scope"):
             mine = [r for r in per_step if r[1] == step and r[2] == dimension]
-            assert sum(r[6] for r in mine) == ns and math.isclose(sum(r[7] for r in mine), 1.0)
+            # device_ns, its split by class, share
+            assert sum(r[5] for r in mine) == ns and math.isclose(sum(r[9] for r in mine), 1.0)
+            assert all(r[6] + r[7] + r[8] == r[5] for r in mine)
     passes = {r[3] for r in per_step if r[2] == "pass"}
     assert passes == {"forward", "backward", "remat"}
 
