@@ -385,18 +385,23 @@ CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS 
 -- Nesting is interval containment on the op's thread (with a smaller op_depth), so it needs no parent links.
 -- An op whose formula applies but whose shapes were not recorded has NULL flops and counts as having no formula.
 -- profiler_flops is `ops.flops` (what torch.profiler(with_flops=True) attached, when the trace carries it).
+-- XLA ops (family 'xla') take their FLOPs and bytes from `ops.flops` / `ops.bytes_accessed` (xla_ops) and are
+-- always counted: one row per execution of an HLO op, none inside another.
 CREATE OR REPLACE MACRO op_costs(attention_convention := 'flash') AS TABLE
 WITH costed AS (
     SELECT run_id, rank, op_id, name, step, pid, tid, ts, dur, op_depth, input_dims, input_types,
         device_total_ns, flops AS profiler_flops,
-        op_flop_family(name) AS family,
-        op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := attention_convention)
-            AS op_flops,
-        op_bytes(name, input_dims, input_types, concrete_inputs) AS op_bytes,
+        -- XLA ops (program_id set) carry XLA's own FLOPs and bytes (cost analysis, or counted from the HLO)
+        CASE WHEN program_id IS NOT NULL THEN 'xla' ELSE op_flop_family(name) END AS family,
+        CASE WHEN program_id IS NOT NULL THEN flops
+             ELSE op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := attention_convention)
+        END AS op_flops,
+        CASE WHEN program_id IS NOT NULL THEN bytes_accessed
+             ELSE op_bytes(name, input_dims, input_types, concrete_inputs) END AS op_bytes,
         op_dtype(input_types) AS dtype
     FROM ops
 ), formula AS (
-    SELECT * FROM costed WHERE op_flops IS NOT NULL
+    SELECT * FROM costed WHERE op_flops IS NOT NULL AND family <> 'xla'  -- XLA ops never nest
 ), links AS (
     -- (outer, inner) pairs of ops with FLOPs where the outer one encloses the inner one
     SELECT i.run_id, i.rank, i.op_id AS inner_id, i.family AS inner_family,
