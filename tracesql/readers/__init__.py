@@ -90,6 +90,43 @@ def mapped_slices(path: Path, batches) -> FileMapping:
     return FileMapping.of_batches(path, READER_SLICE_SCHEMA, (as_reader_slices(b) for b in batches if b.num_rows))
 
 
+class SliceColumns:
+    """A reader's slices built an event at a time, without holding a Python object per event for the whole file:
+    the values pile up in lists of BATCH rows, which become Arrow (a few bytes per value) as they fill."""
+
+    BATCH = 1 << 16
+    COLUMNS = ("kind", "category", "name", "ts", "dur", "pid", "tid", "device_id", "stream", "track",
+               "correlation", "external_id", "args")
+
+    def __init__(self):
+        self._lists = {c: [] for c in self.COLUMNS}
+        self._tables: list[pa.Table] = []
+        self._rows = 0
+
+    def add(self, **values) -> None:
+        """One event: a value per column named in COLUMNS (a column left out is NULL)."""
+        lists = self._lists
+        for column in self.COLUMNS:
+            lists[column].append(values.get(column))
+        if len(lists["ts"]) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        n = len(self._lists["ts"])
+        if n:
+            columns = {c: v for c, v in self._lists.items()}
+            columns["slice_id"] = range(self._rows, self._rows + n)
+            self._tables.append(slices_from_columns(columns))
+            self._rows += n
+            self._lists = {c: [] for c in self.COLUMNS}
+
+    def table(self) -> pa.Table:
+        self._flush()
+        if not self._tables:
+            return slices_from_columns({c: [] for c in self.COLUMNS})
+        return pa.concat_tables(self._tables)
+
+
 #: Columns of a reader's `counters` table (normalize adds run_id and rank).
 READER_COUNTER_TYPES = {
     "name": pa.string(), "series": pa.string(), "track": pa.string(), "device_id": pa.int32(),
@@ -123,6 +160,7 @@ class TraceData:
     devices: list[dict] = field(default_factory=list)  # device_id, name, total_memory_bytes, ..., properties
     process_groups: list[dict] = field(default_factory=list)
     counters: pa.Table | None = None  # READER_COUNTER_TYPES columns, when the format has counters
+    xla_ops: list[dict] = field(default_factory=list)  # rows of schema.TABLES['xla_ops'] (without run and rank)
     # scratch files read without copying (the reader's slices; normalize adds its own): their pages are shed
     mappings: list[FileMapping] = field(default_factory=list)
 
