@@ -262,15 +262,23 @@ SELECT k.slice_id, o.op_id, o.program_id, o.hlo_op, true
 FROM links k JOIN launch_ops o ON o.slice_id = k.launch_id
 WHERE k.slice_id NOT IN (SELECT slice_id FROM named) AND k.device_time
 """
-# Per slice: its time outside nested ops and annotations, and for an op the device time (and kernels) it caused
+# Per slice: its time outside nested ops and annotations (duration minus the union of those children), and for an op the device time (and kernels) it caused
 # directly and through the ops nested in it. An op's subtree is a range of positions in the nesting order, so its
 # total is a difference of running sums over the positions where device work is attributed (the launch call's,
 # or the work's own when nothing launched it).
 EXTRA_SQL = """
 CREATE OR REPLACE TABLE extra AS
-WITH child AS (
-    SELECT parent_id AS slice_id, sum(dur) AS child_ns FROM links
-    WHERE self_time_child AND parent_id IS NOT NULL GROUP BY parent_id
+WITH children AS (
+    SELECT l.parent_id, l.slice_id, s.ts, s.ts + s.dur AS te FROM links l JOIN read_slices s USING (slice_id)
+    WHERE l.self_time_child AND l.parent_id IS NOT NULL
+), child AS (
+    -- the union of the children's intervals: siblings can overlap (a child that starts inside another and ends
+    -- after it is not its child), and overlapping time is the parent's only once
+    SELECT parent_id AS slice_id, sum(greatest(te - greatest(ts, COALESCE(reach, ts)), 0)) AS child_ns
+    FROM (SELECT *, max(te) OVER (PARTITION BY parent_id ORDER BY ts, te, slice_id
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+          FROM children)
+    GROUP BY parent_id
 ), work AS (
     SELECT op_id, COALESCE(launch_id, slice_id) AS at, dur FROM links WHERE device_time AND op_id IS NOT NULL
 ), own AS (

@@ -204,6 +204,30 @@ def run(con, query: Query, params: dict | None = None):
     return con.sql(statements[-1].query)
 
 
+def explain(con, query: Query, params: dict | None = None, rows: int = 0) -> str | None:
+    """What the user should know about a result of `rows` rows on `con`'s run, as precisely as the run tells:
+    why there are no rows (no device events at all, or the window or time unit the parameters chose removed every
+    one of them, else what the query needs); or, with rows, that the time unit rounded all device time away."""
+    needs = f"{query.name} needs {query.needs or 'data this run does not have'}"
+    if not any(word in query.needs.lower() for word in ("device", "kernel")):
+        return None if rows else needs
+    params = {name: p.default.strip("'") for name, p in query.params.items()} | dict(params or {})
+    device = con.execute("SELECT count(*) FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')").fetchall()[0][0]
+    if device == 0:
+        return None if rows else f"{needs}: this run has no device events (kernels, copies, memsets)"
+    window, unit = str(params.get("analysis_window", "all")), int(float(params.get("time_unit_ns", 1)))
+    kept, timed = con.execute("SELECT count(*), count(*) FILTER (WHERE dur > 0) FROM device_activity("
+                              "analysis_window := $w, time_unit_ns := $u)", {"w": window, "u": unit}).fetchall()[0]
+    if window != "all" and kept == 0 and not rows:
+        return (f"analysis_window = '{window}' keeps none of the run's {device:,} device events (HTA's window: "
+                "work launched by a host call before the last step began; work without a captured launch is out)")
+    if unit > 1 and kept and timed == 0:
+        return (f"time_unit_ns = {unit} rounds every one of the run's {kept:,} device events to zero length "
+                "(each lies within one time unit, as in HTA): no device time is counted; time_unit_ns = 1 keeps "
+                "nanoseconds")
+    return None if rows else needs
+
+
 def query(name_or_path, target, *, engine: str = "duckdb", **params):
     """Run a curated query (or a SQL file) on a run, fleet or raw traces and return a DataFrame.
     engine="spark" runs it on Spark (tracesql.spark.query: the same table).

@@ -156,7 +156,8 @@ TABLES: dict[str, Table] = {
                 ("ts", "BIGINT", "Start, absolute ns."),
                 ("dur", "BIGINT", "Host duration, ns (inclusive of child ops); XLA ops on TPU/CPU: the op's own "
                  "duration; on a GPU: from its first launch's start to its last launch's end."),
-                ("self_dur", "BIGINT", "Host duration minus the durations of directly nested ops and annotations."),
+                ("self_dur", "BIGINT", "Host duration minus the time covered by directly nested ops and annotations (the union "
+                 "of their intervals: never negative)."),
                 ("pid", "BIGINT", "Host process id."),
                 ("tid", "BIGINT", "Host thread id."),
                 ("parent_op_id", "BIGINT", "The enclosing op, if any (NULL for top-level ops)."),

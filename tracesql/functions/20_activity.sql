@@ -59,29 +59,28 @@ WITH bits AS (
                    ELSE 0 END AS bit
     FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
                          time_unit_ns := time_unit_ns)
-), ordered AS (
-    SELECT *, max(te) OVER (PARTITION BY run_id, rank, device_id, bit ORDER BY ts, te
-                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM bits WHERE bit > 0
-), islands AS (
-    -- merge overlapping events of one class so that each class adds at most its bit at any instant
-    SELECT *, sum(CASE WHEN ts > prev_end THEN 1 ELSE 0 END)
-                  OVER (PARTITION BY run_id, rank, device_id, bit ORDER BY ts, te ROWS UNBOUNDED PRECEDING) AS island
-    FROM ordered
-), merged AS (
-    SELECT run_id, rank, device_id, bit, min(ts) AS ts, max(te) AS te FROM islands
-    GROUP BY run_id, rank, device_id, bit, island
 ), edges AS (
-    SELECT run_id, rank, device_id, t, sum(delta) AS delta FROM (
-        SELECT run_id, rank, device_id, ts AS t, bit AS delta FROM merged
+    -- at each instant where something starts or ends: the change in the number of running events of each class
+    -- (one row per instant, so the sweep below orders by a unique key: no tie can be broken two ways)
+    SELECT run_id, rank, device_id, t,
+        sum(CASE WHEN bit = 1 THEN delta ELSE 0 END) AS compute,
+        sum(CASE WHEN bit = 2 THEN delta ELSE 0 END) AS communication,
+        sum(CASE WHEN bit = 4 THEN delta ELSE 0 END) AS memory
+    FROM (
+        SELECT run_id, rank, device_id, ts AS t, bit, 1 AS delta FROM bits WHERE bit > 0
         UNION ALL
-        SELECT run_id, rank, device_id, te AS t, -bit AS delta FROM merged
+        SELECT run_id, rank, device_id, te AS t, bit, -1 AS delta FROM bits WHERE bit > 0
     ) GROUP BY run_id, rank, device_id, t
 ), states AS (
+    -- events of each class running from t to the next instant; a class's bit is set while any of its events runs,
+    -- so identical or nested events on several streams count once
     SELECT run_id, rank, device_id, t,
-        sum(delta) OVER (PARTITION BY run_id, rank, device_id ORDER BY t ROWS UNBOUNDED PRECEDING) AS classes,
+        sum(compute) OVER w AS compute, sum(communication) OVER w AS communication, sum(memory) OVER w AS memory,
         lead(t) OVER (PARTITION BY run_id, rank, device_id ORDER BY t) AS t_next
     FROM edges
+    WINDOW w AS (PARTITION BY run_id, rank, device_id ORDER BY t ROWS UNBOUNDED PRECEDING)
 )
-SELECT run_id, rank, device_id, t AS ts, t_next - t AS dur, CAST(classes AS INTEGER) AS classes
+SELECT run_id, rank, device_id, t AS ts, t_next - t AS dur,
+    CAST(CASE WHEN compute > 0 THEN 1 ELSE 0 END + CASE WHEN communication > 0 THEN 2 ELSE 0 END
+         + CASE WHEN memory > 0 THEN 4 ELSE 0 END AS INTEGER) AS classes
 FROM states WHERE t_next IS NOT NULL AND t_next > t;
