@@ -9,7 +9,7 @@
 --
 -- Needs: user annotations (torch.profiler.record_function) with device kernels
 -- Parameters:
---   top = 50   annotation names per run and source, by device time
+--   top = 50   integer >= 1: annotation names per run and source, by device time
 -- Columns:
 --   run_id          VARCHAR  run
 --   source          VARCHAR  'host' (projected through launches) or 'gpu' (gpu_user_annotation)

@@ -13,12 +13,12 @@
 --
 -- Needs: device kernels (a GPU/accelerator trace)
 -- Parameters:
---   scope = 'stream'           'stream' (gaps on each stream) or 'device' (gaps of the device's busy set)
---   kernel_wait_ns = 30000     shorter gaps not caused by the host are kernel_wait (HTA: 30 µs)
---   macro_gap_ns = 100000      gaps at least this long are macro, shorter ones micro
---   class_scheme = 'default'   kernel class rules from kernel_classes: 'default' or 'hta'
---   analysis_window = 'all'    'all' device work, or 'hta' (launched before the last ProfilerStep began)
---   time_unit_ns = 1           1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
+--   scope = 'stream'           one of stream, device: 'stream' (gaps on each stream) or 'device' (gaps of the device's busy set)
+--   kernel_wait_ns = 30000     integer >= 0: shorter gaps not caused by the host are kernel_wait (HTA: 30 µs)
+--   macro_gap_ns = 100000      integer >= 0: gaps at least this long are macro, shorter ones micro
+--   class_scheme = 'default'   one of default, hta: kernel class rules from kernel_classes
+--   analysis_window = 'all'    one of all, hta: 'all' device work, or 'hta' (launched before the last ProfilerStep began)
+--   time_unit_ns = 1           integer >= 1: 1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
 -- Columns:
 --   run_id          VARCHAR   run
 --   rank            INTEGER   rank

@@ -7,12 +7,12 @@
 --
 -- Needs: device kernels (a GPU/accelerator trace)
 -- Parameters:
---   top = 10                   gaps per rank
---   scope = 'device'           'device' (gaps of the busy set: the device was idle) or 'stream'
---   kernel_wait_ns = 30000     shorter gaps not caused by the host are kernel_wait (HTA: 30 µs)
---   class_scheme = 'default'   kernel class rules from kernel_classes: 'default' or 'hta'
---   analysis_window = 'all'    'all' device work, or 'hta' (launched before the last ProfilerStep began)
---   time_unit_ns = 1           1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
+--   top = 10                   integer >= 1: gaps per rank
+--   scope = 'device'           one of stream, device: 'device' (gaps of the busy set: the device was idle) or 'stream'
+--   kernel_wait_ns = 30000     integer >= 0: shorter gaps not caused by the host are kernel_wait (HTA: 30 µs)
+--   class_scheme = 'default'   one of default, hta: kernel class rules from kernel_classes
+--   analysis_window = 'all'    one of all, hta: 'all' device work, or 'hta' (launched before the last ProfilerStep began)
+--   time_unit_ns = 1           integer >= 1: 1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
 -- Columns:
 --   run_id          VARCHAR  run
 --   rank            INTEGER  rank

@@ -12,9 +12,9 @@
 --
 -- Needs: two runs with kernels or ops (either may be the other with more or fewer ranks, or from another format)
 -- Parameters:
---   before = NULL   run_id of the earlier run; NULL = the run whose trace starts first
---   after = NULL    run_id of the later run; NULL = the run whose trace starts last
---   top = 50        rows per level, by impact
+--   before = NULL   text: run_id of the earlier run; NULL = the run whose trace starts first
+--   after = NULL    text: run_id of the later run; NULL = the run whose trace starts last
+--   top = 50        integer >= 1: rows per level, by impact
 -- Columns:
 --   before_run       VARCHAR  run_id of the earlier run
 --   after_run        VARCHAR  run_id of the later run

@@ -14,8 +14,8 @@
 --
 -- Needs: device kernels (a GPU/accelerator trace)
 -- Parameters:
---   top = 20            rows per level
---   levels = 'kernel,op'   levels, comma-separated: kernel, kernel_family, op, op_args
+--   top = 20            integer >= 1: rows per level
+--   levels = 'kernel,op'   list of kernel, kernel_family, op, op_args: levels to list, comma-separated
 -- Columns:
 --   run_id            VARCHAR  run
 --   level             VARCHAR  'kernel', 'kernel_family', 'op' or 'op_args'

@@ -10,8 +10,8 @@
 --
 -- Needs: device kernels with their launching runtime calls (correlation ids)
 -- Parameters:
---   outlier_delay_ns = 1000000   launches delayed longer than this are outliers
---   kernel_wait_ns = 30000       threshold of the kernel_wait idle category (HTA: 30 µs)
+--   outlier_delay_ns = 1000000   integer >= 0: launches delayed longer than this are outliers
+--   kernel_wait_ns = 30000       integer >= 0: threshold of the kernel_wait idle category (HTA: 30 µs)
 -- Columns:
 --   run_id            VARCHAR  run
 --   rank              INTEGER  rank

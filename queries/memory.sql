@@ -24,7 +24,8 @@
 --   final_allocated_bytes BIGINT   Total Allocated after the last event
 --   final_reserved_bytes  BIGINT   Total Reserved after the last event
 WITH ordered AS (
-    SELECT m.*, o.name AS op_name,
+    -- the op: the framework op on the allocating thread, else the op the allocator event names (XLA's tf_op)
+    SELECT m.* EXCLUDE (op_name), COALESCE(o.name, m.op_name) AS op_name,
         row_number() OVER (device ORDER BY m.total_allocated_bytes DESC, m.ts, m.memory_id) AS allocated_order,
         row_number() OVER (device ORDER BY m.total_reserved_bytes DESC, m.ts, m.memory_id) AS reserved_order,
         row_number() OVER (device ORDER BY m.ts DESC, m.memory_id DESC) AS from_last

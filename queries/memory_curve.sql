@@ -8,7 +8,7 @@
 --
 -- Needs: allocator events (profile_memory=True)
 -- Parameters:
---   points = 100   intervals per device
+--   points = 100   integer >= 1: intervals per device
 -- Columns:
 --   run_id           VARCHAR  run
 --   rank             INTEGER  rank

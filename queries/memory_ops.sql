@@ -10,8 +10,8 @@
 --
 -- Needs: allocator events (profile_memory=True)
 -- Parameters:
---   top = 10           ops per device
---   op_level = 'self'  'self' (the allocating op) or 'top' (its top-level op)
+--   top = 10           integer >= 1: ops per device
+--   op_level = 'self'  one of self, top: 'self' (the allocating op) or 'top' (its top-level op)
 -- Columns:
 --   run_id              VARCHAR  run
 --   rank                INTEGER  rank

@@ -13,10 +13,10 @@
 --
 -- Needs: device kernels (a GPU/accelerator trace)
 -- Parameters:
---   per = 'rank'               'rank' (per device), 'step' (per step and device) or 'process_group'
---   class_scheme = 'default'   kernel class rules from kernel_classes: 'default' or 'hta'
---   analysis_window = 'all'    'all' device work, or 'hta' (launched before the last ProfilerStep began)
---   time_unit_ns = 1           1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
+--   per = 'rank'               one of rank, step, process_group: one row per device ('rank'), per step and device, or per process group
+--   class_scheme = 'default'   one of default, hta: kernel class rules from kernel_classes
+--   analysis_window = 'all'    one of all, hta: 'all' device work, or 'hta' (launched before the last ProfilerStep began)
+--   time_unit_ns = 1           integer >= 1: 1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
 -- Columns:
 --   run_id            VARCHAR  run
 --   rank              INTEGER  rank

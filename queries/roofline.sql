@@ -9,14 +9,17 @@
 -- Roofline (metrics.md): AI = FLOPs / bytes; ridge point = peak FLOP/s / peak bytes/s; attainable FLOP/s =
 -- min(peak, AI · peak bytes/s); roofline time = max(FLOPs / peak, bytes / peak bytes/s); roofline_pct = roofline
 -- time / measured time · 100 (100 = at the roof); bound = compute when AI >= ridge point, else memory.
--- Peaks come from the `device_peaks` table (dense, per dtype), matched on `devices.name` unless `device` says.
+-- Peaks come from the `device_peaks` table (dense, per dtype), matched on `devices.name` unless `device` says;
+-- peak_flops / peak_bytes_per_s replace them (for a device the table lacks, or to rate against other clocks).
 --
 -- Needs: ops with recorded shapes (record_shapes=True); device time from a GPU trace; a known device or the device parameter for the peaks
 -- Parameters:
---   device = NULL                    device_peaks key for every rank (e.g. 'H100-SXM'); NULL = matched from devices.name
---   dtype = NULL                     peak to rate against (fp64, fp32, tf32, bf16, fp16, fp8); NULL = each op's input dtype
---   top = 20                         rows per run, by device time, then total FLOPs
---   attention_convention = 'flash'   causal attention FLOPs: 'flash' halves them, 'torch' (FlopCounterMode) does not
+--   device = NULL                    device key: device_peaks key for every rank (e.g. 'H100-SXM'); NULL = matched from devices.name
+--   dtype = NULL                     one of fp64, fp32, tf32, bf16, fp16, fp8, int8: peak to rate against; NULL = each op's input dtype
+--   top = 20                         integer >= 1: rows per run, by device time, then total FLOPs
+--   peak_flops = NULL                number > 0: peak FLOP/s per device, instead of device_peaks'
+--   peak_bytes_per_s = NULL          number > 0: peak memory bandwidth per device, instead of device_peaks'
+--   attention_convention = 'flash'   one of flash, torch: causal attention FLOPs: 'flash' halves them, 'torch' (FlopCounterMode) does not
 -- Columns:
 --   run_id                  VARCHAR   run
 --   device                  VARCHAR   device_peaks key of the ranks' device (NULL: unknown device)
@@ -39,15 +42,18 @@
 --   roofline_ns             DOUBLE    the roofline's time for all calls
 --   roofline_pct            DOUBLE    roofline time / device time of the timed calls · 100
 --   bound                   VARCHAR   'compute' or 'memory' by the ridge point
+--   warning                 VARCHAR   why there is no peak (unknown or ambiguous device, no peak or no dtype); NULL if none
 WITH counted AS (
     SELECT * FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
     WHERE counted
 ), peaks AS (
-    SELECT * FROM rank_device_peaks(device_key := COALESCE(getvariable('device'), NULL))
+    SELECT * FROM rank_device_peaks(device_key := COALESCE(getvariable('device'), NULL),
+                                    peak_flops := COALESCE(getvariable('peak_flops'), NULL),
+                                    peak_bytes_per_s := COALESCE(getvariable('peak_bytes_per_s'), NULL))
 ), rank_device AS (
-    SELECT DISTINCT run_id, rank, device FROM peaks
+    SELECT DISTINCT run_id, rank, device, device_note FROM peaks
 ), rated AS (
-    SELECT c.*, rd.device, coalesce(COALESCE(getvariable('dtype'), NULL), c.dtype) AS rated_dtype,
+    SELECT c.*, rd.device, rd.device_note, coalesce(COALESCE(getvariable('dtype'), NULL), c.dtype) AS rated_dtype,
         p.peak_flops_per_s, p.peak_bytes_per_s
     FROM counted c
     LEFT JOIN rank_device rd ON rd.run_id = c.run_id AND rd.rank = c.rank
@@ -58,7 +64,8 @@ WITH counted AS (
         count(*) AS calls, count(DISTINCT rank) AS ranks,
         count(*) FILTER (WHERE device_total_ns > 0) AS timed_calls,
         CAST(sum(device_total_ns) AS BIGINT) AS device_ns,
-        avg(peak_flops_per_s) AS peak_flops_per_s, avg(peak_bytes_per_s) AS peak_bytes_per_s
+        avg(peak_flops_per_s) AS peak_flops_per_s, avg(peak_bytes_per_s) AS peak_bytes_per_s,
+        min(device_note) AS device_note
     FROM rated
     GROUP BY run_id, device, name, input_dims, input_types, rated_dtype, flops, bytes
 ), ranked AS (
@@ -80,7 +87,12 @@ SELECT run_id, device, name, input_dims, input_types, dtype, calls, ranks, flops
     END AS roofline_pct,
     CASE WHEN arithmetic_intensity(flops, bytes) >= peak_flops_per_s / peak_bytes_per_s THEN 'compute'
          WHEN arithmetic_intensity(flops, bytes) < peak_flops_per_s / peak_bytes_per_s THEN 'memory'
-    END AS bound
+    END AS bound,
+    CASE WHEN dtype IS NULL THEN 'the op has no floating-point input to rate: give -p dtype='
+         WHEN peak_flops_per_s IS NULL OR peak_bytes_per_s IS NULL
+         THEN coalesce(device_note, 'no ' || dtype || ' peak for ' || device || ' in device_peaks')
+              || ': give -p device= or -p peak_flops= and -p peak_bytes_per_s='
+    END AS warning
 FROM ranked
 WHERE row_in_run <= COALESCE(getvariable('top'), 20)
 ORDER BY run_id, row_in_run;

@@ -9,11 +9,11 @@
 --
 -- Needs: device kernels (a GPU/accelerator trace); ProfilerStep ranges for step
 -- Parameters:
---   step = NULL                only this step's device window; NULL = the whole window
---   resolution_ns = NULL       merge gaps shorter than this; NULL = the device's window / 2000
---   class_scheme = 'default'   kernel class rules from kernel_classes: 'default' or 'hta'
---   analysis_window = 'all'    'all' device work, or 'hta' (launched before the last ProfilerStep began)
---   time_unit_ns = 1           1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
+--   step = NULL                integer: only this step's device window; NULL = the whole window
+--   resolution_ns = NULL       integer >= 1: merge gaps shorter than this; NULL = the device's window / 2000
+--   class_scheme = 'default'   one of default, hta: kernel class rules from kernel_classes
+--   analysis_window = 'all'    one of all, hta: 'all' device work, or 'hta' (launched before the last ProfilerStep began)
+--   time_unit_ns = 1           integer >= 1: 1 = exact ns; 1000 = HTA's whole µs (start rounded up, end down)
 -- Columns:
 --   run_id     VARCHAR  run
 --   rank       INTEGER  rank

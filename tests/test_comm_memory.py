@@ -204,6 +204,8 @@ def test_memory_peaks_match_raw_events(ingested):
         assert set(devices) == {("cpu", -1)}
         _check_peaks(df, rank, devices)
     assert (df.peak_allocated_bytes == 390_640).all() and (df.peak_reserved_bytes == 0).all()  # CPU: no cache
+    # the op that allocated at the peak (the framework op on the thread; XPlane's allocator events name it too)
+    assert (df.peak_op == "aten::sum").all()
 
 
 def test_gpu_memory_peaks_match_raw_events(ingested):

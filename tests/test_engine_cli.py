@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import tracesql
-from conftest import DATASETS, REPO, raw_events
+from conftest import DATASETS, REPO, raw_events, write_trace
 from tracesql import schema
 from tracesql.cli import main
 
@@ -150,3 +150,30 @@ def test_every_table_is_documented(name):
     for column in schema.TABLES[name].columns:
         assert column.doc and column.type, (name, column.name)
     duckdb.connect().execute(f"SELECT {schema.select_list(name)} FROM (SELECT {', '.join('NULL AS ' + c for c in schema.TABLES[name].column_names)})")
+
+
+def _kernels(n: int, dur_us: float, launched: bool) -> list[dict]:
+    events = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "ts": 0, "dur": 10 * n + 10, "pid": 1, "tid": 1}]
+    for i in range(n):
+        ts = 5 + 10 * i + 0.25
+        if launched:
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts - 1, "dur": 0.5,
+                           "pid": 1, "tid": 1, "args": {"correlation": i + 1}})
+        events.append({"ph": "X", "cat": "kernel", "name": "gemm", "ts": ts, "dur": dur_us, "pid": 0, "tid": 7,
+                       "args": {"correlation": i + 1, "device": 0, "stream": 7}})
+    return events
+
+
+@pytest.mark.parametrize("events, args, note", [
+    ([{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 5, "pid": 1, "tid": 1}], [],
+     "no rows: overlap needs device kernels (a GPU/accelerator trace): this run has no device events"),
+    (_kernels(5, 0.5, launched=True), ["-p", "time_unit_ns=1000"],
+     "time_unit_ns = 1000 rounds every one of the run's 5 device events to zero length (each lies within one "
+     "time unit, as in HTA): no device time is counted"),
+    (_kernels(5, 3, launched=False), ["-p", "analysis_window=hta"],
+     "no rows: analysis_window = 'hta' keeps none of the run's 5 device events"),
+])
+def test_no_rows_says_why(events, args, note, tmp_path):
+    trace = write_trace(tmp_path / "t.json", events)
+    result = cli("query", "overlap", trace, *args)
+    assert result.exit_code == 0 and f"Note: {note}" in result.output, result.output

@@ -243,21 +243,30 @@ def test_device_is_matched_by_name(ingested):
     assert df.hfu.isna().all()  # that trace records no shapes
 
 
+REAL_DEVICE_NAMES = {
+    "NVIDIA H100 80GB HBM3": "H100-SXM", "NVIDIA H100 PCIe": "H100-PCIE", "NVIDIA H100 NVL": "H100-NVL",
+    "NVIDIA H200": "H200", "NVIDIA H200 NVL": "H200-NVL", "NVIDIA GH200 480GB": "GH200-96GB",
+    "NVIDIA GH200 144G HBM3e": "GH200-144GB", "Tesla V100-SXM2-32GB": "V100-SXM2", "Tesla V100-PCIE-16GB": "V100-PCIE",
+    "NVIDIA A100-SXM4-80GB": "A100-SXM", "NVIDIA A100-PG509-200": "A100-SXM-40GB", "NVIDIA A100 80GB PCIe": "A100-PCIE",
+    "NVIDIA B200": "B200", "NVIDIA GB200": "GB200", "NVIDIA B300 SXM6 AC": "B300", "NVIDIA GB300": "GB300",
+    "NVIDIA L40S": "L40S", "NVIDIA A10": "A10", "AMD Instinct MI210": "MI210",
+    "AMD Instinct MI250X": "MI250X", "AMD Instinct MI250": "MI250", "AMD Instinct MI300X": "MI300X",
+    "AMD Instinct MI300X VF": "MI300X", "AMD Instinct MI308X": "MI308X", "AMD Instinct MI350X": "MI350X",
+    "AMD Instinct MI355X": "MI355X", "TPU v4": "TPU-v4", "TPU v5 lite": "TPU-v5e", "TPU v5p": "TPU-v5p",
+    "TPU v6 lite": "TPU-v6e", "TPU v6e": "TPU-v6e", "TPU7x": "TPU-v7x", "Ascend910B2": "Ascend-910B",
+    "Ascend910": "Ascend-910",
+    # not in the table, or not one device: no match / several
+    "NVIDIA A10G": None, "NVIDIA H100": None, "TPU v5": None, "AMD Radeon Graphics": None,
+}
+
+
 def test_device_peaks_match_real_names():
+    """Every real device name matches exactly one row; the patterns never overlap on these names."""
     con = empty_session()
-    names = {
-        "NVIDIA H100 80GB HBM3": "H100-SXM", "NVIDIA H100 PCIe": "H100-PCIE", "NVIDIA H200": "H200",
-        "Tesla V100-SXM2-32GB": "V100-SXM2", "Tesla V100-PCIE-16GB": "V100-PCIE",
-        "NVIDIA A100-SXM4-80GB": "A100-SXM", "NVIDIA A100-PG509-200": "A100-SXM-40GB",
-        "NVIDIA A100 80GB PCIe": "A100-PCIE", "NVIDIA B200": "B200", "AMD Instinct MI210": "MI210",
-        "AMD Instinct MI250X": "MI250X", "AMD Instinct MI250": "MI250", "AMD Instinct MI300X": "MI300X",
-        "AMD Instinct MI355X": "MI355X", "TPU v4": "TPU-v4", "TPU v5 lite": "TPU-v5e", "TPU v5p": "TPU-v5p",
-        "TPU v6e": "TPU-v6e", "NVIDIA H100 NVL": None,
-    }
-    for name, device in names.items():
-        got = con.execute("SELECT arg_min(device, match_order) FROM device_peaks WHERE regexp_matches(?, name_regex)",
-                          [name]).fetchall()[0][0]
-        assert got == device, name
+    for name, device in REAL_DEVICE_NAMES.items():
+        got = [r[0] for r in con.execute("SELECT device FROM device_peaks WHERE regexp_matches(?, name_regex)",
+                                         [name]).fetchall()]
+        assert got == ([device] if device else []), name
     # the numbers metrics.md states
     rows = {device: (bf16, bandwidth)
             for device, bf16, bandwidth in con.sql("SELECT device, bf16, bytes_per_s FROM device_peaks").fetchall()}
@@ -265,7 +274,88 @@ def test_device_peaks_match_real_names():
                                     ("H200", 989.4e12, 4.8e12), ("MI300X", 1307.4e12, 5.3e12),
                                     ("TPU-v5e", 197e12, 0.819e12)]:
         assert rows[device] == (bf16, bandwidth), device
+    # GB200 is not the HGX B200: 2.5 vs 2.25 PFLOP/s dense bf16 per GPU
+    assert rows["GB200"][0] / rows["B200"][0] == pytest.approx(2.5 / 2.25)
     assert con.execute("SELECT count(*) FROM device_peaks WHERE source NOT LIKE '%https://%'").fetchall()[0][0] == 0
+
+
+def _ranks_with_device(con, names: dict[int, str]):
+    con.execute("DELETE FROM ranks; DELETE FROM devices")
+    for rank, name in names.items():
+        con.execute("INSERT INTO ranks (run_id, rank) VALUES ('r', ?)", [rank])
+        con.execute("INSERT INTO devices (run_id, rank, device_id, name) VALUES ('r', ?, 0, ?)", [rank, name])
+
+
+def test_rank_device_peaks_reports_ambiguous_and_unknown_names():
+    con = empty_session()
+    _ranks_with_device(con, {0: "AMD Instinct MI250X / MI250", 1: "NVIDIA GB200", 2: "Mystery GPU 9000", 3: None})
+    rows = {r[0]: r[1:] for r in con.execute(
+        "SELECT rank, device, device_note, peak_flops_per_s, link_bytes_per_s FROM rank_device_peaks() "
+        "WHERE dtype = 'bf16' ORDER BY rank").fetchall()}
+    assert rows[0][:2] == (None, "ambiguous device name 'AMD Instinct MI250X / MI250': MI250 or MI250X")
+    assert rows[1] == ("GB200", None, 2.5e15, 900e9)
+    assert rows[2][:3] == (None, "unknown device 'Mystery GPU 9000' (not in device_peaks)", None)
+    assert rows[3][:2] == (None, "the trace names no device")
+    # a user-given peak serves any device, also one the table lacks, for every dtype
+    given = con.execute("SELECT DISTINCT rank, peak_flops_per_s, peak_bytes_per_s FROM rank_device_peaks("
+                        "peak_flops := 1e15, peak_bytes_per_s := 2e12) ORDER BY rank").fetchall()
+    assert given == [(r, 1e15, 2e12) for r in range(4)]
+
+
+def test_mfu_without_steps_is_over_the_whole_device_window(ingested):
+    """Inference traces have no ProfilerStep: one row, step NULL, over the rank's first to last device event."""
+    run = ingested(DATASETS / "tracelens_b200_eager")
+    events = raw_events(DATASETS / "tracelens_b200_eager" / "eager_trace.json.gz")
+    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    window_ns = round((max(e["ts"] + e["dur"] for e in device) - min(e["ts"] for e in device)) * 1000)
+    df = tracesql.query("mfu", run, model_flops_per_step=1e12)
+    assert len(df) == 1 and df.step.isna()[0] and df.device[0] == "B200"
+    assert abs(df.step_time_ns[0] - window_ns) <= 1  # µs with fractions in the JSON
+    assert df.mfu[0] == pytest.approx(1e12 / (df.step_time_ns[0] / 1e9 * df.devices[0] * 2.25e15))
+    assert df.warning.isna()[0]
+
+
+def test_mfu_says_when_it_cannot_be_trusted(ingested):
+    vllm = ingested(DATASETS / "tracelens_vllm_graph_execution")  # its trace names no device
+    df = tracesql.query("mfu", vllm, model_flops_per_step=1e12)
+    assert df.mfu.isna()[0] and df.warning[0] == "the trace names no device: give -p device= or -p peak_flops="
+    given = tracesql.query("mfu", vllm, model_flops_per_step=1e12, peak_flops=1e15)
+    assert given.peak_flops_per_s[0] == 1e15 and given.mfu[0] > 0 and given.warning.isna()[0]
+    too_high = tracesql.query("mfu", ingested(DATASETS / "hta_nccl_parser_config"), model_flops_per_step=1e15)
+    assert (too_high.mfu > 1).all()
+    assert (too_high.warning == "MFU above 1: the model FLOPs, the step time or the peak is wrong").all()
+
+
+def test_hfu_takes_the_profilers_count_per_op_and_the_formula_elsewhere(tmp_path):
+    """The profiler counts the GEMM but not attention: HFU's FLOPs are the GEMM's counted FLOPs plus the
+    attention formula, not the profiler's total alone (which would drop attention without a word)."""
+    b, h, s, d = 2, 4, 128, 64
+    mm_flops, mm_dims = 2 * 256 * 512 * 1024, [[256, 512], [512, 1024]]
+    recorded = 300_000_000  # what the profiler wrote for the mm (not the formula's value: the rule must take it)
+    attention = 4 * b * h * s * s * d  # not causal
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 1000,
+               "pid": 1, "tid": 1}]
+    ops = [("aten::mm", mm_dims, ["float", "float"], {"flops": recorded}),
+           ("aten::_scaled_dot_product_flash_attention", [[b, h, s, d]] * 3 + [[], [], []],
+            ["float"] * 3 + ["Scalar", "Scalar", "Scalar"], {"Concrete Inputs": ["", "", "", "0.0", "False", ""]})]
+    for i, (name, dims, types, extra) in enumerate(ops):
+        ts = 10 + 400 * i
+        events += [
+            {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": 100, "pid": 1, "tid": 1,
+             "args": {"Input Dims": dims, "Input type": types, **extra}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts + 10, "dur": 5, "pid": 1,
+             "tid": 1, "args": {"correlation": i + 1}},
+            {"ph": "X", "cat": "kernel", "name": f"kernel_{i}", "ts": ts + 20, "dur": 300, "pid": 0, "tid": 7,
+             "args": {"correlation": i + 1, "device": 0, "stream": 7}},
+        ]
+    run = tmp_path / "run"
+    tracesql.ingest([write_trace(tmp_path / "t.json", events)], run)
+    rows = {src: tracesql.query("mfu", run, device="H100-SXM", dtype="fp32", flops_source=src).iloc[0]
+            for src in ("auto", "profiler", "formula")}
+    assert rows["profiler"].hardware_flops == recorded
+    assert rows["formula"].hardware_flops == mm_flops + attention
+    assert rows["auto"].hardware_flops == recorded + attention
+    assert rows["auto"].profiler_flops == recorded and rows["auto"].formula_flops == mm_flops + attention
 
 
 def test_mfu_takes_integer_parameters(ingested):

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import tracesql
-from conftest import DATASETS, raw_events
+from conftest import DATASETS, raw_events, write_trace
+from tracesql import schema
 from tracesql.cli import main
 
 RANK0 = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
@@ -138,7 +139,7 @@ def test_info_shows_sources_rows_span_and_warnings(tmp_path):
     tracesql.ingest([trace], tmp_path / "run")
     out = CliRunner().invoke(main, ["info", str(tmp_path / "run")], catch_exceptions=False).output
     lines = out.splitlines()
-    assert lines[1] == "schema:    version 2 (written by tracesql 0.1.0)"
+    assert lines[1] == f"schema:    version {schema.SCHEMA_VERSION} (written by tracesql {tracesql.__version__})"
     assert lines[2] == "sources:   1 file(s), 1 rank(s) (0); kineto 1"
     timed = [e for e in raw_events(trace) if e.get("ph") == "X" and e["dur"] >= 0]  # µs
     start, end = min(e["ts"] for e in timed), max(e["ts"] + e["dur"] for e in timed)
@@ -172,3 +173,16 @@ def test_strict_still_fails_only_on_skipped_events(tmp_path, check):
     else:  # unlinked events are data, not damage to refuse
         tracesql.ingest([trace], tmp_path / "run", strict=True)
         assert _warnings(tmp_path / "run")["kernel_without_launch"][0] == 1
+
+
+def test_unlaunched_kernels_name_the_unknown_category_that_holds_their_launches(tmp_path):
+    """Launch calls under a category tracesql does not know: the warning says so, not 'no host runtime calls'."""
+    events = []
+    for i in range(3):
+        events += [{"ph": "X", "cat": "acme_runtime", "name": "acmeLaunch", "ts": 10 * i, "dur": 2, "pid": 1,
+                    "tid": 1, "args": {"correlation": i + 1}},
+                   {"ph": "X", "cat": "kernel", "name": "k", "ts": 10 * i + 3, "dur": 4, "pid": 0, "tid": 7,
+                    "args": {"correlation": i + 1, "device": 0, "stream": 7}}]
+    tracesql.ingest([write_trace(tmp_path / "t.json", events)], tmp_path / "run")
+    count, _, message, _ = _warnings(tmp_path / "run")["kernel_without_launch"]
+    assert count == 3 and "their correlation ids are on 3 host event(s) of category 'acme_runtime'" in message

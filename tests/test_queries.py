@@ -88,3 +88,35 @@ def test_b200_default_rules_count_ncclDevKernel_as_communication(ingested):
     ours = tracesql.query("overlap", run)
     hta = tracesql.query("overlap", run, class_scheme="hta")
     assert ours.comm_ns[0] > 0 and hta.comm_ns[0] == 0
+
+
+def test_every_curated_parameter_states_the_values_it_takes():
+    for q in CURATED:
+        for p in q.params.values():
+            assert p.rule, f"{q.name}.{p.name}: description must start with its values ('one of ...:', ...)"
+            if p.default != "NULL":  # the default itself is allowed
+                assert p.check(p.default.strip("'")) is None, (q.name, p.name, p.default)
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("overlap", {"class_scheme": "HTA"}, "overlap.sql: parameter class_scheme = 'HTA' is not one of default, hta"),
+    ("overlap", {"per": "steps"}, "per = 'steps' is not one of rank, step, process_group"),
+    ("temporal_breakdown", {"per": "process_group"}, "per = 'process_group' is not one of rank, step"),
+    ("overlap", {"analysis_window": "bogus"}, "analysis_window = 'bogus' is not one of all, hta"),
+    ("overlap", {"time_unit_ns": -5}, "time_unit_ns = -5 is not integer >= 1"),
+    ("overlap", {"time_unit_ns": "1.5"}, "is not an integer (integer >= 1)"),
+    ("hotspots", {"top": "many"}, "is not a number (integer >= 1)"),
+    ("hotspots", {"levels": "kernel,ops"}, "levels = 'kernel,ops' names 'ops': each must be one of kernel, kernel_family, op, op_args"),
+    ("mfu", {"device": "H1000"}, "is not a device_peaks key (known: V100-SXM2, "),
+])
+def test_parameter_values_are_checked_before_running(name, params, message, tmp_path):
+    # the target does not exist: the parameters are refused before it is opened
+    with pytest.raises(tracesql.TraceError, match=re.escape(message)):
+        tracesql.query(name, tmp_path / "no-such-run", **params)
+
+
+def test_checked_parameters_still_run(ingested):
+    run = ingested(DATASETS / "hta_trace_filter")
+    df = tracesql.query("hotspots", run, levels="kernel,kernel_family", top="3")
+    assert set(df.level) == {"kernel", "kernel_family"}
+    assert len(tracesql.query("overlap", run, time_unit_ns="1000", class_scheme="hta")) == 2

@@ -6,9 +6,12 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+import duckdb
 import pytest
 
 import tracesql
+from tracesql import functions, schema
+from tracesql.engine import views_sql
 from conftest import DATASETS, corpus_path, raw_events
 from test_hta_crosscheck import REFERENCE_SETS
 
@@ -154,6 +157,26 @@ def test_overlap_per_process_group_adds_up_to_the_rank(ingested):
     assert list(per_group.process_group) == ["0"] and per_group.compute_ns.isna().all()
     assert per_group.comm_ns[0] == per_rank.comm_ns[0] == 46_876_493
     assert per_group.overlap_ns[0] == per_rank.overlap_ns[0]
+
+
+@pytest.mark.parametrize("name, family", [
+    ("ampere_sgemm_128x64_nn", "ampere_sgemm"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)",
+     "at::native::vectorized_elementwise_kernel"),
+    ("triton_poi_fused_0d1d2de", "triton_poi_fused"),
+    ("kernel_1_2", "kernel_1"),
+    # XLA instance numbers fold, also on ROCm ('.kd': the code object's symbol)
+    ("fusion.3", "fusion"), ("copy-start.4", "copy-start"), ("fusion_1.2", "fusion"),
+    ("input_transpose_fusion_1", "input_transpose_fusion"), ("input_transpose_fusion_1.kd", "input_transpose_fusion"),
+    # a library kernel's trailing numbers name its variant (Tensile: workgroup shape), not an instance
+    ("Cijk_Alik_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0_WG32_8.kd",
+     "Cijk_Alik_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0_WG32_8.kd"),
+])
+def test_kernel_family(name, family):
+    con = duckdb.connect()
+    con.execute(views_sql({table: [] for table in schema.TABLES}))  # empty tables: the macros bind to them
+    functions.install(con)
+    assert con.execute("SELECT kernel_family(?)", [name]).fetchone()[0] == family
 
 
 def test_hotspots_fold_kernel_families_and_op_arguments(ingested):

@@ -31,6 +31,16 @@ def strings(values: list[str]) -> pa.Array:
     return pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)))
 
 
+def texts(values: list[str | None]) -> pa.Array:
+    """Like `pa.array(values, pa.string())` for a list of str or None."""
+    missing = [v is None for v in values]
+    array_ = strings(["" if v is None else v for v in values])
+    if not any(missing):
+        return array_
+    return pa.StringArray.from_buffers(len(values), array_.buffers()[1], array_.buffers()[2],
+                                       bitmap(~np.array(missing, bool)))
+
+
 def to_numpy(column: pa.Array | pa.ChunkedArray, fill=None) -> np.ndarray:
     """Like `column.fill_null(fill).to_numpy()` for a numeric or boolean column (`fill` may be left out if the
     column has no nulls)."""

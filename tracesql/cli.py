@@ -131,16 +131,24 @@ def query(query, target, params, fmt, output, engine, master):
         tracesql query overlap runs/1234/ --param class_scheme=hta
     """
     q = queries.find(query)
-    params = _parse_params(params)
+    params = queries.check(q, _parse_params(params))  # before the target is opened or Spark starts
     if engine == "spark":
         from . import spark as spark_engine
 
         session = spark_engine.connect(target, spark=_spark_session(master))
         rows = _emit(db.connect().from_arrow(spark_engine.to_arrow(spark_engine.run(session, q, params))), fmt, output)
+        why = None
     else:
-        rows = duckdb_engine.on_fresh_connection(target, lambda con: _emit(queries.run(con, q, params), fmt, output))
+        def run_and_explain(con):
+            rows = _emit(queries.run(con, q, params), fmt, output)
+            return rows, queries.explain(con, q, params, rows)
+
+        rows, why = duckdb_engine.on_fresh_connection(target, run_and_explain)
     if rows == 0:
-        click.echo(f"Note: no rows: {q.name} needs {q.needs or 'data this run does not have'}.", err=True)
+        click.echo(f"Note: no rows: {why or q.name + ' needs ' + (q.needs or 'data this run does not have')}.",
+                   err=True)
+    elif why:
+        click.echo(f"Note: {why}.", err=True)
 
 
 def _emit(rel, fmt: str, output: Path | None) -> int:

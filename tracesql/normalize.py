@@ -74,6 +74,7 @@ def _link(con, slices: pa.Table, scratch: Path, run_id: str, rank: int, mappings
     con.register("op_spans", kept(FileMapping(scratch / "op_spans.arrows")))
     con.register("slice_rows", kept(FileMapping.of_batches(scratch / "rows.arrows", ROW_SCHEMA, _row_numbers(slices))))
     con.execute(LINK_SQL)
+    con.execute(XLA_EXEC_SQL)
     checks = quality.link_checks(con, steps)
     columns = con.sql(LINK_COLUMNS_SQL, params={"run_id": run_id, "rank": rank}).to_arrow_reader(SCAN_BATCH)
     links = kept(FileMapping.of_batches(scratch / "links.arrows", columns.schema, columns))
@@ -224,18 +225,60 @@ SELECT n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n.dur, n.
 FROM nest n LEFT JOIN launch la USING (slice_id) LEFT JOIN nest h ON h.slice_id = la.launch_id;
 """
 LINK_COLUMNS_SQL = """
-SELECT parent_id, depth, launch_id, op_id, step, CAST($run_id AS VARCHAR) AS run_id, CAST($rank AS INTEGER) AS rank
-FROM links JOIN slice_rows USING (slice_id) ORDER BY row
+SELECT parent_id, depth, launch_id, COALESCE(x.op_id, l.op_id) AS op_id, step, CAST($run_id AS VARCHAR) AS run_id,
+    CAST($rank AS INTEGER) AS rank
+FROM links l JOIN slice_rows USING (slice_id) LEFT JOIN xla_exec x USING (slice_id) ORDER BY row
 """
-# Per slice: its time outside nested ops and annotations, and for an op the device time (and kernels) it caused
+# XLA ops: the slices that ran one execution of an HLO op (`args` name it: hlo_op, program_id) and the op each
+# belongs to (its op_id). A TPU or CPU op event is one execution, its own op; on a GPU the host launches an op's
+# kernels back to back, so consecutive launches of the same op on one thread are one execution (op_id: the
+# first launch), and a kernel belongs to its launch's.
+XLA_EXEC_SQL = f"""
+CREATE OR REPLACE TABLE xla_exec AS
+WITH named AS (
+    SELECT s.slice_id, s.kind, s.track, s.ts, l.launch_id,
+        json_extract_string(s.args, '$.program_id') AS program_id, json_extract_string(s.args, '$.hlo_op') AS hlo_op
+    FROM read_slices s JOIN links l USING (slice_id)
+    WHERE s.kind IN ('kernel', {sql_list(LAUNCH_KINDS)}) AND contains(s.args, '"hlo_op"')
+), launches AS (
+    SELECT slice_id, program_id, hlo_op, sum(CASE WHEN same THEN 0 ELSE 1 END) OVER w2 AS run
+    FROM (SELECT *, lag(program_id) OVER w IS NOT DISTINCT FROM program_id
+                    AND lag(hlo_op) OVER w IS NOT DISTINCT FROM hlo_op AS same
+          FROM named WHERE kind IN ({sql_list(LAUNCH_KINDS)})
+          WINDOW w AS (PARTITION BY track ORDER BY ts, slice_id))
+    WINDOW w2 AS (PARTITION BY track ORDER BY ts, slice_id ROWS UNBOUNDED PRECEDING)
+), launch_ops AS (
+    SELECT slice_id, program_id, hlo_op, first_value(slice_id) OVER (PARTITION BY run_key ORDER BY slice_id) AS op_id
+    FROM (SELECT l.*, n.track || '/' || l.run AS run_key FROM launches l JOIN named n USING (slice_id))
+)
+SELECT slice_id, op_id, program_id, hlo_op, false AS device FROM launch_ops
+UNION ALL
+SELECT d.slice_id, COALESCE(o.op_id, d.slice_id), COALESCE(o.program_id, d.program_id), COALESCE(o.hlo_op, d.hlo_op),
+    true
+FROM named d LEFT JOIN launch_ops o ON o.slice_id = d.launch_id
+WHERE d.kind = 'kernel'
+UNION ALL  -- kernels whose launch names the op, though they do not
+SELECT k.slice_id, o.op_id, o.program_id, o.hlo_op, true
+FROM links k JOIN launch_ops o ON o.slice_id = k.launch_id
+WHERE k.slice_id NOT IN (SELECT slice_id FROM named) AND k.device_time
+"""
+# Per slice: its time outside nested ops and annotations (duration minus the union of those children), and for an op the device time (and kernels) it caused
 # directly and through the ops nested in it. An op's subtree is a range of positions in the nesting order, so its
 # total is a difference of running sums over the positions where device work is attributed (the launch call's,
 # or the work's own when nothing launched it).
 EXTRA_SQL = """
 CREATE OR REPLACE TABLE extra AS
-WITH child AS (
-    SELECT parent_id AS slice_id, sum(dur) AS child_ns FROM links
-    WHERE self_time_child AND parent_id IS NOT NULL GROUP BY parent_id
+WITH children AS (
+    SELECT l.parent_id, l.slice_id, s.ts, s.ts + s.dur AS te FROM links l JOIN read_slices s USING (slice_id)
+    WHERE l.self_time_child AND l.parent_id IS NOT NULL
+), child AS (
+    -- the union of the children's intervals: siblings can overlap (a child that starts inside another and ends
+    -- after it is not its child), and overlapping time is the parent's only once
+    SELECT parent_id AS slice_id, sum(greatest(te - greatest(ts, COALESCE(reach, ts)), 0)) AS child_ns
+    FROM (SELECT *, max(te) OVER (PARTITION BY parent_id ORDER BY ts, te, slice_id
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+          FROM children)
+    GROUP BY parent_id
 ), work AS (
     SELECT op_id, COALESCE(launch_id, slice_id) AS at, dur FROM links WHERE device_time AND op_id IS NOT NULL
 ), own AS (
@@ -275,6 +318,8 @@ def _derive(con, slices: pa.Table, checks: list[dict], data: TraceData, run_id: 
     emit("warnings", _from_rows(con, "warnings", [{"run_id": run_id, "rank": rank, "source_path": None, **c}
                                                   for c in checks]))
     con.register("groups", metadata["process_groups"])  # used by the collectives query
+    con.register("xla_ops", emit("xla_ops", _from_rows(con, "xla_ops", [{"run_id": run_id, "rank": rank, **r}
+                                                                       for r in data.xla_ops])))
     for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL)):
         emit(name, con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})"))
     return rows
@@ -287,7 +332,7 @@ def _table(con, name: str, sql: str, params: dict | None = None) -> pa.Table:
     return schema.conform(name, pa.Table.from_batches(list(reader), reader.schema))
 
 
-OPS_SQL = """
+OPS_SQL = f"""
 SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s.pid, s.tid,
     s.op_id AS parent_op_id, x.op_depth, s.step, s.external_id,
     TRY_CAST(json_extract_string(s.args, '$."Sequence number"') AS BIGINT) AS sequence_number,
@@ -299,11 +344,33 @@ SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s
                    lambda d: TRY_CAST(d AS BIGINT[])) AS input_strides,
     TRY_CAST(json_extract(s.args, '$."Concrete Inputs"') AS VARCHAR[]) AS concrete_inputs,
     TRY_CAST(json_extract_string(s.args, '$.flops') AS DOUBLE) AS flops,
+    NULL AS bytes_accessed, NULL AS program_id,
     x.kernel_count, x.device_self_ns, x.kernel_count_total, x.device_total_ns
 FROM slices s
 JOIN extra x USING (slice_id)  -- (an op's own op_id is the op enclosing it)
 WHERE s.kind = 'cpu_op'
-ORDER BY s.slice_id
+UNION ALL BY NAME
+-- XLA ops: one row per execution (xla_exec), with its HLO op's operands and costs from xla_ops
+SELECT s.run_id, s.rank, e.op_id, e.name, e.ts, e.dur, e.dur AS self_dur, s.pid, s.tid, NULL AS parent_op_id,
+    0 AS op_depth, s.step, e.program_id, x.operand_dims AS input_dims, x.operand_types AS input_types,
+    x.flops, x.bytes_accessed, e.kernel_count, e.device_ns AS device_self_ns, e.kernel_count AS kernel_count_total,
+    e.device_ns AS device_total_ns
+FROM (
+    SELECT x.op_id, any_value(x.hlo_op) AS name, any_value(x.program_id) AS program_id,
+        -- the op's span: its launches' on a GPU, else the op event's own
+        COALESCE(min(s.ts) FILTER (WHERE NOT x.device), min(s.ts)) AS ts,
+        COALESCE(max(s.ts + s.dur) FILTER (WHERE NOT x.device), max(s.ts + s.dur))
+            - COALESCE(min(s.ts) FILTER (WHERE NOT x.device), min(s.ts)) AS dur,
+        count(*) FILTER (WHERE s.kind IN ({sql_list(DEVICE_TIME_KINDS)})) AS kernel_count,
+        -- a TPU op's time by the device's own clock (device_duration_ps, as XProf counts it): the timeline's
+        -- duration stretches or shrinks an op during which the device-to-host clock alignment was re-anchored
+        COALESCE(sum(COALESCE(round(TRY_CAST(json_extract(s.args, '$.device_duration_ps') AS BIGINT) / 1000)::BIGINT,
+                              s.dur)) FILTER (WHERE s.kind IN ({sql_list(DEVICE_TIME_KINDS)})), 0) AS device_ns
+    FROM xla_exec x JOIN slices s USING (slice_id) GROUP BY x.op_id
+) e
+JOIN slices s ON s.slice_id = e.op_id
+LEFT JOIN xla_ops x ON x.program_id = e.program_id AND x.name = e.name
+ORDER BY op_id
 """
 
 # Host calls carry group and size; the kernels carry device time (and, in newer traces, the same metadata).
@@ -324,25 +391,35 @@ WITH comm_kernels AS (
     FROM slices s JOIN extra x USING (slice_id) LEFT JOIN per_call k ON k.collective_call = s.slice_id
     WHERE x.is_collective_call
 ), kernel_only AS (
-    SELECT run_id, rank, slice_id AS collective_id, args, step, NULL AS cpu_ts, NULL AS cpu_dur,
-        COALESCE(json_extract_string(args, '$."Collective name"'), name) AS source_name,
-        1 AS kernel_count, device_id, stream, ts AS device_ts, dur AS device_dur, dur AS kernel_dur
-    FROM comm_kernels WHERE collective_call IS NULL
+    -- XLA collectives take size, type and groups from their HLO op: the replica group holding the device
+    SELECT c.run_id, c.rank, c.slice_id AS collective_id, c.args, c.step, NULL AS cpu_ts, NULL AS cpu_dur,
+        COALESCE(json_extract_string(c.args, '$."Collective name"'), c.name) AS source_name,
+        1 AS kernel_count, c.device_id, c.stream, c.ts AS device_ts, c.dur AS device_dur, c.dur AS kernel_dur,
+        x.collective AS xla_collective, x.collective_dtype AS xla_dtype, x.collective_in_elems AS xla_in,
+        x.collective_out_elems AS xla_out, x.group_size AS xla_group_size,
+        COALESCE(list_filter(x.replica_groups, lambda g: list_contains(g, c.device_id))[1], x.replica_groups[1])
+            AS xla_group
+    FROM comm_kernels c LEFT JOIN xla_exec e USING (slice_id)
+    LEFT JOIN xla_ops x ON x.program_id = e.program_id AND x.name = e.hlo_op
+    WHERE c.collective_call IS NULL
+      AND NOT regexp_matches(COALESCE(e.hlo_op, ''), '-done([.]\\d+)?$')  -- the wait of an async collective
 ), rows AS (
     SELECT *,
-        json_extract_string(args, '$."Process Group Name"') AS pg_name,
+        COALESCE(json_extract_string(args, '$."Process Group Name"'),
+                 'xla ' || CAST(xla_group AS VARCHAR)) AS pg_name,
         json_extract_string(args, '$."Process Group Description"') AS pg_desc,
-        TRY_CAST(json_extract_string(args, '$."Group size"') AS INTEGER) AS group_size,
-        TRY_CAST(json_extract_string(args, '$."Process Group Ranks"') AS INTEGER[]) AS group_ranks,
-        COALESCE(json_extract_string(args, '$.dtype'),
+        COALESCE(TRY_CAST(json_extract_string(args, '$."Group size"') AS INTEGER), xla_group_size) AS group_size,
+        COALESCE(TRY_CAST(json_extract_string(args, '$."Process Group Ranks"') AS INTEGER[]), xla_group)
+            AS group_ranks,
+        COALESCE(xla_dtype, json_extract_string(args, '$.dtype'),
                  list_filter(TRY_CAST(json_extract(args, '$."Input type"') AS VARCHAR[]),
                              lambda t: dtype_bytes(t) IS NOT NULL)[1]) AS dtype,
         -- without metadata the message is the op's input tensor: the second one of c10d's *_base_ ops
         -- (output, input), the first otherwise
-        COALESCE(TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT),
+        COALESCE(xla_in, TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT),
                  tensor_numel(json_extract(args, '$."Input Dims"'),
                               CASE WHEN contains(source_name, '_base_') THEN 2 ELSE 1 END)) AS in_nelems,
-        TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT) AS out_nelems,
+        COALESCE(xla_out, TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT)) AS out_nelems,
         TRY_CAST(COALESCE(json_extract_string(args, '$.Seq'), json_extract_string(args, '$.seq')) AS BIGINT)
             AS recorded_seq
     FROM (SELECT * FROM calls UNION ALL BY NAME SELECT * FROM kernel_only)
@@ -355,8 +432,8 @@ WITH comm_kernels AS (
 SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_desc, g.pg_desc) AS pg_desc,
                     COALESCE(r.group_size, g.group_size) AS group_size,
                     COALESCE(r.group_ranks, g.group_ranks) AS group_ranks),
-    collective_kind(r.source_name) AS collective, dtype_bytes(r.dtype) AS dtype_bytes,
-    CASE WHEN collective_kind(r.source_name) = 'all_gather'
+    COALESCE(r.xla_collective, collective_kind(r.source_name)) AS collective, dtype_bytes(r.dtype) AS dtype_bytes,
+    CASE WHEN COALESCE(r.xla_collective, collective_kind(r.source_name)) = 'all_gather'
          THEN COALESCE(r.out_nelems, r.in_nelems * COALESCE(r.group_size, g.group_size))
          ELSE r.in_nelems END * dtype_bytes(r.dtype) AS size_bytes,
     r.recorded_seq IS NOT NULL AS seq_recorded,
@@ -368,17 +445,36 @@ FROM rows r LEFT JOIN only_group g ON true
 ORDER BY COALESCE(r.cpu_ts, r.device_ts)
 """
 
+# PyTorch's [memory] events and XPlane's allocator events (TSL: MemoryAllocation / MemoryDeallocation with the
+# allocator's totals after the event; GPU allocators are named GPU_<n>_bfc, the TPU runtime's give index_on_host)
 MEMORY_SQL = """
+WITH events AS (
+    SELECT *, json_extract_string(args, '$.allocator_name') AS allocator,
+        TRY_CAST(json_extract_string(args, '$.allocation_bytes') AS BIGINT) AS xla_bytes
+    FROM slices WHERE kind = 'memory'
+)
 SELECT run_id, rank, slice_id AS memory_id, ts,
-    CASE TRY_CAST(json_extract_string(args, '$."Device Type"') AS INTEGER)
-        WHEN 0 THEN 'cpu' WHEN 1 THEN 'gpu' ELSE 'other' END AS device_type,
-    TRY_CAST(json_extract_string(args, '$."Device Id"') AS INTEGER) AS device_id,
-    TRY_CAST(json_extract_string(args, '$.Addr') AS BIGINT) AS addr,
-    TRY_CAST(json_extract_string(args, '$.Bytes') AS BIGINT) AS bytes,
-    TRY_CAST(json_extract_string(args, '$."Total Allocated"') AS BIGINT) AS total_allocated_bytes,
-    TRY_CAST(json_extract_string(args, '$."Total Reserved"') AS BIGINT) AS total_reserved_bytes,
-    pid, tid, op_id, step
-FROM slices WHERE kind = 'memory'
+    CASE WHEN regexp_matches(allocator, '^GPU_') THEN 'gpu'
+         WHEN allocator IS NULL AND contains(args, '"index_on_host"') THEN 'tpu'
+         ELSE CASE TRY_CAST(json_extract_string(args, '$."Device Type"') AS INTEGER)
+                  WHEN 0 THEN 'cpu' WHEN 1 THEN 'gpu' ELSE 'other' END
+    END AS device_type,
+    COALESCE(TRY_CAST(json_extract_string(args, '$."Device Id"') AS INTEGER),
+             TRY_CAST(regexp_extract(allocator, '^GPU_(\\d+)_', 1) AS INTEGER),
+             TRY_CAST(json_extract_string(args, '$.index_on_host') AS INTEGER)) AS device_id,
+    TRY_CAST(COALESCE(json_extract_string(args, '$.Addr'), json_extract_string(args, '$.addr')) AS BIGINT) AS addr,
+    COALESCE(TRY_CAST(json_extract_string(args, '$.Bytes') AS BIGINT),
+             CASE name WHEN 'MemoryDeallocation' THEN -xla_bytes ELSE xla_bytes END) AS bytes,
+    TRY_CAST(COALESCE(json_extract_string(args, '$."Total Allocated"'),
+                      json_extract_string(args, '$.bytes_allocated')) AS BIGINT) AS total_allocated_bytes,
+    TRY_CAST(COALESCE(json_extract_string(args, '$."Total Reserved"'),
+                      json_extract_string(args, '$.bytes_reserved')) AS BIGINT) AS total_reserved_bytes,
+    pid, tid, op_id, step, allocator,
+    TRY_CAST(json_extract_string(args, '$.peak_bytes_in_use') AS BIGINT) AS peak_allocated_bytes,
+    TRY_CAST(json_extract_string(args, '$.requested_bytes') AS BIGINT) AS requested_bytes,
+    TRY_CAST(json_extract_string(args, '$.fragmentation') AS DOUBLE) AS fragmentation,
+    NULLIF(NULLIF(json_extract_string(args, '$.tf_op'), '(null)'), '') AS op_name
+FROM events
 ORDER BY ts, slice_id
 """
 

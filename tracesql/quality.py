@@ -54,9 +54,19 @@ def link_checks(con, steps: dict) -> list[dict]:
         SELECT sum(calls), sum(calls - 1) FILTER (WHERE calls > 1), min(correlation) FILTER (WHERE calls > 1)
         FROM launchers""").fetchall()[0]
     if unlaunched:
-        why = ("no runtime call has their correlation id (the profile started after the launch, or a damaged id)"
-               if launcher_count else
-               "the trace has no host runtime calls (device work only, or launches not recorded)")
+        # host events of a category tracesql does not know may carry the device work's correlation ids
+        unknown = con.execute(f"""
+            SELECT o.category, count(*) FROM read_slices o
+            SEMI JOIN (SELECT correlation FROM read_slices WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)})) d
+              USING (correlation)
+            WHERE o.kind = 'other' GROUP BY o.category ORDER BY 2 DESC, 1 LIMIT 1""").fetchall()
+        if launcher_count:
+            why = "no runtime call has their correlation id (the profile started after the launch, or a damaged id)"
+        elif unknown:
+            why = (f"their correlation ids are on {unknown[0][1]} host event(s) of category '{unknown[0][0]}', "
+                   "which tracesql does not know as runtime calls")
+        else:
+            why = "the trace has no host runtime calls (device work only, or launches not recorded)"
         rows.append(_row("kernel_without_launch", unlaunched, first,
                          f"{unlaunched} device event(s) without a launch: {why}; they count as device time "
                          "and belong to the step they ran in, but to no op"))

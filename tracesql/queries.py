@@ -14,6 +14,15 @@ Header format (a test checks every curated file against it and against what the 
 
 Parameters reach the SQL as DuckDB variables: the file reads them with COALESCE(getvariable('name'), default),
 so it also runs unchanged in a plain DuckDB session (`SET VARIABLE name = ...` to change one).
+
+A parameter's description starts with the values it takes, up to a colon, in one of these forms (every curated
+parameter has one; a value given outside them is refused before the query runs, naming what is allowed):
+
+    one of rank, step, process_group:        one of these words (or numbers)
+    list of kernel, kernel_family, op:       comma-separated, each one of these
+    integer >= 1:   integer:   number > 0:   a number in that range (>=, >, <=, <)
+    device key:                              a key of the device_peaks table
+    text:                                    anything
 """
 
 from __future__ import annotations
@@ -27,6 +36,18 @@ from .errors import TraceError
 _PARAM = re.compile(r"^--\s+(\w+)\s*=\s*('(?:[^']|'')*'|\S+)\s+(.*)$")
 _COLUMN = re.compile(r"^--\s+(\w+)\s+([A-Z][A-Z0-9_]*(?:\[\])*)\s+(.*)$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RULE = re.compile(r"^(one of [^:]+|list of [^:]+|(?:integer|number)(?: (?:>=|>|<=|<) -?[\d.e]+)?|device key|text):")
+_COMPARE = {">=": float.__ge__, ">": float.__gt__, "<=": float.__le__, "<": float.__lt__}
+
+
+def device_keys() -> list[str]:
+    """The keys of the device_peaks table (what `-p device=` accepts)."""
+    import csv
+
+    from .functions import HERE
+
+    with open(HERE / "device_peaks.csv", newline="") as f:
+        return [row["device"] for row in csv.DictReader(f)]
 
 
 def queries_dir() -> Path:
@@ -40,6 +61,42 @@ class Param:
     name: str
     default: str  # a SQL literal
     doc: str
+
+    @property
+    def rule(self) -> str | None:
+        """The values the parameter takes, as its description states them (the text before its first colon)."""
+        m = _RULE.match(self.doc)
+        return m[0].rstrip(":").strip() if m else None
+
+    def check(self, value) -> str | None:
+        """Why `value` is not allowed (None when it is, or when the description states no rule)."""
+        rule, text = self.rule, str(value).strip()
+        if rule is None or rule == "text":
+            return None
+        if rule == "device key":
+            keys = device_keys()
+            return None if text in keys else f"is not a device_peaks key (known: {', '.join(keys)})"
+        if rule.startswith(("one of ", "list of ")):
+            allowed = [v.strip() for v in rule.split(" of ", 1)[1].split(",")]
+            given = [v.strip() for v in text.split(",")] if rule.startswith("list of ") else [text]
+            wrong = [v for v in given if v not in allowed]
+            if not wrong:
+                return None
+            if rule.startswith("one of "):
+                return f"is not {rule}"
+            return f"names {', '.join(repr(w) for w in wrong)}: each must be one of {', '.join(allowed)}"
+        kind, _, bound = rule.partition(" ")
+        try:
+            number = float(text)
+        except ValueError:
+            return f"is not a number ({rule})"
+        if kind == "integer" and not number.is_integer():
+            return f"is not an integer ({rule})"
+        if bound:
+            op, limit = bound.split()
+            if not _COMPARE[op](number, float(limit)):
+                return f"is not {rule}"
+        return None
 
 
 @dataclass
@@ -115,13 +172,23 @@ def literal(value) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def variables(query: Query, params: dict | None = None) -> dict[str, str]:
-    """The value of each of the query's parameters as a SQL literal: the one in `params`, else the default."""
+def check(query: Query, params: dict | None = None) -> dict:
+    """`params` if the query takes each of them with that value; else a TraceError naming what is allowed."""
     params = dict(params or {})
     unknown = sorted(set(params) - set(query.params))
     if unknown:
         known = ", ".join(query.params) or "none"
         raise TraceError(query.path, f"unknown parameter {', '.join(unknown)} (this query takes: {known})")
+    for name, value in params.items():
+        problem = query.params[name].check(value)
+        if problem:
+            raise TraceError(query.path, f"parameter {name} = {value!r} {problem}")
+    return params
+
+
+def variables(query: Query, params: dict | None = None) -> dict[str, str]:
+    """The value of each of the query's parameters as a SQL literal: the one in `params`, else the default."""
+    params = check(query, params)
     return {name: literal(params[name]) if name in params else p.default for name, p in query.params.items()}
 
 
@@ -135,6 +202,30 @@ def run(con, query: Query, params: dict | None = None):
     for st in statements[:-1]:
         con.execute(st.query).fetchall()
     return con.sql(statements[-1].query)
+
+
+def explain(con, query: Query, params: dict | None = None, rows: int = 0) -> str | None:
+    """What the user should know about a result of `rows` rows on `con`'s run, as precisely as the run tells:
+    why there are no rows (no device events at all, or the window or time unit the parameters chose removed every
+    one of them, else what the query needs); or, with rows, that the time unit rounded all device time away."""
+    needs = f"{query.name} needs {query.needs or 'data this run does not have'}"
+    if not any(word in query.needs.lower() for word in ("device", "kernel")):
+        return None if rows else needs
+    params = {name: p.default.strip("'") for name, p in query.params.items()} | dict(params or {})
+    device = con.execute("SELECT count(*) FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')").fetchall()[0][0]
+    if device == 0:
+        return None if rows else f"{needs}: this run has no device events (kernels, copies, memsets)"
+    window, unit = str(params.get("analysis_window", "all")), int(float(params.get("time_unit_ns", 1)))
+    kept, timed = con.execute("SELECT count(*), count(*) FILTER (WHERE dur > 0) FROM device_activity("
+                              "analysis_window := $w, time_unit_ns := $u)", {"w": window, "u": unit}).fetchall()[0]
+    if window != "all" and kept == 0 and not rows:
+        return (f"analysis_window = '{window}' keeps none of the run's {device:,} device events (HTA's window: "
+                "work launched by a host call before the last step began; work without a captured launch is out)")
+    if unit > 1 and kept and timed == 0:
+        return (f"time_unit_ns = {unit} rounds every one of the run's {kept:,} device events to zero length "
+                "(each lies within one time unit, as in HTA): no device time is counted; time_unit_ns = 1 keeps "
+                "nanoseconds")
+    return None if rows else needs
 
 
 def query(name_or_path, target, *, engine: str = "duckdb", **params):
@@ -152,4 +243,5 @@ def query(name_or_path, target, *, engine: str = "duckdb", **params):
     from .engine import on_fresh_connection
 
     query = find(name_or_path)
+    check(query, params)  # before the target is opened (raw traces would be ingested first)
     return on_fresh_connection(target, lambda con: run(con, query, params).df())

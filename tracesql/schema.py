@@ -13,13 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
     1: "first version",
     2: "added tables counters (sampled values: Chrome counter events, Perfetto counter tracks) and warnings "
        "(data-quality checks of each source)",
+    3: "XLA (issue 13): added table xla_ops (the HLO ops of each XLA program: opcode, category, shapes, replica "
+       "groups, costs, source); ops gains program_id and bytes_accessed and holds one row per XLA op execution "
+       "(TPU and CPU ops, GPU kernels of one HLO op); memory gains allocator, peak_allocated_bytes, "
+       "requested_bytes, fragmentation and op_name, and holds XPlane's allocator events; memory.device_type "
+       "may be 'tpu'",
 }
 OLDEST_READABLE = 1
 
@@ -140,15 +145,19 @@ TABLES: dict[str, Table] = {
         ),
         Table(
             "ops",
-            "Framework operators (aten::*, custom ops) with their inputs and the device time they caused. "
-            "Every other argument is in `slices.args` (join on rank and op_id = slice_id).",
+            "Framework operators (aten::*, custom ops) and XLA ops (one row per execution of an HLO op: a TPU or "
+            "CPU op event, or the kernels one HLO op launched on a GPU) with their inputs and the device time "
+            "they caused. Every other argument is in `slices.args` (join on rank and op_id = slice_id); an XLA "
+            "op's HLO details are in `xla_ops` (join on rank, program_id and name).",
             _cols(
                 *_RUN_RANK,
-                ("op_id", "BIGINT", "slice_id of the op."),
-                ("name", "VARCHAR", "Operator name (e.g. aten::addmm)."),
+                ("op_id", "BIGINT", "slice_id of the op (XLA on a GPU: of the first launch of its kernels)."),
+                ("name", "VARCHAR", "Operator name (e.g. aten::addmm; XLA: the HLO op's name, e.g. fusion.3)."),
                 ("ts", "BIGINT", "Start, absolute ns."),
-                ("dur", "BIGINT", "Host duration, ns (inclusive of child ops)."),
-                ("self_dur", "BIGINT", "Host duration minus the durations of directly nested ops and annotations."),
+                ("dur", "BIGINT", "Host duration, ns (inclusive of child ops); XLA ops on TPU/CPU: the op's own "
+                 "duration; on a GPU: from its first launch's start to its last launch's end."),
+                ("self_dur", "BIGINT", "Host duration minus the time covered by directly nested ops and annotations (the union "
+                 "of their intervals: never negative)."),
                 ("pid", "BIGINT", "Host process id."),
                 ("tid", "BIGINT", "Host thread id."),
                 ("parent_op_id", "BIGINT", "The enclosing op, if any (NULL for top-level ops)."),
@@ -161,7 +170,13 @@ TABLES: dict[str, Table] = {
                 ("input_types", "VARCHAR[]", "Dtype or kind of each input (float, c10::BFloat16, Scalar, ...)."),
                 ("input_strides", "BIGINT[][]", "Strides of each tensor input, when recorded."),
                 ("concrete_inputs", "VARCHAR[]", "Values of scalar inputs, when recorded."),
-                ("flops", "DOUBLE", "FLOPs the profiler counted for the op (with_flops=True); NULL if not recorded."),
+                ("flops", "DOUBLE", "FLOPs the profiler counted for the op (with_flops=True); XLA ops: XLA's cost "
+                 "analysis when the profile carries it, else counted from the HLO shapes (xla_ops.cost_source); "
+                 "NULL if not known."),
+                ("bytes_accessed", "DOUBLE", "XLA ops: bytes read and written, as xla_ops.bytes_accessed; NULL for "
+                 "framework ops (tracesql's op_bytes() counts those from their shapes)."),
+                ("program_id", "VARCHAR", "XLA ops: the program (HLO module) that ran the op, as `xla_ops.program_id`; "
+                 "NULL for framework ops."),
                 ("kernel_count", "BIGINT", "Device events launched directly by this op (not by nested ops)."),
                 ("device_self_ns", "BIGINT", "Summed duration of device events launched directly by this op."),
                 ("kernel_count_total", "BIGINT", "Device events launched by this op or any op nested in it."),
@@ -210,12 +225,14 @@ TABLES: dict[str, Table] = {
         ),
         Table(
             "memory",
-            "Allocator events (profile_memory=True): each allocation or free with the running totals.",
+            "Allocator events (PyTorch profile_memory=True, XPlane's MemoryAllocation/MemoryDeallocation): each "
+            "allocation or free with the running totals.",
             _cols(
                 *_RUN_RANK,
                 ("memory_id", "BIGINT", "slice_id of the allocator event."),
                 ("ts", "BIGINT", "When, absolute ns."),
-                ("device_type", "VARCHAR", "'cpu', 'gpu' or 'other' (from the event's Device Type)."),
+                ("device_type", "VARCHAR", "'cpu', 'gpu', 'tpu' or 'other' (from the event's Device Type, or the "
+                 "XPlane allocator's name)."),
                 ("device_id", "INTEGER", "Device index (-1 for host memory)."),
                 ("addr", "BIGINT", "Address of the block."),
                 ("bytes", "BIGINT", "Bytes allocated (positive) or freed (negative)."),
@@ -225,6 +242,64 @@ TABLES: dict[str, Table] = {
                 ("tid", "BIGINT", "Host thread id."),
                 ("op_id", "BIGINT", "The op that was running on that thread (the allocating op)."),
                 ("step", "INTEGER", "Step of the event."),
+                ("allocator", "VARCHAR", "Allocator that recorded the event (XPlane: e.g. 'GPU_0_bfc'); NULL when not "
+                 "named."),
+                ("peak_allocated_bytes", "BIGINT", "The allocator's own peak of bytes in use so far (XPlane "
+                 "peak_bytes_in_use), which may predate the profile; NULL when not recorded."),
+                ("requested_bytes", "BIGINT", "Bytes the caller asked for (the allocation may be rounded up)."),
+                ("fragmentation", "DOUBLE", "The allocator's fragmentation after the event, 0..1 (XPlane BFC)."),
+                ("op_name", "VARCHAR", "Framework op / region the memory is for, as the allocator recorded it "
+                 "(XPlane tf_op); NULL when not recorded."),
+            ),
+        ),
+        Table(
+            "xla_ops",
+            "The ops of each XLA program (HLO module) the profile ran, from the HLO it carries (XPlane's metadata "
+            "plane) or an --xla-dump folder: one row per op of the entry computation and of the computations it "
+            "runs through control flow. Ops join it on (rank, program_id, name); slices of XLA ops name theirs "
+            "in args (hlo_op, program_id).",
+            _cols(
+                *_RUN_RANK,
+                ("program_id", "VARCHAR", "Program id as the profile names it (a 64-bit fingerprint on TPU, a small "
+                 "number on CPU/GPU), unsigned, as text."),
+                ("module", "VARCHAR", "HLO module name (e.g. jit_train_step)."),
+                ("name", "VARCHAR", "Op (HLO instruction) name, unique in the module (e.g. fusion.3)."),
+                ("opcode", "VARCHAR", "HLO opcode (fusion, dot, all-reduce, copy-start, custom-call, ...)."),
+                ("fusion_kind", "VARCHAR", "For fusions: kLoop, kInput, kOutput or kCustom."),
+                ("category", "VARCHAR", "Category as XProf shows it: the profile's hlo_category (TPU), else XLA's "
+                 "(data formatting, non-fusion elementwise, loop fusion, convolution fusion, all-reduce, ...); a "
+                 "fusion wrapping a collective is '<collective> fusion'."),
+                ("collective", "VARCHAR", "The collective the op is or wraps (all_reduce, all_gather, reduce_scatter, "
+                 "all_to_all, collective_permute, send, recv, broadcast); NULL for other ops."),
+                ("computation", "VARCHAR", "Computation the op is in: NULL for the entry computation, else a while "
+                 "body, branch or called computation."),
+                ("output_shape", "VARCHAR", "Output shape as XLA prints it, with layout, tiling and memory space "
+                 "(e.g. f32[256,128]{1,0}, bf16[8,1024]{1,0:T(8,128)S(1)}; tuples in parentheses)."),
+                ("output_type", "VARCHAR", "Element type of the output (f32, bf16, s32, pred, ...); NULL for tuples."),
+                ("output_dims", "BIGINT[]", "Output dimensions; NULL for tuples."),
+                ("operand_shapes", "VARCHAR[]", "Each operand's shape as XLA prints it (layout and memory space)."),
+                ("operand_types", "VARCHAR[]", "Each operand's element type."),
+                ("operand_dims", "BIGINT[][]", "Each operand's dimensions."),
+                ("fused_root", "VARCHAR", "For fusions: the opcode of the fused computation's root."),
+                ("fused_ops", "INTEGER", "For fusions: instructions in the fused computations."),
+                ("replica_groups", "INTEGER[][]", "For collectives (also wrapped in a fusion): the device groups."),
+                ("group_size", "INTEGER", "Devices in each replica group."),
+                ("channel_id", "BIGINT", "Channel id of a cross-program collective."),
+                ("collective_dtype", "VARCHAR", "Element type of the collective's operands (also when wrapped)."),
+                ("collective_in_elems", "BIGINT", "Elements of the collective's operands."),
+                ("collective_out_elems", "BIGINT", "Elements of the collective's result."),
+                ("flops", "DOUBLE", "FLOPs of one execution: XLA's cost analysis when the profile carries it, else "
+                 "counted from the shapes (2 per multiply-add for dot/convolution; 1 per output element of "
+                 "elementwise ops and per reduced element; fusions: the sum over their parts)."),
+                ("bytes_accessed", "DOUBLE", "Bytes one execution reads and writes: XLA's cost analysis when the "
+                 "profile carries it, else operands read once plus the output written once."),
+                ("cost_source", "VARCHAR", "'profile' (XLA's cost analysis recorded in the profile) or 'shapes' "
+                 "(counted by tracesql from the HLO)."),
+                ("op_name", "VARCHAR", "The framework op path (JAX named scopes: jit(step)/transpose(jvp(...))/dot)."),
+                ("op_type", "VARCHAR", "The framework op type, when recorded."),
+                ("source_file", "VARCHAR", "Source file of the framework op."),
+                ("source_line", "INTEGER", "Line in source_file."),
+                ("hlo_text", "VARCHAR", "The op's HLO text, when the profile carries it (TPU)."),
             ),
         ),
         Table(

@@ -211,8 +211,10 @@ def query(name_or_path, target, *, spark=None, master: str | None = None, **para
 
     >>> tracesql.spark.query("overlap", "s3a://bucket/runs/", class_scheme="hta")   # doctest: +SKIP
     """
+    query = queries.find(name_or_path)
+    queries.check(query, params)  # before Spark starts
     spark = connect(target, spark=spark, master=master)
-    return to_arrow(run(spark, queries.find(name_or_path), params)).to_pandas()
+    return to_arrow(run(spark, query, params)).to_pandas()
 
 
 def _read_task(item):

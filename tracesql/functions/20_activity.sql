@@ -1,7 +1,8 @@
 -- Device activity, its classes, and the timeline of which classes are busy when.
 -- Used by the curated queries and available in every session on a run.
 
--- Kernels, copies and memsets, each with its class (compute / communication / memory) from `kernel_classes`.
+-- Kernels, copies and memsets, each with its class (compute / communication / memory / infeed_outfeed) from
+-- `kernel_classes`, whose rules match the kind, the name and the category (XLA ops: their HLO category).
 -- class_scheme: 'default' (tracesql's rules) or 'hta' (Holistic Trace Analysis' name rules).
 -- analysis_window: 'all' (every device event) or 'hta' (HTA's: only events launched by a host call that started
 -- before the last ProfilerStep began; with a single step, launched inside it; with no steps, every launched event;
@@ -10,14 +11,15 @@
 -- down), as HTA does with fractional-microsecond Kineto timestamps: up to 1 µs less busy time per event.
 CREATE OR REPLACE MACRO device_activity(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
 WITH names AS (
-    SELECT DISTINCT kind, name FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')
+    SELECT DISTINCT kind, name, category FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')
 ), classes AS (
-    SELECT n.kind, n.name, arg_min(r.class, r.priority) AS class
+    SELECT n.kind, n.name, n.category, arg_min(r.class, r.priority) AS class
     FROM names n
     JOIN kernel_classes r
       ON r.scheme = class_scheme AND (r.kind IS NULL OR r.kind = n.kind)
      AND (r.name_regex IS NULL OR regexp_matches(n.name, r.name_regex))
-    GROUP BY n.kind, n.name
+     AND (r.category_regex IS NULL OR regexp_matches(n.category, r.category_regex))
+    GROUP BY n.kind, n.name, n.category
 ), step_bounds AS (
     SELECT run_id, rank, count(*) AS n_steps, max(ts) AS last_start, min(ts) AS first_start,
         max(ts + dur) AS last_end
@@ -35,7 +37,7 @@ SELECT s.* REPLACE (
                  - (s.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns, 0) AS dur),
     c.class, l.ts AS launch_ts
 FROM slices s
-JOIN classes c ON c.kind = s.kind AND c.name = s.name
+JOIN classes c ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
 LEFT JOIN slices l ON l.run_id = s.run_id AND l.rank = s.rank AND l.slice_id = s.launch_id
 LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
 LEFT JOIN mtia_in_step m ON m.run_id = s.run_id AND m.rank = s.rank AND m.slice_id = s.slice_id
@@ -52,32 +54,33 @@ WHERE analysis_window = 'all'
 CREATE OR REPLACE MACRO device_timeline(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
 WITH bits AS (
     SELECT run_id, rank, device_id, ts, ts + dur AS te,
-        CASE class WHEN 'compute' THEN 1 WHEN 'communication' THEN 2 WHEN 'memory' THEN 4 ELSE 0 END AS bit
+        -- infeed/outfeed (XLA) moves data between host and device: memory traffic on the timeline
+        CASE class WHEN 'compute' THEN 1 WHEN 'communication' THEN 2 WHEN 'memory' THEN 4 WHEN 'infeed_outfeed' THEN 4
+                   ELSE 0 END AS bit
     FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
                          time_unit_ns := time_unit_ns)
-), ordered AS (
-    SELECT *, max(te) OVER (PARTITION BY run_id, rank, device_id, bit ORDER BY ts, te
-                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM bits WHERE bit > 0
-), islands AS (
-    -- merge overlapping events of one class so that each class adds at most its bit at any instant
-    SELECT *, sum(CASE WHEN ts > prev_end THEN 1 ELSE 0 END)
-                  OVER (PARTITION BY run_id, rank, device_id, bit ORDER BY ts, te ROWS UNBOUNDED PRECEDING) AS island
-    FROM ordered
-), merged AS (
-    SELECT run_id, rank, device_id, bit, min(ts) AS ts, max(te) AS te FROM islands
-    GROUP BY run_id, rank, device_id, bit, island
 ), edges AS (
-    SELECT run_id, rank, device_id, t, sum(delta) AS delta FROM (
-        SELECT run_id, rank, device_id, ts AS t, bit AS delta FROM merged
+    -- at each instant where something starts or ends: the change in the number of running events of each class
+    -- (one row per instant, so the sweep below orders by a unique key: no tie can be broken two ways)
+    SELECT run_id, rank, device_id, t,
+        sum(CASE WHEN bit = 1 THEN delta ELSE 0 END) AS compute,
+        sum(CASE WHEN bit = 2 THEN delta ELSE 0 END) AS communication,
+        sum(CASE WHEN bit = 4 THEN delta ELSE 0 END) AS memory
+    FROM (
+        SELECT run_id, rank, device_id, ts AS t, bit, 1 AS delta FROM bits WHERE bit > 0
         UNION ALL
-        SELECT run_id, rank, device_id, te AS t, -bit AS delta FROM merged
+        SELECT run_id, rank, device_id, te AS t, bit, -1 AS delta FROM bits WHERE bit > 0
     ) GROUP BY run_id, rank, device_id, t
 ), states AS (
+    -- events of each class running from t to the next instant; a class's bit is set while any of its events runs,
+    -- so identical or nested events on several streams count once
     SELECT run_id, rank, device_id, t,
-        sum(delta) OVER (PARTITION BY run_id, rank, device_id ORDER BY t ROWS UNBOUNDED PRECEDING) AS classes,
+        sum(compute) OVER w AS compute, sum(communication) OVER w AS communication, sum(memory) OVER w AS memory,
         lead(t) OVER (PARTITION BY run_id, rank, device_id ORDER BY t) AS t_next
     FROM edges
+    WINDOW w AS (PARTITION BY run_id, rank, device_id ORDER BY t ROWS UNBOUNDED PRECEDING)
 )
-SELECT run_id, rank, device_id, t AS ts, t_next - t AS dur, CAST(classes AS INTEGER) AS classes
+SELECT run_id, rank, device_id, t AS ts, t_next - t AS dur,
+    CAST(CASE WHEN compute > 0 THEN 1 ELSE 0 END + CASE WHEN communication > 0 THEN 2 ELSE 0 END
+         + CASE WHEN memory > 0 THEN 4 ELSE 0 END AS INTEGER) AS classes
 FROM states WHERE t_next IS NOT NULL AND t_next > t;

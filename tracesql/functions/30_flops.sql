@@ -385,18 +385,23 @@ CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS 
 -- Nesting is interval containment on the op's thread (with a smaller op_depth), so it needs no parent links.
 -- An op whose formula applies but whose shapes were not recorded has NULL flops and counts as having no formula.
 -- profiler_flops is `ops.flops` (what torch.profiler(with_flops=True) attached, when the trace carries it).
+-- XLA ops (family 'xla') take their FLOPs and bytes from `ops.flops` / `ops.bytes_accessed` (xla_ops) and are
+-- always counted: one row per execution of an HLO op, none inside another.
 CREATE OR REPLACE MACRO op_costs(attention_convention := 'flash') AS TABLE
 WITH costed AS (
     SELECT run_id, rank, op_id, name, step, pid, tid, ts, dur, op_depth, input_dims, input_types,
         device_total_ns, flops AS profiler_flops,
-        op_flop_family(name) AS family,
-        op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := attention_convention)
-            AS op_flops,
-        op_bytes(name, input_dims, input_types, concrete_inputs) AS op_bytes,
+        -- XLA ops (program_id set) carry XLA's own FLOPs and bytes (cost analysis, or counted from the HLO)
+        CASE WHEN program_id IS NOT NULL THEN 'xla' ELSE op_flop_family(name) END AS family,
+        CASE WHEN program_id IS NOT NULL THEN flops
+             ELSE op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := attention_convention)
+        END AS op_flops,
+        CASE WHEN program_id IS NOT NULL THEN bytes_accessed
+             ELSE op_bytes(name, input_dims, input_types, concrete_inputs) END AS op_bytes,
         op_dtype(input_types) AS dtype
     FROM ops
 ), formula AS (
-    SELECT * FROM costed WHERE op_flops IS NOT NULL
+    SELECT * FROM costed WHERE op_flops IS NOT NULL AND family <> 'xla'  -- XLA ops never nest
 ), links AS (
     -- (outer, inner) pairs of ops with FLOPs where the outer one encloses the inner one
     SELECT i.run_id, i.rank, i.op_id AS inner_id, i.family AS inner_family,
@@ -421,22 +426,42 @@ LEFT JOIN has_inner i ON i.run_id = c.run_id AND i.rank = c.rank AND i.op_id = c
 LEFT JOIN has_outer_math m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_id = c.op_id;
 
 -- The peaks of the device each rank ran on, one row per (run, rank, dtype): the `device_peaks` row whose
--- name_regex matches the rank's device name (the first in match_order), or the row named by device_key
--- (e.g. 'H100-SXM') for every rank. Ranks whose device is unknown or unlisted get no rows.
-CREATE OR REPLACE MACRO rank_device_peaks(device_key := NULL) AS TABLE
-WITH rank_device AS (
-    SELECT r.run_id, r.rank, mode(d.name) AS device_name
-    FROM ranks r LEFT JOIN devices d ON d.run_id = r.run_id AND d.rank = r.rank
-    GROUP BY ALL
+-- name_regex matches the rank's device name (the rows' patterns never overlap on a real name: a name two rows
+-- match, such as 'AMD Instinct MI250X / MI250', is ambiguous and gets no device), or the row named by device_key
+-- (e.g. 'H100-SXM') for every rank. peak_flops / peak_bytes_per_s, when given, replace the table's peaks (for
+-- every dtype), also for a device the table lacks. device_note says why a rank has no device.
+CREATE OR REPLACE MACRO rank_device_peaks(device_key := NULL, peak_flops := NULL, peak_bytes_per_s := NULL) AS TABLE
+WITH named AS (  -- the rank's most common device name (ties: the first by name)
+    SELECT run_id, rank, name, row_number() OVER (PARTITION BY run_id, rank ORDER BY count(*) DESC, name) AS nth
+    FROM devices WHERE name IS NOT NULL GROUP BY run_id, rank, name
+), rank_device AS (
+    SELECT r.run_id, r.rank, n.name AS device_name
+    FROM ranks r LEFT JOIN named n ON n.run_id = r.run_id AND n.rank = r.rank AND n.nth = 1
 ), by_name AS (
-    SELECT rd.run_id, rd.rank, rd.device_name, arg_min(p.device, p.match_order) AS device
+    SELECT rd.run_id, rd.rank, rd.device_name, count(p.device) AS matches, min(p.device) AS first_match,
+        max(p.device) AS last_match
     FROM rank_device rd
     LEFT JOIN device_peaks p ON regexp_matches(rd.device_name, p.name_regex)
     GROUP BY rd.run_id, rd.rank, rd.device_name
 ), matched AS (
-    SELECT run_id, rank, device_name, coalesce(device_key, device) AS device FROM by_name
+    SELECT run_id, rank, device_name,
+        CASE WHEN device_key IS NOT NULL THEN device_key WHEN matches = 1 THEN first_match END AS device,
+        CASE WHEN device_key IS NOT NULL THEN NULL
+             WHEN device_name IS NULL THEN 'the trace names no device'
+             WHEN matches > 1 THEN 'ambiguous device name ''' || device_name || ''': ' || first_match
+                                   || CASE WHEN matches > 2 THEN ', ..., ' ELSE ' or ' END || last_match
+             WHEN matches = 0 THEN 'unknown device ''' || device_name || ''' (not in device_peaks)'
+        END AS device_note
+    FROM by_name
 ), peaks AS (
-    UNPIVOT device_peaks ON fp64, fp32, tf32, bf16, fp16, fp8 INTO NAME dtype VALUE peak_flops_per_s
+    UNPIVOT device_peaks ON fp64, fp32, tf32, bf16, fp16, fp8, int8 INTO NAME dtype VALUE peak_flops_per_s
+), dtypes AS (
+    SELECT unnest(['fp64', 'fp32', 'tf32', 'bf16', 'fp16', 'fp8', 'int8']) AS dtype
 )
-SELECT m.run_id, m.rank, m.device_name, m.device, p.dtype, p.peak_flops_per_s, p.bytes_per_s AS peak_bytes_per_s
-FROM matched m JOIN peaks p ON p.device = m.device;
+SELECT m.run_id, m.rank, m.device_name, m.device, m.device_note, t.dtype,
+    CAST(coalesce(peak_flops, p.peak_flops_per_s) AS DOUBLE) AS peak_flops_per_s,
+    CAST(coalesce(peak_bytes_per_s, d.bytes_per_s) AS DOUBLE) AS peak_bytes_per_s,
+    d.link_bytes_per_s
+FROM matched m CROSS JOIN dtypes t
+LEFT JOIN device_peaks d ON d.device = m.device
+LEFT JOIN peaks p ON p.device = m.device AND p.dtype = t.dtype;

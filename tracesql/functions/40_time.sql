@@ -8,18 +8,23 @@ CREATE OR REPLACE MACRO drop_innermost_templates(name) AS (regexp_replace(name, 
 -- A kernel's family: its name without what varies between instances of the same code, so that equal kernels
 -- group. Drops a leading 'void ', template arguments (up to 4 nesting levels), the argument list, tile/launch
 -- shapes such as '_128x64' or '_32x6', a trailing operand layout ('_nn', '_tn'), Triton's argument-spec suffix
--- ('__0d1d2d...') and instance numbers ('_0'). Copies and memsets keep their names ('Memcpy HtoD (Pinned -> Device)').
+-- ('__0d1d2d...') and instance numbers ('_0'; XLA's 'fusion.3', 'copy-start.4'), and ROCm's '.kd' suffix. Copies and
+-- memsets keep their names ('Memcpy HtoD (Pinned -> Device)').
 -- 'void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, ...>(int, ...)'
 --   -> 'at::native::vectorized_elementwise_kernel'; 'ampere_sgemm_128x64_nn' -> 'ampere_sgemm'.
 CREATE OR REPLACE MACRO kernel_family(name) AS (
     regexp_replace(regexp_replace(regexp_replace(regexp_replace(regexp_replace(
         drop_innermost_templates(drop_innermost_templates(drop_innermost_templates(
-            drop_innermost_templates(regexp_replace(name, '^void ', ''))))),
+            drop_innermost_templates(regexp_replace(
+                -- an XLA op compiled for ROCm ('input_transpose_fusion_1.kd') loses its code-object suffix;
+                -- a library kernel's ('Cijk_..._WG32_8.kd': every part names a variant) keeps it
+                CASE WHEN regexp_matches(name, '^[a-z][a-z0-9_.-]*\.kd$') THEN name[:-4] ELSE name END,
+                '^void ', ''))))),
         '^(.*?[\w>])\(.*$', '\1'),   -- the argument list: from the first '(' right after a name (not 'x::(anon...')
         '_\d+x\d+(x\d+)*', '', 'g'),  -- tile / launch shapes
         '_[nt][nt]$', ''),               -- GEMM operand layout
         '_+(\d+d)+\d*e?$', ''),         -- Triton argument specialisation suffix
-        '_\d+$', '')                    -- instance number
+        '(_\d+)?(\.\d+)*$', '')        -- instance numbers: '_0', XLA's '.3' and '_1.2'
 );
 
 -- Idle gaps between device events: one row per gap, in the chosen window.

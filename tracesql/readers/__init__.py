@@ -13,20 +13,28 @@ from __future__ import annotations
 import contextlib
 import gzip
 import mmap
+import os
 import re
 import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import limits
 from ..arrays import array, to_numpy
 from ..errors import TraceError
-from . import kineto, nsys, perfetto, rocprof, xplane
+
+#: Names a reader looks up by id (string tables, kernel symbols, interned names, track names) are cut to this
+#: many characters: each row that names one gets a copy, so one huge name must not be multiplied by the rows.
+MAX_NAME_CHARS = 8192
+#: Rows per batch of the slices a reader streams out of DuckDB: with names cut to MAX_NAME_CHARS, a batch's names
+#: are at most 16 MB whatever the input.
+OUT_BATCH_ROWS = 2048
+
+from . import kineto, nsys, perfetto, rocprof, xplane  # noqa: E402 (they use the limits above)
 
 #: Tried in order; the first whose detect() says yes reads the file.
 READERS = [rocprof, kineto, xplane, perfetto, nsys]  # xplane (by name) before perfetto (by content): both protobuf
@@ -47,6 +55,12 @@ READER_SLICE_COLUMNS = list(READER_SLICE_TYPES)
 DICTIONARY_COLUMNS = ("kind", "category", "name", "track")
 
 
+#: The schema of the slices a reader streams to its scratch file: text columns with few distinct values
+#: dictionary-encoded per batch (kernel names repeat: it halves the bytes written and mapped).
+READER_SLICE_SCHEMA = pa.schema({name: pa.dictionary(pa.int32(), type_) if name in DICTIONARY_COLUMNS else type_
+                                 for name, type_ in READER_SLICE_TYPES.items()})
+
+
 def slices_from_columns(columns: dict[str, list]) -> pa.Table:
     """A reader's slices from Python lists, one per column (a column left out is all NULL); slice_id numbers the
     rows unless given."""
@@ -59,6 +73,58 @@ def slices_from_columns(columns: dict[str, list]) -> pa.Table:
             array = pa.array(range(n), type_) if name == "slice_id" else pa.nulls(n, type_)
         arrays[name] = pc.dictionary_encode(array) if name in DICTIONARY_COLUMNS else array
     return pa.table(arrays)
+
+
+def as_reader_slices(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch with the reader slice columns (any order, any subset: the rest NULL) in READER_SLICE_SCHEMA."""
+    n, columns = batch.num_rows, []
+    for name, type_ in READER_SLICE_TYPES.items():
+        column = batch.column(name).cast(type_) if name in batch.schema.names else pa.nulls(n, type_)
+        columns.append(pc.dictionary_encode(column) if name in DICTIONARY_COLUMNS else column)
+    return pa.record_batch(columns, schema=READER_SLICE_SCHEMA)
+
+
+def mapped_slices(path: Path, batches) -> FileMapping:
+    """Slices streamed batch by batch (`batches`: record batches with reader slice columns) into the Arrow file
+    `path`, memory-mapped: what a reader hands on as `TraceData.slices` without holding them in memory."""
+    return FileMapping.of_batches(path, READER_SLICE_SCHEMA, (as_reader_slices(b) for b in batches if b.num_rows))
+
+
+class SliceColumns:
+    """A reader's slices built an event at a time, without holding a Python object per event for the whole file:
+    the values pile up in lists of BATCH rows, which become Arrow (a few bytes per value) as they fill."""
+
+    BATCH = 1 << 16
+    COLUMNS = ("kind", "category", "name", "ts", "dur", "pid", "tid", "device_id", "stream", "track",
+               "correlation", "external_id", "args")
+
+    def __init__(self):
+        self._lists = {c: [] for c in self.COLUMNS}
+        self._tables: list[pa.Table] = []
+        self._rows = 0
+
+    def add(self, **values) -> None:
+        """One event: a value per column named in COLUMNS (a column left out is NULL)."""
+        lists = self._lists
+        for column in self.COLUMNS:
+            lists[column].append(values.get(column))
+        if len(lists["ts"]) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        n = len(self._lists["ts"])
+        if n:
+            columns = {c: v for c, v in self._lists.items()}
+            columns["slice_id"] = range(self._rows, self._rows + n)
+            self._tables.append(slices_from_columns(columns))
+            self._rows += n
+            self._lists = {c: [] for c in self.COLUMNS}
+
+    def table(self) -> pa.Table:
+        self._flush()
+        if not self._tables:
+            return slices_from_columns({c: [] for c in self.COLUMNS})
+        return pa.concat_tables(self._tables)
 
 
 #: Columns of a reader's `counters` table (normalize adds run_id and rank).
@@ -94,6 +160,7 @@ class TraceData:
     devices: list[dict] = field(default_factory=list)  # device_id, name, total_memory_bytes, ..., properties
     process_groups: list[dict] = field(default_factory=list)
     counters: pa.Table | None = None  # READER_COUNTER_TYPES columns, when the format has counters
+    xla_ops: list[dict] = field(default_factory=list)  # rows of schema.TABLES['xla_ops'] (without run and rank)
     # scratch files read without copying (the reader's slices; normalize adds its own): their pages are shed
     mappings: list[FileMapping] = field(default_factory=list)
 
@@ -172,6 +239,74 @@ def read_bytes(path: Path) -> bytes:
     return raw
 
 
+#: A gzip may always inflate to INFLATE_FREE_BYTES; beyond that, to at most MAX_INFLATE_RATIO times its own size
+#: (TRACESQL_MAX_GZIP_RATIO overrides): a decompression bomb is refused before it fills the scratch disk. Real
+#: traces compress 5-30x (Kineto JSON ~20x, rocprofv3 JSON ~23x, Perfetto protobuf ~5x).
+INFLATE_FREE_BYTES = 1 << 30
+MAX_INFLATE_RATIO = 100
+_INFLATE_CHUNK = 8 << 20
+
+
+def max_inflate_ratio() -> float:
+    value = os.environ.get("TRACESQL_MAX_GZIP_RATIO")
+    if not value:
+        return MAX_INFLATE_RATIO
+    try:
+        ratio = float(value)
+    except ValueError:
+        ratio = 0
+    if not ratio > 1:
+        raise TraceError("TRACESQL_MAX_GZIP_RATIO", f"{value!r} is not a number above 1")
+    return ratio
+
+
+def inflated(path: Path, scratch: Path) -> Path:
+    """The file's content as a plain file: `path` itself, or, when it is gzip (by magic number), its content
+    unpacked into the folder `scratch` a chunk at a time (memory: one chunk), refusing a decompression bomb."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                return path
+        size = path.stat().st_size
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    cap = max(INFLATE_FREE_BYTES, int(size * max_inflate_ratio()))
+    out = scratch / "inflated"
+    written = 0
+    try:
+        with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+            while chunk := src.read(_INFLATE_CHUNK):
+                written += len(chunk)
+                if written > cap:
+                    raise TraceError(path, f"gzip inflates beyond {cap / 2**30:.1f} GiB ({written / size:.0f}x its "
+                                           f"size): refused as a possible decompression bomb "
+                                           f"(TRACESQL_MAX_GZIP_RATIO raises the limit)")
+                dst.write(chunk)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise TraceError(path, "truncated gzip" if isinstance(e, EOFError) else f"damaged gzip ({e})") from None
+    if not written:
+        raise TraceError(path, "empty file")
+    return out
+
+
+@contextlib.contextmanager
+def mapped_content(path: Path, scratch: Path):
+    """The file's content (unpacked into `scratch` when gzip: `inflated`) memory-mapped, for this block; the
+    unpacked copy is removed after it."""
+    content = inflated(path, scratch)
+    try:
+        with open(content, "rb") as f:
+            doc = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except ValueError:  # mmap of an empty file
+        raise TraceError(path, "empty file") from None
+    try:
+        yield doc
+    finally:
+        doc.close()
+        if content != path:
+            content.unlink()
+
+
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
     """The first `n` bytes of content (decompressed when gzip), as far as the file has any: enough to detect."""
     try:
@@ -211,22 +346,39 @@ def rank_from_file_name(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _drop_out_of_range(data: TraceData) -> None:
-    s = data.slices
-    ts, dur = to_numpy(s["ts"], fill=MAX_TS_NS), to_numpy(s["dur"], fill=-1)  # (numpy: no pandas import)
-    keep = (ts > -MAX_TS_NS) & (ts < MAX_TS_NS) & (dur >= 0) & (dur < MAX_DUR_NS)
-    dropped = len(keep) - int(keep.sum())
+def _filter_batches(data: TraceData, keep_of) -> int:
+    """Keep the slices for which `keep_of(batch) -> bool numpy array` says so, a batch at a time (a mapped
+    table stays mapped where nothing is dropped). Returns how many were dropped."""
+    batches, dropped = [], 0
+    for batch in data.slices.to_batches():
+        keep = keep_of(batch)
+        kept = int(keep.sum())
+        if kept < batch.num_rows:
+            dropped += batch.num_rows - kept
+            batch = batch.filter(array(keep))
+        batches.append(batch)
     if dropped:
-        data.slices = s.filter(array(keep))
+        data.slices = pa.Table.from_batches(batches, data.slices.schema)
+    return dropped
+
+
+def _drop_out_of_range(data: TraceData) -> None:
+    def in_range(batch):
+        ts, dur = to_numpy(batch["ts"], fill=MAX_TS_NS), to_numpy(batch["dur"], fill=-1)  # (numpy: no pandas)
+        return (ts > -MAX_TS_NS) & (ts < MAX_TS_NS) & (dur >= 0) & (dur < MAX_DUR_NS)
+
+    dropped = _filter_batches(data, in_range)
+    if dropped:
         data.skipped["time out of range"] = data.skipped.get("time out of range", 0) + dropped
 
 
 def _keep_first_events(data: TraceData, max_events: int) -> None:
     """For readers that cannot stop early (--max-events): keep the first `max_events` slices."""
-    if data.slices.num_rows > max_events:
-        ids = to_numpy(data.slices["slice_id"])
-        data.slices = data.slices.filter(array(ids < np.partition(ids, max_events - 1)[max_events - 1] + 1))
-        data.notes.append(f"kept only the first {max_events:,} of {len(ids):,} events (--max-events)")
+    total = data.slices.num_rows
+    if total > max_events:
+        last = pc.max(pc.bottom_k_unstable(data.slices["slice_id"], max_events)).as_py()
+        _filter_batches(data, lambda batch: to_numpy(batch["slice_id"]) <= last)
+        data.notes.append(f"kept only the first {max_events:,} of {total:,} events (--max-events)")
 
 
 def read_trace(path: Path, threads: int | None = None) -> list[TraceData]:

@@ -40,22 +40,29 @@ FORMAT = "kineto"
 SUFFIXES = (".json", ".json.gz")
 
 # Kineto category (lower case) -> slices.kind. Declared, not branched on, so new categories are one line.
+# Kineto before its 2021 ActivityType names wrote 'Operator', 'Runtime', 'Kernel', 'Memcpy', 'Memset' (libkineto's
+# ChromeTraceLogger then): the same kinds.
 CATEGORY_KINDS = {
     "cpu_op": "cpu_op",
     "operator": "cpu_op",
     "user_annotation": "user_annotation",
     "python_function": "python_function",
     "cuda_runtime": "runtime",
+    "runtime": "runtime",
     "hip_runtime": "runtime",
+    "xpu_runtime": "runtime",
     "mtia_runtime": "runtime",
     "privateuse1_runtime": "runtime",
     "cuda_driver": "driver",
     "hip_driver": "driver",
+    "xpu_driver": "driver",
     "privateuse1_driver": "driver",
     "kernel": "kernel",
     "mtia_ccp_events": "kernel",
     "gpu_memcpy": "memcpy",
+    "memcpy": "memcpy",
     "gpu_memset": "memset",
+    "memset": "memset",
     "gpu_user_annotation": "gpu_annotation",
     "cuda_sync": "sync",
     "trace": "profiler",

@@ -9,18 +9,31 @@ summed when incremental -> counters).
 
 A track is a device track when its name or an ancestor's names a GPU/device/stream/queue; the kind comes from
 the category when the producer writes Kineto's categories, else from the track (device: kernel, host: annotation).
+
+Speed and memory: one pass over the (unpacked, memory-mapped) file, a block of packets at a time (upb parses a
+block in C; Python sees each event once). Slices, flows and counter samples go to scratch Arrow files a batch at a
+time as they complete; what depends on the tracks (kind, lanes, labels, which flows link a host and a device
+slice, counter units and sums) is resolved at the end by DuckDB joins with the track table, since a producer may
+describe a track after events on it. Memory holds a block, the tracks, the live interned strings and the open
+slices (each bounded: MAX_TRACKS, MAX_INTERNED_BYTES, MAX_OPEN_BYTES) and DuckDB's working memory (the limit).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import tempfile
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
+from .. import db, limits
+from ..arrays import array, texts
+from ..db import sql_list
 from ..errors import TraceError
+from . import MAX_NAME_CHARS, OUT_BATCH_ROWS
 from .kineto import CATEGORY_KINDS, DEVICE_KINDS
 
 FORMAT = "perfetto"
@@ -31,17 +44,30 @@ _DEVICE_TRACK = re.compile(r"(?i)\b(gpu|device|stream|queue|cuda|hip)\b")
 _DEVICE_NUMBER = re.compile(r"(?i)\b(?:gpu|device)\s*[:#]?\s*(\d+)")
 _STREAM_NUMBER = re.compile(r"(?i)\b(?:stream|queue)\s*[:#]?\s*(\d+)")
 _INCREMENTAL_STATE_CLEARED = 1
+BLOCK_BYTES = 4 << 20  # packets are parsed this many bytes at a time
+MAX_PACKET_BYTES = 64 << 20  # a longer packet is skipped (no producer writes one)
+MAX_TRACKS = 50_000  # track descriptors kept (real traces: thousands); a track's name is cut to MAX_TRACK_NAME
+MAX_TRACK_NAME = 1024
+MAX_INTERNED_BYTES = 64 << 20  # interned strings alive at once, over all sequences (real traces: < 1 MB)
+MAX_OPEN_BYTES = 64 << 20  # begun, not yet ended slices held at once; begins beyond are counted and dropped
+_ROW_BYTES = 200  # what a row costs in Python besides its strings
+_BATCH_BYTES = 32 << 20  # a batch of rows is written at _BATCH_ROWS rows or this many bytes of text
+_BATCH_ROWS = 1 << 16
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _varint_at(buf, pos: int) -> tuple[int, int]:
+    """The varint at `pos` of `buf`: (value, position after it), or (-1, pos) when cut off or too long."""
     value = shift = 0
-    while pos < len(buf):
+    n = len(buf)
+    while pos < n:
         b = buf[pos]
         value |= (b & 0x7F) << shift
         pos += 1
         if not b & 0x80:
             return value, pos
         shift += 7
+        if shift > 63:
+            break
     return -1, pos
 
 
@@ -52,20 +78,15 @@ def detect(path: Path, head: bytes) -> bool:
     while pos < len(head):
         if head[pos] != _PACKET_TAG:
             return False
-        length, start = _varint(head, pos + 1)
+        length, start = _varint_at(head, pos + 1)
         if length < 0:
             return pos > 0
         if start < len(head) and length:
-            tag, _ = _varint(head, start)
+            tag, _ = _varint_at(head, start)
             if tag >> 3 == 0 or tag & 7 not in (0, 1, 2, 5):
                 return False
         pos = start + length
     return True
-
-
-def _signed(v: int) -> int:
-    """uint64 ids (flows, uuids) as the int64 the schema stores."""
-    return v - (1 << 64) if v >= 1 << 63 else v
 
 
 _BOOTTIME = 6  # the clock of a packet that names none
@@ -117,36 +138,34 @@ class _Clocks:
 
 
 class _Sequence:
-    """Per packet sequence: interned strings and the default track."""
+    """Per packet sequence: interned strings and the default track. `generation` counts the sequence's
+    incremental-state resets (incremental counters restart at each)."""
 
-    def __init__(self):
+    def __init__(self, generation: int = 0):
+        self.generation = generation
         self.names: dict[int, str] = {}
         self.categories: dict[int, str] = {}
         self.annotation_names: dict[int, str] = {}
         self.annotation_strings: dict[int, str] = {}
         self.default_track = 0
         self.default_clock: int | None = None
-        self.counter_sums: dict[int, float] = {}  # incremental counter tracks: the sum so far on this sequence
         self.extra_counter_tracks: list[int] = []  # for slices that carry counter values without naming tracks
         self.extra_double_counter_tracks: list[int] = []
+        self.size = 0  # bytes of interned strings held (with a per-entry cost)
 
-    def counter_value(self, track, value: float) -> float:
-        """A counter sample in the track's units times its multiplier; incremental tracks' deltas summed."""
-        counter = track.counter
-        if counter is None:
-            return value
-        value *= counter.unit_multiplier or 1
-        if counter.is_incremental:
-            value = self.counter_sums[track.uuid] = self.counter_sums.get(track.uuid, 0) + value
-        return value
-
-    def intern(self, interned) -> None:
+    def intern(self, interned) -> int:
+        """The packet's interned strings into the tables; returns how many bytes they add (in `size`)."""
+        before = self.size
         for entries, table, field in ((interned.event_names, self.names, "name"),
                                       (interned.event_categories, self.categories, "name"),
                                       (interned.debug_annotation_names, self.annotation_names, "name"),
                                       (interned.debug_annotation_string_values, self.annotation_strings, "str")):
             for e in entries:
-                table[e.iid] = _text(getattr(e, field))
+                text = _text(getattr(e, field))[:MAX_NAME_CHARS]
+                old = table.get(e.iid)
+                self.size += len(text) - (len(old) if old is not None else -_ROW_BYTES)
+                table[e.iid] = text
+        return self.size - before
 
 
 def _text(value):
@@ -182,15 +201,15 @@ class _Track:
     def __init__(self, desc, tracks: dict):
         self.uuid = desc.uuid
         self.parent = tracks.get(desc.parent_uuid) if desc.HasField("parent_uuid") else None
-        self.name = _text(desc.name or desc.static_name or "")
+        self.name = _text(desc.name or desc.static_name or "")[:MAX_TRACK_NAME]
         self.pid = desc.process.pid if desc.HasField("process") else (
             desc.thread.pid if desc.HasField("thread") else (self.parent.pid if self.parent else 0))
         self.is_thread = desc.HasField("thread")
         self.tid = desc.thread.tid if self.is_thread else 0
-        self.process_name = _text(desc.process.process_name) if desc.HasField("process") else (
+        self.process_name = _text(desc.process.process_name)[:MAX_TRACK_NAME] if desc.HasField("process") else (
             self.parent.process_name if self.parent else "")
         if desc.HasField("thread") and desc.thread.thread_name:
-            self.name = self.name or _text(desc.thread.thread_name)
+            self.name = self.name or _text(desc.thread.thread_name)[:MAX_TRACK_NAME]
         names = [t.name for t in self._chain()]
         self.on_device = any(_DEVICE_TRACK.search(n) for n in names)
         device = next((m for n in names if (m := _DEVICE_NUMBER.search(n))), None)
@@ -220,161 +239,389 @@ class _Track:
         return f"{process} / {name} {self.tid}" if self.shared_name else f"{process} / {name}"
 
 
+def _blocks(path: Path, doc, skipped: dict[str, int]):
+    """The file's packets, a block of whole packets (~BLOCK_BYTES) at a time, as bytes of a `Trace`. A packet
+    over MAX_PACKET_BYTES is left out (counted); other top-level fields are skipped as a protobuf parser would."""
+    n, pos, start = len(doc), 0, 0
+    too_long = f"packet over {MAX_PACKET_BYTES >> 20} MB"
+    while pos < n:
+        if doc[pos] == _PACKET_TAG and pos + 2 < n and doc[pos + 1] < 0x80:  # the common case: a short packet
+            end = pos + 2 + doc[pos + 1]
+            length = 0
+        else:
+            tag, after = _varint_at(doc, pos)
+            wire = tag & 7
+            if tag < 0 or tag >> 3 == 0 or wire not in (0, 1, 2, 5):
+                raise TraceError(path, f"truncated or damaged protobuf (no field at byte {pos})")
+            length = 0
+            if wire == 2:
+                length, body = _varint_at(doc, after)
+                if length < 0:
+                    raise TraceError(path, "truncated or damaged protobuf (the last packet is cut off)")
+                end = body + length
+            elif wire == 0:
+                _, end = _varint_at(doc, after)
+            else:
+                end = after + (8 if wire == 1 else 4)
+        if end > n:
+            raise TraceError(path, "truncated or damaged protobuf (the last packet is cut off)")
+        if length > MAX_PACKET_BYTES:
+            if pos > start:
+                yield doc[start:pos]
+            skipped[too_long] = skipped.get(too_long, 0) + 1
+            start = end
+        elif end - start >= BLOCK_BYTES:
+            yield doc[start:end]
+            start = end
+        pos = end
+    if n > start:
+        yield doc[start:n]
+
+
+class _Rows:
+    """Rows (tuples) of one scratch table, written to an Arrow stream file a batch at a time."""
+
+    def __init__(self, path: Path, schema: pa.Schema):
+        self.path, self.schema = path, schema
+        self.batch: list[tuple] = []
+        self.writer = pa.ipc.new_stream(str(path), schema)
+        self.rows = 0
+        self.bytes = 0  # text in the batch
+
+    def flush(self) -> None:
+        """Write the batch; its first column, when the schema's first field is `numbered`, is the row's index."""
+        if self.batch:
+            columns = [list(values) for values in zip(*self.batch)]
+            if len(columns) < len(self.schema):
+                columns.insert(0, range(self.rows, self.rows + len(self.batch)))
+            arrays = [_arrow(values, field.type) for values, field in zip(columns, self.schema)]
+            self.writer.write_batch(pa.record_batch(arrays, schema=self.schema))
+            self.rows += len(self.batch)
+            self.batch.clear()
+            self.bytes = 0
+
+    def close(self):
+        from . import FileMapping
+
+        self.flush()
+        self.writer.close()
+        return FileMapping(self.path)
+
+
+def _arrow(values, type_: pa.DataType) -> pa.Array:
+    """A Python list (or range) as an Arrow array without pa.array (which imports pandas)."""
+    if pa.types.is_dictionary(type_):  # each distinct string once: names repeat (and one may be long)
+        codes: dict = {}
+        indices = np.array([codes.setdefault(v, len(codes)) for v in values], np.int32)
+        missing = indices == codes[None] if None in codes else None
+        return pa.DictionaryArray.from_arrays(array(indices, pa.int32(), missing), texts(list(codes)))
+    if pa.types.is_string(type_):
+        return texts(values)
+    if pa.types.is_boolean(type_):
+        return array(np.array(values, bool))
+    try:
+        return array(np.array(values, type_.to_pandas_dtype()), type_)
+    except TypeError:  # some are None
+        missing = np.array([v is None for v in values], bool)
+        return array(np.array([0 if v is None else v for v in values], type_.to_pandas_dtype()), type_, missing)
+
+
+_NAMES = pa.dictionary(pa.int32(), pa.string())
+_ROWS = pa.schema([("slice_id", pa.int64()), ("instant", pa.bool_()), ("category", _NAMES), ("name", _NAMES), ("ts", pa.int64()), ("dur", pa.int64()), ("track_uuid", pa.uint64()),
+                   ("correlation", pa.uint64()), ("external_id", pa.int64()), ("args", pa.string())])
+_FLOWS = pa.schema([("slice_id", pa.int64()), ("flow", pa.uint64()), ("ord", pa.int32())])
+_SAMPLES = pa.schema([("ord", pa.int64()), ("track_uuid", pa.uint64()), ("seq", pa.uint32()),
+                      ("generation", pa.int64()), ("ts", pa.int64()), ("value", pa.float64())])
+_TRACKS = pa.schema([("uuid", pa.uint64()), ("pid", pa.int64()), ("tid", pa.int64()), ("on_device", pa.bool_()),
+                     ("device_id", pa.int32()), ("stream", pa.int64()), ("host_label", pa.string()),
+                     ("home", pa.string()), ("name", pa.string()), ("has_counter", pa.bool_()),
+                     ("multiplier", pa.float64()), ("incremental", pa.bool_())])
+_INT64 = 1 << 63
+
+
 def read(path: Path, threads: int | None = None):
     from google.protobuf.message import DecodeError
-    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackDescriptor, TrackEvent
 
-    from . import TraceData, read_bytes
+    from . import mapped_content
 
-    try:
-        trace = Trace.FromString(read_bytes(path))
-    except DecodeError as e:
-        raise TraceError(path, f"truncated or damaged protobuf ({e})") from None
-    if not trace.packet:
-        raise TraceError(path, "empty trace: no packets")
+    with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
+        scratch = Path(scratch)
+        state = _Reader(path, scratch)
+        with mapped_content(path, scratch) as doc:
+            try:
+                state.read(doc)
+            except DecodeError as e:
+                raise TraceError(path, f"truncated or damaged protobuf ({e})") from None
+        return state.finish(threads)
 
-    # Descriptors first: a producer may describe a track after events on it (or in another sequence).
-    tracks: dict[int, _Track] = {}
-    for p in trace.packet:
-        if p.HasField("track_descriptor"):
-            tracks[p.track_descriptor.uuid] = _Track(p.track_descriptor, tracks)
+
+class _Reader:
+    """The one pass over the packets, and the DuckDB queries that finish the tables."""
+
+    def __init__(self, path: Path, scratch: Path):
+        self.path, self.scratch = path, scratch
+        self.tracks: dict[int, _Track] = {}
+        self.skipped: dict[str, int] = {}
+        self.packets = 0
+        self.rows = _Rows(scratch / "rows.arrows", _ROWS)
+        self.flows = _Rows(scratch / "flows.arrows", _FLOWS)
+        self.samples = _Rows(scratch / "samples.arrows", _SAMPLES)
+        self.max_events = limits.current().max_events
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+    def read(self, doc) -> None:
+        from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+
+        SLICE_BEGIN, SLICE_END, INSTANT, COUNTER = (TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_SLICE_END,
+                                                    TrackEvent.TYPE_INSTANT, TrackEvent.TYPE_COUNTER)
+        tracks, sequences, clocks = self.tracks, {}, _Clocks()
+        open_slices: dict[int, list[list]] = {}
+        overflow: dict[int, int] = {}  # per track: begins beyond MAX_OPEN_BYTES not held (their ends pop these)
+        open_count = open_bytes = interned = 0
+        rows, flows, samples = self.rows.batch, self.flows.batch, self.samples.batch
+        skip = self.skip
+
+        def emit(row: list, flow_ids: list, size: int) -> None:
+            if flow_ids:
+                slice_id = self.rows.rows + len(rows)
+                flows.extend((slice_id, flow, k) for k, flow in enumerate(flow_ids))
+                if len(flows) >= _BATCH_ROWS:
+                    self.flows.flush()
+            rows.append(row)
+            self.rows.bytes += size
+            if len(rows) >= _BATCH_ROWS or self.rows.bytes >= _BATCH_BYTES:
+                self.rows.flush()
+
+        for block in _blocks(self.path, doc, self.skipped):
+            for p in Trace.FromString(block).packet:
+                if self.max_events and self.rows.rows + len(rows) >= self.max_events:
+                    self.rows.flush()
+                    self.truncated = True
+                    return
+                self.packets += 1
+                seq_id = p.trusted_packet_sequence_id
+                seq = sequences.get(seq_id)
+                if seq is None or p.sequence_flags & _INCREMENTAL_STATE_CLEARED:
+                    if seq is not None:
+                        interned -= seq.size
+                    seq = sequences[seq_id] = _Sequence(seq.generation + 1 if seq is not None else 0)
+                data = p.WhichOneof("data")
+                if data == "track_descriptor":
+                    if p.track_descriptor.uuid not in tracks and len(tracks) >= MAX_TRACKS:
+                        raise TraceError(self.path, f"more than {MAX_TRACKS:,} tracks: refused as damaged or hostile")
+                    tracks[p.track_descriptor.uuid] = _Track(p.track_descriptor, tracks)
+                elif data == "clock_snapshot":
+                    clocks.snapshot(seq_id, p.clock_snapshot)
+                if p.HasField("interned_data"):
+                    interned += seq.intern(p.interned_data)
+                    if interned > MAX_INTERNED_BYTES:
+                        raise TraceError(self.path, f"more than {MAX_INTERNED_BYTES >> 20} MB of interned strings at "
+                                                    "once: refused as damaged or hostile")
+                if p.HasField("trace_packet_defaults"):
+                    defaults = p.trace_packet_defaults
+                    if defaults.HasField("timestamp_clock_id"):
+                        seq.default_clock = defaults.timestamp_clock_id
+                    event_defaults = defaults.track_event_defaults
+                    seq.default_track = event_defaults.track_uuid
+                    seq.extra_counter_tracks = list(event_defaults.extra_counter_track_uuids)
+                    seq.extra_double_counter_tracks = list(event_defaults.extra_double_counter_track_uuids)
+                if data != "track_event":
+                    continue
+                e = p.track_event
+                track_uuid = e.track_uuid if e.HasField("track_uuid") else seq.default_track
+                ts = clocks.ns(p, seq_id, seq.default_clock)
+                if ts is None:
+                    skip("timestamp on a clock no snapshot defines")
+                    continue
+                values = e.extra_counter_values
+                if values:
+                    generation = seq.generation
+                    samples.extend((uuid, seq_id, generation, ts, value) for uuid, value in
+                                   zip(e.extra_counter_track_uuids or seq.extra_counter_tracks, values))
+                values = e.extra_double_counter_values
+                if values:
+                    generation = seq.generation
+                    samples.extend((uuid, seq_id, generation, ts, value) for uuid, value in
+                                   zip(e.extra_double_counter_track_uuids or seq.extra_double_counter_tracks, values))
+                kind = e.type
+                if kind == COUNTER:
+                    samples.append((track_uuid, seq_id, seq.generation, ts,
+                                    e.double_counter_value if e.HasField("double_counter_value") else e.counter_value))
+                if len(samples) >= _BATCH_ROWS:
+                    self.samples.flush()
+                if kind == COUNTER:
+                    continue
+                if kind == SLICE_END:
+                    if overflow.get(track_uuid):
+                        overflow[track_uuid] -= 1
+                        skip(f"slice begun while {MAX_OPEN_BYTES >> 20} MB of slices were open")
+                        continue
+                    stack = open_slices.get(track_uuid)
+                    if not stack:
+                        skip("slice end without a begin")
+                        continue
+                    row = stack.pop()
+                    size = row.pop()
+                    open_count -= 1
+                    open_bytes -= size
+                    if ts < row[3]:
+                        skip("slice ends before it begins")
+                        continue
+                    row[4] = ts - row[3]
+                    row_flows = row.pop()
+                    starting, ending = e.flow_ids, e.terminating_flow_ids
+                    emit(row, row_flows + [*starting, *ending] if starting or ending else row_flows, size)
+                    continue
+                if kind != SLICE_BEGIN and kind != INSTANT:
+                    skip("unsupported track event type")
+                    continue
+                name = _text(e.name) if e.HasField("name") else seq.names.get(e.name_iid)
+                categories, category_iids = e.categories, e.category_iids
+                if categories:
+                    category = ",".join(_text(c) for c in categories) or None
+                elif len(category_iids) == 1:  # the common case
+                    category = seq.categories.get(category_iids[0]) or None
+                elif category_iids:
+                    category = ",".join(seq.categories.get(i, "") for i in category_iids) or None
+                else:
+                    category = None
+                args = external = None
+                if e.debug_annotations:
+                    annotations = {_annotation_name(a, seq): _annotation_value(a, seq) for a in e.debug_annotations}
+                    if annotations:
+                        args = json.dumps(annotations)
+                        external = annotations.get("External id")
+                        if not isinstance(external, int) or not -_INT64 <= external < _INT64:
+                            external = None
+                row = [kind == INSTANT, category, name, ts, 0, track_uuid,
+                       e.correlation_id if e.HasField("correlation_id") else None, external, args]
+                starting, ending = e.flow_ids, e.terminating_flow_ids
+                flow_ids = [*starting, *ending] if starting or ending else []
+                size = _ROW_BYTES + len(args or "") + len(name or "") + len(category or "")
+                if kind == INSTANT:
+                    emit(row, flow_ids, size)
+                elif open_bytes >= MAX_OPEN_BYTES:
+                    overflow[track_uuid] = overflow.get(track_uuid, 0) + 1
+                else:
+                    row += (flow_ids, size)
+                    open_slices.setdefault(track_uuid, []).append(row)
+                    open_count += 1
+                    open_bytes += size
+        unfinished = open_count + sum(overflow.values())
+        if unfinished:
+            self.skipped["slice never ended"] = self.skipped.get("slice never ended", 0) + unfinished
+
+    def finish(self, threads: int | None):
+        from . import TraceData
+
+        rows, flows, samples = self.rows.close(), self.flows.close(), self.samples.close()
+        if not self.packets:
+            raise TraceError(self.path, "empty trace: no packets")
+        if not self.rows.rows and not self.samples.rows:
+            raise TraceError(self.path, "no slices or counters (no TrackEvent slice, instant or counter on any track)")
+        import duckdb
+
+        lim = limits.current()
+        con = db.connect(threads, lim.memory, database=self.scratch / "perfetto.duckdb")
+        try:
+            con.register("raw_rows", rows.table())
+            con.register("flows", flows.table())
+            con.register("samples", samples.table())
+            con.register("tracks", _track_table(self.tracks))
+            con.execute(_CATEGORY_KINDS)
+            slices, counters = self._mapped(con, "slices.arrows", _SLICES), self._mapped(con, "counters.arrows",
+                                                                                         _COUNTERS, counters=True)
+        except duckdb.Error as e:
+            raise TraceError(self.path, f"cannot finish the tables ({str(e).splitlines()[0][:300]})") from None
+        finally:
+            con.close()
+        notes = [f"read only the first {self.max_events:,} events (--max-events)"] if getattr(self, "truncated",
+                                                                                              False) else []
+        return TraceData(
+            format=FORMAT,
+            slices=slices.table(),
+            event_count=self.rows.rows + sum(self.skipped.values()) + self.samples.rows,
+            skipped=self.skipped,
+            notes=notes,
+            metadata={"tracks": len(self.tracks)},
+            counters=counters.table(),
+            mappings=[rows, flows, samples, slices, counters],
+        )
+
+    def _mapped(self, con, name: str, sql: str, counters: bool = False):
+        from . import READER_COUNTER_TYPES, FileMapping, mapped_slices
+
+        reader = con.sql(sql).to_arrow_reader(OUT_BATCH_ROWS)
+        if not counters:
+            return mapped_slices(self.scratch / name, reader)
+        schema = pa.schema(READER_COUNTER_TYPES)
+        return FileMapping.of_batches(self.scratch / name, schema, (b.select(schema.names).cast(schema)
+                                                                    for b in reader))
+
+
+def _track_table(tracks: dict[int, _Track]) -> pa.Table:
+    """Every described track's lanes, labels and counter units (the reader's rows join it by uuid)."""
     unnamed_streams = iter(range(1 << 20, 1 << 21))  # lanes for device tracks that carry no stream number
     for t in tracks.values():
         if t.on_device and t.stream is None:
             t.stream = next(unnamed_streams)
-    default = _Track(TrackDescriptor(), tracks)  # events on no described track: host, process 0
     threads_named = Counter((t.pid, t.name) for t in tracks.values() if t.is_thread)
     for t in tracks.values():
         t.shared_name = t.is_thread and threads_named[t.pid, t.name] > 1
-
-    rows: list[tuple] = []  # kind, category, name, ts, dur, track, correlation, external_id, args, flows
-    open_slices: dict[int, list[list]] = {}
-    sequences: dict[int, _Sequence] = {}
-    skipped: dict[str, int] = {}
-    samples: list[tuple[int, int, float]] = []  # counter track uuid, ts, value
-
-    def skip(reason: str) -> None:
-        skipped[reason] = skipped.get(reason, 0) + 1
-
-    clocks = _Clocks()
-    for p in trace.packet:
-        seq_id = p.trusted_packet_sequence_id
-        if p.sequence_flags & _INCREMENTAL_STATE_CLEARED or seq_id not in sequences:
-            sequences[seq_id] = _Sequence()
-        seq = sequences[seq_id]
-        if p.HasField("clock_snapshot"):
-            clocks.snapshot(seq_id, p.clock_snapshot)
-        if p.HasField("interned_data"):
-            seq.intern(p.interned_data)
-        if p.HasField("trace_packet_defaults"):
-            if p.trace_packet_defaults.HasField("timestamp_clock_id"):
-                seq.default_clock = p.trace_packet_defaults.timestamp_clock_id
-            defaults = p.trace_packet_defaults.track_event_defaults
-            seq.default_track = defaults.track_uuid
-            seq.extra_counter_tracks = list(defaults.extra_counter_track_uuids)
-            seq.extra_double_counter_tracks = list(defaults.extra_double_counter_track_uuids)
-        if not p.HasField("track_event"):
-            continue
-        e = p.track_event
-        track_uuid = e.track_uuid if e.HasField("track_uuid") else seq.default_track
-        ts = clocks.ns(p, seq_id, seq.default_clock)
-        if ts is None:
-            skip("timestamp on a clock no snapshot defines")
-            continue
-        for uuids, values in ((e.extra_counter_track_uuids or seq.extra_counter_tracks, e.extra_counter_values),
-                              (e.extra_double_counter_track_uuids or seq.extra_double_counter_tracks,
-                               e.extra_double_counter_values)):
-            samples += ((uuid, ts, seq.counter_value(tracks.get(uuid, default), value))
-                        for uuid, value in zip(uuids, values))
-        if e.type == TrackEvent.TYPE_COUNTER:
-            value = e.double_counter_value if e.HasField("double_counter_value") else e.counter_value
-            samples.append((track_uuid, ts, seq.counter_value(tracks.get(track_uuid, default), value)))
-            continue
-        if e.type == TrackEvent.TYPE_SLICE_END:
-            stack = open_slices.get(track_uuid)
-            if not stack:
-                skip("slice end without a begin")
-                continue
-            row = stack.pop()
-            if ts < row[3]:
-                skip("slice ends before it begins")
-                continue
-            row[4] = ts - row[3]
-            row[9] += [*e.flow_ids, *e.terminating_flow_ids]
-            rows.append(tuple(row))
-            continue
-        if e.type not in (TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_INSTANT):
-            skip("unsupported track event type")
-            continue
-        name = _text(e.name) if e.HasField("name") else seq.names.get(e.name_iid)
-        categories = [_text(c) for c in e.categories] or [seq.categories.get(i, "") for i in e.category_iids]
-        args = {_annotation_name(a, seq): _annotation_value(a, seq) for a in e.debug_annotations}
-        external = args.get("External id")
-        row = [None, ",".join(categories) or None, name, ts, 0, track_uuid,
-               e.correlation_id if e.HasField("correlation_id") else None,
-               external if isinstance(external, int) else None,
-               json.dumps(args) if args else None, [*e.flow_ids, *e.terminating_flow_ids]]
-        if e.type == TrackEvent.TYPE_INSTANT:
-            row[0] = "instant"
-            rows.append(tuple(row))
-        else:
-            open_slices.setdefault(track_uuid, []).append(row)
-    unfinished = sum(len(s) for s in open_slices.values())
-    if unfinished:
-        skipped["slice never ended"] = unfinished
-    if not rows and not samples:
-        raise TraceError(path, "no slices or counters (no TrackEvent slice, instant or counter on any track)")
-    return TraceData(
-        format=FORMAT,
-        slices=_slices(rows, tracks, default),
-        event_count=len(rows) + sum(skipped.values()) + len(samples),
-        skipped=skipped,
-        metadata={"tracks": len(tracks)},
-        counters=_counters(samples, tracks, default),
-    )
+    columns = {name: [] for name in _TRACKS.names}
+    for uuid, t in tracks.items():
+        counter = t.counter
+        for name, value in (("uuid", uuid), ("pid", t.pid), ("tid", t.tid), ("on_device", t.on_device),
+                            ("device_id", t.device_id), ("stream", t.stream), ("host_label", t.host_label()),
+                            ("home", t.home()), ("name", t.name), ("has_counter", counter is not None),
+                            ("multiplier", float(counter.unit_multiplier or 1) if counter is not None else 1.0),
+                            ("incremental", counter is not None and counter.is_incremental)):
+            columns[name].append(value)
+    return pa.table([_arrow(columns[f.name], f.type) for f in _TRACKS], schema=_TRACKS)
 
 
-def _counters(samples: list[tuple[int, int, float]], tracks: dict, default: _Track) -> pa.Table:
-    from . import counters_from_columns
-
-    homes = {uuid: tracks.get(uuid, default) for uuid in {s[0] for s in samples}}
-    return counters_from_columns({
-        "name": [homes[u].name or f"counter {u}" for u, _, _ in samples],
-        "track": [homes[u].home() for u, _, _ in samples],
-        "device_id": [homes[u].device_id if homes[u].on_device else None for u, _, _ in samples],
-        "ts": [ts for _, ts, _ in samples],
-        "value": [v for _, _, v in samples],
-    })
-
-
-def _slices(rows: list[tuple], tracks: dict, default: _Track) -> pa.Table:
-    from . import slices_from_columns
-
-    # kinds first (devices depend on them), then flows: a flow links a host slice and a device slice
-    kinds = []
-    for kind, category, _, _, _, uuid, *_ in rows:
-        track = tracks.get(uuid, default)
-        kinds.append(kind or CATEGORY_KINDS.get((category or "").lower())
-                     or ("kernel" if track.on_device else "user_annotation"))
-    sides: dict[int, set[bool]] = {}
-    for kind, row in zip(kinds, rows):
-        for flow in row[9]:
-            sides.setdefault(flow, set()).add(kind in DEVICE_KINDS)
-    cols: dict[str, list] = {c: [] for c in ("pid", "tid", "device_id", "stream", "track", "correlation")}
-    for kind, row in zip(kinds, rows):
-        track = tracks.get(row[5], default)
-        on_device = kind in DEVICE_KINDS
-        cols["pid"].append(track.pid)
-        cols["tid"].append(track.stream if on_device else track.tid)
-        cols["device_id"].append(track.device_id if on_device else None)
-        cols["stream"].append((track.stream if track.stream is not None else 0) if on_device else None)
-        cols["track"].append(f"device {track.device_id} / stream {cols['stream'][-1]}" if on_device
-                             else track.host_label())
-        linking = next((f for f in row[9] if len(sides[f]) == 2), None)
-        cols["correlation"].append(row[6] if row[6] is not None else (_signed(linking) if linking is not None
-                                                                         else None))
-    return slices_from_columns({
-        "kind": kinds, "category": [r[1] for r in rows], "name": [r[2] for r in rows],
-        "ts": [r[3] for r in rows], "dur": [r[4] for r in rows], "external_id": [r[7] for r in rows],
-        "args": [r[8] for r in rows], **cols,
-    })
+_CATEGORY_KINDS = "CREATE TABLE category_kinds AS SELECT * FROM (VALUES {}) t(category, kind)".format(
+    ", ".join(f"('{c}', '{k}')" for c, k in CATEGORY_KINDS.items()))
+_signed = "CAST(CASE WHEN {0} >= 9223372036854775808 THEN {0}::HUGEINT - 18446744073709551616 ELSE {0} END AS BIGINT)"
+# Every row's kind (what the producer said, else Kineto's category, else from its track: device work or a host
+# annotation) and lanes. A flow that both a host and a device slice carry links them: the first such flow of a
+# slice (in the order the producer listed them) is its correlation, unless it has a correlation id of its own.
+# Rows on a track no descriptor describes are host rows of process 0.
+_SLICES = f"""
+WITH kinds AS (
+    SELECT r.*, COALESCE(CASE WHEN r.instant THEN 'instant' END, ck.kind,
+                         CASE WHEN COALESCE(t.on_device, false) THEN 'kernel' ELSE 'user_annotation' END) AS kind,
+        t.pid AS track_pid, t.tid AS track_tid, t.device_id AS track_device, t.stream AS track_stream, t.host_label
+    FROM raw_rows r LEFT JOIN tracks t ON t.uuid = r.track_uuid
+    LEFT JOIN category_kinds ck ON ck.category = lower(COALESCE(r.category, ''))
+), linking AS (
+    SELECT f.flow FROM flows f JOIN kinds k ON k.slice_id = f.slice_id
+    GROUP BY f.flow HAVING count(DISTINCT k.kind IN ({sql_list(DEVICE_KINDS)})) = 2
+), correlated AS (
+    SELECT f.slice_id, arg_min(f.flow, f.ord) AS flow FROM flows f SEMI JOIN linking l ON l.flow = f.flow
+    GROUP BY f.slice_id
+), placed AS (
+    SELECT k.*, k.kind IN ({sql_list(DEVICE_KINDS)}) AS on_device, c.flow FROM kinds k
+    LEFT JOIN correlated c ON c.slice_id = k.slice_id
+)
+SELECT slice_id, kind, category, name, ts, dur, COALESCE(track_pid, 0) AS pid,
+    CASE WHEN on_device THEN track_stream ELSE COALESCE(track_tid, 0) END AS tid,
+    CASE WHEN on_device THEN COALESCE(track_device, 0) END AS device_id,
+    CASE WHEN on_device THEN COALESCE(track_stream, 0) END AS stream,
+    CASE WHEN on_device THEN 'device ' || COALESCE(track_device, 0) || ' / stream ' || COALESCE(track_stream, 0)
+         ELSE COALESCE(host_label, 'process 0 / process') END AS track,
+    COALESCE({_signed.format('correlation')}, {_signed.format('flow')}) AS correlation, external_id, args
+FROM placed
+"""
+# Counter samples in the track's units times its multiplier; an incremental track's deltas summed, per packet
+# sequence, restarting where the sequence's incremental state was cleared.
+_COUNTERS = """
+SELECT COALESCE(NULLIF(t.name, ''), 'counter ' || s.track_uuid) AS name, NULL::VARCHAR AS series,
+    COALESCE(t.home, 'process 0') AS track, CASE WHEN t.on_device THEN t.device_id END AS device_id, s.ts,
+    CASE WHEN t.incremental THEN sum(s.value * t.multiplier) OVER (
+             PARTITION BY s.seq, s.generation, s.track_uuid ORDER BY s.ord ROWS UNBOUNDED PRECEDING)
+         WHEN t.has_counter THEN s.value * t.multiplier ELSE s.value END AS value
+FROM samples s LEFT JOIN tracks t ON t.uuid = s.track_uuid
+"""

@@ -5,10 +5,9 @@ An XSpace holds planes: one per accelerator ('/device:GPU:N', '/device:TPU:N') w
 host threads (TraceMe annotations, runtime launch calls, XLA CPU thunks) and the Python tracer ('python').
 Events name their metadata (name, constant stats) by id and carry their own stats; every stat is kept in `args`.
 
-No maintained PyPI package ships the generated `xplane_pb2` without heavy baggage (xprof is a 32 MB server with
-Google Cloud dependencies and does not include it), so the message classes are built here from a descriptor of
-the schema (tensorflow/core/profiler/protobuf/xplane.proto, now tsl/profiler/protobuf/xplane.proto) and the
-protobuf runtime decodes the file.
+The messages are OpenXLA's own (`proto.messages()`: the descriptors TensorFlow ships); the HLO modules of the
+'/host:metadata' plane become the `xla_ops` table (`hlo.op_rows`), and every event that ran an XLA op names it
+in `args` (`hlo_op`, `program_id`) and takes its category from it.
 """
 
 from __future__ import annotations
@@ -19,75 +18,14 @@ import math
 import re
 from pathlib import Path
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..errors import TraceError
+from . import hlo
+from .proto import messages
 
 FORMAT = "xplane"
 SUFFIXES = (".xplane.pb",)
-
-# ---- the schema: message -> (field, number, type); '*' repeated, a fourth item names the field's oneof ----
-_MESSAGES = {
-    "XSpace": [("planes", 1, "*XPlane"), ("errors", 2, "*string"), ("warnings", 3, "*string"),
-               ("hostnames", 4, "*string")],
-    "XPlane": [("id", 1, "int64"), ("name", 2, "string"), ("lines", 3, "*XLine"),
-               ("event_metadata", 4, "*XPlane.EventMetadataEntry"),
-               ("stat_metadata", 5, "*XPlane.StatMetadataEntry"), ("stats", 6, "*XStat")],
-    "XLine": [("id", 1, "int64"), ("display_id", 10, "int64"), ("name", 2, "string"),
-              ("display_name", 11, "string"), ("timestamp_ns", 3, "int64"), ("duration_ps", 9, "int64"),
-              ("events", 4, "*XEvent")],
-    "XEvent": [("metadata_id", 1, "int64"), ("offset_ps", 2, "int64", "data"),
-               ("num_occurrences", 5, "int64", "data"), ("duration_ps", 3, "int64"), ("stats", 4, "*XStat")],
-    "XStat": [("metadata_id", 1, "int64"), ("double_value", 2, "double", "value"),
-              ("uint64_value", 3, "uint64", "value"), ("int64_value", 4, "int64", "value"),
-              ("str_value", 5, "string", "value"), ("bytes_value", 6, "bytes", "value"),
-              ("ref_value", 7, "uint64", "value")],
-    "XEventMetadata": [("id", 1, "int64"), ("name", 2, "string"), ("display_name", 4, "string"),
-                       ("metadata", 3, "bytes"), ("stats", 5, "*XStat"), ("child_id", 6, "*int64")],
-    "XStatMetadata": [("id", 1, "int64"), ("name", 2, "string"), ("description", 3, "string")],
-}
-_MAPS = {"XPlane": [("EventMetadataEntry", "XEventMetadata"), ("StatMetadataEntry", "XStatMetadata")]}
-_PACKAGE = "tensorflow.profiler"
-
-
-def _message_classes() -> dict:
-    F = descriptor_pb2.FieldDescriptorProto
-    scalar = {"int64": F.TYPE_INT64, "uint64": F.TYPE_UINT64, "double": F.TYPE_DOUBLE,
-              "string": F.TYPE_STRING, "bytes": F.TYPE_BYTES}
-
-    def add_field(message, name, number, type_, oneof=None):
-        field = message.field.add(name=name, number=number,
-                                  label=F.LABEL_REPEATED if type_.startswith("*") else F.LABEL_OPTIONAL)
-        type_ = type_.lstrip("*")
-        if type_ in scalar:
-            field.type = scalar[type_]
-        else:
-            field.type, field.type_name = F.TYPE_MESSAGE, f".{_PACKAGE}.{type_}"
-        if oneof:
-            names = [o.name for o in message.oneof_decl]
-            if oneof not in names:
-                message.oneof_decl.add(name=oneof)
-                names.append(oneof)
-            field.oneof_index = names.index(oneof)
-
-    proto = descriptor_pb2.FileDescriptorProto(name="tracesql/xplane.proto", package=_PACKAGE, syntax="proto3")
-    for name, fields in _MESSAGES.items():
-        message = proto.message_type.add(name=name)
-        for field in fields:
-            add_field(message, *field)
-        for entry_name, value_type in _MAPS.get(name, []):
-            entry = message.nested_type.add(name=entry_name)
-            entry.options.map_entry = True
-            add_field(entry, "key", 1, "int64")
-            add_field(entry, "value", 2, value_type)
-    pool = descriptor_pool.DescriptorPool()  # a private pool: no clash with a real xplane_pb2 imported elsewhere
-    pool.Add(proto)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
-            for name in _MESSAGES}
-
-
-XSpace = _message_classes()["XSpace"]
 
 # ---- mapping ----
 ACCELERATOR_PLANE = re.compile(r"^/device:(?:GPU|TPU):(\d+)$")  # also the Chrome reader's TSL dialect
@@ -104,7 +42,7 @@ def detect(path: Path, head: bytes) -> bool:
 
 def parse(path: Path, data: bytes):
     """The XSpace message of `data`, or a TraceError naming `path`."""
-    space = XSpace()
+    space = messages()["XSpace"]()
     try:
         space.ParseFromString(data)
     except DecodeError as e:
@@ -138,13 +76,56 @@ def _host_kind(name: str, stats: dict, dur_ps: int) -> str:
         return "runtime"  # the launch (cudaLaunchKernel, hipModuleLaunchKernel, hipMemcpy...) of device work
     if "hlo_op" in stats and "device_ordinal" in stats:
         return "kernel"  # an XLA op run by the CPU backend's thunk executor: the host is the device
+    if name in ALLOCATOR_EVENTS:
+        return "memory"
     if dur_ps == 0:
         return "instant"
     return "python_function" if name.startswith("$") else "user_annotation"  # '$file.py:12 fn': Python tracer
 
 
+#: TSL's allocator events (BFC on GPU, the TPU runtime's): one per allocation or free, with the totals after it.
+ALLOCATOR_EVENTS = ("MemoryAllocation", "MemoryDeallocation")
+#: Device lines whose events are the device's XLA ops (TPU; on GPU they are derived from the streams).
+XLA_OPS_LINE = "XLA Ops"
+#: Per-op stats of a TPU profile's event metadata that describe the HLO op (XLA's cost analysis and category):
+#: they go to `xla_ops`, not to every event's args.
+_OP_STATS = ("hlo_category", "flops", "model_flops", "bytes_accessed", "raw_bytes_accessed",
+             "memory_access_breakdown", "shape_with_layout", "source", "source_stack", "tf_op",
+             "deduplicated_name", "symbol_id")
+_PROGRAM_IN_NAME = re.compile(r"\((\d+)\)$")  # 'jit_step(12)': the program id of a module's metadata
+
+
+def program_key(value) -> str | None:
+    """A program id as text, unsigned: XPlane stores these 64-bit fingerprints signed or unsigned."""
+    try:
+        return str(int(value) % 2**64) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _programs(space) -> dict[str, object]:
+    """program id -> its HloModuleProto, from the metadata plane's 'Hlo Proto' stats."""
+    programs = {}
+    for plane in space.planes:
+        names = {k: m.name for k, m in plane.stat_metadata.items()}
+        for key, meta in plane.event_metadata.items():
+            stats = {names.get(s.metadata_id): s for s in meta.stats}
+            if "Hlo Proto" not in stats:
+                continue
+            try:
+                module = messages()["HloProto"].FromString(stats["Hlo Proto"].bytes_value).hlo_module
+            except DecodeError:
+                continue  # a damaged module loses its op details, not the trace
+            in_name = _PROGRAM_IN_NAME.search(meta.name)
+            program = stats.get("program_id")
+            program = program_key(_stat_value(plane, program) if program is not None
+                                  else in_name.group(1) if in_name else key)
+            programs[program] = module
+    return programs
+
+
 def read(path: Path, threads: int | None = None):
-    from . import TraceData, read_bytes, slices_from_columns
+    from . import SliceColumns, TraceData, read_bytes
 
     space = parse(path, read_bytes(path))
     environment = {p.name: _stats(p, p.stats) for p in space.planes if not p.lines and p.stats}
@@ -154,18 +135,34 @@ def read(path: Path, threads: int | None = None):
     line_starts = [line.timestamp_ns for p in space.planes for line in p.lines]
     base = start if isinstance(start, int) and line_starts and max(line_starts) < start else 0
 
-    cols = {c: [] for c in ("kind", "category", "name", "ts", "dur", "pid", "tid", "device_id", "stream", "track",
-                            "correlation", "args")}
+    programs = _programs(space)
+    op_costs: dict[str, dict] = {}  # program -> op name -> the profile's per-op stats (TPU)
+    for plane in space.planes:
+        if ACCELERATOR_PLANE.match(plane.name):
+            for meta in plane.event_metadata.values():
+                stats = _stats(plane, meta.stats)
+                program = program_key(stats.get("program_id"))
+                if program is not None and "hlo_category" in stats:
+                    op_costs.setdefault(program, {}).setdefault(
+                        meta.display_name or meta.name, {**stats, "long_name": meta.name})
+    op_rows = [row for program, module in programs.items()
+               for row in hlo.op_rows(module, program, op_costs.get(program))]
+    categories = {(r["program_id"], r["name"]): r["category"] for r in op_rows}
+
+    cols = SliceColumns()
     total = aggregated = 0
     devices = []
-    for plane in space.planes:
+    # host plane first: GPU kernels whose own stats do not name their XLA op take their launch's
+    planes = sorted(space.planes, key=lambda p: p.name != HOST_PLANE)
+    launched_op: dict[int, tuple] = {}  # correlation id -> (program, op) of launches that name one
+    for plane in planes:
         accelerator = ACCELERATOR_PLANE.match(plane.name)
         plane_stats = _stats(plane, plane.stats)
         if accelerator:
             device_id = int(accelerator.group(1))
             devices.append(_device(device_id, plane, plane_stats))
         has_streams = any(STREAM_LINE.match(line.name) for line in plane.lines)
-        metadata = {k: (m.name, _stats(plane, m.stats)) for k, m in plane.event_metadata.items()}
+        metadata = {k: _metadata(plane, m, accelerator is not None) for k, m in plane.event_metadata.items()}
         pid = device_id if accelerator else plane_stats.get("process_id", plane.id)
         for line in plane.lines:
             stream_match = STREAM_LINE.match(line.name)
@@ -175,7 +172,7 @@ def read(path: Path, threads: int | None = None):
                 track = f"device {device_id} / " + (f"stream {stream}" if stream_match else line.name)
                 # 'XLA Ops' is the device's op timeline on TPU; on GPU it is derived from the stream kernels,
                 # which are already counted, so it is an annotation there
-                line_kind = "kernel" if stream_match or (line.name == "XLA Ops" and not has_streams) \
+                line_kind = "kernel" if stream_match or (line.name == XLA_OPS_LINE and not has_streams) \
                     else "gpu_annotation"
             else:
                 track = f"{plane.name} / {line.name}"
@@ -184,8 +181,9 @@ def read(path: Path, threads: int | None = None):
                 if event.WhichOneof("data") == "num_occurrences":
                     aggregated += 1
                     continue
-                name, stats = metadata.get(event.metadata_id, (str(event.metadata_id), {}))
-                stats = {**stats, **_stats(plane, event.stats)}
+                name, meta_stats, meta_json = metadata.get(event.metadata_id, (str(event.metadata_id), {}, None))
+                own = _stats(plane, event.stats) if event.stats else None
+                stats = {**meta_stats, **own} if own else meta_stats
                 event_device, event_stream = (device_id, stream) if accelerator else (None, None)
                 if accelerator:
                     kind = next((k for s, k in _COPY_STATS.items() if s in stats), line_kind) \
@@ -200,48 +198,76 @@ def read(path: Path, threads: int | None = None):
                 if kind == "user_annotation" and isinstance(step, int):
                     # jax.profiler.StepTraceAnnotation: the name normalize recognizes as a step (the
                     # annotation's own name, 'train', stays in args)
-                    stats["annotation"], name = name, f"ProfilerStep#{step}"
+                    stats = {**stats, "annotation": name}
+                    name, own = f"ProfilerStep#{step}", True
                 correlation = stats.get("correlation_id")
-                cols["kind"].append(kind)
-                cols["category"].append(stats.get("hlo_category") or family)
-                cols["name"].append(name)
-                # ps -> ns, floored; line.timestamp_ns is already ns
-                cols["ts"].append(base + line.timestamp_ns + event.offset_ps // 1000)
-                cols["dur"].append(event.duration_ps // 1000)
-                cols["pid"].append(pid)
-                cols["tid"].append(line.id)
-                cols["device_id"].append(event_device)
-                cols["stream"].append(event_stream)
-                cols["track"].append(f"device {event_device} / stream {event_stream}" if kind == "kernel"
-                                     and not accelerator else track)
-                cols["correlation"].append(correlation if isinstance(correlation, int) else None)
-                cols["args"].append(json.dumps(stats) if stats else None)
+                correlation = correlation if isinstance(correlation, int) else None
+                op = (program_key(stats.get("program_id")), stats["hlo_op"]) if "hlo_op" in stats \
+                    and kind not in ("gpu_annotation",) else None
+                if op is None and kind == "kernel" and correlation is not None:
+                    op = launched_op.get(correlation)
+                    if op is not None:
+                        stats, own = {**stats, "hlo_op": op[1], "program_id": op[0]}, True
+                elif op is not None:
+                    if kind == "runtime" and correlation is not None:
+                        launched_op[correlation] = op
+                    if stats.get("program_id") != op[0]:
+                        stats, own = {**stats, "program_id": op[0]}, True
+                cols.add(
+                    kind=kind,
+                    category=categories.get(op) or stats.get("hlo_category") or family,
+                    name=name,
+                    ts=base + line.timestamp_ns + event.offset_ps // 1000,  # ps -> ns, floored
+                    dur=event.duration_ps // 1000,
+                    pid=pid,
+                    tid=line.id,
+                    device_id=event_device,
+                    stream=event_stream,
+                    track=f"device {event_device} / stream {event_stream}" if kind == "kernel" and not accelerator
+                    else track,
+                    correlation=correlation,
+                    args=(json.dumps(stats) if stats else None) if own else meta_json,
+                )
     if total == 0:
         raise TraceError(path, "empty trace: no XPlane has events" if space.planes
                          else "not an XPlane trace: no planes")
     if total == aggregated:
         raise TraceError(path, "no timed events (every event is an aggregate without a timestamp)")
 
-
     metadata = {"hostnames": list(space.hostnames), **environment}
     metadata.update({k: list(v) for k, v in (("errors", space.errors), ("warnings", space.warnings)) if v})
     return TraceData(
         format=FORMAT,
-        slices=slices_from_columns(cols),
+        slices=cols.table(),
         host_name=space.hostnames[0] if space.hostnames else None,
         base_time_ns=base,
         event_count=total,
         skipped={"aggregated event without a timestamp (num_occurrences)": aggregated} if aggregated else {},
         metadata=metadata,
         devices=devices,
+        xla_ops=op_rows,
     )
+
+
+def _metadata(plane, meta, on_device: bool) -> tuple[str, dict, str | None]:
+    """(name, stats, stats as JSON) of an event metadata entry. A TPU op's metadata is named by its HLO text
+    and displays the op's name: the event takes the short name (the text is in `xla_ops.hlo_text`), its
+    program and op name go to args, and the op's own stats stay with the op in `xla_ops`."""
+    stats = _stats(plane, meta.stats)
+    name = meta.name
+    if on_device and meta.display_name and "program_id" in stats:
+        name = meta.display_name
+        stats = {"hlo_op": name, "program_id": program_key(stats["program_id"]),
+                 **{k: v for k, v in stats.items() if k not in _OP_STATS and k != "program_id"}}
+    return name, stats, json.dumps(stats) if stats else None
 
 
 def _device(device_id: int, plane, stats: dict) -> dict:
     major, minor = stats.get("compute_cap_major"), stats.get("compute_cap_minor")
     return {
         "device_id": device_id,
-        "name": stats.get("device_name") or plane.name,  # XPlane records a vendor, not always a model name
+        # XPlane records a vendor, not always a model name; TPUs their generation ('TPU v6 Lite', 'TPU v5p')
+        "name": stats.get("device_name") or stats.get("device_type_string") or plane.name,
         "total_memory_bytes": stats.get("memory_size"),
         "compute_capability": f"{major}.{minor}" if major is not None else None,
         "sm_count": stats.get("core_count"),

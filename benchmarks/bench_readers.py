@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The Nsight SQLite, rocprofv3 and Perfetto readers on big inputs, against reading the same file's bytes.
+
+    python benchmarks/bench_readers.py --nsys BIG.sqlite --rocprof BIG_results.json --perfetto BIG.perfetto-trace \
+        [--memory-limit 1GB] [--repeat 1] [--json OUT]
+    python benchmarks/bench_readers.py --smoke        # tiny crafted inputs: that it runs (CI), no timing claims
+
+Make the inputs with the tilers (benchmarks/tile_nsys.py, tile_rocprof.py, tile_perfetto.py). For each file, each
+in a fresh process: (a) the baseline, reading the file's bytes (gunzipped when gzip) in 16 MB chunks; (b) the
+reader (`tracesql.readers.read_trace`, the slices streamed to their memory-mapped scratch file) under
+--memory-limit. Reported: wall seconds, CPU seconds (user + system, from wait4), CPU-s per million events (events:
+the reader's event count), peak RSS (ru_maxrss: file-backed pages of the mapped slices included) and peak anonymous
+RSS (RssAnon, sampled every 50 ms: the heap), and (b)/(a) ratios of time and CPU. Scratch files (the
+reader's, and TMPDIR of the children) go to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_ingest import run_measured  # the same child-process measurement as the other benchmarks
+
+REPO = Path(__file__).resolve().parent.parent
+
+_BASELINE = """
+import gzip, sys
+path = sys.argv[1]
+with open(path, 'rb') as f:
+    gz = f.read(2) == b'\\x1f\\x8b'
+n = 0
+with (gzip.open if gz else open)(path, 'rb') as f:
+    while chunk := f.read(16 << 20):
+        n += len(chunk)
+print(n)
+"""
+_READER = """
+import sys
+from pathlib import Path
+from tracesql import limits
+from tracesql.readers import read_trace
+with limits.using(limits.Limits.make(sys.argv[2])):
+    traces = read_trace(Path(sys.argv[1]))
+print(sum(t.event_count for t in traces), sum(t.slices.num_rows for t in traces))
+"""
+
+
+def measure(code: str, args: list[str]) -> dict:
+    """A fresh `python -c code args...`: wall, CPU (user + system), peak RSS, peak RssAnon, and the words of its
+    last line of output."""
+    with tempfile.TemporaryDirectory(prefix="tracesql-bench-") as d:
+        log = Path(d) / "out.log"
+        m = run_measured([sys.executable, "-c", code, *args], float("inf"), 0, str(log),
+                         env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": d}, cwd=d)
+        lines = log.read_text().splitlines()
+    if m["returncode"] != 0:
+        raise SystemExit(f"failed: {' '.join(args)}\n" + "\n".join(lines[-20:]))
+    return {"wall_s": m["wall_s"], "cpu_s": m["user_s"] + m["sys_s"], "peak_rss_mb": m["rss_mb"],
+            "peak_anon_mb": m["anon_mb"], "output": lines[-1].split()}
+
+
+def bench(fmt: str, path: Path, memory_limit: str, repeat: int) -> dict:
+    best = {}
+    for label, code, args in (("raw read", _BASELINE, [str(path)]), ("reader", _READER, [str(path), memory_limit])):
+        runs = [measure(code, args) for _ in range(repeat)]
+        best[label] = min(runs, key=lambda r: r["wall_s"]) | {"peak_anon_mb": max(r["peak_anon_mb"] for r in runs)}
+    events, slices = map(int, best["reader"]["output"])
+    raw, reader = best["raw read"], best["reader"]
+    return {"format": fmt, "file": path.name, "bytes": path.stat().st_size, "content_bytes": int(raw["output"][0]),
+            "events": events, "slices": slices, "memory_limit": memory_limit,
+            "raw_wall_s": round(raw["wall_s"], 3), "raw_cpu_s": round(raw["cpu_s"], 3),
+            "reader_wall_s": round(reader["wall_s"], 3), "reader_cpu_s": round(reader["cpu_s"], 3),
+            "reader_cpu_s_per_M_events": round(reader["cpu_s"] / max(events, 1) * 1e6, 2),
+            "time_ratio": round(reader["wall_s"] / raw["wall_s"], 1),
+            "cpu_ratio": round(reader["cpu_s"] / raw["cpu_s"], 1),
+            "reader_peak_rss_mb": round(reader["peak_rss_mb"]), "reader_peak_anon_mb": round(reader["peak_anon_mb"]),
+            "raw_peak_rss_mb": round(raw["peak_rss_mb"])}
+
+
+def smoke_inputs(folder: Path) -> dict[str, Path]:
+    sys.path.insert(0, str(REPO / "tests"))
+    from crafted import nsys_export, perfetto_trace, rocprof_trace
+
+    return {"nsys": nsys_export(folder / "smoke.sqlite", 200, huge=100),
+            "rocprof": rocprof_trace(folder / "1_results.json", 200, huge=100),
+            "perfetto": perfetto_trace(folder / "smoke.pftrace", 200, huge=100, unended=3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for fmt in ("nsys", "rocprof", "perfetto"):
+        parser.add_argument(f"--{fmt}", type=Path, action="append", default=[])
+    parser.add_argument("--smoke", action="store_true", help="tiny crafted inputs (what CI runs)")
+    parser.add_argument("--memory-limit", default="1GB")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tracesql-bench-") as scratch:
+        inputs = [(fmt, p) for fmt in ("nsys", "rocprof", "perfetto") for p in getattr(args, fmt)]
+        if args.smoke:
+            inputs += list(smoke_inputs(Path(scratch)).items())
+        if not inputs:
+            parser.error("give --smoke or at least one of --nsys/--rocprof/--perfetto")
+        results = []
+        print("| format | file | MB | events | raw read s | reader s | reader CPU-s | CPU-s / M events | time ratio "
+              "| CPU ratio | reader peak RSS MB | reader peak anon MB |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for fmt, path in inputs:
+            r = bench(fmt, path, args.memory_limit, args.repeat)
+            results.append(r)
+            print(f"| {fmt} | {r['file']} | {r['content_bytes'] / 1e6:,.0f} | {r['events']:,} | {r['raw_wall_s']} | "
+                  f"{r['reader_wall_s']} | {r['reader_cpu_s']} | {r['reader_cpu_s_per_M_events']} | "
+                  f"{r['time_ratio']}x | {r['cpu_ratio']}x | {r['reader_peak_rss_mb']} | {r['reader_peak_anon_mb']} |",
+                  flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""XLA ops with their meaning: the HLO of real XPlane profiles (a TPU v6e inference from XProf's test data, a
+sharded FFN made here on 8 CPU devices, MI300 JAX runs of the corpus) against formulas, XLA's own cost
+analysis and XProf's own op statistics (tests/data/xprof_reference.json, made with the xprof package)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import tracesql
+from conftest import DATASETS, corpus_path
+from tracesql import queries
+
+FFN = DATASETS / "jax_cpu_8dev_ffn"
+TPU = DATASETS / "xprof_tpu_inference"
+XPROF = json.loads((Path(__file__).parent / "data" / "xprof_reference.json").read_text())
+EXPECTED = json.loads((Path(__file__).parent / "data" / "jax_cpu_8dev_ffn_expected.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def ffn(tmp_path_factory):
+    run = tmp_path_factory.mktemp("ffn") / "run"
+    tracesql.ingest([FFN / "ffn.xplane.pb"], run)
+    return tracesql.connect(run)
+
+
+@pytest.fixture(scope="module")
+def tpu(tmp_path_factory):
+    run = tmp_path_factory.mktemp("tpu") / "run"
+    tracesql.ingest([TPU], run)
+    return tracesql.connect(run)
+
+
+def rows(con, sql):
+    return con.execute(sql).fetchall()
+
+
+def test_ffn_up_projection_flops_are_2bdf_per_shard(ffn):
+    b, d, f, n = (EXPECTED[k] for k in ("tokens", "model", "hidden", "devices"))
+    up = rows(ffn, "SELECT DISTINCT program_id, name, flops, operand_dims FROM xla_ops "
+                   "WHERE module = 'jit_train_step' AND op_name LIKE '%ffn/up/dot_general'")
+    assert up and all(r[2] == 2 * b * d * f / n for r in up)
+    assert all(r[3] == [[b, d], [d, f // n]] for r in up)  # the gathered tokens times this device's columns
+    # every execution of it in `ops` carries those FLOPs: 8 devices x 3 steps
+    calls = rows(ffn, "SELECT count(*), min(o.flops), max(o.flops) FROM ops o JOIN xla_ops x USING (rank, program_id, name) "
+                      "WHERE x.op_name LIKE '%ffn/up/dot_general'")
+    assert calls == [(n * 3, 2 * b * d * f / n, 2 * b * d * f / n)]
+
+
+def test_ffn_flops_match_xla_cost_analysis(ffn):
+    """The step's FLOPs counted from the HLO equal XLA's own cost analysis of the compiled step, but for the
+    transcendentals (gelu's tanh), which XLA counts apart and tracesql as one FLOP each (as its other formulas)."""
+    program = rows(ffn, "SELECT min(program_id) FROM ops WHERE name = 'ynn_fusion.2'")[0][0]
+    (flops,) = rows(ffn, f"SELECT sum(flops) FROM xla_ops WHERE program_id = '{program}'")[0]
+    xla = EXPECTED["xla_cost_analysis"]
+    assert xla["flops"] <= flops <= xla["flops"] + xla["transcendentals"] + 16384
+    assert math.isclose(flops, xla["flops"], rel_tol=1e-3)
+
+
+def test_ffn_collectives_have_the_sharded_tensor_sizes_and_groups(ffn):
+    b, d, n = EXPECTED["tokens"], EXPECTED["model"], EXPECTED["devices"]
+    got = rows(ffn, "SELECT collective, dtype, in_nelems, out_nelems, size_bytes, group_size, group_ranks, "
+                    "count(*), count(DISTINCT device_id) FROM collectives GROUP BY ALL ORDER BY 1")
+    full, shard = b * d, b * d // n
+    group = list(range(n))
+    # forward all-gather + its recomputation (remat); the forward reduce-scatter; 3 steps on 8 devices
+    assert got == [("all_gather", "f32", shard, full, full * 4, n, group, 2 * 3 * n, n),
+                   ("reduce_scatter", "f32", full, shard, full * 4, n, group, 3 * n, n)]
+    classes = rows(ffn, "SELECT DISTINCT class FROM device_activity() WHERE name LIKE 'all_gather%' "
+                        "OR name LIKE 'reduce_scatter%'")
+    assert classes == [("communication",)]
+
+
+def test_ffn_roofline_and_breakdown(ffn):
+    roofline = queries.find("roofline")
+    roof = queries.run(ffn, roofline, {"device": "H100-SXM", "top": 100}).fetchall()
+    cols = [c[0] for c in roofline.columns]
+    dots = [r for r in roof if r[2] in ("ynn_fusion", "ynn_fusion.1", "ynn_fusion.2", "dot", "dot.1")]
+    assert dots and all(r[8] == 2 * 256 * 512 * 256 and r[18] > 0 for r in dots)  # flops, roofline_ns
+    # H100 fp32 peak 67e12 FLOP/s: one 67 MFLOP dot takes at least 1.0 µs; its bytes at 3.35 TB/s less
+    assert all(math.isclose(r[18] / r[6], 2 * 256 * 512 * 256 / 67e12 * 1e9) for r in dots)
+    assert cols[18] == "roofline_ns" and cols[8] == "flops" and cols[6] == "calls"
+    per_step = queries.run(ffn, queries.find("xla_breakdown"),
+                           {"per": "step", "dimensions": "category,pass,scope"}).fetchall()
+    device = dict(rows(ffn, "SELECT step, sum(dur) FROM device_activity() WHERE step IS NOT NULL GROUP BY step"))
+    for step, ns in device.items():
+        for dimension in ("category", "pass", "scope"):
+            mine = [r for r in per_step if r[1] == step and r[2] == dimension]
+            # device_ns, its split by class, share
+            assert sum(r[5] for r in mine) == ns and math.isclose(sum(r[9] for r in mine), 1.0)
+            assert all(r[6] + r[7] + r[8] == r[5] for r in mine)
+    passes = {r[3] for r in per_step if r[2] == "pass"}
+    assert passes == {"forward", "backward", "remat"}
+
+
+def test_tpu_ops_equal_xprof_op_statistics(tpu):
+    """Every XLA op of the real TPU profile, executions per op as XProf's hlo_stats counts them (zero-length
+    events included, as XProf does), with XProf's categories."""
+    reference = XPROF["xprof_tpu_inference"]["hlo_stats"]
+    ours = {(p, n): (c, cat) for p, n, c, cat in rows(
+        tpu, "SELECT o.program_id, o.name, count(*), any_value(x.category) FROM ops o "
+             "JOIN xla_ops x USING (rank, program_id, name) GROUP BY ALL")}
+    assert {(r["program_id"], r["hlo_op_name"]): (int(r["occurrences"]), r["category"]) for r in reference} == ours
+    assert rows(tpu, "SELECT count(*) FROM slices WHERE kind = 'kernel' AND starts_with(name, '%')") == [(0,)]
+    # op time by the device's clock, as XProf counts it: every op within the rounding of each event to 1 ns
+    total = {r["hlo_op_name"]: r["total_time"] * 1000 for r in reference}
+    got = rows(tpu, "SELECT name, sum(device_self_ns), count(*) FROM ops GROUP BY name")
+    assert len(got) == len(total) and all(abs(ns - total[name]) <= n / 2 for name, ns, n in got)
+    # the timeline's durations differ where the device-to-host clock alignment was re-anchored during an op:
+    # copy-done.2 spans 298.8 ms of the timeline the first time it runs on TPU 0, but took 194.1 ms
+    (timeline, device), = rows(tpu, "SELECT o.dur, o.device_self_ns FROM ops o JOIN slices s ON s.slice_id = o.op_id "
+                                    "WHERE o.name = 'copy-done.2' AND s.device_id = 0 ORDER BY o.ts LIMIT 1")
+    assert (timeline, device) == (298807392, 194118896)
+
+
+def test_tpu_collectives_and_classes(tpu):
+    got = rows(tpu, "SELECT collective, dtype, size_bytes, group_size, count(*), count(DISTINCT device_id) "
+                    "FROM collectives GROUP BY ALL")
+    assert got == [("all_reduce", "f32", 5 * 1024 * 1024 * 256 * 4, 2, 12, 4)]
+    classes = dict(rows(tpu, "SELECT category, min(class) FROM device_activity() GROUP BY 1 HAVING min(class) = max(class)"))
+    assert classes["all-reduce"] == "communication" and classes["copy-done"] == "memory" \
+        and classes["loop fusion"] == "compute"
+    devices = rows(tpu, "SELECT device_id, name FROM devices ORDER BY 1")
+    assert devices == [(d, "TPU v6 Lite") for d in range(4)]
+
+
+def test_tpu_memory_peak_is_the_allocators(tpu):
+    got = rows(tpu, "SELECT device_type, device_id, max(total_allocated_bytes), max(peak_allocated_bytes) "
+                    "FROM memory GROUP BY ALL ORDER BY 2")
+    assert [r[:2] for r in got] == [("tpu", d) for d in range(4)] and all(r[2] == r[3] for r in got)
+    assert got[0][2] == 16106341504
+
+
+@pytest.mark.corpus
+def test_gpu_xplane_memory_and_ops(ingested):
+    run = ingested(corpus_path("tracelens", "tests", "traces", "mi300", "jax_conv_minimal_08", "tw003.xplane.pb"))
+    con = tracesql.connect(run)
+    peaks = rows(con, "SELECT device_id, max(total_allocated_bytes), max(peak_allocated_bytes), count(*) "
+                      "FROM memory GROUP BY 1 ORDER BY 1")
+    assert len(peaks) == 8 and all(r[1] == r[2] for r in peaks) and peaks[0][1] == 1730171904
+    assert sum(r[3] for r in peaks) == 230
+    # the convolution: a cuDNN/MIOpen custom call, FLOPs from its window and kernel
+    conv = rows(con, "SELECT operand_dims, flops FROM xla_ops WHERE name = 'cudnn-conv.1'")
+    (x, w), flops = conv[0]
+    out = rows(con, "SELECT output_shape FROM xla_ops WHERE name = 'cudnn-conv.1'")[0][0]
+    assert out.startswith("(bf16[1,5120,34,31,53]")
+    assert flops == 2 * 5120 * 34 * 31 * 53 * math.prod(w[2:]) * w[1]
