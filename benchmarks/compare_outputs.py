@@ -92,12 +92,11 @@ def snapshot(out: Path, only: str | None) -> None:
             print(f"{name}: ingest failed: {e}", flush=True)
             continue
         timings.append((name, "ingest", time.perf_counter() - start))
-        con = tracesql.connect(run)
+        con = tracesql.connect(run)  # one session per trace: each query sets every one of its parameters
         tables = out / "tables" / key
         tables.mkdir(parents=True, exist_ok=True)
         for table in schema.TABLES:
             con.execute(f"COPY (SELECT * FROM {table}) TO '{tables / table}.parquet' (FORMAT parquet)")
-        con.close()
         results = out / "queries" / key
         results.mkdir(parents=True, exist_ok=True)
         for query in queries.catalogue():
@@ -105,7 +104,6 @@ def snapshot(out: Path, only: str | None) -> None:
                                    if set(p) <= set(query.params) and query.name in ONLY.get(v, (query.name,))}
             for variant, params in variants.items():
                 file = results / (query.name + (f"__{variant}" if variant else "") + ".parquet")
-                con = tracesql.connect(run)
                 start = time.perf_counter()
                 try:
                     rel = queries.run(con, query, params)
@@ -113,7 +111,7 @@ def snapshot(out: Path, only: str | None) -> None:
                 except Exception as e:
                     file.with_suffix(".error.txt").write_text(f"{type(e).__name__}: {e}\n")
                 timings.append((name, file.stem, time.perf_counter() - start))
-                con.close()
+        con.close()
         print(f"{name}: done", flush=True)
         shutil.rmtree(run, ignore_errors=True)
     with open(out / "timings.csv", "a", newline="") as f:
