@@ -262,14 +262,70 @@ def _metadata(plane, meta, on_device: bool) -> tuple[str, dict, str | None]:
     return name, stats, json.dumps(stats) if stats else None
 
 
+#: GPU models told apart by what a GPU plane's stats record (XLA's CUPTI/ROCm tracers write the vendor, compute
+#: capability, core count, clock (kHz), memory size and bandwidth, never the model's name): (vendor, compute
+#: capability, cores, memory GiB range, least clock MHz, least memory bandwidth B/s) -> the model's name as its
+#: driver spells it (what device_peaks matches). Only combinations one model has: an ambiguous one (A100 40 GB
+#: SXM/PCIe, V100 SXM2/PCIe, MI210/MI250 GCD, H100 NVL/GH200) keeps a generic name.
+GPU_MODELS = (
+    ("AMD", "9.4", 304, (0, 224), 0, 0, "AMD Instinct MI300X"),  # gfx942, 192 GB HBM3
+    ("AMD", "9.4", 304, (224, 1e9), 0, 0, "AMD Instinct MI325X"),  # gfx942, 256 GB HBM3E
+    ("AMD", "9.4", 228, (0, 1e9), 0, 0, "AMD Instinct MI300A"),
+    ("AMD", "9.4", 80, (0, 1e9), 0, 0, "AMD Instinct MI308X"),
+    ("AMD", "9.5", 256, (0, 1e9), 2300, 0, "AMD Instinct MI355X"),  # gfx950 at 2.4 GHz (the MI350X: 2.2 GHz)
+    ("AMD", "9.5", 256, (0, 1e9), 0, 0, "AMD Instinct MI350X"),
+    ("AMD", "9.0", 110, (0, 1e9), 0, 0, "AMD Instinct MI250X"),  # gfx90a: one GCD, the device ROCm shows
+    ("Nvidia", "8.0", 108, (60, 1e9), 0, 2.0e12, "NVIDIA A100-SXM4-80GB"),  # 2039 GB/s
+    ("Nvidia", "8.0", 108, (60, 1e9), 0, 0, "NVIDIA A100 80GB PCIe"),  # 1935 GB/s
+    ("Nvidia", "9.0", 132, (0, 88), 0, 0, "NVIDIA H100 80GB HBM3"),
+    ("Nvidia", "9.0", 114, (0, 1e9), 0, 0, "NVIDIA H100 PCIe"),
+    ("Nvidia", "9.0", 132, (130, 1e9), 0, 0, "NVIDIA H200"),
+    ("Nvidia", "10.0", 148, (0, 1e9), 0, 0, "NVIDIA B200"),
+)
+
+
+def gpu_model(stats: dict) -> str | None:
+    """The GPU model that a GPU plane's stats describe (vendor, compute capability, cores, memory, clock,
+    bandwidth), when only one model of GPU_MODELS has them."""
+    vendor, major, minor = stats.get("device_vendor"), stats.get("compute_cap_major"), stats.get("compute_cap_minor")
+    cores, memory = stats.get("core_count"), stats.get("memory_size")
+    if vendor is None or major is None or cores is None:
+        return None
+    mhz, bandwidth = (stats.get("clock_rate") or 0) / 1000, stats.get("memory_bandwidth") or 0
+    for v, capability, count, (low, high), least_mhz, least_bandwidth, name in GPU_MODELS:
+        if (v.lower() == str(vendor).lower() and capability == f"{major}.{minor}" and count == cores
+                and (memory is None or low <= memory / 2**30 < high) and mhz >= least_mhz
+                and bandwidth >= least_bandwidth):
+            return name
+    return None
+
+
+def _generic_name(plane, stats: dict) -> str | None:
+    """A GPU the trace describes without naming its model: by vendor and capabilities ('AMD GPU (compute
+    capability 9.0, 104 cores)'); by nothing when the plane records only its vendor (a GPU the profiled process
+    did not use: the tracer did not query it), so that it does not pass for a device model."""
+    vendor, major = stats.get("device_vendor"), stats.get("compute_cap_major")
+    if vendor is None:
+        return plane.name
+    if major is None:
+        return None
+    cores = f", {stats['core_count']} cores" if stats.get("core_count") is not None else ""
+    return f"{vendor} GPU (compute capability {major}.{stats.get('compute_cap_minor')}{cores})"
+
+
 def _device(device_id: int, plane, stats: dict) -> dict:
+    """A device plane's `devices` row. XPlane records a GPU's vendor and capabilities, not its model (told apart
+    by GPU_MODELS); a TPU's generation ('TPU v6 Lite', 'TPU v5p')."""
     major, minor = stats.get("compute_cap_major"), stats.get("compute_cap_minor")
+    model = gpu_model(stats)
+    properties = {"plane": plane.name, **stats}
+    if model:
+        properties["name_from"] = "device_vendor, compute_cap_major/minor, core_count, memory_size, clock_rate"
     return {
         "device_id": device_id,
-        # XPlane records a vendor, not always a model name; TPUs their generation ('TPU v6 Lite', 'TPU v5p')
-        "name": stats.get("device_name") or stats.get("device_type_string") or plane.name,
+        "name": stats.get("device_name") or stats.get("device_type_string") or model or _generic_name(plane, stats),
         "total_memory_bytes": stats.get("memory_size"),
         "compute_capability": f"{major}.{minor}" if major is not None else None,
         "sm_count": stats.get("core_count"),
-        "properties": {"plane": plane.name, **stats},
+        "properties": properties,
     }
