@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""The Nsight SQLite, rocprofv3 and Perfetto readers on big inputs, against reading the same file's bytes.
+"""The Nsight SQLite, rocprofv3, Perfetto and XPlane readers on big inputs, against reading the same file's bytes.
 
     python benchmarks/bench_readers.py --nsys BIG.sqlite --rocprof BIG_results.json --perfetto BIG.perfetto-trace \
-        [--memory-limit 1GB] [--repeat 1] [--json OUT]
+        --xplane BIG.xplane.pb [--memory-limit 1GB] [--repeat 1] [--json OUT]
     python benchmarks/bench_readers.py --smoke        # tiny crafted inputs: that it runs (CI), no timing claims
 
-Make the inputs with the tilers (benchmarks/tile_nsys.py, tile_rocprof.py, tile_perfetto.py). For each file, each
+Make the inputs with the tilers (benchmarks/tile_nsys.py, tile_rocprof.py, tile_perfetto.py, tile_xplane.py). For each file, each
 in a fresh process: (a) the baseline, reading the file's bytes (gunzipped when gzip) in 16 MB chunks; (b) the
 reader (`tracesql.readers.read_trace`, the slices streamed to their memory-mapped scratch file) under
 --memory-limit. Reported: wall seconds, CPU seconds (user + system, from wait4), CPU-s per million events (events:
@@ -81,18 +81,22 @@ def bench(fmt: str, path: Path, memory_limit: str, repeat: int) -> dict:
             "raw_peak_rss_mb": round(raw["peak_rss_mb"])}
 
 
+FORMATS = ("nsys", "rocprof", "perfetto", "xplane")
+
+
 def smoke_inputs(folder: Path) -> dict[str, Path]:
     sys.path.insert(0, str(REPO / "tests"))
     from crafted import nsys_export, perfetto_trace, rocprof_trace
 
     return {"nsys": nsys_export(folder / "smoke.sqlite", 200, huge=100),
             "rocprof": rocprof_trace(folder / "1_results.json", 200, huge=100),
-            "perfetto": perfetto_trace(folder / "smoke.pftrace", 200, huge=100, unended=3)}
+            "perfetto": perfetto_trace(folder / "smoke.pftrace", 200, huge=100, unended=3),
+            "xplane": REPO / "datasets" / "jax_cpu_mlp" / "vm.xplane.pb"}  # a real one, small
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for fmt in ("nsys", "rocprof", "perfetto"):
+    for fmt in FORMATS:
         parser.add_argument(f"--{fmt}", type=Path, action="append", default=[])
     parser.add_argument("--smoke", action="store_true", help="tiny crafted inputs (what CI runs)")
     parser.add_argument("--memory-limit", default="1GB")
@@ -100,11 +104,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tracesql-bench-") as scratch:
-        inputs = [(fmt, p) for fmt in ("nsys", "rocprof", "perfetto") for p in getattr(args, fmt)]
+        inputs = [(fmt, p) for fmt in FORMATS for p in getattr(args, fmt)]
         if args.smoke:
             inputs += list(smoke_inputs(Path(scratch)).items())
         if not inputs:
-            parser.error("give --smoke or at least one of --nsys/--rocprof/--perfetto")
+            parser.error("give --smoke or at least one of --nsys/--rocprof/--perfetto/--xplane")
         results = []
         print("| format | file | MB | events | raw read s | reader s | reader CPU-s | CPU-s / M events | time ratio "
               "| CPU ratio | reader peak RSS MB | reader peak anon MB |")

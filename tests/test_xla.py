@@ -148,3 +148,33 @@ def test_gpu_xplane_memory_and_ops(ingested):
     out = rows(con, "SELECT output_shape FROM xla_ops WHERE name = 'cudnn-conv.1'")[0][0]
     assert out.startswith("(bf16[1,5120,34,31,53]")
     assert flops == 2 * 5120 * 34 * 31 * 53 * math.prod(w[2:]) * w[1]
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("parts, model, capability", [
+    (("traces", "mi300", "jax_conv_minimal_08", "tw003.xplane.pb"), "AMD Instinct MI300X", "9.4"),
+    (("test_data_jax_te_fused_attn_categorization", "934987a2fc2f.xplane.pb"), "AMD Instinct MI355X", "9.5"),
+])
+def test_gpu_xplane_device_model_from_plane_stats(ingested, parts, model, capability):
+    """A GPU plane is '/device:GPU:N' and its stats give vendor, compute capability, cores, memory and clock, not
+    the model: the model they describe names the device, so the device peaks (MFU, roofline) match."""
+    con = tracesql.connect(ingested(corpus_path("tracelens", "tests", *parts)))
+    got = rows(con, "SELECT name, compute_capability, sm_count FROM devices WHERE device_id = 0")
+    assert got[0][:2] == (model, capability)
+    key = model.split()[-1]
+    assert rows(con, "SELECT DISTINCT device FROM rank_device_peaks()") == [(key,)]
+    roofline = queries.run(con, queries.find("roofline"), {}).df()
+    assert len(roofline) and set(roofline["device"]) == {key} and roofline["peak_flops_per_s"].notna().any()
+
+
+def test_gpu_model_from_stats():
+    from tracesql.readers.xplane import gpu_model
+    h100 = {"device_vendor": "Nvidia", "compute_cap_major": 9, "compute_cap_minor": 0, "core_count": 132,
+            "memory_size": 85_520_809_984, "clock_rate": 1_980_000, "memory_bandwidth": 3_352_320_000_000}
+    assert gpu_model(h100) == "NVIDIA H100 80GB HBM3"
+    assert gpu_model({**h100, "memory_size": 150_754_820_096}) == "NVIDIA H200"
+    a100 = {**h100, "compute_cap_major": 8, "core_count": 108, "memory_size": 85_100_000_000}
+    assert gpu_model({**a100, "memory_bandwidth": 2_039_000_000_000}) == "NVIDIA A100-SXM4-80GB"
+    assert gpu_model({**a100, "memory_bandwidth": 1_935_000_000_000}) == "NVIDIA A100 80GB PCIe"
+    assert gpu_model({**a100, "memory_size": 42_000_000_000}) is None  # 40 GB: SXM and PCIe alike
+    assert gpu_model({"device_vendor": "AMD"}) is None

@@ -73,8 +73,12 @@ def test_gpu_xplane_matches_protobuf_walk(parts, ingested):
     assert linked == (len(correlations["device"]), sum(c in host for c in correlations["device"])) \
         and linked[0] == linked[1]
     # one rank, 8 GPUs with the plane's properties, absolute time from the session start
-    devices = run_sql(run, "SELECT device_id, name FROM devices ORDER BY 1")
-    assert devices == [(d, f"/device:GPU:{d}") for d in range(8)]
+    # a GPU plane names no model: the one its stats describe (MI300X: gfx 9.4, 304 CUs, 192 GiB; MI355X: gfx 9.5,
+    # 256 CUs, 2.4 GHz), none for a plane that records only its vendor
+    devices = run_sql(run, "SELECT device_id, name, json_extract_string(properties, '$.plane') FROM devices ORDER BY 1")
+    assert [(d, plane) for d, _, plane in devices] == [(d, f"/device:GPU:{d}") for d in range(8)]
+    model = "AMD Instinct MI355X" if "fused_attn" in str(source) else "AMD Instinct MI300X"
+    assert devices[0][1] == model and {name for _, name, _ in devices} <= {model, None}
     start = next(p for p in space.planes if p.name == "Task Environment").stats[0].uint64_value
     ranks = run_sql(run, "SELECT count(*), min(base_time_ns), min(host_name), min(trace_start_ns) FROM ranks")[0]
     assert ranks[:3] == (1, start, space.hostnames[0]) and start <= ranks[3] < start + 10**9

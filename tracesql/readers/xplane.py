@@ -16,6 +16,7 @@ import base64
 import json
 import math
 import re
+import tempfile
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
@@ -65,10 +66,23 @@ def _stat_value(plane, stat):
     return value
 
 
-def _stats(plane, stats) -> dict:
-    names = plane.stat_metadata
-    return {(names[s.metadata_id].name if s.metadata_id in names else str(s.metadata_id)): _stat_value(plane, s)
-            for s in stats}
+def _stats(plane, stats, names: dict | None = None) -> dict:
+    """The stats as {name: value}; `names`: the plane's stat names by id, when the caller has them already."""
+    if names is None:
+        names = {k: m.name for k, m in plane.stat_metadata.items()}
+    out = {}
+    for s in stats:
+        kind = s.WhichOneof("value")
+        if kind in _PLAIN_KINDS:
+            value = getattr(s, kind)
+        else:
+            value = _stat_value(plane, s)
+        name = names.get(s.metadata_id)
+        out[str(s.metadata_id) if name is None else name] = value
+    return out
+
+
+_PLAIN_KINDS = frozenset(("int64_value", "uint64_value", "str_value"))  # values kept as they are
 
 
 def _host_kind(name: str, stats: dict, dur_ps: int) -> str:
@@ -125,7 +139,7 @@ def _programs(space) -> dict[str, object]:
 
 
 def read(path: Path, threads: int | None = None):
-    from . import SliceColumns, TraceData, read_bytes
+    from . import TraceData, mapped_slices, read_bytes
 
     space = parse(path, read_bytes(path))
     environment = {p.name: _stats(p, p.stats) for p in space.planes if not p.lines and p.stats}
@@ -149,21 +163,118 @@ def read(path: Path, threads: int | None = None):
                for row in hlo.op_rows(module, program, op_costs.get(program))]
     categories = {(r["program_id"], r["name"]): r["category"] for r in op_rows}
 
-    cols = SliceColumns()
-    total = aggregated = 0
-    devices = []
-    # host plane first: GPU kernels whose own stats do not name their XLA op take their launch's
-    planes = sorted(space.planes, key=lambda p: p.name != HOST_PLANE)
-    launched_op: dict[int, tuple] = {}  # correlation id -> (program, op) of launches that name one
-    for plane in planes:
+    state = _Events(base, categories)
+    with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
+        # the slices go to a memory-mapped scratch file a batch at a time (it stays mapped once the folder is gone)
+        slices = mapped_slices(Path(scratch) / "slices.arrows", state.batches(space))
+    if state.total == 0:
+        raise TraceError(path, "empty trace: no XPlane has events" if space.planes
+                         else "not an XPlane trace: no planes")
+    if state.total == state.aggregated:
+        raise TraceError(path, "no timed events (every event is an aggregate without a timestamp)")
+    total, aggregated, devices = state.total, state.aggregated, state.devices
+
+    metadata = {"hostnames": list(space.hostnames), **environment}
+    metadata.update({k: list(v) for k, v in (("errors", space.errors), ("warnings", space.warnings)) if v})
+    return TraceData(
+        format=FORMAT,
+        slices=slices.table(),
+        host_name=space.hostnames[0] if space.hostnames else None,
+        base_time_ns=base,
+        event_count=total,
+        skipped={"aggregated event without a timestamp (num_occurrences)": aggregated} if aggregated else {},
+        metadata=metadata,
+        devices=devices,
+        xla_ops=op_rows,
+        mappings=[slices],
+    )
+
+
+_encode_str = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str (C)
+_JSON_TEXT = {True: "true", False: "false", None: "null"}
+
+
+def _json(stats: dict) -> str:
+    """json.dumps(stats) for a flat dict of stat values (ints, strs, finite floats), several times faster;
+    anything else goes to json.dumps."""
+    parts = []
+    for key, value in stats.items():
+        kind = type(value)
+        if kind is int:
+            text = int.__repr__(value)
+        elif kind is str:
+            text = _encode_str(value)
+        elif kind is float and math.isfinite(value):
+            text = float.__repr__(value)
+        elif kind is bool or value is None:
+            text = _JSON_TEXT[value]
+        else:
+            return json.dumps(stats)
+        parts.append(f"{_encode_str(key) if type(key) is str else json.dumps(key)}: {text}")
+    return "{" + ", ".join(parts) + "}"
+
+
+class _Events:
+    """The slices of an XSpace's events, as record batches of BATCH rows. An event's row is resolved from its
+    line, its metadata and its own stats; events without stats of their own (most) take the row resolved for
+    the first event of their line with the same metadata (and zero or not duration, which a host event's kind
+    depends on): each metadata's stats are decoded and written as JSON once per line, not once per event."""
+
+    BATCH = 1 << 16
+    COLUMNS = ("kind", "category", "name", "pid", "tid", "device_id", "stream", "track", "correlation", "args")
+
+    def __init__(self, base: int, categories: dict):
+        self.base, self.categories = base, categories
+        self.total = self.aggregated = 0
+        self.devices: list[dict] = []
+        self.launched_op: dict[int, tuple] = {}  # correlation id -> (program, op) of launches that name one
+        self.rows = 0
+
+    def batches(self, space):
+        """Record batches of reader slice columns, in the order of the planes (host plane first: GPU kernels whose
+        own stats do not name their XLA op take their launch's), lines and events."""
+        import pyarrow as pa
+
+        from . import READER_SLICE_TYPES
+
+        resolved, ts, dur = [], [], []
+        for plane in sorted(space.planes, key=lambda p: p.name != HOST_PLANE):
+            for line, line_resolved, line_ts, line_dur in self._plane(plane):
+                resolved += line_resolved
+                ts += line_ts
+                dur += line_dur
+                while len(ts) >= self.BATCH:
+                    yield self._batch(pa, READER_SLICE_TYPES, resolved[:self.BATCH], ts[:self.BATCH],
+                                      dur[:self.BATCH])
+                    del resolved[:self.BATCH], ts[:self.BATCH], dur[:self.BATCH]
+        if ts:
+            yield self._batch(pa, READER_SLICE_TYPES, resolved, ts, dur)
+
+    def _batch(self, pa, types, resolved, ts, dur):
+        n = len(ts)
+        columns = dict(zip(self.COLUMNS, zip(*resolved)))
+        arrays = {"slice_id": pa.array(range(self.rows, self.rows + n), pa.int64()),
+                  "ts": pa.array(ts, pa.int64()), "dur": pa.array(dur, pa.int64())}
+        self.rows += n
+        for name in self.COLUMNS:
+            arrays[name] = pa.array(columns[name], types[name])
+        arrays["external_id"] = pa.nulls(n, pa.int64())
+        return pa.record_batch(arrays)
+
+    def _plane(self, plane):
+        """(line, resolved row of each event, ts, dur) per line of the plane."""
         accelerator = ACCELERATOR_PLANE.match(plane.name)
-        plane_stats = _stats(plane, plane.stats)
+        names = {k: m.name for k, m in plane.stat_metadata.items()}
+        plane_stats = _stats(plane, plane.stats, names)
+        device_id = stream = None
         if accelerator:
             device_id = int(accelerator.group(1))
-            devices.append(_device(device_id, plane, plane_stats))
+            self.devices.append(_device(device_id, plane, plane_stats))
         has_streams = any(STREAM_LINE.match(line.name) for line in plane.lines)
-        metadata = {k: _metadata(plane, m, accelerator is not None) for k, m in plane.event_metadata.items()}
+        metadata = {k: _metadata(plane, m, accelerator is not None, names) for k, m in plane.event_metadata.items()}
         pid = device_id if accelerator else plane_stats.get("process_id", plane.id)
+        is_host = plane.name == HOST_PLANE
+        base, categories, launched_op = self.base, self.categories, self.launched_op
         for line in plane.lines:
             stream_match = STREAM_LINE.match(line.name)
             family = _LINE_SUFFIX.sub("", line.name)
@@ -176,20 +287,34 @@ def read(path: Path, threads: int | None = None):
                     else "gpu_annotation"
             else:
                 track = f"{plane.name} / {line.name}"
+            tid = line.id
+            start = base + line.timestamp_ns
+            cache: dict[tuple, tuple] = {}
+            rows, ts, dur = [], [], []
             for event in line.events:
-                total += 1
                 if event.WhichOneof("data") == "num_occurrences":
-                    aggregated += 1
+                    self.aggregated += 1
                     continue
-                name, meta_stats, meta_json = metadata.get(event.metadata_id, (str(event.metadata_id), {}, None))
-                own = _stats(plane, event.stats) if event.stats else None
+                metadata_id, duration_ps = event.metadata_id, event.duration_ps
+                ts.append(start + event.offset_ps // 1000)  # ps -> ns, floored
+                dur.append(duration_ps // 1000)
+                if not event.stats:
+                    key = (metadata_id, duration_ps == 0)
+                    row = cache.get(key)
+                    if row is not None:
+                        rows.append(row)
+                        continue
+                    own = None
+                else:
+                    key, own = None, _stats(plane, event.stats, names)
+                name, meta_stats, meta_json = metadata.get(metadata_id, (str(metadata_id), {}, None))
                 stats = {**meta_stats, **own} if own else meta_stats
                 event_device, event_stream = (device_id, stream) if accelerator else (None, None)
                 if accelerator:
                     kind = next((k for s, k in _COPY_STATS.items() if s in stats), line_kind) \
                         if stream_match else line_kind
-                elif plane.name == HOST_PLANE:
-                    kind = _host_kind(name, stats, event.duration_ps)
+                elif is_host:
+                    kind = _host_kind(name, stats, duration_ps)
                     if kind == "kernel":
                         event_device, event_stream = stats["device_ordinal"], line.id
                 else:
@@ -213,47 +338,24 @@ def read(path: Path, threads: int | None = None):
                         launched_op[correlation] = op
                     if stats.get("program_id") != op[0]:
                         stats, own = {**stats, "program_id": op[0]}, True
-                cols.add(
-                    kind=kind,
-                    category=categories.get(op) or stats.get("hlo_category") or family,
-                    name=name,
-                    ts=base + line.timestamp_ns + event.offset_ps // 1000,  # ps -> ns, floored
-                    dur=event.duration_ps // 1000,
-                    pid=pid,
-                    tid=line.id,
-                    device_id=event_device,
-                    stream=event_stream,
-                    track=f"device {event_device} / stream {event_stream}" if kind == "kernel" and not accelerator
-                    else track,
-                    correlation=correlation,
-                    args=(json.dumps(stats) if stats else None) if own else meta_json,
-                )
-    if total == 0:
-        raise TraceError(path, "empty trace: no XPlane has events" if space.planes
-                         else "not an XPlane trace: no planes")
-    if total == aggregated:
-        raise TraceError(path, "no timed events (every event is an aggregate without a timestamp)")
-
-    metadata = {"hostnames": list(space.hostnames), **environment}
-    metadata.update({k: list(v) for k, v in (("errors", space.errors), ("warnings", space.warnings)) if v})
-    return TraceData(
-        format=FORMAT,
-        slices=cols.table(),
-        host_name=space.hostnames[0] if space.hostnames else None,
-        base_time_ns=base,
-        event_count=total,
-        skipped={"aggregated event without a timestamp (num_occurrences)": aggregated} if aggregated else {},
-        metadata=metadata,
-        devices=devices,
-        xla_ops=op_rows,
-    )
+                row = (kind, categories.get(op) or stats.get("hlo_category") or family, name, pid, tid,
+                       event_device, event_stream,
+                       f"device {event_device} / stream {event_stream}" if kind == "kernel" and not accelerator
+                       else track,
+                       correlation,
+                       (_json(stats) if stats else None) if own else meta_json)
+                rows.append(row)
+                if key is not None and correlation is None:  # a launch's correlation is its own: not shared
+                    cache[key] = row
+            self.total += len(line.events)
+            yield line, rows, ts, dur
 
 
-def _metadata(plane, meta, on_device: bool) -> tuple[str, dict, str | None]:
+def _metadata(plane, meta, on_device: bool, names: dict | None = None) -> tuple[str, dict, str | None]:
     """(name, stats, stats as JSON) of an event metadata entry. A TPU op's metadata is named by its HLO text
     and displays the op's name: the event takes the short name (the text is in `xla_ops.hlo_text`), its
     program and op name go to args, and the op's own stats stay with the op in `xla_ops`."""
-    stats = _stats(plane, meta.stats)
+    stats = _stats(plane, meta.stats, names)
     name = meta.name
     if on_device and meta.display_name and "program_id" in stats:
         name = meta.display_name
@@ -262,14 +364,70 @@ def _metadata(plane, meta, on_device: bool) -> tuple[str, dict, str | None]:
     return name, stats, json.dumps(stats) if stats else None
 
 
+#: GPU models told apart by what a GPU plane's stats record (XLA's CUPTI/ROCm tracers write the vendor, compute
+#: capability, core count, clock (kHz), memory size and bandwidth, never the model's name): (vendor, compute
+#: capability, cores, memory GiB range, least clock MHz, least memory bandwidth B/s) -> the model's name as its
+#: driver spells it (what device_peaks matches). Only combinations one model has: an ambiguous one (A100 40 GB
+#: SXM/PCIe, V100 SXM2/PCIe, MI210/MI250 GCD, H100 NVL/GH200) keeps a generic name.
+GPU_MODELS = (
+    ("AMD", "9.4", 304, (0, 224), 0, 0, "AMD Instinct MI300X"),  # gfx942, 192 GB HBM3
+    ("AMD", "9.4", 304, (224, 1e9), 0, 0, "AMD Instinct MI325X"),  # gfx942, 256 GB HBM3E
+    ("AMD", "9.4", 228, (0, 1e9), 0, 0, "AMD Instinct MI300A"),
+    ("AMD", "9.4", 80, (0, 1e9), 0, 0, "AMD Instinct MI308X"),
+    ("AMD", "9.5", 256, (0, 1e9), 2300, 0, "AMD Instinct MI355X"),  # gfx950 at 2.4 GHz (the MI350X: 2.2 GHz)
+    ("AMD", "9.5", 256, (0, 1e9), 0, 0, "AMD Instinct MI350X"),
+    ("AMD", "9.0", 110, (0, 1e9), 0, 0, "AMD Instinct MI250X"),  # gfx90a: one GCD, the device ROCm shows
+    ("Nvidia", "8.0", 108, (60, 1e9), 0, 2.0e12, "NVIDIA A100-SXM4-80GB"),  # 2039 GB/s
+    ("Nvidia", "8.0", 108, (60, 1e9), 0, 0, "NVIDIA A100 80GB PCIe"),  # 1935 GB/s
+    ("Nvidia", "9.0", 132, (0, 88), 0, 0, "NVIDIA H100 80GB HBM3"),
+    ("Nvidia", "9.0", 114, (0, 1e9), 0, 0, "NVIDIA H100 PCIe"),
+    ("Nvidia", "9.0", 132, (130, 1e9), 0, 0, "NVIDIA H200"),
+    ("Nvidia", "10.0", 148, (0, 1e9), 0, 0, "NVIDIA B200"),
+)
+
+
+def gpu_model(stats: dict) -> str | None:
+    """The GPU model that a GPU plane's stats describe (vendor, compute capability, cores, memory, clock,
+    bandwidth), when only one model of GPU_MODELS has them."""
+    vendor, major, minor = stats.get("device_vendor"), stats.get("compute_cap_major"), stats.get("compute_cap_minor")
+    cores, memory = stats.get("core_count"), stats.get("memory_size")
+    if vendor is None or major is None or cores is None:
+        return None
+    mhz, bandwidth = (stats.get("clock_rate") or 0) / 1000, stats.get("memory_bandwidth") or 0
+    for v, capability, count, (low, high), least_mhz, least_bandwidth, name in GPU_MODELS:
+        if (v.lower() == str(vendor).lower() and capability == f"{major}.{minor}" and count == cores
+                and (memory is None or low <= memory / 2**30 < high) and mhz >= least_mhz
+                and bandwidth >= least_bandwidth):
+            return name
+    return None
+
+
+def _generic_name(plane, stats: dict) -> str | None:
+    """A GPU the trace describes without naming its model: by vendor and capabilities ('AMD GPU (compute
+    capability 9.0, 104 cores)'); by nothing when the plane records only its vendor (a GPU the profiled process
+    did not use: the tracer did not query it), so that it does not pass for a device model."""
+    vendor, major = stats.get("device_vendor"), stats.get("compute_cap_major")
+    if vendor is None:
+        return plane.name
+    if major is None:
+        return None
+    cores = f", {stats['core_count']} cores" if stats.get("core_count") is not None else ""
+    return f"{vendor} GPU (compute capability {major}.{stats.get('compute_cap_minor')}{cores})"
+
+
 def _device(device_id: int, plane, stats: dict) -> dict:
+    """A device plane's `devices` row. XPlane records a GPU's vendor and capabilities, not its model (told apart
+    by GPU_MODELS); a TPU's generation ('TPU v6 Lite', 'TPU v5p')."""
     major, minor = stats.get("compute_cap_major"), stats.get("compute_cap_minor")
+    model = gpu_model(stats)
+    properties = {"plane": plane.name, **stats}
+    if model:
+        properties["name_from"] = "device_vendor, compute_cap_major/minor, core_count, memory_size, clock_rate"
     return {
         "device_id": device_id,
-        # XPlane records a vendor, not always a model name; TPUs their generation ('TPU v6 Lite', 'TPU v5p')
-        "name": stats.get("device_name") or stats.get("device_type_string") or plane.name,
+        "name": stats.get("device_name") or stats.get("device_type_string") or model or _generic_name(plane, stats),
         "total_memory_bytes": stats.get("memory_size"),
         "compute_capability": f"{major}.{minor}" if major is not None else None,
         "sm_count": stats.get("core_count"),
-        "properties": {"plane": plane.name, **stats},
+        "properties": properties,
     }
