@@ -63,7 +63,9 @@ class Macro:
     table: bool
 
 
-_MACRO = re.compile(r"^\s*CREATE\s+OR\s+REPLACE\s+MACRO\s+(\w+)\s*\((.*?)\)\s+AS\s+(TABLE\s+)?(.*)$", re.S | re.I)
+# extract_statements keeps the comments before a statement (duckdb 2.0.1), so they are skipped here
+_MACRO = re.compile(r"^(?:\s*--[^\n]*\n)*\s*CREATE\s+OR\s+REPLACE\s+MACRO\s+(\w+)\s*\((.*?)\)\s+AS\s+(TABLE\s+)?(.*)$",
+                    re.S | re.I)
 
 
 def _split_params(text: str) -> list[str]:

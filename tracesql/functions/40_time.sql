@@ -18,7 +18,7 @@ CREATE OR REPLACE MACRO kernel_family(name) AS (
             drop_innermost_templates(regexp_replace(
                 -- an XLA op compiled for ROCm ('input_transpose_fusion_1.kd') loses its code-object suffix;
                 -- a library kernel's ('Cijk_..._WG32_8.kd': every part names a variant) keeps it
-                CASE WHEN regexp_matches(name, '^[a-z][a-z0-9_.-]*\.kd$') THEN name[:-4] ELSE name END,
+                CASE WHEN regexp_matches(name, '^[a-z][a-z0-9_.-]*\.kd$') THEN regexp_replace(name, '\.kd$', '') ELSE name END,
                 '^void ', ''))))),
         '^(.*?[\w>])\(.*$', '\1'),   -- the argument list: from the first '(' right after a name (not 'x::(anon...')
         '_\d+x\d+(x\d+)*', '', 'g'),  -- tile / launch shapes
