@@ -361,7 +361,7 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
         from .report import render  # noqa: F401  (jinja2 and plotly: the [report] extra)
         import plotly  # noqa: F401
     except ImportError as e:
-        raise click.ClickException(f"the report needs the [report] extra: pip install 'tracesql[report]' ({e})")
+        raise click.ClickException(f"the report needs the [report] extra: pip install 'tracesql-ml[report]' ({e})")
     mfu_params = {k: v for k, v in (("model_flops_per_step", model_flops), ("params", n_params),
                                     ("tokens_per_step", tokens_per_step)) if v is not None}
     result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order, gate_runs=gate_runs,
