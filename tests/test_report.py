@@ -319,13 +319,18 @@ def open_in_browser(page: Path, screenshot: Path) -> dict:
         seen.update(tab.evaluate("""() => ({
             charts: document.querySelectorAll('div.chart').length,
             rendered: [...document.querySelectorAll('div.chart')].filter(d => d.classList.contains('js-plotly-plot')
-                && [...d.querySelectorAll('svg.main-svg g.trace path')].some(
-                    p => (p.getAttribute('d') || '').length > 10)).length,
+                && ([...d.querySelectorAll('svg.main-svg g.trace path')].some(
+                    p => (p.getAttribute('d') || '').length > 10)
+                    || [...d.querySelectorAll('svg.main-svg g.hm image')].some(  // a heatmap: drawn as an image
+                    i => (i.getAttribute('href') || i.getAttribute('xlink:href') || '').length > 100))).length,
             names: [...document.querySelectorAll('div.chart')].map(d => d.id),
             text: document.body.innerText,
             chart_text: [...document.querySelectorAll('div.chart svg text')].map(t => t.textContent).join('\\n'),
             scripts: [...document.scripts].filter(s => !s.type).length })"""))
         tab.screenshot(path=str(screenshot), full_page=True)
+        heatmap = tab.query_selector("div.chart:has(g.hm)")
+        if heatmap:
+            heatmap.screenshot(path=str(screenshot.with_name(screenshot.stem + "-heatmap.png")))
         browser.close()
     return seen
 

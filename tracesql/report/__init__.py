@@ -205,7 +205,7 @@ def _step_traces(report: Report, paths: dict, regressed: list[Regression]) -> No
     steps = report.metrics.tables["steps"]
     wanted = [("slowest step of the latest run", report.focus), ("slowest step of the baseline", report.baseline)]
     wanted += [("slowest step of a regressed run", r.run_id) for r in regressed[:TRACES_WRITTEN]]
-    seen = set()
+    seen, files = set(), set()
     for why, rid in wanted:
         if rid in seen:
             continue
@@ -214,9 +214,12 @@ def _step_traces(report: Report, paths: dict, regressed: list[Regression]) -> No
         if found is None:
             continue
         step, rank, ns = found
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in rid)[:80]
-        report.traces.append(StepTrace(why, rid, rank, step, ns, f"perfetto/{safe}-rank{rank}-step{step}.pftrace",
-                                       paths[rid]))
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in rid)[:80].lstrip(".") or "run"
+        file = f"perfetto/{safe}-rank{rank}-step{step}.pftrace"
+        if file in files:  # two run_ids that read the same once made safe for a file name
+            file = f"perfetto/{safe}-{len(files)}-rank{rank}-step{step}.pftrace"
+        files.add(file)
+        report.traces.append(StepTrace(why, rid, rank, step, ns, file, paths[rid]))
 
 
 def _relative(run, base, metric) -> float:
