@@ -16,7 +16,7 @@ def test_match_key_macro():
 
     con = duckdb.connect()
     functions.install(con, ("10_sizes.sql",))
-    key = lambda pg, kind, seq: con.execute("SELECT collective_match_key(?, ?, ?)", [pg, kind, seq]).fetchone()[0]
+    key = lambda pg, kind, seq: con.execute("SELECT collective_match_key(?, ?, ?)", [pg, kind, seq]).fetchall()[0][0]
     assert key("0", "send", 3) == key("0", "recv", 3) == key("0", "send_recv", 3)
     assert key("0", "all_reduce", 3) != key("0", "send", 3)
     assert key(None, "all_reduce", 3) != key(None, "all_gather", 3)

@@ -36,7 +36,7 @@ class IngestResult:
 
 def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path, list[Path]]:
     """The trace files named or found (recursively) under `sources`, and the folder their paths are relative to."""
-    from .readers import trace_suffixes
+    from .readers import is_companion, trace_suffixes
 
     suffixes = trace_suffixes()
     files: list[Path] = []
@@ -44,7 +44,8 @@ def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path,
         if src.is_dir():
             for root, dirs, names in os.walk(src):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and Path(root, d) != exclude)
-                files += [Path(root, n) for n in sorted(names) if n.endswith(suffixes) and not n.startswith(".")]
+                files += [Path(root, n) for n in sorted(names) if n.endswith(suffixes) and not n.startswith(".")
+                          and not is_companion(Path(root, n))]
         elif src.is_file():
             files.append(src)
         else:

@@ -376,12 +376,18 @@ WITH comm_kernels AS (
 ), per_call AS (
     SELECT collective_call, count(*) AS kernel_count, any_value(device_id) AS device_id,
         arg_min(stream, ts) AS stream, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur,
-        sum(dur) AS kernel_dur
+        sum(dur) AS kernel_dur,
+        -- what the kernels say of the call, for host calls that record none (c10d ops; torch_npu's HCCL ops)
+        min(json_extract_string(args, '$.dtype')) AS kernel_dtype,
+        max(TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT)) AS kernel_in_nelems,
+        max(TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT)) AS kernel_out_nelems,
+        min(json_extract_string(args, '$."Process Group Name"')) AS kernel_pg_name
     FROM comm_kernels WHERE collective_call IS NOT NULL GROUP BY collective_call
 ), calls AS (
     SELECT s.run_id, s.rank, s.slice_id AS collective_id, s.args, s.step, s.ts AS cpu_ts, s.dur AS cpu_dur,
         COALESCE(json_extract_string(s.args, '$."Collective name"'), s.name) AS source_name,
-        k.kernel_count, k.device_id, k.stream, k.device_ts, k.device_dur, k.kernel_dur
+        k.kernel_count, k.device_id, k.stream, k.device_ts, k.device_dur, k.kernel_dur, k.kernel_dtype,
+        k.kernel_in_nelems, k.kernel_out_nelems, k.kernel_pg_name
     FROM slices s JOIN extra x USING (slice_id) LEFT JOIN per_call k ON k.collective_call = s.slice_id
     WHERE x.is_collective_call
 ), kernel_only AS (
@@ -399,7 +405,7 @@ WITH comm_kernels AS (
       AND NOT regexp_matches(COALESCE(e.hlo_op, ''), '-done([.]\\d+)?$')  -- the wait of an async collective
 ), rows AS (
     SELECT *,
-        COALESCE(json_extract_string(args, '$."Process Group Name"'),
+        COALESCE(json_extract_string(args, '$."Process Group Name"'), kernel_pg_name,
                  'xla ' || CAST(xla_group AS VARCHAR)) AS pg_name,
         json_extract_string(args, '$."Process Group Description"') AS pg_desc,
         COALESCE(TRY_CAST(json_extract_string(args, '$."Group size"') AS INTEGER), xla_group_size) AS group_size,
@@ -407,13 +413,14 @@ WITH comm_kernels AS (
             AS group_ranks,
         COALESCE(xla_dtype, json_extract_string(args, '$.dtype'),
                  list_filter(TRY_CAST(json_extract(args, '$."Input type"') AS VARCHAR[]),
-                             lambda t: dtype_bytes(t) IS NOT NULL)[1]) AS dtype,
+                             lambda t: dtype_bytes(t) IS NOT NULL)[1], kernel_dtype) AS dtype,
         -- without metadata the message is the op's input tensor: the second one of c10d's *_base_ ops
         -- (output, input), the first otherwise
-        COALESCE(xla_in, TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT),
+        COALESCE(xla_in, TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT), kernel_in_nelems,
                  tensor_numel(json_extract(args, '$."Input Dims"'),
                               CASE WHEN contains(source_name, '_base_') THEN 2 ELSE 1 END)) AS in_nelems,
-        COALESCE(xla_out, TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT)) AS out_nelems,
+        COALESCE(xla_out, TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT), kernel_out_nelems)
+            AS out_nelems,
         TRY_CAST(COALESCE(json_extract_string(args, '$.Seq'), json_extract_string(args, '$.seq')) AS BIGINT)
             AS recorded_seq
     FROM (SELECT * FROM calls UNION ALL BY NAME SELECT * FROM kernel_only)
