@@ -51,6 +51,10 @@ EXAMPLES: dict[str, Example] = {
         note="`tracesql diff BEFORE AFTER` runs this query on two runs; gloo runs on the CPU, so without device "
              "events on both sides ops are compared on host self time."),
     "hotspots": Example("query hotspots datasets/tracelens_b200_eager/ -p top=3", 6),
+    "iterations": Example(
+        "query iterations datasets/tracelens_vllm_graph_execution/",
+        note="TraceLens' vLLM decode trace replays a full graph: 32 requests decode one token each; the host range "
+             "launches the graph and returns while the device runs for 10.7 ms."),
     "kernel_breakdown": Example("query kernel_breakdown datasets/hta_trace_filter/", 8),
     "launch": Example("query launch datasets/hta_trace_filter/", 6),
     "memory": Example("query memory datasets/torch_gloo_2rank/"),
