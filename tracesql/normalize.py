@@ -318,11 +318,15 @@ def _derive(con, slices: pa.Table, checks: list[dict], data: TraceData, run_id: 
     emit("warnings", _from_rows(con, "warnings", [{"run_id": run_id, "rank": rank, "source_path": None, **c}
                                                   for c in checks]))
     con.register("groups", metadata["process_groups"])  # used by the collectives query
+    con.register("fwd_links", data.fwd_links if data.fwd_links is not None else _NO_FWD_LINKS)
     con.register("xla_ops", emit("xla_ops", _from_rows(con, "xla_ops", [{"run_id": run_id, "rank": rank, **r}
                                                                        for r in data.xla_ops])))
     for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL)):
         emit(name, con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})"))
     return rows
+
+
+_NO_FWD_LINKS = pa.table({"slice_id": pa.array([], pa.int64()), "fwd_slice_id": pa.array([], pa.int64())})
 
 
 def _table(con, name: str, sql: str, params: dict | None = None) -> pa.Table:
@@ -337,6 +341,7 @@ SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s
     s.op_id AS parent_op_id, x.op_depth, s.step, s.external_id,
     TRY_CAST(json_extract_string(s.args, '$."Sequence number"') AS BIGINT) AS sequence_number,
     TRY_CAST(json_extract_string(s.args, '$."Fwd thread id"') AS BIGINT) AS fwd_thread_id,
+    fl.fwd_slice_id AS fwd_op_id,
     list_transform(TRY_CAST(json_extract(s.args, '$."Input Dims"') AS JSON[]),
                    lambda d: TRY_CAST(d AS BIGINT[])) AS input_dims,
     TRY_CAST(json_extract(s.args, '$."Input type"') AS VARCHAR[]) AS input_types,
@@ -348,6 +353,7 @@ SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s
     x.kernel_count, x.device_self_ns, x.kernel_count_total, x.device_total_ns
 FROM slices s
 JOIN extra x USING (slice_id)  -- (an op's own op_id is the op enclosing it)
+LEFT JOIN fwd_links fl ON fl.slice_id = s.slice_id
 WHERE s.kind = 'cpu_op'
 UNION ALL BY NAME
 -- XLA ops: one row per execution (xla_exec), with its HLO op's operands and costs from xla_ops

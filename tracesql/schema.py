@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -25,6 +25,8 @@ SCHEMA_CHANGES = {
        "(TPU and CPU ops, GPU kernels of one HLO op); memory gains allocator, peak_allocated_bytes, "
        "requested_bytes, fragmentation and op_name, and holds XPlane's allocator events; memory.device_type "
        "may be 'tpu'",
+    4: "phases (issue 14): ops gains fwd_op_id (the forward op a backward op differentiates, from Kineto's "
+       "fwdbwd flows)",
 }
 OLDEST_READABLE = 1
 
@@ -166,6 +168,9 @@ TABLES: dict[str, Table] = {
                 ("external_id", "BIGINT", "Kineto 'External id'."),
                 ("sequence_number", "BIGINT", "Autograd sequence number (links forward and backward ops)."),
                 ("fwd_thread_id", "BIGINT", "For backward ops: the thread of the matching forward op."),
+                ("fwd_op_id", "BIGINT", "For backward ops: op_id of the forward op they differentiate (Kineto's "
+                 "fwdbwd flow events, which link the autograd node's first backward op to its forward op); NULL for "
+                 "other ops and when the trace has no such flows."),
                 ("input_dims", "BIGINT[][]", "Shape of each input (record_shapes); NULL entries for non-tensor inputs."),
                 ("input_types", "VARCHAR[]", "Dtype or kind of each input (float, c10::BFloat16, Scalar, ...)."),
                 ("input_strides", "BIGINT[][]", "Strides of each tensor input, when recorded."),
