@@ -190,3 +190,223 @@ def test_launch_on_a_trace_without_steps_is_one_row_per_rank(ingested):
     assert len(df) == 1 and pd.isna(df.step.iloc[0])
     assert df.launches.iloc[0] == sql(run, "SELECT count(*) FROM slices WHERE kind IN ('kernel', 'memcpy', "
                                            "'memset') AND launch_id IS NOT NULL")[0][0]
+
+
+def test_range_bounds_nesting_and_threads(tmp_path):
+    """A crafted trace: a launch at a range's start is inside it, one at its end is not; a range holds the launches
+    of another thread of its process only under projection 'process'; another process's never."""
+    main, worker, other = dict(pid=1, tid=1), dict(pid=1, tid=2), dict(pid=2, tid=3)
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "outer", "ts": 100.0, "dur": 100.0, **main},
+        {"ph": "X", "cat": "user_annotation", "name": "inner", "ts": 120.0, "dur": 30.0, **main},
+    ]
+    launches = [(100.0, main, 1.0), (130.0, main, 2.0), (150.0, main, 4.0), (200.0, main, 8.0),
+                (160.0, worker, 16.0), (160.0, other, 32.0)]
+    for i, (ts, where, dur) in enumerate(launches):
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 0.5,
+                       **where, "args": {"correlation": i + 1}})
+        events.append({"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": 300.0 + 50 * i, "dur": dur, "pid": 0,
+                       "tid": 7, "args": {"correlation": i + 1, "device": 0, "stream": 7}})
+    run = tmp_path / "run"
+    tracesql.ingest([write_trace(tmp_path / "t.json", events)], run)
+    process = host_rows(tracesql.query("annotations", run))
+    thread = host_rows(tracesql.query("annotations", run, projection="thread"))
+    # outer: k0 (at its start), k1 (inside inner), k2 (at inner's end: outer's self), k4 (worker thread); not k3
+    # (at outer's end) nor k5 (another process)
+    assert process.loc["outer", ["kernels", "device_ns", "self_device_ns", "child_device_ns", "other_thread_ns"]] \
+        .tolist() == [4, 23_000, 21_000, 2_000, 16_000]
+    assert thread.loc["outer", ["kernels", "device_ns", "self_device_ns", "other_thread_ns"]].tolist() == \
+        [3, 7_000, 5_000, 0]
+    assert process.loc["inner", ["kernels", "device_ns", "device_span_ns"]].tolist() == [1, 2_000, 2_000]
+    assert thread.loc["inner", "device_ns"] == 2_000
+
+
+# ---------------------------------------------------------------------------------------------- phases
+
+PHASES = ["forward_ns", "backward_ns", "optimizer_ns", "data_loading_ns", "exposed_communication_ns", "other_ns",
+          "idle_ns"]
+
+
+def exclusive_times(window: tuple[int, int], intervals: dict[str, list[tuple[int, int]]]) -> dict[str, int]:
+    """The window cut at every interval edge; each piece goes to the first label (in dict order) running then,
+    else 'idle'. A sweep written apart from the query's, in plain Python."""
+    start, end = window
+    cuts = {start, end}
+    clipped = {}
+    for label, spans in intervals.items():
+        clipped[label] = [(max(a, start), min(b, end)) for a, b in spans if a < end and b > start]
+        for a, b in clipped[label]:
+            cuts.update((a, b))
+    cuts = sorted(cuts)
+    out = dict.fromkeys([*intervals, "idle"], 0)
+    for a, b in zip(cuts, cuts[1:]):
+        mid = (a + b) / 2
+        label = next((lb for lb, spans in clipped.items() if any(x <= mid < y for x, y in spans)), "idle")
+        out[label] += b - a
+    return out
+
+
+def test_phases_of_each_step_match_a_sweep_of_the_raw_trace(ingested, nccl_events):
+    """nccl_parser_config: forward/backward/optimizer from the '## ... ##' annotations and the autograd thread, every
+    instant of each step's device window given to one phase, recomputed from the raw JSON."""
+    run = ingested(NCCL)
+    df = tracesql.query("phases", run).set_index("step")
+    base = sql(run, "SELECT base_time_ns FROM ranks")[0][0]
+    ranges = {name: [(ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in nccl_events
+                     if e.get("cat") == "user_annotation" and e["name"] == name]
+              for name in ("## forward ##", "## backward ##", "## optimizer ##", "Optimizer.zero_grad#SGD.zero_grad")}
+    autograd = {e["tid"] for e in nccl_events if e.get("name", "").startswith("autograd::engine::evaluate_function")}
+    assert autograd == {2919752}
+    labels = defaultdict(list)
+    counts = defaultdict(int)
+    for k, call in launched(nccl_events):
+        t = ns(call["ts"])
+        within = {name for name, spans in ranges.items() if any(a <= t < b for a, b in spans)}
+        if "nccl" in k["name"].lower():
+            label = "communication"
+        elif "## backward ##" in within or call["tid"] in autograd:
+            label = "backward"
+        elif within & {"## optimizer ##", "Optimizer.zero_grad#SGD.zero_grad"}:
+            label = "optimizer"
+        elif "## forward ##" in within:
+            label = "forward"
+        else:
+            label = "other"
+        labels[label].append((ns(k["ts"]), ns(k["ts"]) + ns(k["dur"])))
+    steps = [e for e in nccl_events if e.get("name", "").startswith("ProfilerStep#")]
+    assert sorted(df.index) == [4, 5, 6]
+    for step in steps:
+        number, s0, s1 = int(step["name"].split("#")[1]), ns(step["ts"]), ns(step["ts"]) + ns(step["dur"])
+        mine = [(ns(k["ts"]), ns(k["ts"]) + ns(k["dur"])) for k, call in launched(nccl_events) if s0 <= ns(call["ts"]) <= s1]
+        window = (min(a for a, _ in mine), max(b for _, b in mine))
+        ordered = {lb: labels[lb] for lb in ("forward", "backward", "optimizer", "other", "communication")}
+        want = exclusive_times(window, ordered)
+        row = df.loc[number]
+        assert row.window_ns == window[1] - window[0] == sql(run, f"SELECT device_dur FROM steps WHERE step = {number}")[0][0]
+        assert (row.forward_ns, row.backward_ns, row.optimizer_ns, row.other_ns, row.exposed_communication_ns,
+                row.idle_ns) == (want["forward"], want["backward"], want["optimizer"], want["other"],
+                                 want["communication"], want["idle"])
+        assert row.data_loading_ns == 0 and row[PHASES].sum() == row.window_ns
+        comm = exclusive_times(window, {"communication": labels["communication"]})["communication"]
+        assert row.communication_ns == comm
+    assert df.backward_ns.min() > 25_000_000 and df.forward_ns.min() > 12_000_000  # the example is not vacuous
+    assert (df.forward_kernels == 450).all() and (df.backward_kernels == 792).all() and (df.optimizer_kernels == 9).all()
+    del base
+
+
+@pytest.mark.parametrize("source", ["hta_trace_filter", "hta_nccl_parser_config", "tracelens_b200_eager",
+                                    "tracelens_vllm_graph_execution", "torch_gloo_2rank", "jax_cpu_mlp"])
+def test_phases_add_up_to_the_device_window_on_bundled_traces(ingested, source):
+    check_phases_add_up(ingested(DATASETS / source))
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("path", [
+    "hta/tests/data/df_index_resolver/df_index_resolver.json.gz",
+    "tracelens/tests/traces/mi300/resnet_act_checkpoint.json.gz",
+    "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+    "hta/tests/data/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+    "tracelens/tests/traces/inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz",
+])
+def test_phases_add_up_to_the_device_window_on_corpus_traces(ingested, path):
+    check_phases_add_up(ingested(corpus_path(path)))
+
+
+def check_phases_add_up(run):
+    df = tracesql.query("phases", run)
+    con = tracesql.connect(run)
+    has_device = con.execute("SELECT count(*) FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')").fetchone()[0]
+    assert (len(df) > 0) == (has_device > 0)
+    assert (df[PHASES] >= 0).all().all() and (df[PHASES].sum(axis=1) == df.window_ns).all()
+    assert (df.communication_ns >= df.exposed_communication_ns).all()
+    steps = dict(con.execute("SELECT rank || '/' || step, device_dur FROM steps WHERE device_dur IS NOT NULL").fetchall())
+    if steps:
+        assert {f"{r}/{s}": w for r, s, w in zip(df["rank"], df.step, df.window_ns)} == steps
+    else:  # one window per rank: its first to last device event
+        spans = dict(con.execute("SELECT rank, max(ts + dur) - min(ts) FROM slices WHERE kind IN ('kernel', "
+                                 "'memcpy', 'memset') GROUP BY rank").fetchall())
+        assert df.step.isna().all() and dict(zip(df["rank"], df.window_ns)) == spans
+
+
+def test_phases_without_steps_cover_the_rank(ingested):
+    """vLLM decode replaying a HIP graph (no ProfilerStep): one row, the rank's device time from the raw JSON."""
+    events = raw_events(next(VLLM.glob("*.json.gz")))
+    device = [e for e in events if e.get("cat") in DEVICE_CATS]
+    df = tracesql.query("phases", ingested(VLLM))
+    assert len(df) == 1 and pd.isna(df.step.iloc[0])
+    assert df.window_ns.iloc[0] == max(ns(e["ts"]) + ns(e["dur"]) for e in device) - min(ns(e["ts"]) for e in device)
+    # no autograd and no phase annotation; the one module call on the stack ('nn.Module: LogitsProcessor_0')
+    # launched one kernel (forward); the replayed graph's kernels are 'other'; the device is busy
+    row = df.iloc[0]
+    assert row.forward_kernels == 1 and row.backward_kernels == row.optimizer_kernels == 0
+    assert row.forward_ns + row.other_ns + row.idle_ns == row.window_ns and row.busy_share > 0.99
+
+
+# ---------------------------------------------------------------------------------------------- modules
+
+QWEN = "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+
+
+@pytest.mark.corpus
+def test_decoder_layer_device_time_from_the_module_stack(ingested):
+    """Qwen1.5-0.5B on an H100 (with_stack): one decoder layer's call ≈ 1.32 ms of device time; every instance's
+    kernels recomputed from the raw JSON (launches from the layer's thread while its 'nn.Module' range ran)."""
+    path = corpus_path(QWEN)
+    run = ingested(path)
+    events = raw_events(path)
+    pairs = launched(events)
+    per_instance = {}
+    for m in (e for e in events if e.get("name", "").startswith("nn.Module: Qwen2DecoderLayer_")):
+        start, end = ns(m["ts"]), ns(m["ts"]) + ns(m["dur"])
+        inside = [k for k, call in pairs if call["tid"] == m["tid"] and start <= ns(call["ts"]) < end]
+        per_instance[m["name"][len("nn.Module: "):]] = (len(inside), sum(ns(k["dur"]) for k in inside))
+    assert len(per_instance) == 24
+    instances = tracesql.query("modules", run, per="instance", top=1000).set_index("module")
+    layers = instances[instances.module_type == "Qwen2DecoderLayer"]
+    assert {name: (row.kernels, row.device_ns) for name, row in layers.iterrows()} == per_instance
+    types = tracesql.query("modules", run).set_index("module")
+    layer = types.loc["Qwen2DecoderLayer"]
+    assert (layer.calls, layer.instances, layer.module_depth) == (24, 24, 1)
+    assert layer.device_ns == sum(d for _, d in per_instance.values())
+    assert layer.device_mean_ns == pytest.approx(1.32e6, rel=0.01)
+    step = sql(run, "SELECT device_dur FROM steps")[0][0]
+    assert layer.step_share == pytest.approx(layer.device_ns / step)
+
+
+@pytest.mark.corpus
+def test_module_types_add_their_instances_and_self_time_adds_up(ingested):
+    run = ingested(corpus_path(QWEN))
+    types = tracesql.query("modules", run, top=1000).set_index("module")
+    instances = tracesql.query("modules", run, per="instance", top=1000)
+    summed = instances.groupby("module_type")[["calls", "kernels", "device_ns", "self_device_ns", "host_ns"]].sum()
+    assert (summed.loc[types.index] == types[summed.columns]).all().all()
+    # every module call runs inside the model's: the self times of all modules are the model's device time, once
+    assert types.self_device_ns.sum() == types.loc["Qwen2Model", "device_ns"]
+    assert (types.loc[["Linear", "SiLU", "Qwen2RMSNorm"], "self_device_ns"] ==
+            types.loc[["Linear", "SiLU", "Qwen2RMSNorm"], "device_ns"]).all()  # leaves
+
+
+def test_module_types_from_the_raw_module_stack_of_a_bundled_trace(ingested):
+    """GPT-OSS on a B200 (bundled, with_stack): each module type's calls, kernels and device time recomputed from the
+    raw JSON's 'nn.Module: X_N' ranges and the launches of their thread."""
+    path = next((DATASETS / "tracelens_b200_eager").glob("*.json.gz"))
+    events = raw_events(path)
+    pairs = launched(events)
+    by_thread = defaultdict(list)
+    for k, call in pairs:
+        by_thread[call["tid"]].append((ns(call["ts"]), ns(k["dur"])))
+    expected = defaultdict(lambda: [0, 0, 0])
+    for m in (e for e in events if e.get("name", "").startswith("nn.Module: ")):
+        start, end = ns(m["ts"]), ns(m["ts"]) + ns(m["dur"])
+        inside = [d for t, d in by_thread[m["tid"]] if start <= t < end]
+        kind = m["name"][len("nn.Module: "):].rsplit("_", 1)[0]
+        expected[kind][0] += 1
+        expected[kind][1] += len(inside)
+        expected[kind][2] += sum(inside)
+    df = tracesql.query("modules", ingested(DATASETS / "tracelens_b200_eager"), top=1000).set_index("module")
+    assert {name: [r.calls, r.kernels, r.device_ns] for name, r in df.iterrows()} == dict(expected)
+    assert df.loc["TransformerBlock", "calls"] == 36 and df.loc["GptOssForCausalLM", "module_depth"] == 0
+
+
+def test_modules_need_the_module_stack(ingested):
+    assert tracesql.query("modules", ingested(NCCL)).empty

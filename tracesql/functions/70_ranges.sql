@@ -2,14 +2,31 @@
 
 -- The host ranges range_launches projects: ranges = 'annotations' (user annotations, ProfilerStep#N left to
 -- `steps`), 'modules' (the module stack: 'nn.Module: Name_N' ranges of with_stack / with_modules traces) or
--- 'phases' (the ranges that say which training phase runs: annotations, and the autograd engine's
--- 'autograd::engine::evaluate_function: ...' ops, which run one backward node each).
+-- 'phases' (the ranges that say which training phase runs: annotations, the module stack, the autograd engine's
+-- 'autograd::engine::evaluate_function: ...' ops, which run one backward node each, and the backward ops linked to
+-- their forward op, ops.fwd_op_id).
 CREATE OR REPLACE MACRO host_ranges(ranges := 'annotations') AS TABLE
-SELECT run_id, rank, slice_id, name, pid, tid, depth, ts, ts + dur AS te, dur
-FROM slices
-WHERE (ranges IN ('annotations', 'phases') AND kind = 'user_annotation' AND NOT starts_with(name, 'ProfilerStep#'))
-   OR (ranges = 'modules' AND kind IN ('python_function', 'user_annotation') AND starts_with(name, 'nn.Module: '))
-   OR (ranges = 'phases' AND kind = 'cpu_op' AND starts_with(name, 'autograd::engine::evaluate_function: '));
+SELECT s.run_id, s.rank, s.slice_id, s.name, s.pid, s.tid, s.depth, s.ts, s.ts + s.dur AS te, s.dur
+FROM slices s
+LEFT JOIN (SELECT run_id, rank, op_id FROM ops WHERE ranges = 'phases' AND fwd_op_id IS NOT NULL) b
+  ON b.run_id = s.run_id AND b.rank = s.rank AND b.op_id = s.slice_id
+WHERE (ranges IN ('annotations', 'phases') AND s.kind = 'user_annotation' AND NOT starts_with(s.name, 'ProfilerStep#'))
+   OR (ranges IN ('modules', 'phases') AND s.kind IN ('python_function', 'user_annotation')
+       AND starts_with(s.name, 'nn.Module: '))
+   OR (ranges = 'phases' AND s.kind = 'cpu_op'
+       AND (starts_with(s.name, 'autograd::engine::evaluate_function: ') OR b.op_id IS NOT NULL));
+
+-- The training phase a host range's name says it runs ('## backward ##', 'Optimizer.step#AdamW.step',
+-- 'enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__', 'DistributedDataParallel.forward', an
+-- 'nn.Module: Linear_0' call, ...), or NULL. Checked in this order: backward, optimizer, data_loading, forward.
+CREATE OR REPLACE MACRO range_phase(name) AS (
+    CASE WHEN starts_with(name, 'autograd::engine::evaluate_function: ') OR regexp_matches(lower(name), 'backward')
+              THEN 'backward'
+         WHEN regexp_matches(lower(name), 'optimi[sz]er|zero_grad') THEN 'optimizer'
+         WHEN regexp_matches(lower(name), 'dataloader|data_load|data load|fetch_batch|get_batch|next_batch')
+              THEN 'data_loading'
+         WHEN regexp_matches(lower(name), 'forward') OR starts_with(name, 'nn.Module: ') THEN 'forward' END
+);
 
 -- One row per (host range, device event launched inside it): the kernels, copies and memsets whose launching
 -- host call (slices.launch_id) started in [range start, range end).
