@@ -25,8 +25,8 @@ SCHEMA_CHANGES = {
        "(TPU and CPU ops, GPU kernels of one HLO op); memory gains allocator, peak_allocated_bytes, "
        "requested_bytes, fragmentation and op_name, and holds XPlane's allocator events; memory.device_type "
        "may be 'tpu'",
-    4: "phases (issue 14): ops gains fwd_op_id (the forward op a backward op differentiates, from Kineto's "
-       "fwdbwd flows)",
+    4: "phases (issue 14): ops gains fwd_op_id (the forward op a backward op differentiates: Kineto's fwdbwd "
+       "flows, else autograd sequence numbers)",
 }
 OLDEST_READABLE = 1
 
@@ -168,9 +168,10 @@ TABLES: dict[str, Table] = {
                 ("external_id", "BIGINT", "Kineto 'External id'."),
                 ("sequence_number", "BIGINT", "Autograd sequence number (links forward and backward ops)."),
                 ("fwd_thread_id", "BIGINT", "For backward ops: the thread of the matching forward op."),
-                ("fwd_op_id", "BIGINT", "For backward ops: op_id of the forward op they differentiate (Kineto's "
-                 "fwdbwd flow events, which link the autograd node's first backward op to its forward op); NULL for "
-                 "other ops and when the trace has no such flows."),
+                ("fwd_op_id", "BIGINT", "For backward ops: op_id of the forward op they differentiate, from Kineto's "
+                 "fwdbwd flow events, else (traces without them) by the rule PyTorch writes them with: the latest "
+                 "forward op of the process with the same sequence_number to start before it. NULL for other ops, "
+                 "and when the forward op is not in the trace."),
                 ("input_dims", "BIGINT[][]", "Shape of each input (record_shapes); NULL entries for non-tensor inputs."),
                 ("input_types", "VARCHAR[]", "Dtype or kind of each input (float, c10::BFloat16, Scalar, ...)."),
                 ("input_strides", "BIGINT[][]", "Strides of each tensor input, when recorded."),
