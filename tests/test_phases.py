@@ -7,6 +7,7 @@ the autograd thread, 543 fwdbwd flows) and, when the corpus is there, more real 
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import shutil
@@ -244,19 +245,30 @@ PHASES = ["forward_ns", "backward_ns", "optimizer_ns", "data_loading_ns", "expos
 
 def exclusive_times(window: tuple[int, int], intervals: dict[str, list[tuple[int, int]]]) -> dict[str, int]:
     """The window cut at every interval edge; each piece goes to the first label (in dict order) running then,
-    else 'idle'. A sweep written apart from the query's, in plain Python."""
+    else 'idle'. A sweep written apart from the query's, in plain Python: each label's intervals merged, each
+    piece looked up by bisection."""
     start, end = window
     cuts = {start, end}
-    clipped = {}
+    merged = {}
     for label, spans in intervals.items():
-        clipped[label] = [(max(a, start), min(b, end)) for a, b in spans if a < end and b > start]
-        for a, b in clipped[label]:
+        union: list[list[int]] = []
+        for a, b in sorted((max(a, start), min(b, end)) for a, b in spans if a < end and b > start):
+            if union and a <= union[-1][1]:
+                union[-1][1] = max(union[-1][1], b)
+            else:
+                union.append([a, b])
+        merged[label] = ([a for a, _ in union], [b for _, b in union])
+        for a, b in union:
             cuts.update((a, b))
     cuts = sorted(cuts)
     out = dict.fromkeys([*intervals, "idle"], 0)
     for a, b in zip(cuts, cuts[1:]):
-        mid = (a + b) / 2
-        label = next((lb for lb, spans in clipped.items() if any(x <= mid < y for x, y in spans)), "idle")
+        label = "idle"
+        for lb, (starts, ends) in merged.items():
+            i = bisect.bisect_right(starts, a) - 1
+            if i >= 0 and a < ends[i]:
+                label = lb
+                break
         out[label] += b - a
     return out
 
