@@ -34,14 +34,21 @@ MAX_NAME_CHARS = 8192
 #: are at most 16 MB whatever the input.
 OUT_BATCH_ROWS = 2048
 
-from . import kineto, nsys, perfetto, rocprof, xplane  # noqa: E402 (they use the limits above)
+from . import ascend, kineto, nsys, perfetto, rocprof, xplane  # noqa: E402 (they use the limits above)
 
 #: Tried in order; the first whose detect() says yes reads the file.
-READERS = [rocprof, kineto, xplane, perfetto, nsys]  # xplane (by name) before perfetto (by content): both protobuf
+READERS = [rocprof, ascend, kineto, xplane, perfetto, nsys]  # ascend (by name) before kineto: both Chrome JSON;
+# xplane (by name) before perfetto (by content): both protobuf
 
 
 def trace_suffixes() -> tuple[str, ...]:
     return tuple(sorted({suffix for reader in READERS for suffix in reader.SUFFIXES}))
+
+
+def is_companion(path: Path) -> bool:
+    """A file found in a folder that belongs to another file's export and is no trace of its own (torch_npu's
+    communication.json beside its trace_view.json): not ingested on its own."""
+    return any(getattr(reader, "is_companion", None) and reader.is_companion(path) for reader in READERS)
 
 #: Columns a reader's `slices` table must have (normalize adds the rest of `schema.TABLES['slices']`), with the
 #: Arrow type of each; text columns with few distinct values are dictionary-encoded.
