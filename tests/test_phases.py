@@ -11,6 +11,7 @@ import bisect
 import json
 import math
 import shutil
+import statistics
 from collections import defaultdict
 from decimal import ROUND_HALF_EVEN, Decimal
 
@@ -198,14 +199,34 @@ def test_launch_has_one_row_per_step_and_one_for_the_rank(ingested, nccl_events)
     assert whole.launches == len(launched(nccl_events)) == df.launches[df.step.notna()].sum()
 
 
-def test_launch_on_a_trace_without_steps_is_one_row_per_rank(ingested):
-    """vLLM decode replaying a HIP graph: no ProfilerStep; the rank's row once (the old query repeated it 8 times)."""
-    run = ingested(VLLM)
+def no_step_trace(tmp_path):
+    """A crafted trace without steps: the main thread's '## forward ##' launches two kernels, an autograd thread
+    (it runs a backward op) launches one, then an NCCL kernel; µs: forward 10-20 and 15-25 (overlapping streams),
+    backward 30-40, all-reduce 35-50 (5 µs hidden under backward), idle 25-30."""
+    main, autograd = dict(pid=1, tid=1), dict(pid=1, tid=2)
+    events = [{"ph": "X", "cat": "user_annotation", "name": "## forward ##", "ts": 0.0, "dur": 5.0, **main},
+              {"ph": "X", "cat": "cpu_op", "name": "MmBackward0", "ts": 6.0, "dur": 3.0, **autograd,
+               "args": {"Sequence number": 7, "Fwd thread id": 1}}]
+    kernels = [(1.0, main, "gemm", 10.0, 10.0, 7), (2.0, main, "relu", 15.0, 10.0, 8),
+               (7.0, autograd, "gemm_bwd", 30.0, 10.0, 7), (8.0, main, "ncclDevKernel_AllReduce", 35.0, 15.0, 9)]
+    for i, (launch, where, name, ts, dur, stream) in enumerate(kernels):
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": launch, "dur": 0.5,
+                       **where, "args": {"correlation": i + 1}})
+        events.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": stream,
+                       "args": {"correlation": i + 1, "device": 0, "stream": stream}})
+    run = tmp_path / "run"
+    tracesql.ingest([write_trace(tmp_path / "t.json", events)], run)
     assert sql(run, "SELECT count(*) FROM steps") == [(0,)]
-    df = tracesql.query("launch", run)
+    return run
+
+
+def test_launch_on_a_trace_without_steps_is_one_row_per_rank(tmp_path):
+    """No steps: the rank's row once (the previous query repeated it 8 times: 2 x 2 x 2 NULL-step groups joined)."""
+    df = tracesql.query("launch", no_step_trace(tmp_path))
     assert len(df) == 1 and pd.isna(df.step.iloc[0])
-    assert df.launches.iloc[0] == sql(run, "SELECT count(*) FROM slices WHERE kind IN ('kernel', 'memcpy', "
-                                           "'memset') AND launch_id IS NOT NULL")[0][0]
+    row = df.iloc[0]
+    assert (row.launches, row.calls, row.delay_max_ns) == (4, 4, 27_000)  # the all-reduce: launched at 8, ran at 35
+    assert row.delay_p50_ns == statistics.median([9_000, 13_000, 23_000, 27_000])
 
 
 def test_range_bounds_nesting_and_threads(tmp_path):
@@ -355,18 +376,16 @@ def check_phases_add_up(run):
         assert df.step.isna().all() and dict(zip(df["rank"], df.window_ns)) == spans
 
 
-def test_phases_without_steps_cover_the_rank(ingested):
-    """vLLM decode replaying a HIP graph (no ProfilerStep): one row, the rank's device time from the raw JSON."""
-    events = raw_events(next(VLLM.glob("*.json.gz")))
-    device = [e for e in events if e.get("cat") in DEVICE_CATS]
-    df = tracesql.query("phases", ingested(VLLM))
+def test_phases_without_steps_cover_the_rank(tmp_path):
+    """No steps: one row per rank over its whole device time, every phase worked out by hand."""
+    df = tracesql.query("phases", no_step_trace(tmp_path))
     assert len(df) == 1 and pd.isna(df.step.iloc[0])
-    assert df.window_ns.iloc[0] == max(ns(e["ts"]) + ns(e["dur"]) for e in device) - min(ns(e["ts"]) for e in device)
-    # no autograd and no phase annotation; the one module call on the stack ('nn.Module: LogitsProcessor_0')
-    # launched one kernel (forward); the replayed graph's kernels are 'other'; the device is busy
     row = df.iloc[0]
-    assert row.forward_kernels == 1 and row.backward_kernels == row.optimizer_kernels == 0
-    assert row.forward_ns + row.other_ns + row.idle_ns == row.window_ns and row.busy_share > 0.99
+    assert row.window_ns == 40_000  # 10 µs to 50 µs
+    assert (row.forward_ns, row.backward_ns, row.exposed_communication_ns, row.idle_ns, row.other_ns) == \
+        (15_000, 10_000, 10_000, 5_000, 0)
+    assert (row.communication_ns, row.forward_kernels, row.backward_kernels) == (15_000, 2, 1)
+    assert row.busy_share == pytest.approx(35 / 40)
 
 
 # ---------------------------------------------------------------------------------------------- modules
