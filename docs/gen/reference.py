@@ -90,8 +90,16 @@ def stale_examples() -> list[str]:
 
 
 def _text(doc: str) -> str:
-    """A header's free text as Markdown: HTML-escaped, hard line breaks kept where a line starts a new point."""
-    return escape_html(doc)
+    """A header's free text as Markdown, HTML-escaped. Headers are hard-wrapped prose; a line that starts a
+    definition (`name = ...`) or a list item starts a new paragraph, as its author laid it out."""
+    out = []
+    # the README's HTA section moved to the HTA guide (query pages are reference/queries/NAME.md)
+    text = escape_html(doc).replace("see README", "see the [HTA guide](../../guides/hta.md)")
+    for line in text.splitlines():
+        if out and (re.match(r"^[\w.]+(\(\w*\))? = ", line) or line.startswith(("- ", "* "))):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
 
 
 def _cell(text: str) -> str:
