@@ -65,7 +65,15 @@ EXAMPLES: dict[str, Example] = {
         "-p tokens_per_step=1000000",
         note="MFU needs the model's FLOPs: here 6 · 10⁸ parameters · 10⁶ tokens per step over the job's 128 "
              "devices; HFU counts the FLOPs of the ops the trace recorded with shapes."),
+    "modules": Example(
+        "query modules datasets/tracelens_b200_eager/ -p top=6", 6,
+        note="GPT-OSS on a B200, recorded with with_stack: 36 TransformerBlock calls; the model spends 11.6 ms on "
+             "the device and 79 ms on the host (an eager, host-bound run)."),
     "overlap": Example("query overlap datasets/hta_trace_filter/ -p per=step"),
+    "phases": Example(
+        "query phases datasets/hta_nccl_parser_config/",
+        note="DDP on an A100: backward (on the autograd thread) takes twice the forward; the device idles 77 % of "
+             "each step, and 10 to 19 ms of communication per step is not hidden under compute."),
     "roofline": Example("query roofline datasets/tracelens_b200_eager/ -p top=4", 4),
     "steps": Example("query steps datasets/hta_trace_filter/"),
     "temporal_breakdown": Example("query temporal_breakdown datasets/hta_trace_filter/ -p per=step"),
