@@ -12,11 +12,11 @@ from pathlib import Path
 import click
 import duckdb
 
-from . import __version__, db, queries, schema, store
+from . import api, db, queries, schema, store
 from . import engine as duckdb_engine
-from .info import info as run_info
-from .ingestion import ingest as ingest_traces
 from .errors import OlderSchemaWarning, TraceError
+from .info import info as run_info
+from .version import __version__
 
 FORMATS = ("table", "csv", "json", "markdown", "parquet")
 ENGINES = ("duckdb", "spark")
@@ -85,9 +85,9 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, q
     """
     t0 = time.perf_counter()
     spark = _spark_session(master) if engine == "spark" else None
-    result = ingest_traces(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
-                           progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
-                           max_events=max_events, spark=spark)
+    result = api.ingest(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
+                        progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
+                        max_events=max_events, spark=spark)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:

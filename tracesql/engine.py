@@ -1,7 +1,8 @@
 """Open runs in DuckDB: the tables as views over the Parquet files, plus the functions (macros).
 
-The only module that knows both the on-disk layout and the functions. `connect()` serves Python users and the
-CLI; `init_sql()` is the same thing as a SQL file written into every run for plain DuckDB clients.
+`connect()` serves Python users and the CLI; `views.init_sql()` is the same thing as a SQL file written into every
+run for plain DuckDB clients. `resolve()` turns a target (a run, a fleet, raw traces) into run folders, ingesting
+raw traces into a cache.
 """
 
 from __future__ import annotations
@@ -15,32 +16,7 @@ import duckdb
 
 from . import db, functions, schema, store
 from .errors import OlderSchemaWarning, TraceError
-
-
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def views_sql(globs_per_table: dict[str, list[str]]) -> str:
-    """A view per table over its Parquet globs; a table with none (runs of an older schema) is empty."""
-    lines = []
-    for name, table in schema.TABLES.items():
-        files = ", ".join(_quote(g) for g in globs_per_table[name])
-        lines.append(f"-- {table.doc}")
-        empty = ", ".join(f'CAST(NULL AS {c.type}) AS "{c.name}"' for c in table.columns)
-        source = f"SELECT * FROM read_parquet([{files}])" if files else f"SELECT {empty} WHERE false"
-        lines.append(f"CREATE OR REPLACE VIEW {name} AS {source};")
-    return "\n".join(lines) + "\n"
-
-
-def init_sql() -> str:
-    """The SQL a plain DuckDB client runs (from inside the run folder) to see the tables and functions."""
-    header = (
-        f"-- tracesql run (schema version {schema.SCHEMA_VERSION}). Open it in any DuckDB client, from this folder:\n"
-        "--   cd <this run> && duckdb -init init.sql\n"
-        "-- or in Python: os.chdir(run); con.execute(open('init.sql').read())\n"
-    )
-    return header + views_sql({t: [f"{t}/*.parquet"] for t in schema.TABLES}) + functions.sql()
+from .views import init_sql, views_sql  # noqa: F401  (also engine.init_sql, engine.views_sql)
 
 
 def cache_root() -> Path:

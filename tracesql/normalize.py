@@ -20,11 +20,9 @@ from . import db, functions, limits, quality, schema
 from .arrays import array, strings, to_numpy
 from .db import sql_list
 from .readers import FileMapping, TraceData
-from .schema import STEP_PATTERN
+from .schema import DEVICE_TIME_KINDS, LAUNCH_KINDS, STEP_PATTERN  # noqa: F401  (also normalize.X)
 
-LAUNCH_KINDS = ("runtime", "driver")
 DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
-DEVICE_TIME_KINDS = ("kernel", "memcpy", "memset")  # the device work ops are charged with
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
 STEP_KINDS = ("user_annotation", "cpu_op")
 IS_STEP = f"kind IN ({sql_list(STEP_KINDS)}) AND regexp_matches(name, '{STEP_PATTERN}')"  # ProfilerStep#N ranges

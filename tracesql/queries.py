@@ -226,22 +226,3 @@ def explain(con, query: Query, params: dict | None = None, rows: int = 0) -> str
                 "(each lies within one time unit, as in HTA): no device time is counted; time_unit_ns = 1 keeps "
                 "nanoseconds")
     return None if rows else needs
-
-
-def query(name_or_path, target, *, engine: str = "duckdb", **params):
-    """Run a curated query (or a SQL file) on a run, fleet or raw traces and return a DataFrame.
-    engine="spark" runs it on Spark (tracesql.spark.query: the same table).
-
-    >>> tracesql.query("overlap", "runs/1234", class_scheme="hta")   # doctest: +SKIP
-    """
-    if engine == "spark":
-        from .spark import query as spark_query
-
-        return spark_query(name_or_path, target, **params)
-    if engine != "duckdb":
-        raise TraceError(engine, "unknown engine (duckdb or spark)")
-    from .engine import on_fresh_connection
-
-    query = find(name_or_path)
-    check(query, params)  # before the target is opened (raw traces would be ingested first)
-    return on_fresh_connection(target, lambda con: run(con, query, params).df())

@@ -33,8 +33,9 @@ import filelock
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import __version__, schema
+from . import schema
 from .errors import TraceError
+from .version import __version__
 
 MANIFEST = "tracesql.json"
 INIT_SQL = "init.sql"

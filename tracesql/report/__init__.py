@@ -18,9 +18,7 @@ from .. import engine, queries, store
 from ..errors import TraceError
 from ..ingestion import find_traces
 from . import charts, gates
-from .metrics import METRICS, FleetMetrics, collect
-
-DIFFS_SHOWN = 20  # regressed runs explained with a diff (the most regressed first)
+from .metrics import DIFFS_SHOWN, METRICS, FleetMetrics, collect
 
 
 def find_runs(targets) -> list[Path]:
