@@ -48,12 +48,12 @@ def resolve(target) -> list[Path]:
 SWAP_ATTEMPTS = 3
 
 
-def on_fresh_connection(target, work):
-    """`work(con)` on a new connection to `target`, and again (up to SWAP_ATTEMPTS times) on another if a file of
-    the run vanished under it: an ingest swapped the run in between listing its files and opening them; the
-    next attempt sees the new run whole."""
+def on_fresh_connection(target, work, names=None):
+    """`work(con)` on a new connection to `target` (with the views and functions `names` need: see `connect`),
+    and again (up to SWAP_ATTEMPTS times) on another if a file of the run vanished under it: an ingest swapped
+    the run in between listing its files and opening them; the next attempt sees the new run whole."""
     for attempt in range(1, SWAP_ATTEMPTS + 1):
-        con = connect(target)
+        con = connect(target, names=names)
         try:
             return work(con)
         except duckdb.IOException as e:
@@ -63,9 +63,11 @@ def on_fresh_connection(target, work):
             con.close()
 
 
-def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection where the run's (or fleet's) tables are views and the tracesql functions exist.
     `target` may also be a list of targets, read together as one fleet (e.g. the two runs of a diff).
+    `names` (identifiers of the SQL to be run, `functions.words(sql)`) limits the views and functions to those
+    that SQL needs: what the CLI does, to start a query sooner; by default all of them.
 
     >>> con = tracesql.connect("runs/1234")                     # doctest: +SKIP
     >>> con.sql("SELECT kind, count(*) FROM slices GROUP BY 1").show()   # doctest: +SKIP
@@ -77,8 +79,14 @@ def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
         if note:
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
     con = db.connect(threads)
+    tables = list(schema.TABLES)
+    if names is not None:
+        names = {n.lower() for n in names}
+        _, used = functions.needed(names, set(tables))
+        tables = [t for t in tables if t in used]
     globs = {t: [str(run.absolute() / t / "*.parquet") for run in runs if any((run / t).glob("*.parquet"))]
-             for t in schema.TABLES}
-    con.execute(views_sql(globs))
-    functions.install(con)
+             for t in tables}
+    if globs:
+        con.execute(views_sql(globs)).fetchall()
+    functions.install(con, names=names)
     return con

@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,9 @@ FORMATS = ("table", "csv", "json", "markdown", "parquet")
 DEFAULT_WIDTH = 120
 #: A text cell is cut to this many characters in the table (the record view shows up to the line's width).
 MAX_CELL = 120
-#: Text columns may be cut down to this many characters to make a table fit before it folds into records.
+#: To fit the terminal, long text is first cut to SHORT_CELL characters, then headers break after underscores, then
+#: text is cut down to MIN_TEXT_CELL; a table that still does not fit folds into records.
+SHORT_CELL = 40
 MIN_TEXT_CELL = 16
 SEPARATOR = "  "
 #: Absolute times among the `*_ns` columns: shown as they are, not as durations.
@@ -204,29 +207,67 @@ def table(result: Result, width: int | None = None) -> str:
     footer = f"({n} row{'s' if n != 1 else ''})"
     if not result.columns:
         return footer + "\n"
-    widths = _fit([len(c) for c in result.columns], cells, right, width)
+    widths = _fit(result.columns, cells, right, width)
     if widths is not None:
         return _horizontal(result.columns, cells, right, widths) + footer + "\n"
     footer = (f"({n} row{'s' if n != 1 else ''}; {len(result.columns)} columns are wider than {width} characters: "
               "a block per row; -c/--columns picks columns)")
-    return _records(result.columns, cells, width) + footer + "\n"
+    return _records(result.columns, cells, width) + "\n".join(textwrap.wrap(footer, max(width, 20))) + "\n"
 
 
-def _fit(header: list[int], cells: list[list[str]], right: list[bool], width: int) -> list[int] | None:
-    """Column widths that fit `width`: text cut to MAX_CELL, then the widest text columns cut down (not below
-    MIN_TEXT_CELL or their header) until the line fits; None when even that is too wide."""
-    natural = [min(max([h] + [len(row[i]) for row in cells]), max(h, MAX_CELL)) for i, h in enumerate(header)]
-    budget = width - len(SEPARATOR) * (len(header) - 1)
-    if sum(natural) <= budget:
-        return natural
-    widths = list(natural)
-    floor = [w if right[i] else max(min(w, MIN_TEXT_CELL), header[i]) for i, w in enumerate(widths)]
-    excess = sum(widths) - budget
+def _header_pieces(name: str) -> list[str]:
+    pieces = name.split("_")
+    return [p + "_" for p in pieces[:-1]] + [pieces[-1]] if len(pieces) > 1 else [name]
+
+
+def _header_floor(name: str) -> int:
+    """The narrowest a header gets when it breaks after its underscores: its longest piece."""
+    return max(len(piece) for piece in _header_pieces(name))
+
+
+def wrap_header(name: str, width: int) -> list[str]:
+    """A header in lines of at most `width` characters, broken after underscores ('exposed_comm_ns', 8 ->
+    ['exposed_', 'comm_ns']); a piece longer than `width` is cut."""
+    lines: list[str] = []
+    for piece in _header_pieces(name):
+        while len(piece) > width:
+            lines.append(piece[:width])
+            piece = piece[width:]
+        if lines and len(lines[-1]) + len(piece) <= width:
+            lines[-1] += piece
+        elif piece:
+            lines.append(piece)
+    return lines or [""]
+
+
+def _fit(columns: list[str], cells: list[list[str]], right: list[bool], width: int) -> list[int] | None:
+    """Column widths that fit `width`: each as wide as its header and values (text up to MAX_CELL); if that is too
+    wide, long text is cut to SHORT_CELL, then headers break after underscores (not below the widest value), then
+    text is cut down to MIN_TEXT_CELL; None when even that is too wide."""
+    values = [max([0] + [len(row[i]) for row in cells]) for i in range(len(columns))]
+    widths = [max(len(c), min(v, MAX_CELL)) for c, v in zip(columns, values)]
+    budget = width - len(SEPARATOR) * (len(columns) - 1)
+    text_floor = [MAX_CELL if right[i] else max(min(v, SHORT_CELL), len(c))
+                  for i, (c, v) in enumerate(zip(columns, values))]
+    header_floor = [max(min(v, MAX_CELL), _header_floor(c)) for c, v in zip(columns, values)]
+    for floors in ([max(w, f) if right[i] else min(w, f) for i, (w, f) in enumerate(zip(widths, text_floor))],
+                   [min(w, f) for w, f in zip(widths, header_floor)],
+                   [w if right[i] else max(min(w, MIN_TEXT_CELL), _header_floor(columns[i]))
+                    for i, w in enumerate(widths)]):
+        widths = _shrink(widths, floors, sum(widths) - budget)
+        if sum(widths) <= budget:
+            return widths
+    return None
+
+
+def _shrink(widths: list[int], floors: list[int], excess: int) -> list[int]:
+    """`widths` narrowed by `excess` characters in all, the widest first, none below its floor."""
+    widths = list(widths)
     while excess > 0:
-        candidates = [i for i in range(len(widths)) if widths[i] > floor[i]]
+        candidates = [i for i in range(len(widths)) if widths[i] > floors[i]]
         if not candidates:
-            return None
-        i = max(candidates, key=lambda j: widths[j])
+            break
+        i = max(candidates, key=lambda j: (widths[j], -j))
         widths[i] -= 1
         excess -= 1
     return widths
@@ -237,13 +278,17 @@ def _horizontal(columns: list[str], cells: list[list[str]], right: list[bool], w
         parts = [(_clip(v, w).rjust(w) if r else _clip(v, w).ljust(w)) for v, w, r in zip(values, widths, right)]
         return SEPARATOR.join(parts).rstrip() + "\n"
 
-    out = [line(columns), SEPARATOR.join("─" * w for w in widths) + "\n"]
+    headers = [wrap_header(c, w) for c, w in zip(columns, widths)]
+    depth = max(len(h) for h in headers)
+    headers = [[""] * (depth - len(h)) + h for h in headers]  # bottom-aligned, next to the rule
+    out = [line([h[k] for h in headers]) for k in range(depth)]
+    out.append(SEPARATOR.join("─" * w for w in widths) + "\n")
     out += [line(row) for row in cells]
     return "".join(out)
 
 
 def _records(columns: list[str], cells: list[list[str]], width: int) -> str:
-    label = min(max(len(c) for c in columns), max(width // 3, 8))
+    label = min(max(len(c) for c in columns), max(width // 2, 8))
     value_width = max(width - label - len(SEPARATOR), 8)
     out = []
     for n, row in enumerate(cells, 1):

@@ -30,8 +30,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import filelock
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import schema
 from .errors import TraceError
@@ -151,6 +149,9 @@ class PartWriter:
 
     def write(self, name: str, rows) -> int:
         """Write `rows` (an Arrow table or a DuckDB relation) as table `name`; returns the number of rows."""
+        import pyarrow as pa  # here, not at the top: reading a run (every query) needs no Arrow
+        import pyarrow.parquet as pq
+
         path = self._dir / name / self._part
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(rows, pa.Table):
