@@ -78,12 +78,15 @@ def main():
               help="DuckDB working memory per file, e.g. 2GB; it spills to disk beyond it "
                    "(default: $TRACESQL_MEMORY_LIMIT or 1GB).")
 @click.option("--max-events", type=int, metavar="N", help="Read only the first N events of each file (a quick look).")
+@click.option("--step-pattern", metavar="REGEX",
+              help="Ranges whose names match REGEX are the steps (named groups step, phase, batch, tokens, "
+                   "prefill_tokens), before the built-in rules (ProfilerStep, vLLM, SGLang iterations).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
               help="spark: read the files in Spark tasks (see --master), one file per task.")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @_errors_as_messages
-def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, quiet, engine, master):
+def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, step_pattern, quiet, engine, master):
     """Read trace files (or folders of them) into a run folder of Parquet tables.
 
     Unchanged files already in the run are not read again. On any error the run folder is left as it was.
@@ -98,7 +101,7 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, q
     spark = _spark_session(master) if engine == "spark" else None
     result = api.ingest(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
                         progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
-                        max_events=max_events, spark=spark)
+                        max_events=max_events, step_pattern=step_pattern, spark=spark)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from .. import limits
 from ..arrays import array, to_numpy
 from ..errors import TraceError
-from . import kineto, nsys, perfetto, rocprof, xplane
+from . import ascend, kineto, nsys, perfetto, rocprof, xplane
 from .common import (  # noqa: F401  (the readers' shared helpers, also reachable as tracesql.readers.X)
     MAX_NAME_CHARS, OUT_BATCH_ROWS, READER_SLICE_TYPES, READER_SLICE_COLUMNS, DICTIONARY_COLUMNS, READER_SLICE_SCHEMA,
     slices_from_columns, as_reader_slices, mapped_slices, SliceColumns, READER_COUNTER_TYPES, counters_from_columns,
@@ -28,11 +28,18 @@ from .common import (  # noqa: F401  (the readers' shared helpers, also reachabl
 )
 
 #: Tried in order; the first whose detect() says yes reads the file.
-READERS = [rocprof, kineto, xplane, perfetto, nsys]  # xplane (by name) before perfetto (by content): both protobuf
+READERS = [rocprof, ascend, kineto, xplane, perfetto, nsys]  # ascend (by name) before kineto: both Chrome JSON;
+# xplane (by name) before perfetto (by content): both protobuf
 
 
 def trace_suffixes() -> tuple[str, ...]:
     return tuple(sorted({suffix for reader in READERS for suffix in reader.SUFFIXES}))
+
+
+def is_companion(path: Path) -> bool:
+    """A file found in a folder that belongs to another file's export and is no trace of its own (torch_npu's
+    communication.json beside its trace_view.json): not ingested on its own."""
+    return any(getattr(reader, "is_companion", None) and reader.is_companion(path) for reader in READERS)
 
 
 def reader_for(path: Path):
