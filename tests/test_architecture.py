@@ -31,7 +31,7 @@ LAYERS = {
     "engines": ["engine"],
     "queries": ["queries"],
     "plug-ins": ["transpile", "spark"],
-    "outputs": ["output", "info", "report", "report.*", "api"],
+    "outputs": ["output", "info", "export", "report", "report.*", "api"],
     "front": ["cli", "__main__", "tracesql"],
 }
 

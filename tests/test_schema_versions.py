@@ -42,6 +42,7 @@ def test_current_version_and_its_history_is_recorded():
     assert all(t in schema.SCHEMA_CHANGES[2] and t in schema.TABLES for t in ("warnings", "counters"))
     assert "xla_ops" in schema.SCHEMA_CHANGES[3] and "xla_ops" in schema.TABLES
     assert "prefill_tokens" in schema.SCHEMA_CHANGES[4] and "prefill_tokens" in schema.TABLES["steps"].column_names
+    assert "fwd_op_id" in schema.SCHEMA_CHANGES[5] and "fwd_op_id" in schema.TABLES["ops"].column_names
 
 
 def test_older_run_is_read_with_a_note(tmp_path):

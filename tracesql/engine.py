@@ -16,7 +16,7 @@ import duckdb
 
 from . import db, functions, schema, store
 from .errors import OlderSchemaWarning, TraceError
-from .views import init_sql, views_sql  # noqa: F401  (also engine.init_sql, engine.views_sql)
+from .views import init_sql, quote, views_sql  # noqa: F401  (also engine.init_sql, engine.views_sql)
 
 
 def cache_root() -> Path:
@@ -74,10 +74,12 @@ def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBP
     """
     targets = target if isinstance(target, (list, tuple)) else [target]
     runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
+    older = []
     for run in runs:
         note = store.older_schema_note(store.load_manifest(run))  # refuses newer runs with a clear message
         if note:
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
+            older.append(run)
     con = db.connect(threads)
     tables = list(schema.TABLES)
     if names is not None:
@@ -86,7 +88,15 @@ def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBP
         tables = [t for t in tables if t in used]
     globs = {t: [str(run.absolute() / t / "*.parquet") for run in runs if any((run / t).glob("*.parquet"))]
              for t in tables}
+    present = None
+    if older:  # their files may lack columns added since: which columns each table's files have
+        present = {}
+        for t, table_globs in globs.items():
+            if table_globs:
+                files = ", ".join(quote(g) for g in table_globs)
+                present[t] = {r[0] for r in con.execute(
+                    f"DESCRIBE SELECT * FROM read_parquet([{files}], union_by_name = true)").fetchall()}
     if globs:
-        con.execute(views_sql(globs)).fetchall()
+        con.execute(views_sql(globs, present)).fetchall()
     functions.install(con, names=names)
     return con

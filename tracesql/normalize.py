@@ -311,11 +311,35 @@ def _derive(con, slices: pa.Table, checks: list[dict], data: TraceData, run_id: 
     emit("warnings", _from_rows(con, "warnings", [{"run_id": run_id, "rank": rank, "source_path": None, **c}
                                                   for c in checks]))
     con.register("groups", metadata["process_groups"])  # used by the collectives query
+    # forward->backward links: the reader's (Kineto's fwdbwd flows), else from autograd sequence numbers
+    con.register("fwd_links", data.fwd_links if data.fwd_links is not None else con.sql(SEQUENCE_LINKS_SQL).to_arrow_table())
     con.register("xla_ops", emit("xla_ops", _from_rows(con, "xla_ops", [{"run_id": run_id, "rank": rank, **r}
                                                                        for r in data.xla_ops])))
     for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL)):
         emit(name, con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})"))
     return rows
+
+
+# A backward op (Fwd thread id > 0; not the autograd engine's evaluate_function wrapper, which carries the same
+# numbers) differentiates the forward op of its process with the same autograd sequence number: among those, the
+# latest to start before it, the innermost when several start together. This is the rule PyTorch's profiler
+# follows when it writes the fwdbwd flows (profiler_kineto.cpp, generateForwardBackwardLink): on traces that have
+# the flows it gives the same links, and it links traces written without them.
+SEQUENCE_LINKS_SQL = """
+WITH cpu AS (
+    SELECT slice_id, name, pid, ts, dur,
+        TRY_CAST(json_extract_string(args, '$."Sequence number"') AS BIGINT) AS seq,
+        TRY_CAST(json_extract_string(args, '$."Fwd thread id"') AS BIGINT) AS fwd_tid
+    FROM slices WHERE kind = 'cpu_op' AND contains(CAST(args AS VARCHAR), '"Sequence number"')
+), bwd AS (
+    SELECT * FROM cpu WHERE fwd_tid > 0 AND NOT starts_with(name, 'autograd::engine::evaluate_function: ')
+), fwd AS (
+    SELECT * FROM cpu WHERE seq >= 0 AND COALESCE(fwd_tid, 0) = 0
+)
+SELECT b.slice_id, arg_max(f.slice_id, [f.ts, -f.dur]) AS fwd_slice_id
+FROM bwd b JOIN fwd f ON f.seq = b.seq AND f.pid = b.pid AND f.ts <= b.ts
+GROUP BY b.slice_id
+"""
 
 
 def _table(con, name: str, sql: str, params: dict | None = None) -> pa.Table:
@@ -330,6 +354,7 @@ SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s
     s.op_id AS parent_op_id, x.op_depth, s.step, s.external_id,
     TRY_CAST(json_extract_string(s.args, '$."Sequence number"') AS BIGINT) AS sequence_number,
     TRY_CAST(json_extract_string(s.args, '$."Fwd thread id"') AS BIGINT) AS fwd_thread_id,
+    fl.fwd_slice_id AS fwd_op_id,
     list_transform(TRY_CAST(json_extract(s.args, '$."Input Dims"') AS JSON[]),
                    lambda d: TRY_CAST(d AS BIGINT[])) AS input_dims,
     TRY_CAST(json_extract(s.args, '$."Input type"') AS VARCHAR[]) AS input_types,
@@ -341,6 +366,7 @@ SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s
     x.kernel_count, x.device_self_ns, x.kernel_count_total, x.device_total_ns
 FROM slices s
 JOIN extra x USING (slice_id)  -- (an op's own op_id is the op enclosing it)
+LEFT JOIN fwd_links fl ON fl.slice_id = s.slice_id
 WHERE s.kind = 'cpu_op'
 UNION ALL BY NAME
 -- XLA ops: one row per execution (xla_exec), with its HLO op's operands and costs from xla_ops

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -29,6 +29,8 @@ SCHEMA_CHANGES = {
        "ProfilerStep, vLLM execute_model, or --step-pattern) and gain rule, phase, batch_size, tokens and "
        "prefill_tokens (NULL in older runs); collectives.seq, when counted by tracesql, counts each kind of "
        "call apart (point-to-point calls together)",
+    5: "phases (issue 14): ops gains fwd_op_id (the forward op a backward op differentiates: Kineto's fwdbwd "
+       "flows, else autograd sequence numbers)",
 }
 OLDEST_READABLE = 1
 
@@ -175,6 +177,10 @@ TABLES: dict[str, Table] = {
                 ("external_id", "BIGINT", "Kineto 'External id'."),
                 ("sequence_number", "BIGINT", "Autograd sequence number (links forward and backward ops)."),
                 ("fwd_thread_id", "BIGINT", "For backward ops: the thread of the matching forward op."),
+                ("fwd_op_id", "BIGINT", "For backward ops: op_id of the forward op they differentiate, from Kineto's "
+                 "fwdbwd flow events, else (traces without them) by the rule PyTorch writes them with: the latest "
+                 "forward op of the process with the same sequence_number to start before it. NULL for other ops, "
+                 "and when the forward op is not in the trace."),
                 ("input_dims", "BIGINT[][]", "Shape of each input (record_shapes); NULL entries for non-tensor inputs."),
                 ("input_types", "VARCHAR[]", "Dtype or kind of each input (float, c10::BFloat16, Scalar, ...)."),
                 ("input_strides", "BIGINT[][]", "Strides of each tensor input, when recorded."),

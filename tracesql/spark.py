@@ -25,7 +25,7 @@ try:
     import sqlglot  # noqa: F401
 except ImportError as missing:
     raise TraceError("--engine spark",
-                     f"needs {missing.name}: pip install 'tracesql[spark]' (and Java 17 or 21)") from None
+                     f"needs {missing.name}: pip install 'tracesql-ml[spark]' (and Java 17 or 21)") from None
 
 from . import db, engine, functions, queries, schema, store, transpile  # noqa: E402
 

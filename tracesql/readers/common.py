@@ -145,6 +145,8 @@ class TraceData:
     process_groups: list[dict] = field(default_factory=list)
     counters: pa.Table | None = None  # READER_COUNTER_TYPES columns, when the format has counters
     xla_ops: list[dict] = field(default_factory=list)  # rows of schema.TABLES['xla_ops'] (without run and rank)
+    # forward->backward links: slice_id (a backward op), fwd_slice_id (its forward op); None when not recorded
+    fwd_links: pa.Table | None = None
     # scratch files read without copying (the reader's slices; normalize adds its own): their pages are shed
     mappings: list[FileMapping] = field(default_factory=list)
 
