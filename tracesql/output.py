@@ -160,7 +160,7 @@ def plain(v) -> str:
             return str(v)
         if v.is_integer() and abs(v) < 1e15:
             return str(int(v))
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.0f}"
+        return f"{v:.4g}"
     if isinstance(v, (list, tuple, dict)):
         return json_text(v)
     return str(v)
