@@ -61,9 +61,13 @@ def detect(path: Path, head: bytes) -> bool:
 
 
 def is_companion(path: Path) -> bool:
-    """A file of the export that only completes trace_view.json (read with it, never on its own)."""
-    return bool(COMPANIONS.match(path.name)) and (path.parent.name == "ASCEND_PROFILER_OUTPUT"
-                                                   or path.parent.name.endswith("_ascend_pt"))
+    """A file of the export that only completes trace_view.json (read with it, never on its own): anything in a
+    `*_ascend_pt` folder but its trace_view.json (the raw PROF_* data, msprof's own JSON timeline of the same
+    events, FRAMEWORK/ files), and the companions of a trace_view.json in ASCEND_PROFILER_OUTPUT/."""
+    if path.name.startswith("trace_view.json"):
+        return False
+    return any(p.name.endswith("_ascend_pt") for p in path.parents) or (
+        bool(COMPANIONS.match(path.name)) and path.parent.name == "ASCEND_PROFILER_OUTPUT")
 
 
 def _ns(value) -> int | None:
