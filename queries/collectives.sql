@@ -35,7 +35,7 @@
 --   ranks            INTEGER[]  ranks that recorded the call, ascending
 --   start_skew_ns    BIGINT[]   each of those ranks' start − earliest start
 WITH calls AS (
-    SELECT c.run_id, c.rank, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
+    SELECT c.run_id, c.rank, c.collective_id, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
         COALESCE(c.group_size, r.world_size) AS group_size,
         CASE WHEN c.device_ts IS NOT NULL THEN 'device' ELSE 'host' END AS timing,
         COALESCE(c.device_ts, c.cpu_ts) AS start_ns,
@@ -46,7 +46,8 @@ WITH calls AS (
 ), skewed AS (
     SELECT *,
         start_ns - min(start_ns) OVER (PARTITION BY run_id, pg_name, seq) AS skew_ns,
-        row_number() OVER (PARTITION BY run_id, pg_name, seq ORDER BY start_ns DESC, rank DESC) AS arrival_from_last
+        row_number() OVER (PARTITION BY run_id, pg_name, seq ORDER BY start_ns DESC, rank DESC,
+                                                                  collective_id DESC) AS arrival_from_last
     FROM calls
 ), instances AS (
     SELECT run_id, pg_name, seq, min(collective) AS collective, min(step) AS step, min(timing) AS timing,
@@ -55,7 +56,8 @@ WITH calls AS (
         max(size_bytes) AS size_bytes, min(start_ns) AS start_ns, min(duration_ns) AS duration_ns,
         max(duration_ns) AS max_duration_ns,
         any_value(rank) FILTER (WHERE arrival_from_last = 1) AS last_rank, max(skew_ns) AS max_skew_ns,
-        list(rank ORDER BY rank) AS ranks, list(skew_ns ORDER BY rank) AS start_skew_ns
+        list(rank ORDER BY rank, collective_id) AS ranks,
+        list(skew_ns ORDER BY rank, collective_id) AS start_skew_ns
     FROM skewed
     GROUP BY run_id, pg_name, seq
 )
