@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 import tracesql
-from conftest import CORPUS, REPO, corpus_path, write_trace
+from conftest import CORPUS, DATASETS, REPO, corpus_path, write_trace
 from tracesql.readers import trace_suffixes
 
 US = 1000
@@ -273,3 +274,33 @@ def run(con, name: str, **params):
 
     rel = queries.run(con, queries.find(name), params)
     return [dict(zip(rel.columns, row)) for row in rel.fetchall()]
+
+
+def test_mfu_per_step_uses_the_step_windows(ingested):
+    """trace_filter (two ranks of a 128-rank A100 job, fp32): step 551's window is 607.9 ms on rank 1 (its
+    first kernel to step 552's first), so MFU = 6e14 / (0.6079 s · 128 · 19.5e12) and HFU = the traced FLOPs /
+    (0.6079 s · 2 · 19.5e12)."""
+    run = ingested(DATASETS / "hta_trace_filter")
+    windows = tracesql.connect(run).execute(
+        "SELECT step, max(te - ts) FROM step_windows() GROUP BY step ORDER BY step").fetchall()
+    mfu = tracesql.query("mfu", run, model_flops_per_step=6e14, device="A100-SXM").set_index("step")
+    assert [tuple(w) for w in windows] == list(zip(mfu.index, mfu.step_time_ns))
+    assert mfu.loc[551, "step_time_ns"] == 607_900_000
+    assert round(mfu.loc[551, "mfu"], 4) == 0.3954 and round(mfu.loc[551, "hfu"], 4) == 0.0724
+    assert mfu.warning.isna().all()
+    unknown = tracesql.query("mfu", run, model_flops_per_step=6e14)
+    assert unknown.mfu.isna().all() and unknown.warning.str.contains("names no device").all()
+
+
+def test_mfu_of_an_inference_trace_without_steps_runs_over_its_device_window(ingested):
+    """TraceLens' B200 eager trace (rank 0 of 8, no ProfilerStep): one row over the whole device window; an MFU
+    above 1 comes with a warning."""
+    run = ingested(DATASETS / "tracelens_b200_eager")
+    span = tracesql.connect(run).execute(
+        "SELECT max(ts + dur) - min(ts) FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')").fetchall()[0][0]
+    row = tracesql.query("mfu", run, model_flops_per_step=1e12).iloc[0]
+    assert pd.isna(row.step)  # NULL step
+    assert row.step_time_ns == span and row.device == "B200" and row.devices == 8
+    assert row.mfu == pytest.approx(1e12 / (span / 1e9 * 8 * row.peak_flops_per_s)) and row.warning is None
+    too_high = tracesql.query("mfu", run, model_flops_per_step=1e18).iloc[0]
+    assert too_high.mfu > 1 and too_high.warning.startswith("MFU above 1")
