@@ -21,14 +21,22 @@ def _quote(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def views_sql(globs_per_table: dict[str, list[str]]) -> str:
-    """A view per table over its Parquet globs; a table with none (runs of an older schema) is empty."""
+def views_sql(globs_per_table: dict[str, list[str]], present: dict[str, set[str]] | None = None) -> str:
+    """A view per table over its Parquet globs; a table with none (runs of an older schema) is empty.
+    `present`: for tables whose files may lack columns (runs of an older schema), the columns they have: the
+    view reads the files by name and gives each missing column as NULL."""
     lines = []
     for name, table in schema.TABLES.items():
         files = ", ".join(_quote(g) for g in globs_per_table[name])
         lines.append(f"-- {table.doc}")
         empty = ", ".join(f'CAST(NULL AS {c.type}) AS "{c.name}"' for c in table.columns)
-        source = f"SELECT * FROM read_parquet([{files}])" if files else f"SELECT {empty} WHERE false"
+        have = (present or {}).get(name)
+        if files and have is not None and not set(table.column_names) <= have:
+            columns = ", ".join(f'"{c.name}"' if c.name in have else f'CAST(NULL AS {c.type}) AS "{c.name}"'
+                                for c in table.columns)
+            source = f"SELECT {columns} FROM read_parquet([{files}], union_by_name = true)"
+        else:
+            source = f"SELECT * FROM read_parquet([{files}])" if files else f"SELECT {empty} WHERE false"
         lines.append(f"CREATE OR REPLACE VIEW {name} AS {source};")
     return "\n".join(lines) + "\n"
 
@@ -96,13 +104,23 @@ def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """
     targets = target if isinstance(target, (list, tuple)) else [target]
     runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
+    older = []
     for run in runs:
         note = store.older_schema_note(store.load_manifest(run))  # refuses newer runs with a clear message
         if note:
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
+            older.append(run)
     con = db.connect(threads)
     globs = {t: [str(run.absolute() / t / "*.parquet") for run in runs if any((run / t).glob("*.parquet"))]
              for t in schema.TABLES}
-    con.execute(views_sql(globs))
+    present = None
+    if older:  # their files may lack columns added since: which columns each table's files have
+        present = {}
+        for t, table_globs in globs.items():
+            if table_globs:
+                files = ", ".join(_quote(g) for g in table_globs)
+                present[t] = {r[0] for r in con.execute(
+                    f"DESCRIBE SELECT * FROM read_parquet([{files}], union_by_name = true)").fetchall()}
+    con.execute(views_sql(globs, present))
     functions.install(con)
     return con

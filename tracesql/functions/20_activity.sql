@@ -25,10 +25,14 @@ WITH names AS (
     GROUP BY n.kind, n.name, n.category
 ), filtered_runs AS (
     -- HTA's rule: a run whose traces name at least two steps (all ranks together) is filtered ...
-    SELECT run_id FROM steps WHERE analysis_window = 'hta' GROUP BY run_id HAVING count(DISTINCT name) >= 2
+    -- (HTA knows ProfilerStep ranges only, not inference iterations)
+    SELECT run_id FROM steps WHERE analysis_window = 'hta' AND (rule IS NULL OR rule = 'profiler_step')
+    GROUP BY run_id HAVING count(DISTINCT name) >= 2
 ), step_bounds AS (
     -- ... by each rank's last step start (a rank with no step keeps nothing, as in HTA)
-    SELECT run_id, rank, max(ts) AS last_start FROM steps WHERE analysis_window = 'hta' GROUP BY run_id, rank
+    SELECT run_id, rank, max(ts) AS last_start FROM steps
+    WHERE analysis_window = 'hta' AND (rule IS NULL OR rule = 'profiler_step')
+    GROUP BY run_id, rank
 ), hta_launch AS (
     -- the earliest host call with each correlation id (HTA keeps device work if any of them is early enough)
     SELECT run_id, rank, correlation, min(ts) AS ts FROM slices
