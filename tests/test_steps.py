@@ -292,15 +292,24 @@ def test_mfu_per_step_uses_the_step_windows(ingested):
     assert unknown.mfu.isna().all() and unknown.warning.str.contains("names no device").all()
 
 
-def test_mfu_of_an_inference_trace_without_steps_runs_over_its_device_window(ingested):
-    """TraceLens' B200 eager trace (rank 0 of 8, no ProfilerStep): one row over the whole device window; an MFU
-    above 1 comes with a warning."""
+def test_mfu_of_an_inference_trace_runs_over_its_iteration_windows(ingested):
+    """TraceLens' B200 eager trace (rank 0 of 8, a vLLM execute_model iteration, no ProfilerStep): the iteration is
+    the step and its device window the step time; an MFU above 1 comes with a warning."""
     run = ingested(DATASETS / "tracelens_b200_eager")
     span = tracesql.connect(run).execute(
         "SELECT max(ts + dur) - min(ts) FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')").fetchall()[0][0]
     row = tracesql.query("mfu", run, model_flops_per_step=1e12).iloc[0]
-    assert pd.isna(row.step)  # NULL step
-    assert row.step_time_ns == span and row.device == "B200" and row.devices == 8
+    assert row.step == 0 and row.step_time_ns == span == 84_487_178 and row.device == "B200" and row.devices == 8
     assert row.mfu == pytest.approx(1e12 / (span / 1e9 * 8 * row.peak_flops_per_s)) and row.warning is None
     too_high = tracesql.query("mfu", run, model_flops_per_step=1e18).iloc[0]
     assert too_high.mfu > 1 and too_high.warning.startswith("MFU above 1")
+
+
+def test_mfu_without_steps_runs_over_the_whole_device_window(tmp_path):
+    """No step range at all: one row, step NULL, over each rank's first to last device event."""
+    events = [*launched(1, 0, 10, 30, 7), *launched(2, 5, 50, 20, 7), unlaunched(100, 10, 8, "tail")]
+    run = tmp_path / "run"
+    tracesql.ingest([write_trace(tmp_path / "t.json", events)], run)
+    row = tracesql.query("mfu", run, model_flops_per_step=1e9, peak_flops=1e12).iloc[0]
+    assert pd.isna(row.step) and row.step_time_ns == 100 * US
+    assert row.mfu == pytest.approx(1e9 / (100e-6 * 1 * 1e12))
