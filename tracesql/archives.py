@@ -33,7 +33,15 @@ def is_archive(path: Path) -> bool:
 
 def max_bytes() -> int:
     value = os.environ.get("TRACESQL_MAX_ARCHIVE_BYTES")
-    return int(value) if value else DEFAULT_MAX_BYTES
+    if not value:
+        return DEFAULT_MAX_BYTES
+    try:
+        cap = int(value)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise TraceError("TRACESQL_MAX_ARCHIVE_BYTES", f"{value!r} is not a number of bytes (an integer above 0)")
+    return cap
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,9 @@ def members(archive: Path, suffixes: tuple[str, ...]) -> list[Member]:
             with zipfile.ZipFile(archive) as z:
                 for info in z.infolist():
                     _check_name(archive, info.filename)
+                    if info.flag_bits & 0x1:
+                        raise TraceError(archive, f"member {info.filename!r} is encrypted: tracesql does not read "
+                                                  "encrypted archives (unpack it with its password first)")
                     kind = stat.S_IFMT(info.external_attr >> 16)
                     if kind not in (0, stat.S_IFREG, stat.S_IFDIR):  # 0: written by a tool without Unix modes
                         what = "a symbolic link" if kind == stat.S_IFLNK else "not a regular file"

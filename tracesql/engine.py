@@ -21,11 +21,18 @@ def _quote(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def views_sql(globs_per_table: dict[str, list[str]]) -> str:
-    """A view per table over its Parquet globs; a table with none (runs of an older schema) is empty."""
+def escape_path(path: str) -> str:
+    """`path` as DuckDB reads exactly that file: DuckDB takes `*`, `?` and `[` in a path as a glob pattern, so
+    each becomes a one-character class (`exp[1]` -> `exp[[]1]`) that matches only itself."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in path)
+
+
+def views_sql(files_per_table: dict[str, list[str]]) -> str:
+    """A view per table over its Parquet files (named one by one, never globbed); a table with none (runs of an
+    older schema) is empty."""
     lines = []
     for name, table in schema.TABLES.items():
-        files = ", ".join(_quote(g) for g in globs_per_table[name])
+        files = ", ".join(_quote(escape_path(f)) for f in files_per_table[name])
         lines.append(f"-- {table.doc}")
         empty = ", ".join(f'CAST(NULL AS {c.type}) AS "{c.name}"' for c in table.columns)
         source = f"SELECT * FROM read_parquet([{files}])" if files else f"SELECT {empty} WHERE false"
@@ -33,14 +40,19 @@ def views_sql(globs_per_table: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def init_sql() -> str:
-    """The SQL a plain DuckDB client runs (from inside the run folder) to see the tables and functions."""
+def init_sql(files=None) -> str:
+    """The SQL a plain DuckDB client runs (from inside the run folder) to see the tables and functions: views
+    over the run's files (`files`: the manifest's, `table/file.parquet`), or over `table/*.parquet`."""
     header = (
         f"-- tracesql run (schema version {schema.SCHEMA_VERSION}). Open it in any DuckDB client, from this folder:\n"
         "--   cd <this run> && duckdb -init init.sql\n"
         "-- or in Python: os.chdir(run); con.execute(open('init.sql').read())\n"
     )
-    return header + views_sql({t: [f"{t}/*.parquet"] for t in schema.TABLES}) + functions.sql()
+    if files is None:
+        per_table = {t: [f"{t}/*.parquet"] for t in schema.TABLES}
+        return header + views_sql(per_table).replace("[*]", "*") + functions.sql()
+    per_table = {t: [f for f in sorted(files) if f.split("/")[0] == t] for t in schema.TABLES}
+    return header + views_sql(per_table) + functions.sql()
 
 
 def cache_root() -> Path:
@@ -96,13 +108,15 @@ def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """
     targets = target if isinstance(target, (list, tuple)) else [target]
     runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
+    files = {t: [] for t in schema.TABLES}
     for run in runs:
-        note = store.older_schema_note(store.load_manifest(run))  # refuses newer runs with a clear message
+        manifest = store.load_manifest(run)  # refuses newer runs with a clear message
+        note = store.older_schema_note(manifest)
         if note:
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
+        for rel in store.files_of(run, manifest):  # refuses a run whose files are not its manifest's
+            files[rel.split("/")[0]].append(str(run / rel))
     con = db.connect(threads)
-    globs = {t: [str(run.absolute() / t / "*.parquet") for run in runs if any((run / t).glob("*.parquet"))]
-             for t in schema.TABLES}
-    con.execute(views_sql(globs))
+    con.execute(views_sql(files))
     functions.install(con)
     return con

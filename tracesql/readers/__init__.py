@@ -75,11 +75,25 @@ def slices_from_columns(columns: dict[str, list]) -> pa.Table:
     return pa.table(arrays)
 
 
+#: What a reader puts in `device_id` for a device id that no INTEGER holds (2^40): read_trace skips the event
+#: and counts it ("device id out of range"), so one damaged event never fails the file.
+BAD_DEVICE_ID = -2**31
+
+
+def fit_device_ids(column: pa.Array) -> pa.Array:
+    """An integer `device_id` column with the values outside INTEGER's range set to BAD_DEVICE_ID."""
+    if not pa.types.is_integer(column.type) or column.type.bit_width <= 32 and column.type != pa.uint32():
+        return column
+    out_of_range = pc.or_(pc.less(column, -2**31 + 1), pc.greater(column, 2**31 - 1))
+    return pc.if_else(pc.fill_null(out_of_range, False), pa.scalar(BAD_DEVICE_ID, column.type), column)
+
+
 def as_reader_slices(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A batch with the reader slice columns (any order, any subset: the rest NULL) in READER_SLICE_SCHEMA."""
     n, columns = batch.num_rows, []
     for name, type_ in READER_SLICE_TYPES.items():
-        column = batch.column(name).cast(type_) if name in batch.schema.names else pa.nulls(n, type_)
+        column = batch.column(name) if name in batch.schema.names else pa.nulls(n, type_)
+        column = (fit_device_ids(column) if name == "device_id" else column).cast(type_)
         columns.append(pc.dictionary_encode(column) if name in DICTIONARY_COLUMNS else column)
     return pa.record_batch(columns, schema=READER_SLICE_SCHEMA)
 
@@ -343,7 +357,7 @@ MAX_DUR_NS = 2**61
 def rank_from_file_name(path: Path) -> int | None:
     """'rank-3.json.gz', 'worker_12.xplane.pb' -> the rank the name gives, if any."""
     m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and int(m.group(1)) < 2**31 else None
 
 
 def _filter_batches(data: TraceData, keep_of) -> int:
@@ -367,9 +381,13 @@ def _drop_out_of_range(data: TraceData) -> None:
         ts, dur = to_numpy(batch["ts"], fill=MAX_TS_NS), to_numpy(batch["dur"], fill=-1)  # (numpy: no pandas)
         return (ts > -MAX_TS_NS) & (ts < MAX_TS_NS) & (dur >= 0) & (dur < MAX_DUR_NS)
 
-    dropped = _filter_batches(data, in_range)
-    if dropped:
-        data.skipped["time out of range"] = data.skipped.get("time out of range", 0) + dropped
+    def device_in_range(batch):
+        return to_numpy(batch["device_id"], fill=0) != BAD_DEVICE_ID
+
+    for reason, keep_of in (("time out of range", in_range), ("device id out of range", device_in_range)):
+        dropped = _filter_batches(data, keep_of)
+        if dropped:
+            data.skipped[reason] = data.skipped.get(reason, 0) + dropped
 
 
 def _keep_first_events(data: TraceData, max_events: int) -> None:
@@ -389,6 +407,12 @@ def read_trace(path: Path, threads: int | None = None) -> list[TraceData]:
     except RecursionError:  # the JSON and protobuf decoders recurse once per nesting level
         raise TraceError(path, "nested too deeply to read (thousands of levels: a damaged or hostile file)") from None
     traces = read if isinstance(read, list) else [read]
+    for data in traces:  # what the ranks table holds (INTEGER): a larger value is the file's damage, not a rank
+        for what in ("rank", "world_size"):
+            value = getattr(data, what)
+            if value is not None and not (isinstance(value, int) and (0 if what == "rank" else 1) <= value < 2**31):
+                data.notes.append(f"{what} {str(value)[:40]} is out of range: ignored")
+                setattr(data, what, None)
     if len(traces) == 1 and traces[0].rank is None:
         traces[0].rank = rank_from_file_name(path)
     max_events = limits.current().max_events

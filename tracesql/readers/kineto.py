@@ -321,6 +321,11 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
     if max_events and total == max_events:
         notes.append(f"read only the first {max_events:,} events (--max-events)")
     if total == sum(skipped.values()) + counts[-1]:
+        if skipped.get("time out of range"):
+            example = examples.get("time out of range", "")
+            raise TraceError(path, f"no usable timed events: {skipped['time out of range']:,} have times out of "
+                                   f"range (e.g. {example}); Chrome trace times are microseconds, and these look "
+                                   "like nanoseconds: divide ts and dur by 1000")
         raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
     skipped.update(_pair(con))
     con.execute(_LOOKUPS)
@@ -562,7 +567,8 @@ SELECT t.idx AS slice_id, t.kind, t.cat AS category,
     us_to_ns(t.ts) + $base AS ts,
     CASE WHEN t.ph = 'X' THEN us_to_ns(t.dur) ELSE 0 END AS dur,
     t.pid_id AS pid, t.tid_id AS tid,
-    CASE WHEN t.on_device THEN CAST(t.lane_device AS INTEGER) END AS device_id,
+    -- a device id no INTEGER holds: readers.BAD_DEVICE_ID, which read_trace skips and counts
+    CASE WHEN t.on_device THEN COALESCE(TRY_CAST(t.lane_device AS INTEGER), -2147483648) END AS device_id,
     CASE WHEN t.on_device THEN t.lane_stream END AS stream,
     CASE WHEN t.on_device THEN 'device ' || t.lane_device || ' / stream ' || t.lane_stream
          ELSE process_label(t.pid_id) || ' / ' || thread_label(t.pid_id, t.tid_id) END AS track,
