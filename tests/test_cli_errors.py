@@ -51,7 +51,7 @@ def _cases(ws):
         (["ingest", TRACE, "-o", ws / "r2"], {"TRACESQL_MAX_GZIP_RATIO": "0"}, 1,
          "TRACESQL_MAX_GZIP_RATIO: '0' is not a number above 1"),
         (["ingest", TRACE, "-o", ws / "r2", "--rank", "x"], {}, 2, "'x' is not a valid integer"),
-        (["ingest", TRACE, "-o", ws / "r2", "--max-events", "0"], {}, 2, "0 is not in the range x>=1"),
+        (["ingest", TRACE, "-o", ws / "r2", "--max-events", "0"], {}, 1, "--max-events: must be at least 1"),
         (["ingest", TRACE], {}, 2, "Missing option '-o' / '--output'"),
         (["ingest", TRACE, "-o", ws / "r2", "--bogus"], {}, 2, "No such option '--bogus'"),
         (["query", "no_such_query", run], {}, 1, "no_such_query: no such query file or curated query"),

@@ -122,7 +122,7 @@ def main():
 @click.option("--memory-limit", metavar="SIZE",
               help="DuckDB working memory per file, e.g. 2GB; it spills to disk beyond it "
                    "(default: $TRACESQL_MEMORY_LIMIT or 1GB).")
-@click.option("--max-events", type=click.IntRange(1), metavar="N", help="Read only the first N events of each file (a quick look).")
+@click.option("--max-events", type=int, metavar="N", help="Read only the first N events of each file (a quick look).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
               help="spark: read the files in Spark tasks (see --master), one file per task.")

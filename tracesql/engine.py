@@ -82,6 +82,7 @@ def resolve(target) -> list[Path]:
 
 
 SWAP_ATTEMPTS = 3
+_SWAPPED_PROBLEMS = ("missing:", "changed:", "not part of the run", "not a readable tracesql run")
 
 
 def on_fresh_connection(target, work):
@@ -89,14 +90,19 @@ def on_fresh_connection(target, work):
     the run vanished under it: an ingest swapped the run in between listing its files and opening them; the
     next attempt sees the new run whole."""
     for attempt in range(1, SWAP_ATTEMPTS + 1):
-        con = connect(target)
+        con = None
         try:
+            con = connect(target)
             return work(con)
+        except TraceError as e:  # the manifest read, then the run swapped: its files are the next run's
+            if attempt == SWAP_ATTEMPTS or not e.problem.startswith(_SWAPPED_PROBLEMS):
+                raise
         except duckdb.IOException as e:
-            if attempt == SWAP_ATTEMPTS or "No such file" not in str(e):
+            if attempt == SWAP_ATTEMPTS or not any(s in str(e) for s in ("No such file", "No files found")):
                 raise
         finally:
-            con.close()
+            if con is not None:
+                con.close()
 
 
 def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:

@@ -324,15 +324,10 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
 def _previous_run(out: Path) -> tuple[dict | None, str | None]:
     """The manifest of the run `out` already holds, when its files can be carried over (None when there is no
     run), and what is wrong with it when it is damaged (then nothing is carried over: every source is read
-    again). A run of a newer schema version is refused (its writer's files cannot be rewritten safely)."""
+    again). A manifest that is no JSON object, or of a schema version this tracesql does not read, is refused."""
     if not store.is_run(out):
         return None, None
-    try:
-        manifest = store.load_manifest(out)
-    except TraceError as e:
-        if "install a tracesql" in e.problem:  # written by a newer tracesql
-            raise
-        return None, str(e)
+    manifest = store.load_manifest(out)  # unreadable, or of a schema version this tracesql does not read: refused
     try:
         sources = manifest.get("sources", {})
         if not isinstance(sources, dict):
