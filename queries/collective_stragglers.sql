@@ -1,8 +1,8 @@
 -- collective_stragglers: Which ranks arrive last at collectives, how often and how late.
 --
--- Calls are matched across ranks into instances by (pg_name, seq) and timed as in `collectives` (kernels when the
+-- Calls are matched across ranks into instances by (pg_name, kind, seq) (collective_match_key) and timed as in `collectives` (kernels when the
 -- call has them, else the host call). Only instances recorded by at least two ranks of the run and consistent
--- (every rank recorded the same collective and dtype) count. For each rank: how often it started last (ties: the
+-- (one call per rank, all of one dtype) count. For each rank: how often it started last (ties: the
 -- higher rank), its lateness = its start − the instance's earliest start (the start skew), and wait_ns = how much
 -- longer its calls lasted than each instance's shortest call: time spent waiting for later ranks (meaningful
 -- with device timing; host calls of CPU backends only enqueue the work). A rank that is last far more often than
@@ -21,7 +21,7 @@
 --   wait_ns           BIGINT   summed duration beyond each instance's minimum duration
 WITH calls AS (
     -- timed as in collectives.sql; `wait` records are not collectives
-    SELECT run_id, rank, pg_name, seq, collective, dtype,
+    SELECT run_id, rank, pg_name, seq, collective, dtype, collective_match_key(pg_name, collective, seq) AS match_key,
         COALESCE(device_ts, cpu_ts) AS start_ns,
         CASE WHEN device_ts IS NOT NULL THEN device_dur ELSE cpu_dur END AS duration_ns
     FROM collectives
@@ -32,9 +32,10 @@ WITH calls AS (
         duration_ns - min(duration_ns) OVER instance AS wait_ns,
         row_number() OVER (instance ORDER BY start_ns DESC, rank DESC) = 1 AS is_last,
         count(*) OVER instance AS ranks_seen,
-        count(DISTINCT collective) OVER instance = 1 AND count(DISTINCT dtype) OVER instance <= 1 AS consistent
+        count(DISTINCT rank) OVER instance = count(*) OVER instance AND count(DISTINCT dtype) OVER instance <= 1
+            AS consistent
     FROM calls
-    WINDOW instance AS (PARTITION BY run_id, pg_name, seq)
+    WINDOW instance AS (PARTITION BY run_id, match_key)
 ), per_rank AS (
     SELECT run_id, rank, count(*) AS instances, count(*) FILTER (WHERE is_last) AS times_last,
         avg(lateness_ns) AS mean_lateness_ns, max(lateness_ns) AS max_lateness_ns,

@@ -3,14 +3,15 @@
 -- A rank's call starts and lasts as its communication kernels do (first kernel start, to the last kernel's end)
 -- when it has kernels, else as its host call (timing = 'host': CPU backends such as gloo, where the host call only
 -- enqueues the work, so host durations show dispatch, not the transfer). Calls are matched across ranks by
--- (pg_name, seq): one instance. Its duration_ns is the minimum over ranks, since the other ranks' durations include
+-- (pg_name, kind, seq) (collective_match_key: a send meets the recv of its peer, any other call only its own kind,
+-- so a trace without process groups never pairs, say, a send with an all_reduce): one instance. Its duration_ns is the minimum over ranks, since the other ranks' durations include
 -- waiting for the last to arrive; algbw = size_bytes / duration_ns (bytes/ns = GB/s), busbw = algbw ×
 -- busbw_factor(collective, group_size) (nccl-tests). start_skew_ns = each rank's start − the earliest start (aligned
 -- with `ranks`); last_rank arrived last (ties: the higher rank). Across hosts, skews include clock offsets.
 -- size_bytes is the largest any rank recorded (they differ only for uneven all_to_all); NULL when the trace records
 -- no size. Calls without group metadata (c10d ops of gloo or older PyTorch) have pg_name NULL and are taken to be on
--- the default group: group_size = world size. consistent = false when the matched calls are not the same
--- collective and dtype: the ranks' sequences are misaligned (e.g. traces cut at different points), so the match
+-- the default group: group_size = world size. consistent = false when the matched calls differ in dtype or a rank
+-- recorded two of them: the ranks' sequences are misaligned (e.g. traces cut at different points), so the match
 -- and its skews are wrong. `wait` records (a rank blocking on a work handle) are not collectives and are left out.
 --
 -- Needs: collective calls (a distributed trace); more than one rank for skews
@@ -23,7 +24,7 @@
 --   timing           VARCHAR    'device' (kernels) or 'host' (host call only); the smallest if ranks differ
 --   group_size       INTEGER    ranks in the group
 --   ranks_seen       BIGINT     ranks in this run that recorded the call
---   consistent       BOOLEAN    every rank recorded the same collective and dtype
+--   consistent       BOOLEAN    one call per rank, all of the same dtype
 --   size_bytes       BIGINT     message size (nccl-tests convention)
 --   start_ns         BIGINT     earliest start over ranks
 --   duration_ns      BIGINT     minimum duration over ranks
@@ -36,6 +37,7 @@
 --   start_skew_ns    BIGINT[]   each of those ranks' start − earliest start
 WITH calls AS (
     SELECT c.run_id, c.rank, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
+        collective_match_key(c.pg_name, c.collective, c.seq) AS match_key,
         COALESCE(c.group_size, r.world_size) AS group_size,
         CASE WHEN c.device_ts IS NOT NULL THEN 'device' ELSE 'host' END AS timing,
         COALESCE(c.device_ts, c.cpu_ts) AS start_ns,
@@ -45,19 +47,19 @@ WITH calls AS (
     WHERE c.collective <> 'wait'
 ), skewed AS (
     SELECT *,
-        start_ns - min(start_ns) OVER (PARTITION BY run_id, pg_name, seq) AS skew_ns,
-        row_number() OVER (PARTITION BY run_id, pg_name, seq ORDER BY start_ns DESC, rank DESC) AS arrival_from_last
+        start_ns - min(start_ns) OVER (PARTITION BY run_id, match_key) AS skew_ns,
+        row_number() OVER (PARTITION BY run_id, match_key ORDER BY start_ns DESC, rank DESC) AS arrival_from_last
     FROM calls
 ), instances AS (
-    SELECT run_id, pg_name, seq, min(collective) AS collective, min(step) AS step, min(timing) AS timing,
+    SELECT run_id, any_value(pg_name) AS pg_name, any_value(seq) AS seq, min(collective) AS collective, min(step) AS step, min(timing) AS timing,
         max(group_size) AS group_size, count(*) AS ranks_seen,
-        count(DISTINCT collective) = 1 AND count(DISTINCT dtype) <= 1 AS consistent,
+        count(DISTINCT rank) = count(*) AND count(DISTINCT dtype) <= 1 AS consistent,
         max(size_bytes) AS size_bytes, min(start_ns) AS start_ns, min(duration_ns) AS duration_ns,
         max(duration_ns) AS max_duration_ns,
         any_value(rank) FILTER (WHERE arrival_from_last = 1) AS last_rank, max(skew_ns) AS max_skew_ns,
         list(rank ORDER BY rank) AS ranks, list(skew_ns ORDER BY rank) AS start_skew_ns
     FROM skewed
-    GROUP BY run_id, pg_name, seq
+    GROUP BY run_id, match_key
 )
 SELECT run_id, pg_name, seq, collective, step, timing, group_size, ranks_seen, consistent, size_bytes, start_ns,
     duration_ns, max_duration_ns,
@@ -65,4 +67,4 @@ SELECT run_id, pg_name, seq, collective, step, timing, group_size, ranks_seen, c
     algbw_gbps * busbw_factor(collective, group_size) AS busbw_gbps,
     last_rank, max_skew_ns, ranks, start_skew_ns
 FROM instances
-ORDER BY run_id, start_ns, pg_name, seq;
+ORDER BY run_id, start_ns, pg_name, seq, collective;

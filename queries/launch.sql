@@ -1,8 +1,9 @@
 -- launch: Kernel launch delay and host launch overhead per rank and per step, and whether each step is CPU-bound.
 --
 -- launch delay = device start − start of the host runtime call that launched it (slices.launch_id: correlation
--- ids); runtime overhead = that call's duration (each call once, also when it launched a whole graph). Rows with
--- step NULL cover the whole rank. outliers = launches whose delay exceeds outlier_delay_ns.
+-- ids); runtime overhead = that call's duration (each call once, also when it launched a whole graph). One row per
+-- rank and step, and one row with step NULL that covers the whole rank (also the launches outside any step); a
+-- trace without steps has only that row. outliers = launches whose delay exceeds outlier_delay_ns.
 -- host_wait_share = share of the per-stream idle time classified host_wait (see `bubbles`).
 -- verdict = 'cpu_bound' when the device mostly waited for the host (host_wait_share ≥ 0.5) and its queue ran
 -- nearly empty (median launch delay < median kernel duration: a kernel starts before the previous one could
@@ -35,7 +36,8 @@ WITH launched AS (
     FROM slices d JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
     WHERE d.kind IN ('kernel', 'memcpy', 'memset')
 ), per_step AS (
-    SELECT run_id, rank, step, count(*) AS launches,
+    -- whole: 1 for the whole-rank row (GROUPING), 0 for a step's; launches outside any step have no step row
+    SELECT run_id, rank, step, grouping(step) AS whole, count(*) AS launches,
         avg(delay_ns) AS delay_mean_ns, quantile_cont(delay_ns, 0.5) AS delay_p50_ns,
         quantile_cont(delay_ns, 0.9) AS delay_p90_ns, quantile_cont(delay_ns, 0.99) AS delay_p99_ns,
         max(delay_ns) AS delay_max_ns,
@@ -43,12 +45,13 @@ WITH launched AS (
         quantile_cont(dur, 0.5) AS kernel_p50_ns
     FROM launched GROUP BY GROUPING SETS ((run_id, rank), (run_id, rank, step))
 ), calls AS (
-    SELECT run_id, rank, step, count(*) AS calls, avg(call_ns) AS runtime_mean_ns,
+    SELECT run_id, rank, step, grouping(step) AS whole, count(*) AS calls, avg(call_ns) AS runtime_mean_ns,
         quantile_cont(call_ns, 0.5) AS runtime_p50_ns, quantile_cont(call_ns, 0.99) AS runtime_p99_ns
     FROM (SELECT DISTINCT run_id, rank, step, call_id, call_ns FROM launched)
     GROUP BY GROUPING SETS ((run_id, rank), (run_id, rank, step))
 ), idle AS (
-    SELECT run_id, rank, step, sum(dur) FILTER (WHERE category = 'host_wait') / sum(dur) AS host_wait_share
+    SELECT run_id, rank, step, grouping(step) AS whole,
+        sum(dur) FILTER (WHERE category = 'host_wait') / sum(dur) AS host_wait_share
     FROM idle_gaps(scope := 'stream', kernel_wait_ns := COALESCE(getvariable('kernel_wait_ns'), 30000))
     GROUP BY GROUPING SETS ((run_id, rank), (run_id, rank, step))
 )
@@ -59,6 +62,8 @@ SELECT p.run_id, p.rank, p.step, p.launches, p.delay_mean_ns, p.delay_p50_ns, p.
          WHEN i.host_wait_share >= 0.5 AND p.delay_p50_ns < p.kernel_p50_ns THEN 'cpu_bound'
          ELSE 'not_cpu_bound' END AS verdict
 FROM per_step p
-JOIN calls c ON c.run_id = p.run_id AND c.rank = p.rank AND c.step IS NOT DISTINCT FROM p.step
-LEFT JOIN idle i ON i.run_id = p.run_id AND i.rank = p.rank AND i.step IS NOT DISTINCT FROM p.step
+JOIN calls c ON c.run_id = p.run_id AND c.rank = p.rank AND c.whole = p.whole AND c.step IS NOT DISTINCT FROM p.step
+LEFT JOIN idle i ON i.run_id = p.run_id AND i.rank = p.rank AND i.whole = p.whole
+ AND i.step IS NOT DISTINCT FROM p.step
+WHERE p.whole = 1 OR p.step IS NOT NULL
 ORDER BY p.run_id, p.rank, p.step NULLS FIRST;

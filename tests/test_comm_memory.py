@@ -74,28 +74,33 @@ def _raw_calls(folder):
 
 
 def _raw_instances(folder):
-    """The k-th call of every rank is instance k (one process group): skews, last rank, min duration."""
+    """The k-th call of a kind on every rank is instance k of that kind (one process group and no recorded
+    sequence numbers: tracesql counts each kind's calls apart): skews, last rank, min duration; by start."""
     calls = _raw_calls(folder)
     ranks = sorted(calls)
-    n_calls = {len(c) for c in calls.values()}
-    assert len(n_calls) == 1, "every rank made the same calls"
+    numbered: dict[tuple, dict] = {}
+    for r in ranks:
+        count: dict[str, int] = {}
+        for call in calls[r]:
+            k = count.get(call[0], 0)
+            numbered.setdefault((call[0], k), {})[r] = call
+            count[call[0]] = k + 1
     instances = []
-    for seq in range(n_calls.pop()):
-        per_rank = {r: calls[r][seq] for r in ranks}
-        assert len({c[0] for c in per_rank.values()}) == 1, "same collective on every rank"
+    for (name, seq), per_rank in numbered.items():
+        assert sorted(per_rank) == ranks, "every rank made the same calls"
         earliest = min(c[1] for c in per_rank.values())
         last = max(ranks, key=lambda r: (per_rank[r][1], r))
         instances.append({
-            "seq": seq, "name": per_rank[ranks[0]][0], "start_ns": earliest, "last_rank": last,
+            "seq": seq, "name": name, "start_ns": earliest, "last_rank": last,
             "skew": {r: per_rank[r][1] - earliest for r in ranks},
             "dur": {r: per_rank[r][2] for r in ranks}, "dims": per_rank[ranks[0]][3],
         })
-    return ranks, instances
+    return ranks, sorted(instances, key=lambda i: i["start_ns"])
 
 
 def test_collectives_match_brute_force_over_raw_json(ingested):
     ranks, raw = _raw_instances(STRAGGLER)
-    df = _query("collectives", ingested(STRAGGLER)).sort_values("seq").reset_index(drop=True)
+    df = _query("collectives", ingested(STRAGGLER)).sort_values("start_ns").reset_index(drop=True)
     assert ranks == [0, 1, 2, 3] and len(raw) == len(df) == 27  # 3 steps × (4 DDP all_reduces + 5 explicit)
     for row, inst in zip(df.itertuples(), raw):
         assert row.seq == inst["seq"] and row.timing == "host" and row.consistent
@@ -109,8 +114,8 @@ def test_collectives_match_brute_force_over_raw_json(ingested):
     a2a = df[df.collective == "all_to_all"]
     assert len(a2a) == 3
     for row in a2a.itertuples():
-        inst = raw[row.seq]
-        assert inst["name"] == "c10d::alltoall_base_" and inst["dims"][0] == [16]
+        inst = next(i for i in raw if i["name"] == "c10d::alltoall_base_" and i["seq"] == row.seq)
+        assert inst["dims"][0] == [16]
         assert row.size_bytes == 16 * 8
         assert row.algbw_gbps == pytest.approx(128 / min(inst["dur"].values()))
         assert row.busbw_gbps == pytest.approx(row.algbw_gbps * 3 / 4)

@@ -1,15 +1,23 @@
-"""The README stays true: its schema section is the schema, and it names every curated query and command."""
+"""The documentation stays true: the README is a landing page that names every curated query and command, the site
+builds in strict mode with no warning, every query, table, function and command has its generated page, and the
+examples in the README and the pages are today's output (docs/gen/examples.py)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
 
 from conftest import REPO
-from tracesql import queries, schema
+from tracesql import functions, queries, schema
 from tracesql.cli import main
 
+sys.path.insert(0, str(REPO / "docs" / "gen"))
+import examples  # noqa: E402
+import reference  # noqa: E402
+
 README = (REPO / "README.md").read_text()
-
-
-def test_readme_schema_section_is_generated_from_the_schema():
-    section = README.split("<!-- schema:begin -->", 1)[1].split("<!-- schema:end -->", 1)[0]
-    assert section.strip() == schema.markdown().strip()
 
 
 def test_readme_lists_every_curated_query_and_command():
@@ -17,3 +25,97 @@ def test_readme_lists_every_curated_query_and_command():
         assert f"| `{q.name}` |" in README, q.name
     for name in main.commands:
         assert f"`tracesql {name}" in README, name
+
+
+def test_readme_is_a_landing_page():
+    assert len(README.encode()) <= 15 * 1024, f"README.md is {len(README.encode()):,} bytes (at most 15 KiB)"
+    # its links into the docs and the repository lead somewhere
+    for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", README):
+        if re.match(r"^[a-z]+://", target):
+            continue
+        assert (REPO / target).exists(), f"README links to {target}, which does not exist"
+
+
+def test_readme_commands_are_the_ci_commands():
+    """The README's install and test commands are what .ci/run runs."""
+    ci = (REPO / ".ci" / "run").read_text()
+    assert 'pip install ".[test]"' in README and '".[test]"' in ci
+    assert re.search(r"^pytest$", README, re.M) and re.search(r"^pytest$", ci, re.M)
+
+
+def test_every_query_has_a_docs_example():
+    """A new curated query gets an example on a bundled dataset in docs/gen/reference.py (its page shows it)."""
+    assert reference.missing_examples() == [], "add them to EXAMPLES in docs/gen/reference.py"
+    assert reference.stale_examples() == []
+
+
+def test_function_reference_finds_every_macro():
+    sql = "\n".join(p.read_text() for p in functions.HERE.glob("*.sql"))
+    declared = set(re.findall(r"^CREATE (?:OR REPLACE )?MACRO (\w+)", sql, re.M))
+    parsed = {name for p in functions.HERE.glob("*.sql") for name, *_ in reference.macros(p)[1]}
+    assert declared and parsed == declared
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """The site, built once per session as CI builds it: `mkdocs build --strict`."""
+    pytest.importorskip("mkdocs", reason="mkdocs is in the test extra: pip install '.[test]'")
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "TRACESQL_CACHE": str(tmp_path_factory.mktemp("docs-cache")),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    return proc, out
+
+
+def test_site_builds_in_strict_mode_without_warnings(site):
+    proc, _ = site
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+    assert not warnings, "\n".join(warnings)
+
+
+def _page(out, rel: str) -> str:
+    path = out / rel / "index.html"
+    assert path.is_file(), f"no page {rel}"
+    return path.read_text()
+
+
+def test_every_query_has_a_page_with_real_output(site):
+    _, out = site
+    index = _page(out, "reference/queries")
+    for q in queries.catalogue():
+        page = _page(out, f"reference/queries/{q.name}")
+        assert f'href="{q.name}/"' in index, q.name
+        example = page.split('id="example"', 1)[1].split('id="run-it"', 1)[0]
+        assert "<table>" in example and "Error:" not in example, f"{q.name}: no result in its example"
+        for name, _, _ in q.columns:
+            assert f"<code>{name}</code>" in page, (q.name, name)
+
+
+def test_every_table_function_and_command_has_its_reference(site):
+    _, out = site
+    tables = _page(out, "reference/tables")
+    for t in schema.TABLES.values():
+        assert f'id="{t.name}"' in tables, t.name
+        for c in t.columns:
+            assert f"<code>{c.name}</code>" in tables, (t.name, c.name)
+    funcs = _page(out, "reference/functions")
+    for p in functions.HERE.glob("*.sql"):
+        for name, *_ in reference.macros(p)[1]:
+            assert f'id="{name}"' in funcs, name
+    cli = _page(out, "reference/cli")
+    for name in main.commands:
+        assert f'id="tracesql-{name}"' in cli, name
+    assert "torch_gloo_4rank_straggler" in _page(out, "reference/datasets")
+
+
+PAGES = [p for p in examples.pages() if examples.regions(p.read_text())]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_examples_show_todays_output(page):
+    """Each example region holds what its command prints today; `python docs/gen/examples.py PAGE` refreshes."""
+    _, changed = examples.refresh_text(page.read_text())
+    assert not changed, (f"{page.relative_to(REPO)}: examples changed, run python docs/gen/examples.py "
+                         f"{page.relative_to(REPO)}: " + "; ".join(r.cmd for r, _ in changed))

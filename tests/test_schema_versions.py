@@ -35,10 +35,16 @@ def _files(run):
     return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 
-def test_current_version_is_3_and_its_history_is_recorded():
-    assert schema.SCHEMA_VERSION == 3 and set(schema.SCHEMA_CHANGES) == {1, 2, 3}
+NEWER = schema.SCHEMA_VERSION + 1
+SINCE_1 = "; ".join(schema.SCHEMA_CHANGES[v] for v in range(2, schema.SCHEMA_VERSION + 1))
+
+
+def test_current_version_and_its_history_is_recorded():
+    assert schema.SCHEMA_VERSION >= 4 and set(schema.SCHEMA_CHANGES) == set(range(1, schema.SCHEMA_VERSION + 1))
     assert all(t in schema.SCHEMA_CHANGES[2] and t in schema.TABLES for t in ("warnings", "counters"))
     assert "xla_ops" in schema.SCHEMA_CHANGES[3] and "xla_ops" in schema.TABLES
+    assert "prefill_tokens" in schema.SCHEMA_CHANGES[4] and "prefill_tokens" in schema.TABLES["steps"].column_names
+    assert "fwd_op_id" in schema.SCHEMA_CHANGES[5] and "fwd_op_id" in schema.TABLES["ops"].column_names
 
 
 def test_older_run_is_read_with_a_note(tmp_path):
@@ -46,8 +52,8 @@ def test_older_run_is_read_with_a_note(tmp_path):
     with pytest.warns(OlderSchemaWarning) as notes:
         con = tracesql.connect(run)
     assert str(notes[0].message) == (
-        f"{run}: written with schema version 1, read as version 3 (since then: {schema.SCHEMA_CHANGES[2]}; "
-        f"{schema.SCHEMA_CHANGES[3]}; what it lacks reads as empty — re-ingest to fill it)")
+        f"{run}: written with schema version 1, read as version {schema.SCHEMA_VERSION} (since then: {SINCE_1}; "
+        "what it lacks reads as empty — re-ingest to fill it)")
     assert con.execute("SELECT count(*) FROM slices").fetchone()[0] == 4811  # as a current run of it has
     assert con.execute("SELECT count(*) FROM warnings").fetchone()[0] == 0
     types = [r[1] for r in con.execute("DESCRIBE warnings").fetchall()]
@@ -55,31 +61,32 @@ def test_older_run_is_read_with_a_note(tmp_path):
 
     result = CliRunner().invoke(main, ["query", "overlap", str(run), "-f", "csv"])
     assert result.exit_code == 0
-    assert result.stderr.startswith(f"Note: {run}: written with schema version 1, read as version 3")
+    assert result.stderr.startswith(f"Note: {run}: written with schema version 1, read as version {schema.SCHEMA_VERSION}")
     assert result.stdout.splitlines()[1].startswith("run,0,0,")
     info = CliRunner().invoke(main, ["info", str(run)])
-    assert "schema:    version 1 (written by tracesql 0.1.0); written with schema version 1, read as version 3" \
-        in info.output and "warnings:  none" in info.output
+    assert ("schema:    version 1 (written by tracesql 0.1.0); written with schema version 1, read as version "
+            f"{schema.SCHEMA_VERSION}") in info.output and "warnings:  none" in info.output
 
 
 def test_ingest_into_an_older_run_reads_every_source_again(tmp_path):
     run = _run_of_version(tmp_path, 1, drop_tables=["warnings", "counters"])
     result = tracesql.ingest([GOOD], run)
     assert result.ingested == [GOOD.name] and not result.reused
-    assert result.warnings == [f"{run}: written with schema version 1, read as version 3 (since then: "
-                               f"{schema.SCHEMA_CHANGES[2]}; {schema.SCHEMA_CHANGES[3]}; what it lacks reads as empty — "
+    assert result.warnings == [f"{run}: written with schema version 1, read as version {schema.SCHEMA_VERSION} "
+                               f"(since then: {SINCE_1}; what it lacks reads as empty — "
                                "re-ingest to fill it); all its sources are read again"]
-    assert json.loads((run / "tracesql.json").read_text())["schema_version"] == 3
+    assert json.loads((run / "tracesql.json").read_text())["schema_version"] == schema.SCHEMA_VERSION
     assert sorted(p.name for p in (run / "warnings").iterdir()) == sorted(p.name for p in (run / "ranks").iterdir()) + \
         ["run-checks.parquet"]
     assert tracesql.ingest([GOOD], run).reused == [GOOD.name]  # and from then on it is current
 
 
 @pytest.mark.parametrize("version, problem", [
-    (4, "written by tracesql 0.1.0 with schema version 4; this tracesql 0.1.0 reads schema versions 1..3: "
-        "install a tracesql that reads schema version 4, or re-ingest the traces with this one"),
+    (NEWER, f"written by tracesql 0.1.0 with schema version {NEWER}; this tracesql 0.1.0 reads schema versions "
+            f"1..{schema.SCHEMA_VERSION}: install a tracesql that reads schema version {NEWER}, or re-ingest the "
+            "traces with this one"),
     (0, "written by tracesql 0.1.0 with schema version 0, which this tracesql 0.1.0 no longer reads (it reads "
-        "1..3): re-ingest the traces"),
+        f"1..{schema.SCHEMA_VERSION}): re-ingest the traces"),
     ("2", "the manifest has no valid schema_version ('2'); re-ingest the traces"),
 ])
 def test_newer_or_unreadable_run_is_refused_everywhere(tmp_path, version, problem):

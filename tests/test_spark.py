@@ -48,6 +48,8 @@ VARIANTS = [
     ("hotspots", {"levels": "kernel_family,op_args", "top": 5}),
     ("memory_ops", {"op_level": "top"}),
     ("memory_curve", {"points": 7}),
+    ("annotations", {"projection": "thread"}),
+    ("modules", {"per": "instance", "top": 20}),
 ]
 
 

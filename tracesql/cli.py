@@ -123,12 +123,15 @@ def main():
               help="DuckDB working memory per file, e.g. 2GB; it spills to disk beyond it "
                    "(default: $TRACESQL_MEMORY_LIMIT or 1GB).")
 @click.option("--max-events", type=int, metavar="N", help="Read only the first N events of each file (a quick look).")
+@click.option("--step-pattern", metavar="REGEX",
+              help="Ranges whose names match REGEX are the steps (named groups step, phase, batch, tokens, "
+                   "prefill_tokens), before the built-in rules (ProfilerStep, vLLM, SGLang iterations).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
               help="spark: read the files in Spark tasks (see --master), one file per task.")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @_errors_as_messages
-def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, quiet, engine, master):
+def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, step_pattern, quiet, engine, master):
     """Read trace files (or folders of them) into a run folder of Parquet tables.
 
     Unchanged files already in the run are not read again. On any error the run folder is left as it was.
@@ -141,7 +144,7 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, q
     spark = _spark_session(master) if engine == "spark" else None
     result = ingest_traces(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
                            progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
-                           max_events=max_events, spark=spark)
+                           max_events=max_events, step_pattern=step_pattern, spark=spark)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:
@@ -455,7 +458,7 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
         from .report import render  # noqa: F401  (jinja2 and plotly: the [report] extra)
         import plotly  # noqa: F401
     except ImportError as e:
-        raise click.ClickException(f"the report needs the [report] extra: pip install 'tracesql[report]' ({e})")
+        raise click.ClickException(f"the report needs the [report] extra: pip install 'tracesql-ml[report]' ({e})")
     mfu_params = {k: v for k, v in (("model_flops_per_step", model_flops), ("params", n_params),
                                     ("tokens_per_step", tokens_per_step)) if v is not None}
     result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order, gate_runs=gate_runs,
@@ -505,3 +508,29 @@ def diff(before, after, top, fmt, output):
         click.echo(f"{ids[0]} -> {ids[1]}: per rank, largest change first")
         rel = rel.project("* EXCLUDE (before_run, after_run)")
     _emit(rel, fmt, output)
+
+
+@main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
+              help="Perfetto trace file to write (.pftrace).")
+@click.option("--rank", type=int, help="The rank to export (needed when the run has several).")
+@click.option("--step", type=int, help="Only this step's window (default: the rank's whole trace).")
+@click.option("--run-id", help="The run, when RUN is a folder of several runs.")
+@click.option("--class-scheme", type=click.Choice(["default", "hta"]), default="default", show_default=True,
+              help="Kernel class rules for the tracesql lanes (kernel_classes).")
+@_errors_as_messages
+def export(run, out, rank, step, run_id, class_scheme):
+    """Write one rank's step (or whole trace) of RUN as a Perfetto trace, to open in https://ui.perfetto.dev.
+
+    Host threads and device streams as tracks, flows from launches to kernels, and tracesql's view as extra
+    tracks per device: compute, communication, memory, exposed communication and idle (as `temporal_breakdown`
+    counts them), the run's warnings as instants.
+
+    Example:
+
+        tracesql export runs/1234 --rank 3 --step 120 -o step120.pftrace
+    """
+    from .export import export as write_trace, summary
+
+    click.echo(summary(write_trace(run, out, rank=rank, step=step, run_id=run_id, class_scheme=class_scheme)))

@@ -27,15 +27,22 @@ def escape_path(path: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in path)
 
 
-def views_sql(files_per_table: dict[str, list[str]]) -> str:
+def views_sql(files_per_table: dict[str, list[str]], present: dict[str, set[str]] | None = None) -> str:
     """A view per table over its Parquet files (named one by one, never globbed); a table with none (runs of an
-    older schema) is empty."""
+    older schema) is empty. `present`: for tables whose files may lack columns (runs of an older schema), the
+    columns they have: the view reads the files by name and gives each missing column as NULL."""
     lines = []
     for name, table in schema.TABLES.items():
         files = ", ".join(_quote(escape_path(f)) for f in files_per_table[name])
         lines.append(f"-- {table.doc}")
         empty = ", ".join(f'CAST(NULL AS {c.type}) AS "{c.name}"' for c in table.columns)
-        source = f"SELECT * FROM read_parquet([{files}])" if files else f"SELECT {empty} WHERE false"
+        have = (present or {}).get(name)
+        if files and have is not None and not set(table.column_names) <= have:
+            columns = ", ".join(f'"{c.name}"' if c.name in have else f'CAST(NULL AS {c.type}) AS "{c.name}"'
+                                for c in table.columns)
+            source = f"SELECT {columns} FROM read_parquet([{files}], union_by_name = true)"
+        else:
+            source = f"SELECT * FROM read_parquet([{files}])" if files else f"SELECT {empty} WHERE false"
         lines.append(f"CREATE OR REPLACE VIEW {name} AS {source};")
     return "\n".join(lines) + "\n"
 
@@ -115,14 +122,24 @@ def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     targets = target if isinstance(target, (list, tuple)) else [target]
     runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
     files = {t: [] for t in schema.TABLES}
+    older = []
     for run in runs:
         manifest = store.load_manifest(run)  # refuses newer runs with a clear message
         note = store.older_schema_note(manifest)
         if note:
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
+            older.append(run)
         for rel in store.files_of(run, manifest):  # refuses a run whose files are not its manifest's
             files[rel.split("/")[0]].append(str(run / rel))
     con = db.connect(threads)
-    con.execute(views_sql(files))
+    present = None
+    if older:  # their files may lack columns added since: which columns each table's files have
+        present = {}
+        for t, table_files in files.items():
+            if table_files:
+                listed = ", ".join(_quote(escape_path(f)) for f in table_files)
+                present[t] = {r[0] for r in con.execute(
+                    f"DESCRIBE SELECT * FROM read_parquet([{listed}], union_by_name = true)").fetchall()}
+    con.execute(views_sql(files, present))
     functions.install(con)
     return con

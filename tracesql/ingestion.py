@@ -43,7 +43,7 @@ class IngestResult:
 
 def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path, list[Path]]:
     """The trace files named or found (recursively) under `sources`, and the folder their paths are relative to."""
-    from .readers import trace_suffixes
+    from .readers import is_companion, trace_suffixes
 
     suffixes = trace_suffixes()
     files: list[Path] = []
@@ -51,7 +51,8 @@ def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path,
         if src.is_dir():
             for root, dirs, names in os.walk(src):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and Path(root, d) != exclude)
-                files += [Path(root, n) for n in sorted(names) if n.endswith(suffixes) and not n.startswith(".")]
+                files += [Path(root, n) for n in sorted(names) if n.endswith(suffixes) and not n.startswith(".")
+                          and not is_companion(Path(root, n))]
         elif src.exists():
             files.append(src)
         else:
@@ -118,7 +119,7 @@ def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
 
 
 def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str,
-              lim: limits.Limits, scratch: str | None = None) -> dict:
+              lim: limits.Limits, step_pattern: str | None = None, scratch: str | None = None) -> dict:
     """Read, normalize and write one file's tables into the staging run. Runs in a worker process.
     `ranks` is (the user's --rank, the rank to assume when the trace names none); `shown`: the name errors give
     the file (an archive member's, when `path` is its unpacked copy). A file that holds several processes gives
@@ -126,7 +127,7 @@ def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
     `.RUN.extract-*` folder beside the run, which the next ingest removes whatever killed this one)."""
     try:
         with limits.using(lim), _temporary_files_in(scratch):
-            return _read_normalize_write(Path(path), rel, staging, ranks, run_id, threads)
+            return _read_normalize_write(Path(path), rel, staging, ranks, run_id, threads, step_pattern)
     except TraceError as e:
         if e.path == path and shown != path:
             raise TraceError(shown, e.problem) from None
@@ -162,7 +163,8 @@ def _worker_start(parent: int, scratch: str) -> None:
     tempfile.tempdir = scratch
 
 
-def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id: str, threads: int) -> dict:
+def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id: str, threads: int,
+                          step_pattern: str | None = None) -> dict:
     from .normalize import normalize
     from .readers import read_trace
 
@@ -180,7 +182,7 @@ def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id:
             part = store.part_name(rank, hashlib.sha1(rel.encode()).hexdigest()[:10])
             # each table is written as soon as it is done; the shedding covers the writes still running at the end
             with data.shedding(), store.PartWriter(Path(staging), part) as writer:
-                rows = normalize(data, run_id, rank, threads=threads, on_table=lambda name, table: writer.write(
+                rows = normalize(data, run_id, rank, threads=threads, step_pattern=step_pattern, on_table=lambda name, table: writer.write(
                     name, _with_source(table, rel, p.stat().st_size) if name in ("ranks", "warnings") else table))
             summary["ranks"].append(rank)
             summary["parts"].append(part)
@@ -206,13 +208,16 @@ def ingest(
     progress: bool = False,
     memory_limit: str | None = None,
     max_events: int | None = None,
+    step_pattern: str | None = None,
     spark=None,
 ) -> IngestResult:
     """Ingest trace files or folders into the run folder `out`. Unchanged files already in `out` are not re-read.
     `memory_limit` caps DuckDB's working memory per file (it spills to disk beyond it); `max_events` reads only
     the first N events of each file (see `tracesql.limits`). With `spark` (a SparkSession, see
     tracesql.spark.session) the files are read by Spark tasks instead of local processes; the run is published
-    the same way.
+    the same way. `step_pattern`: a regular expression naming the ranges that are steps (named groups step,
+    phase, batch, tokens, prefill_tokens; see tracesql.step_rules), tried before the built-in rules; files are
+    read again when it changes.
 
     >>> tracesql.ingest(["traces/run-1234/"], "runs/1234")          # doctest: +SKIP
     """
@@ -220,6 +225,10 @@ def ingest(
 
     lim = limits.Limits.make(memory_limit, max_events)
     archives.max_bytes(), max_inflate_ratio()  # a bad environment value is refused before any work
+    if step_pattern is not None:
+        from .step_rules import user_rule
+
+        user_rule(step_pattern)  # checked before anything is read
     out = Path(out).absolute()
     sources = [Path(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     root, files = find_traces(sources, exclude=out)
@@ -233,7 +242,8 @@ def ingest(
             store.remove_leftovers(out)
             scratch = store.new_scratch(out)  # archive members are unpacked here
             try:
-                return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim, spark)
+                return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim, spark,
+                                      step_pattern)
             finally:
                 archives.remove(scratch)
     except OSError as e:  # the run's folder cannot be written (permissions, disk full, ...)
@@ -245,14 +255,15 @@ def ingest(
 
 
 def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress,
-                   lim: limits.Limits, spark) -> IngestResult:
+                   lim: limits.Limits, spark, step_pattern: str | None = None) -> IngestResult:
     if out.exists() and not out.is_dir():
         raise TraceError(out, "exists and is not a tracesql run: a file (refusing to write over it)")
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
         raise TraceError(out, "exists and is not a tracesql run (refusing to write into it)")
     old, damage = _previous_run(out)
     run_id = run_id or (old or {}).get("run_id") or out.name
-    options = {"rank": rank, "run_id": run_id, **({"max_events": lim.max_events} if lim.max_events else {})}
+    options = {"rank": rank, "run_id": run_id, **({"max_events": lim.max_events} if lim.max_events else {}),
+               **({"step_pattern": step_pattern} if step_pattern is not None else {})}
     result = IngestResult(run=out, run_id=run_id)
     if damage:
         result.warnings.append(f"{damage}; all its sources are read again")
@@ -288,9 +299,9 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
         if spark is not None:
             from .spark import read_files
 
-            done = read_files(spark, todo, staging, ranks, run_id, lim)
+            done = read_files(spark, todo, staging, ranks, run_id, lim, step_pattern)
         else:
-            done = _run_all(todo, staging, ranks, run_id, jobs, progress, lim, scratch)
+            done = _run_all(todo, staging, ranks, run_id, jobs, progress, lim, scratch, step_pattern)
         for rel, summary in done:
             entries[rel] = {**todo[rel][1], **summary}
             result.ingested.append(rel)
@@ -355,7 +366,7 @@ def _write_run_checks(staging: Path) -> None:
 
 
 def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool,
-             lim: limits.Limits, scratch: Path):
+             lim: limits.Limits, scratch: Path, step_pattern: str | None = None):
     """Yield (rel, summary) as files finish; one process per core when there are several files."""
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -363,13 +374,15 @@ def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | N
     try:
         if jobs == 1:
             for rel, (f, _, shown) in todo.items():
-                yield rel, _read_one(str(f), rel, str(staging), ranks, run_id, threads, shown, lim, str(scratch))
+                yield rel, _read_one(str(f), rel, str(staging), ranks, run_id, threads, shown, lim, step_pattern,
+                                     str(scratch))
                 bar and bar.advance()
             return
         pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_worker_start,
                                    initargs=(os.getpid(), str(scratch)))
         try:
-            futures = {pool.submit(_read_one, str(f), rel, str(staging), ranks, run_id, threads, shown, lim): rel
+            futures = {pool.submit(_read_one, str(f), rel, str(staging), ranks, run_id, threads, shown, lim,
+                                   step_pattern): rel
                        for rel, (f, _, shown) in todo.items()}
             for fut in as_completed(futures):
                 yield futures[fut], fut.result()

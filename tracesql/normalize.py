@@ -16,18 +16,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import db, functions, limits, quality, schema
+from . import db, functions, limits, quality, schema, step_rules
 from .arrays import array, strings, to_numpy
 from .db import sql_list
 from .readers import FileMapping, TraceData
-from .schema import STEP_PATTERN
 
 LAUNCH_KINDS = ("runtime", "driver")
 DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 DEVICE_TIME_KINDS = ("kernel", "memcpy", "memset")  # the device work ops are charged with
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
-STEP_KINDS = ("user_annotation", "cpu_op")
-IS_STEP = f"kind IN ({sql_list(STEP_KINDS)}) AND regexp_matches(name, '{STEP_PATTERN}')"  # ProfilerStep#N ranges
 NEST_BATCH = 1 << 16
 SCAN_BATCH = 1 << 17
 ON_DISK_ROWS = 1 << 21  # traces with more slices link in a scratch database file instead of in memory
@@ -35,10 +32,12 @@ ON_DISK_ROWS = 1 << 21  # traces with more slices link in a scratch database fil
 INGEST_FUNCTIONS = ("kernel_classes.csv", "10_sizes.sql", "20_activity.sql")
 
 
-def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 1) -> dict[str, int]:
+def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 1,
+              step_pattern: str | None = None) -> dict[str, int]:
     """Every table for one file, handed to `on_table(name, rows) -> row count` as soon as it is defined, to be
     written: `rows` is an Arrow table (the slices: memory-mapped), or, for the large derived tables, a DuckDB
-    relation to stream to disk. Returns the row count of each table."""
+    relation to stream to disk. Returns the row count of each table. `step_pattern`: the user's regular
+    expression for step ranges (see step_rules)."""
     slices = data.slices
     with tempfile.TemporaryDirectory(prefix="tracesql-link-") as scratch:
         scratch = Path(scratch)
@@ -46,7 +45,7 @@ def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 
         con = db.connect(threads, limits.current().memory, database=scratch / "link.duckdb" if on_disk else None)
         try:
             con.register("read_slices", slices)
-            links, checks = _link(con, slices, scratch, run_id, rank, data.mappings)
+            links, checks = _link(con, slices, scratch, run_id, rank, data.mappings, step_pattern, data.notes)
             for name in links.column_names:
                 slices = slices.append_column(name, links[name])
             checks = quality.skipped_rows(data.skipped, data.examples) + checks
@@ -55,11 +54,14 @@ def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 
             con.close()
 
 
-def _link(con, slices: pa.Table, scratch: Path, run_id: str, rank: int, mappings: list) -> tuple[pa.Table, list[dict]]:
+def _link(con, slices: pa.Table, scratch: Path, run_id: str, rank: int, mappings: list, step_pattern: str | None = None,
+          notes: list | None = None) -> tuple[pa.Table, list[dict]]:
     """The columns normalize adds to the slices (parent, depth, launch, op, step, run and rank), in the order
     of the reader's rows and memory-mapped, plus the quality checks on those links. Leaves table `extra` (per slice: op
     depth, self time, the device time it caused, its collective call) for the derived tables."""
-    steps = con.execute(STEP_RANGES_SQL).fetchnumpy()
+    step_ranges = step_rules.find(con, "read_slices", step_pattern, notes)
+    con.register("step_ranges", step_ranges)  # the steps table's rows (STEPS_SQL)
+    steps = step_rules.as_numpy(step_ranges)
     has_metadata = con.execute(COLLECTIVE_METADATA_SQL).fetchall()[0][0]
     is_call = COLLECTIVE_CALL_BY_METADATA if has_metadata else COLLECTIVE_CALL_BY_NAME
 
@@ -180,14 +182,6 @@ def _ids(values: list[int]) -> pa.Array:
     return array(ids, pa.int64(), ids < 0)
 
 
-# Steps: ProfilerStep#N ranges (by start, then slice id: of ranges that start together the last one counts)
-STEP_RANGES_SQL = f"""
-SELECT ts, ts + dur AS end_ts, COALESCE(TRY_CAST(regexp_extract(name, '{STEP_PATTERN}', 1) AS INTEGER), -1) AS step,
-    slice_id, name
-FROM read_slices
-WHERE {IS_STEP}
-ORDER BY ts, slice_id
-"""
 # Host ops that are communication calls: record_param_comms that carry collective metadata; when a trace has
 # none (older PyTorch, gloo), the c10d::* ops.
 COLLECTIVE_METADATA_SQL = """
@@ -318,11 +312,35 @@ def _derive(con, slices: pa.Table, checks: list[dict], data: TraceData, run_id: 
     emit("warnings", _from_rows(con, "warnings", [{"run_id": run_id, "rank": rank, "source_path": None, **c}
                                                   for c in checks]))
     con.register("groups", metadata["process_groups"])  # used by the collectives query
+    # forward->backward links: the reader's (Kineto's fwdbwd flows), else from autograd sequence numbers
+    con.register("fwd_links", data.fwd_links if data.fwd_links is not None else con.sql(SEQUENCE_LINKS_SQL).to_arrow_table())
     con.register("xla_ops", emit("xla_ops", _from_rows(con, "xla_ops", [{"run_id": run_id, "rank": rank, **r}
                                                                        for r in data.xla_ops])))
     for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL)):
         emit(name, con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})"))
     return rows
+
+
+# A backward op (Fwd thread id > 0; not the autograd engine's evaluate_function wrapper, which carries the same
+# numbers) differentiates the forward op of its process with the same autograd sequence number: among those, the
+# latest to start before it, the innermost when several start together. This is the rule PyTorch's profiler
+# follows when it writes the fwdbwd flows (profiler_kineto.cpp, generateForwardBackwardLink): on traces that have
+# the flows it gives the same links, and it links traces written without them.
+SEQUENCE_LINKS_SQL = """
+WITH cpu AS (
+    SELECT slice_id, name, pid, ts, dur,
+        TRY_CAST(json_extract_string(args, '$."Sequence number"') AS BIGINT) AS seq,
+        TRY_CAST(json_extract_string(args, '$."Fwd thread id"') AS BIGINT) AS fwd_tid
+    FROM slices WHERE kind = 'cpu_op' AND contains(CAST(args AS VARCHAR), '"Sequence number"')
+), bwd AS (
+    SELECT * FROM cpu WHERE fwd_tid > 0 AND NOT starts_with(name, 'autograd::engine::evaluate_function: ')
+), fwd AS (
+    SELECT * FROM cpu WHERE seq >= 0 AND COALESCE(fwd_tid, 0) = 0
+)
+SELECT b.slice_id, arg_max(f.slice_id, [f.ts, -f.dur]) AS fwd_slice_id
+FROM bwd b JOIN fwd f ON f.seq = b.seq AND f.pid = b.pid AND f.ts <= b.ts
+GROUP BY b.slice_id
+"""
 
 
 def _table(con, name: str, sql: str, params: dict | None = None) -> pa.Table:
@@ -337,6 +355,7 @@ SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s
     s.op_id AS parent_op_id, x.op_depth, s.step, s.external_id,
     TRY_CAST(json_extract_string(s.args, '$."Sequence number"') AS BIGINT) AS sequence_number,
     TRY_CAST(json_extract_string(s.args, '$."Fwd thread id"') AS BIGINT) AS fwd_thread_id,
+    fl.fwd_slice_id AS fwd_op_id,
     list_transform(TRY_CAST(json_extract(s.args, '$."Input Dims"') AS JSON[]),
                    lambda d: TRY_CAST(d AS BIGINT[])) AS input_dims,
     TRY_CAST(json_extract(s.args, '$."Input type"') AS VARCHAR[]) AS input_types,
@@ -348,6 +367,7 @@ SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s
     x.kernel_count, x.device_self_ns, x.kernel_count_total, x.device_total_ns
 FROM slices s
 JOIN extra x USING (slice_id)  -- (an op's own op_id is the op enclosing it)
+LEFT JOIN fwd_links fl ON fl.slice_id = s.slice_id
 WHERE s.kind = 'cpu_op'
 UNION ALL BY NAME
 -- XLA ops: one row per execution (xla_exec), with its HLO op's operands and costs from xla_ops
@@ -382,12 +402,18 @@ WITH comm_kernels AS (
 ), per_call AS (
     SELECT collective_call, count(*) AS kernel_count, any_value(device_id) AS device_id,
         arg_min(stream, ts) AS stream, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur,
-        sum(dur) AS kernel_dur
+        sum(dur) AS kernel_dur,
+        -- what the kernels say of the call, for host calls that record none (c10d ops; torch_npu's HCCL ops)
+        min(json_extract_string(args, '$.dtype')) AS kernel_dtype,
+        max(TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT)) AS kernel_in_nelems,
+        max(TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT)) AS kernel_out_nelems,
+        min(json_extract_string(args, '$."Process Group Name"')) AS kernel_pg_name
     FROM comm_kernels WHERE collective_call IS NOT NULL GROUP BY collective_call
 ), calls AS (
     SELECT s.run_id, s.rank, s.slice_id AS collective_id, s.args, s.step, s.ts AS cpu_ts, s.dur AS cpu_dur,
         COALESCE(json_extract_string(s.args, '$."Collective name"'), s.name) AS source_name,
-        k.kernel_count, k.device_id, k.stream, k.device_ts, k.device_dur, k.kernel_dur
+        k.kernel_count, k.device_id, k.stream, k.device_ts, k.device_dur, k.kernel_dur, k.kernel_dtype,
+        k.kernel_in_nelems, k.kernel_out_nelems, k.kernel_pg_name
     FROM slices s JOIN extra x USING (slice_id) LEFT JOIN per_call k ON k.collective_call = s.slice_id
     WHERE x.is_collective_call
 ), kernel_only AS (
@@ -405,7 +431,7 @@ WITH comm_kernels AS (
       AND NOT regexp_matches(COALESCE(e.hlo_op, ''), '-done([.]\\d+)?$')  -- the wait of an async collective
 ), rows AS (
     SELECT *,
-        COALESCE(json_extract_string(args, '$."Process Group Name"'),
+        COALESCE(json_extract_string(args, '$."Process Group Name"'), kernel_pg_name,
                  'xla ' || CAST(xla_group AS VARCHAR)) AS pg_name,
         json_extract_string(args, '$."Process Group Description"') AS pg_desc,
         COALESCE(TRY_CAST(json_extract_string(args, '$."Group size"') AS INTEGER), xla_group_size) AS group_size,
@@ -413,13 +439,14 @@ WITH comm_kernels AS (
             AS group_ranks,
         COALESCE(xla_dtype, json_extract_string(args, '$.dtype'),
                  list_filter(TRY_CAST(json_extract(args, '$."Input type"') AS VARCHAR[]),
-                             lambda t: dtype_bytes(t) IS NOT NULL)[1]) AS dtype,
+                             lambda t: dtype_bytes(t) IS NOT NULL)[1], kernel_dtype) AS dtype,
         -- without metadata the message is the op's input tensor: the second one of c10d's *_base_ ops
         -- (output, input), the first otherwise
-        COALESCE(xla_in, TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT),
+        COALESCE(xla_in, TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT), kernel_in_nelems,
                  tensor_numel(json_extract(args, '$."Input Dims"'),
                               CASE WHEN contains(source_name, '_base_') THEN 2 ELSE 1 END)) AS in_nelems,
-        COALESCE(xla_out, TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT)) AS out_nelems,
+        COALESCE(xla_out, TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT), kernel_out_nelems)
+            AS out_nelems,
         TRY_CAST(COALESCE(json_extract_string(args, '$.Seq'), json_extract_string(args, '$.seq')) AS BIGINT)
             AS recorded_seq
     FROM (SELECT * FROM calls UNION ALL BY NAME SELECT * FROM kernel_only)
@@ -437,8 +464,11 @@ SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_des
          THEN COALESCE(r.out_nelems, r.in_nelems * COALESCE(r.group_size, g.group_size))
          ELSE r.in_nelems END * dtype_bytes(r.dtype) AS size_bytes,
     r.recorded_seq IS NOT NULL AS seq_recorded,
-    -- numbered per group; device work no host call issued (XLA's SPMD ops, one set per device) per device too
+    -- numbered per group and class (collective_match_class: point-to-point calls apart from each collective);
+    -- device work no host call issued (XLA's SPMD ops, one set per device) per device too
     COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY COALESCE(r.pg_name, g.pg_name, ''),
+                                                             collective_match_class(COALESCE(
+                                                                 r.xla_collective, collective_kind(r.source_name))),
                                                              CASE WHEN r.cpu_ts IS NULL THEN r.device_id END
                                                 ORDER BY COALESCE(r.cpu_ts, r.device_ts)) - 1) AS seq
 FROM rows r LEFT JOIN only_group g ON true
@@ -479,16 +509,16 @@ ORDER BY ts, slice_id
 """
 
 STEPS_SQL = f"""
-WITH step_ranges AS (
-    SELECT run_id, rank, CAST(regexp_extract(name, '{STEP_PATTERN}', 1) AS INTEGER) AS step, name, slice_id, ts, dur
-    FROM slices
-    WHERE {IS_STEP}
+WITH ranges AS (  -- step_rules.find's: the rule that defines the rank's steps, and what the names say
+    SELECT r.run_id, r.rank, s.step, s.name, s.slice_id, s.ts, s.dur, s.rule, s.phase, s.batch_size, s.tokens,
+        s.prefill_tokens
+    FROM step_ranges s JOIN slices r USING (slice_id)
 ), device AS (
     SELECT step, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur, count(*) AS kernel_count
     FROM slices WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)}) AND step IS NOT NULL GROUP BY step
 )
 SELECT r.*, d.device_ts, d.device_dur, COALESCE(d.kernel_count, 0) AS kernel_count
-FROM step_ranges r LEFT JOIN device d USING (step)
+FROM ranges r LEFT JOIN device d USING (step)
 ORDER BY r.ts
 """
 

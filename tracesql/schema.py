@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 5
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -25,12 +25,19 @@ SCHEMA_CHANGES = {
        "(TPU and CPU ops, GPU kernels of one HLO op); memory gains allocator, peak_allocated_bytes, "
        "requested_bytes, fragmentation and op_name, and holds XPlane's allocator events; memory.device_type "
        "may be 'tpu'",
+    4: "inference iterations (issue 14): steps come from the rule that matches the rank's ranges (vLLM, SGLang, "
+       "ProfilerStep, vLLM execute_model, or --step-pattern) and gain rule, phase, batch_size, tokens and "
+       "prefill_tokens (NULL in older runs); collectives.seq, when counted by tracesql, counts each kind of "
+       "call apart (point-to-point calls together)",
+    5: "phases (issue 14): ops gains fwd_op_id (the forward op a backward op differentiates: Kineto's fwdbwd "
+       "flows, else autograd sequence numbers)",
 }
 OLDEST_READABLE = 1
 
 
-#: What names a step range (steps table): 'ProfilerStep#3' (PyTorch), also with a trailing label
-#: ('ProfilerStep#3 (train.py:20)': VizTracer's log_event). Python re and DuckDB (RE2) syntax alike.
+#: What names a PyTorch step range: 'ProfilerStep#3', also with a trailing label ('ProfilerStep#3 (train.py:20)':
+#: VizTracer's log_event). Python re and DuckDB (RE2) syntax alike. The steps table's other rules (inference
+#: iterations, --step-pattern) are in tracesql.step_rules.
 STEP_PATTERN = r"^ProfilerStep#(?P<step>\d+)(?:\s.*)?$"
 
 
@@ -166,6 +173,10 @@ TABLES: dict[str, Table] = {
                 ("external_id", "BIGINT", "Kineto 'External id'."),
                 ("sequence_number", "BIGINT", "Autograd sequence number (links forward and backward ops)."),
                 ("fwd_thread_id", "BIGINT", "For backward ops: the thread of the matching forward op."),
+                ("fwd_op_id", "BIGINT", "For backward ops: op_id of the forward op they differentiate, from Kineto's "
+                 "fwdbwd flow events, else (traces without them) by the rule PyTorch writes them with: the latest "
+                 "forward op of the process with the same sequence_number to start before it. NULL for other ops, "
+                 "and when the forward op is not in the trace."),
                 ("input_dims", "BIGINT[][]", "Shape of each input (record_shapes); NULL entries for non-tensor inputs."),
                 ("input_types", "VARCHAR[]", "Dtype or kind of each input (float, c10::BFloat16, Scalar, ...)."),
                 ("input_strides", "BIGINT[][]", "Strides of each tensor input, when recorded."),
@@ -200,7 +211,9 @@ TABLES: dict[str, Table] = {
                 ("pg_desc", "VARCHAR", "Process group description."),
                 ("group_size", "INTEGER", "Ranks in the group."),
                 ("group_ranks", "INTEGER[]", "Global ranks in the group."),
-                ("seq", "BIGINT", "Sequence number of the call within (rank, pg_name): matches calls across ranks."),
+                ("seq", "BIGINT", "Sequence number of the call within (rank, pg_name): matches calls across ranks "
+                 "(with the kind: collective_match_key). When the trace records none, tracesql counts the calls of "
+                 "each kind (point-to-point calls together) in time order."),
                 (
                     "seq_recorded",
                     "BOOLEAN",
@@ -318,10 +331,14 @@ TABLES: dict[str, Table] = {
         ),
         Table(
             "steps",
-            "Steps (ProfilerStep#N ranges) per rank, on the host and projected onto the device.",
+            "Steps per rank, on the host and projected onto the device: training steps (ProfilerStep#N ranges) or "
+            "inference iterations (vLLM execute_..., SGLang step[...] ranges), or the ranges --step-pattern names "
+            "at ingest. One rule defines a rank's steps: the user's pattern, else the first built-in rule that "
+            "matches (sglang, vllm, vllm_new_cached, profiler_step, vllm_execute_model).",
             _cols(
                 *_RUN_RANK,
-                ("step", "INTEGER", "Step number N."),
+                ("step", "INTEGER", "Step number: N of ProfilerStep#N (or the pattern's `step` group), else 0, 1, ... "
+                 "in time order."),
                 ("name", "VARCHAR", "Name of the range that defines the step."),
                 ("slice_id", "BIGINT", "slice_id of that range."),
                 ("ts", "BIGINT", "Host start, ns."),
@@ -330,6 +347,13 @@ TABLES: dict[str, Table] = {
                  "nothing launched it: XLA CPU thunks, TPU ops)."),
                 ("device_dur", "BIGINT", "From that start to the end of the step's last device event."),
                 ("kernel_count", "BIGINT", "Device events of the step (kernels, copies, memsets)."),
+                ("rule", "VARCHAR", "The rule that recognised the range: profiler_step, sglang, vllm, vllm_new_cached, "
+                 "vllm_execute_model or user (--step-pattern)."),
+                ("phase", "VARCHAR", "Inference iterations: prefill, decode or mixed (both in one batch; 'idle' for "
+                 "SGLang's idle batches), as the name says; NULL when it does not."),
+                ("batch_size", "INTEGER", "Requests in the iteration's batch, when the name says."),
+                ("tokens", "BIGINT", "Tokens the iteration processed (prefill and decode), when the name says."),
+                ("prefill_tokens", "BIGINT", "Of those, prefill tokens (0 for a decode iteration), when known."),
             ),
         ),
         Table(

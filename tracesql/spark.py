@@ -25,7 +25,7 @@ try:
     import sqlglot  # noqa: F401
 except ImportError as missing:
     raise TraceError("--engine spark",
-                     f"needs {missing.name}: pip install 'tracesql[spark]' (and Java 17 or 21)") from None
+                     f"needs {missing.name}: pip install 'tracesql-ml[spark]' (and Java 17 or 21)") from None
 
 from . import db, engine, functions, queries, schema, store, transpile  # noqa: E402
 
@@ -222,19 +222,20 @@ def _read_task(item):
     Bad input comes back as (path, problem), to be raised on the driver with its one-line message."""
     from .ingestion import _read_one
 
-    rel, path, staging, ranks, run_id, threads, shown, lim = item
+    rel, path, staging, ranks, run_id, threads, shown, lim, step_pattern = item
     try:
-        return rel, _read_one(path, rel, staging, ranks, run_id, threads, shown, lim), None
+        return rel, _read_one(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern), None
     except TraceError as e:
         return rel, None, (e.path, e.problem)
 
 
-def read_files(spark, todo: dict, staging: Path, ranks: tuple, run_id: str, lim):
+def read_files(spark, todo: dict, staging: Path, ranks: tuple, run_id: str, lim, step_pattern: str | None = None):
     """Yield (rel, summary) for the files of `todo` (rel -> (path, fingerprint, name shown in errors)), read by
     Spark tasks, one file per task, under the ingest's limits `lim`. Executors must see `staging` and the files at
     the same paths (one machine, or a shared file system)."""
     threads = int(spark.conf.get("spark.task.cpus", "1"))
-    items = [(rel, str(f), str(staging), ranks, run_id, threads, shown, lim) for rel, (f, _, shown) in todo.items()]
+    items = [(rel, str(f), str(staging), ranks, run_id, threads, shown, lim, step_pattern)
+             for rel, (f, _, shown) in todo.items()]
     results = spark.sparkContext.parallelize(items, len(items)).map(_read_task).collect()
     for rel, summary, error in results:
         if error:

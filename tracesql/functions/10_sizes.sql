@@ -36,6 +36,20 @@ CREATE OR REPLACE MACRO collective_kind(source_name) AS (
     END
 );
 
+-- What calls are matched by across ranks besides group and sequence: a send on one rank and the recv on its
+-- peer are one point-to-point instance ('p2p': send, recv, send_recv); any other collective only meets its own
+-- kind.
+CREATE OR REPLACE MACRO collective_match_class(collective) AS (
+    CASE WHEN collective IN ('send', 'recv', 'send_recv') THEN 'p2p' ELSE collective END
+);
+
+-- The key of one collective instance across ranks: group, class and sequence number. Calls of different kinds
+-- never share one, also where the trace records no group (pg_name NULL) or no sequence number (tracesql counts
+-- each class's calls), or a backend numbers its point-to-point calls apart from its collectives.
+CREATE OR REPLACE MACRO collective_match_key(pg_name, collective, seq) AS (
+    COALESCE(pg_name, '') || '|' || collective_match_class(collective) || '|' || CAST(seq AS VARCHAR)
+);
+
 -- Elements of the n-th tensor (or tensor list, summed) in a Kineto 'Input Dims' JSON value such as
 -- [[], [[8]], [], []] or [[8], [16]], counting only entries with a shape: the message of c10d ops that record no
 -- 'In msg nelems'.

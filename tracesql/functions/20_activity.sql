@@ -23,7 +23,9 @@ WITH names AS (
 ), step_bounds AS (
     SELECT run_id, rank, count(*) AS n_steps, max(ts) AS last_start, min(ts) AS first_start,
         max(ts + dur) AS last_end
-    FROM steps GROUP BY run_id, rank
+    FROM steps
+    WHERE rule IS NULL OR rule = 'profiler_step'  -- HTA knows ProfilerStep ranges only, not inference iterations
+    GROUP BY run_id, rank
 ), mtia_in_step AS (
     -- MTIA DMA requests inside a step (HTA's window keeps them); a join over those rows only, empty unless 'hta'
     -- (an EXISTS in the WHERE clause below would be a range join over every device event whatever the window)

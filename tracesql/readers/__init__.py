@@ -34,14 +34,21 @@ MAX_NAME_CHARS = 8192
 #: are at most 16 MB whatever the input.
 OUT_BATCH_ROWS = 2048
 
-from . import kineto, nsys, perfetto, rocprof, xplane  # noqa: E402 (they use the limits above)
+from . import ascend, kineto, nsys, perfetto, rocprof, xplane  # noqa: E402 (they use the limits above)
 
 #: Tried in order; the first whose detect() says yes reads the file.
-READERS = [rocprof, kineto, xplane, perfetto, nsys]  # xplane (by name) before perfetto (by content): both protobuf
+READERS = [rocprof, ascend, kineto, xplane, perfetto, nsys]  # ascend (by name) before kineto: both Chrome JSON;
+# xplane (by name) before perfetto (by content): both protobuf
 
 
 def trace_suffixes() -> tuple[str, ...]:
     return tuple(sorted({suffix for reader in READERS for suffix in reader.SUFFIXES}))
+
+
+def is_companion(path: Path) -> bool:
+    """A file found in a folder that belongs to another file's export and is no trace of its own (torch_npu's
+    communication.json beside its trace_view.json): not ingested on its own."""
+    return any(getattr(reader, "is_companion", None) and reader.is_companion(path) for reader in READERS)
 
 #: Columns a reader's `slices` table must have (normalize adds the rest of `schema.TABLES['slices']`), with the
 #: Arrow type of each; text columns with few distinct values are dictionary-encoded.
@@ -175,6 +182,8 @@ class TraceData:
     process_groups: list[dict] = field(default_factory=list)
     counters: pa.Table | None = None  # READER_COUNTER_TYPES columns, when the format has counters
     xla_ops: list[dict] = field(default_factory=list)  # rows of schema.TABLES['xla_ops'] (without run and rank)
+    # forward->backward links: slice_id (a backward op), fwd_slice_id (its forward op); None when not recorded
+    fwd_links: pa.Table | None = None
     # scratch files read without copying (the reader's slices; normalize adds its own): their pages are shed
     mappings: list[FileMapping] = field(default_factory=list)
 

@@ -362,6 +362,7 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
     slices = mapping.table()
     if dialect != "kineto":  # Kineto's flows repeat the correlation ids its args carry
         slices = _bind_flows(con, slices, base_time_ns)
+    fwd_links = _fwd_bwd_links(con, slices, base_time_ns)
     counters = con.sql(_COUNTERS, params={"base": base_time_ns}).to_arrow_table()
     skipped["counter value that is not a number"] = counters["value"].null_count
     counters = counters.filter(pc.is_valid(counters["value"]))
@@ -387,6 +388,7 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
         devices=_devices(meta.get("deviceProperties")),
         process_groups=_process_groups(dist),
         counters=counters,
+        fwd_links=fwd_links,
         mappings=[mapping],
     )
 
@@ -429,6 +431,18 @@ def _bind_flows(con, slices: pa.Table, base_time_ns: int) -> pa.Table:
     correlation[rows], has[rows] = bound["flow"], True
     column = slices.column_names.index("correlation")
     return slices.set_column(column, "correlation", array(correlation, pa.int64(), ~has))
+
+
+def _fwd_bwd_links(con, slices: pa.Table, base_time_ns: int) -> pa.Table | None:
+    """(slice_id of a backward op, slice_id of the forward op it differentiates) from Kineto's 'fwdbwd' flows,
+    or None when the trace has none."""
+    if not con.execute(_HAS_FWD_BWD).fetchall()[0][0]:
+        return None
+    con.register("read_slices", slices)
+    try:
+        return con.sql(_FWD_BWD_LINKS, params={"base": base_time_ns}).to_arrow_table()
+    finally:
+        con.unregister("read_slices")
 
 
 # '{}': TSL writers end the list with one
@@ -640,6 +654,33 @@ FROM flows f ASOF JOIN (SELECT * FROM read_slices WHERE kind <> 'instant') s
     ON f.pid = s.pid AND f.tid = s.tid AND f.ts >= s.ts
 WHERE f.ts <= s.ts + s.dur AND s.correlation IS NULL
 GROUP BY 1
+"""
+_HAS_FWD_BWD = f"""
+SELECT EXISTS (SELECT 1 FROM events WHERE NOT malformed AND ph IN ('s', 'f') AND lower(cat) = 'fwdbwd')
+"""
+# Kineto links a backward op to the forward op of the same autograd node with a 'fwdbwd' flow: its start ('s') at
+# the forward op's start on the forward thread, its end ('f') at the backward op's start on the autograd thread.
+# Each end binds to the op that starts there: the latest-starting cpu_op of that thread that encloses it (an
+# ASOF join: no range join), the innermost (shortest) of those starting at the same instant.
+_FWD_BWD_LINKS = f"""
+WITH flows AS (
+    SELECT ph, lane_id(pid, 'pid_label_id') AS pid, lane_id(tid, 'tid_label_id') AS tid, us_to_ns(ts) + $base AS ts,
+        COALESCE(TRY_CAST(id AS BIGINT), CAST(hash(CAST(id AS VARCHAR)) >> 2 AS BIGINT)) AS flow
+    FROM events
+    WHERE NOT malformed AND ph IN ('s', 'f') AND lower(cat) = 'fwdbwd' AND {_ts_ok} AND id IS NOT NULL
+), ops AS (
+    SELECT slice_id, pid, tid, ts, dur FROM read_slices WHERE kind = 'cpu_op'
+), starts AS (
+    SELECT f.ph, f.flow, f.pid, f.tid, o.ts AS op_ts
+    FROM flows f ASOF JOIN ops o ON f.pid = o.pid AND f.tid = o.tid AND f.ts >= o.ts
+), bound AS (
+    SELECT s.ph, s.flow, arg_min(o.slice_id, o.dur) AS slice_id
+    FROM starts s JOIN ops o ON o.pid = s.pid AND o.tid = s.tid AND o.ts = s.op_ts
+    GROUP BY s.ph, s.flow
+)
+SELECT b.slice_id, min(f.slice_id) AS fwd_slice_id
+FROM bound b JOIN bound f ON f.flow = b.flow AND f.ph = 's' AND b.ph = 'f'
+GROUP BY b.slice_id
 """
 
 

@@ -75,6 +75,19 @@ class FleetMetrics:
     ranks: pd.DataFrame  # one row per (run_id, rank): the per-rank metrics
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # query outputs kept for the report's tables
 
+    @classmethod
+    def concat(cls, parts: list["FleetMetrics"]) -> "FleetMetrics":
+        """The metrics of several groups of runs as one (the groups hold different runs)."""
+        if len(parts) == 1:
+            return parts[0]
+
+        def stack(frames):
+            kept = [f for f in frames if len(f)] or frames[:1]
+            return pd.concat(kept, ignore_index=True)
+
+        return cls(runs=stack([p.runs for p in parts]), ranks=stack([p.ranks for p in parts]),
+                   tables={k: stack([p.tables[k] for p in parts]) for k in parts[0].tables})
+
 
 def _run(con, name: str, **params) -> pd.DataFrame:
     return queries.run(con, queries.find(name), params).df()

@@ -1,0 +1,337 @@
+"""The generated reference pages of the documentation site, made from the code so they cannot drift:
+
+- `reference/queries/NAME.md`: one page per curated query, from its header (what it answers, definition,
+  parameters with their allowed values, columns), with its real output on a bundled dataset (EXAMPLES below)
+  and its SQL;
+- `reference/tables.md`: the tables, from `tracesql/schema.py`;
+- `reference/functions.md`: the SQL macros and data tables, from the comments in `tracesql/functions/`;
+- `reference/cli.md`: every command's `--help`, from the click commands;
+- `reference/datasets.md`: the bundled traces, from `datasets/README.md`.
+
+Every curated query needs an entry in EXAMPLES (a test fails, and the strict site build with it, until a new query
+has one): the command line after `tracesql` that shows it on a bundled dataset (`-f markdown` is added), and how
+many rows to show.
+
+    python docs/gen/reference.py OUT_DIR      # write the pages to OUT_DIR (the site build does this in memory)
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+for _path in (REPO, Path(__file__).resolve().parent):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from examples import Workdir, escape_html, render_command  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Example:
+    command: str  # after `tracesql`, without `-f markdown`
+    rows: int = 8
+    note: str = ""  # a sentence under the output (what to notice)
+
+
+EXAMPLES: dict[str, Example] = {
+    "annotations": Example("query annotations datasets/hta_nccl_parser_config/ -p top=5", 5),
+    "bubbles": Example("query bubbles datasets/hta_trace_filter/ -p scope=device", 6),
+    "bubbles_largest": Example("query bubbles_largest datasets/hta_trace_filter/ -p top=3", 6),
+    "collective_stragglers": Example(
+        "query collective_stragglers datasets/torch_gloo_4rank_straggler/",
+        note="Rank 2 of this job sleeps 5 ms before each collective (it was made so): it is last 23 times out of 27."),
+    "collectives": Example("query collectives datasets/torch_gloo_4rank_straggler/", 6),
+    "diff": Example(
+        "diff datasets/torch_gloo_2rank/ datasets/torch_gloo_4rank_straggler/ --top 4",
+        note="`tracesql diff BEFORE AFTER` runs this query on two runs; gloo runs on the CPU, so without device "
+             "events on both sides ops are compared on host self time."),
+    "hotspots": Example("query hotspots datasets/tracelens_b200_eager/ -p top=3", 6),
+    "iterations": Example(
+        "query iterations datasets/tracelens_vllm_graph_execution/",
+        note="TraceLens' vLLM decode trace replays a full graph: 32 requests decode one token each; the host range "
+             "launches the graph and returns while the device runs for 10.7 ms."),
+    "kernel_breakdown": Example("query kernel_breakdown datasets/hta_trace_filter/", 8),
+    "launch": Example("query launch datasets/hta_trace_filter/", 6),
+    "memory": Example("query memory datasets/torch_gloo_2rank/"),
+    "memory_curve": Example("query memory_curve datasets/torch_gloo_2rank/ -p points=4"),
+    "memory_ops": Example("query memory_ops datasets/torch_gloo_2rank/ -p top=3", 6),
+    "mfu": Example(
+        "query mfu datasets/hta_trace_filter/ -p device=A100-SXM-40GB -p dtype=fp32 -p params=100000000 "
+        "-p tokens_per_step=1000000",
+        note="MFU needs the model's FLOPs: here 6 · 10⁸ parameters · 10⁶ tokens per step over the job's 128 "
+             "devices; HFU counts the FLOPs of the ops the trace recorded with shapes."),
+    "modules": Example(
+        "query modules datasets/tracelens_b200_eager/ -p top=6", 6,
+        note="GPT-OSS on a B200, recorded with with_stack: 36 TransformerBlock calls; the model spends 11.6 ms on "
+             "the device and 79 ms on the host (an eager, host-bound run)."),
+    "overlap": Example("query overlap datasets/hta_trace_filter/ -p per=step"),
+    "phases": Example(
+        "query phases datasets/hta_nccl_parser_config/",
+        note="DDP on an A100: backward (on the autograd thread) takes twice the forward; the device idles 77 % of "
+             "each step, and 10 to 19 ms of communication per step is not hidden under compute."),
+    "roofline": Example("query roofline datasets/tracelens_b200_eager/ -p top=4", 4),
+    "steps": Example("query steps datasets/hta_trace_filter/"),
+    "temporal_breakdown": Example("query temporal_breakdown datasets/hta_trace_filter/ -p per=step"),
+    "timeline": Example("query timeline datasets/hta_trace_filter/ -p step=551", 6),
+    "xla_breakdown": Example("query xla_breakdown datasets/xprof_tpu_inference/ -p dimensions=category", 8),
+}
+
+
+def missing_examples() -> list[str]:
+    """Curated queries without an EXAMPLES entry."""
+    from tracesql import queries
+
+    return [q.name for q in queries.catalogue() if q.name not in EXAMPLES]
+
+
+def stale_examples() -> list[str]:
+    """EXAMPLES entries for queries that no longer exist."""
+    from tracesql import queries
+
+    names = {q.name for q in queries.catalogue()}
+    return [name for name in EXAMPLES if name not in names]
+
+
+def _text(doc: str) -> str:
+    """A header's free text as Markdown: HTML-escaped, hard line breaks kept where a line starts a new point."""
+    return escape_html(doc)
+
+
+def _cell(text: str) -> str:
+    return escape_html(text).replace("|", "\\|")
+
+
+def query_page(q, work: Workdir) -> str:
+    from tracesql import queries
+
+    out = [f"# `{q.name}`\n", f"{_text(q.title)}\n"]
+    if q.doc:
+        out.append(f"{_text(q.doc)}\n")
+    if q.needs:
+        out.append(f"**Needs:** {_text(q.needs)}.\n" if not q.needs.endswith(".") else f"**Needs:** {_text(q.needs)}\n")
+    out.append("## Parameters\n")
+    if q.params:
+        out.append("| parameter | default | values | meaning |\n|---|---|---|---|")
+        for p in q.params.values():
+            rule = p.rule or ""
+            meaning = p.doc[len(rule) + 1:].strip() if rule and p.doc.startswith(rule) else p.doc
+            out.append(f"| `{p.name}` | `{_cell(p.default)}` | {_cell(rule)} | {_cell(meaning)} |")
+        out.append("\nGive them as `-p name=value` (CLI), keyword arguments (`tracesql.query(...)`), or "
+                   "`SET VARIABLE name = value;` in a plain DuckDB session; a value outside the allowed ones is "
+                   "refused before the query runs.\n")
+    else:
+        out.append("None.\n")
+    out.append("## Columns\n\n| column | type | meaning |\n|---|---|---|")
+    out += [f"| `{name}` | {typ} | {_cell(doc)} |" for name, typ, doc in q.columns]
+    out.append("")
+    example = EXAMPLES.get(q.name)
+    out.append("## Example\n")
+    if example is None:
+        out.append("No example yet: add one to `EXAMPLES` in `docs/gen/reference.py`.\n")
+    else:
+        out.append(render_command(f"tracesql {example.command} -f markdown", work, example.rows))
+        if example.note:
+            out.append(f"{example.note}\n")
+    out.append("## Run it\n")
+    out.append(_run_it(q, example))
+    out.append(f"## SQL\n\n`queries/{q.name}.sql`:\n\n```sql\n{queries.find(q.name).sql.rstrip()}\n```\n")
+    return "\n".join(out)
+
+
+def _run_it(q, example: Example | None) -> str:
+    """How to run the query from the CLI, Python and plain DuckDB, with the example's arguments."""
+    import shlex
+
+    argv = shlex.split(example.command) if example else ["query", q.name, "RUN"]
+    params = {}
+    targets = []
+    i = 2 if argv[0] == "query" else 1
+    while i < len(argv):
+        if argv[i] in ("-p", "--param"):
+            name, _, value = argv[i + 1].partition("=")
+            params[name] = value
+            i += 2
+        elif argv[i] == "--top":
+            params["top"] = argv[i + 1]
+            i += 2
+        else:
+            targets.append(argv[i])
+            i += 1
+
+    def py(value: str) -> str:
+        return value if re.fullmatch(r"-?\d+(\.\d+)?", value) else repr(value)
+
+    target = repr(targets[0]) if len(targets) == 1 else "[" + ", ".join(map(repr, targets)) + "]"
+    kwargs = "".join(f", {k}={py(v)}" for k, v in params.items())
+    sets = " ".join(f"SET VARIABLE {k} = {py(v)};" for k, v in params.items())
+    return ("```python\nimport tracesql\n\n"
+            f"df = tracesql.query({q.name!r}, {target}{kwargs})   # a pandas DataFrame\n```\n\n"
+            "In a plain DuckDB shell on a run (`duckdb -init init.sql` in the run folder), the file runs as it is"
+            + (f" once its parameters are set: `{sets}`, then" if sets else ":")
+            + f" `.read {q.name}.sql` (from `queries/` in this repository, or `tracesql/queries/` where it is "
+              "installed). "
+              "Without a value, a parameter takes its default.\n")
+
+
+def queries_index() -> str:
+    from tracesql import queries
+
+    out = ["# Queries\n",
+           "The curated queries: plain SQL files in `queries/` whose header says what they answer, how, with which "
+           "parameters and which columns; a test checks each header against what the query really returns. Each "
+           "page below is generated from that header, with the query's real output on a bundled dataset.\n",
+           "| query | answers | parameters |\n|---|---|---|"]
+    for q in queries.catalogue():
+        params = ", ".join(f"`{p}`" for p in q.params) or "none"
+        out.append(f"| [`{q.name}`]({q.name}.md) | {_cell(q.title)} | {params} |")
+    out.append("\nYour own SQL runs the same way: `tracesql query my_question.sql RUN`, with the "
+               "[tables](../tables.md) and the [functions](../functions.md).\n")
+    return "\n".join(out)
+
+
+def tables_page() -> str:
+    from tracesql import schema
+
+    out = ["# Tables\n",
+           "Generated from `tracesql/schema.py`, the one place that defines them (`tracesql schema` prints the "
+           "same). Every time is an integer nanosecond; unknown values are NULL, never 0 or −1; ids are unique "
+           "within (`run_id`, `rank`).\n",
+           schema.markdown(),
+           "## Schema versions\n",
+           "Every run records the schema version that wrote it. Runs from an older version are read (what they "
+           "lack reads as NULL) and re-read from their sources by the next ingest; a newer one is refused.\n",
+           "| version | what changed |\n|---|---|"]
+    out += [f"| {v} | {_cell(text)} |" for v, text in sorted(schema.SCHEMA_CHANGES.items())]
+    return "\n".join(out) + "\n"
+
+
+_MACRO = re.compile(r"^CREATE (?:OR REPLACE )?MACRO (\w+)\s*\(", re.M)
+
+
+def macros(path: Path) -> tuple[str, list[tuple[str, str, bool, str]]]:
+    """The file's leading comment, and (name, arguments, is a table macro, its comment) for each macro."""
+    text = path.read_text()
+    lines = text.splitlines()
+    intro = []
+    for line in lines:
+        if not line.startswith("--"):
+            break
+        intro.append(line[2:].strip())
+    found = []
+    for m in _MACRO.finditer(text):
+        depth, i = 1, m.end()
+        while depth and i < len(text):
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        args = " ".join(text[m.end():i - 1].split())
+        is_table = bool(re.match(r"\s*AS\s+TABLE\b", text[i:]))
+        doc, j = [], text.count("\n", 0, m.start()) - 1
+        while j >= 0 and lines[j].startswith("--"):
+            doc.insert(0, lines[j][2:].strip())
+            j -= 1
+        if j < 0:  # the file's own comment is the intro, not this macro's
+            doc = []
+        found.append((m[1], args, is_table, "\n".join(doc).strip()))
+    return "\n".join(intro).strip(), found
+
+
+def _csv_table(path: Path) -> str:
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows[1:]]
+    return "\n".join(out)
+
+
+def functions_page() -> str:
+    from tracesql import functions
+
+    out = ["# Functions\n",
+           "SQL macros and data tables that exist in every session on a run: `tracesql.connect`, `tracesql query`, "
+           "`tracesql shell`, and any DuckDB client through the run's `init.sql`. Generated from "
+           "`tracesql/functions/`, one section per file; each macro's text is the comment above it.\n"]
+    for path in sorted(functions.HERE.glob("*.sql")):
+        intro, found = macros(path)
+        topic = path.stem.split("_", 1)[-1]
+        out.append(f"## {topic.capitalize()}\n")
+        out.append(f"`tracesql/functions/{path.name}`" + (f": {_text(intro)}" if intro else "") + "\n")
+        for name, args, is_table, doc in found:
+            kind = "table macro" if is_table else "macro"
+            out.append(f"### `{name}`\n")
+            out.append(f"`{name}({args})` — {kind}\n")
+            if doc:
+                out.append(f"{_text(doc)}\n")
+    for path in sorted(functions.HERE.glob("*.csv")):
+        out.append(f"## Table `{path.stem}`\n")
+        out.append(f"From `tracesql/functions/{path.name}`, created as a table in every session (edit the "
+                   f"table, or insert rows, to change it for that session).\n")
+        out.append(_csv_table(path) + "\n")
+    return "\n".join(out)
+
+
+def cli_page() -> str:
+    import click
+
+    from tracesql.cli import main
+
+    out = ["# Command line\n",
+           "Every command's `--help`, generated from the click commands. `tracesql --version` prints the "
+           "version. Errors are one line naming the file or parameter, with a non-zero exit status.\n"]
+    for name in sorted(main.commands):
+        cmd = main.commands[name]
+        ctx = click.Context(cmd, info_name=f"tracesql {name}", terminal_width=100, max_content_width=100)
+        out.append(f"## `tracesql {name}`\n")
+        short = cmd.get_short_help_str(limit=200)
+        out.append(f"{_text(short)}\n")
+        out.append(f"```text\n{cmd.get_help(ctx).rstrip()}\n```\n")
+    return "\n".join(out)
+
+
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")
+
+
+def _unlink_repo_paths(text: str) -> str:
+    """Links to files of the repository (outside the site) become code: the site cannot link to them."""
+    def fix(m):
+        target = m[2]
+        if re.match(r"^[a-z]+://|^#|^mailto:", target):
+            return m[0]
+        return m[1] if m[1].startswith("`") else f"`{m[1]}`"
+
+    return _LINK.sub(fix, text)
+
+
+def datasets_page() -> str:
+    text = (REPO / "datasets" / "README.md").read_text()
+    text = re.sub(r"^# .*\n", "# Datasets\n\nFrom `datasets/README.md`.\n", text, count=1)
+    return _unlink_repo_paths(text)
+
+
+def generate() -> dict[str, str]:
+    """Every generated page: path under docs/ -> Markdown."""
+    from tracesql import queries
+
+    pages = {
+        "reference/queries/index.md": queries_index(),
+        "reference/tables.md": tables_page(),
+        "reference/functions.md": functions_page(),
+        "reference/cli.md": cli_page(),
+        "reference/datasets.md": datasets_page(),
+    }
+    with Workdir() as work:
+        for q in queries.catalogue():
+            pages[f"reference/queries/{q.name}.md"] = query_page(q, work)
+    return pages
+
+
+if __name__ == "__main__":
+    out_dir = Path(sys.argv[1])
+    for rel, text in generate().items():
+        (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out_dir / rel).write_text(text)
+        print(out_dir / rel)

@@ -1,0 +1,143 @@
+-- phases: Where each step's device time went: forward, backward, optimizer, data loading, exposed communication, other, idle.
+--
+-- Each device event (kernel, copy, memset) gets the phase of the host work that launched it, the first rule that
+-- applies:
+--   1. communication kernels (class 'communication') are communication, whatever launched them;
+--   2. the phase ranges on the launching thread that hold the launch: annotations and ops whose name says
+--      backward (also the autograd engine's evaluate_function ops and the backward ops linked to their forward op,
+--      ops.fwd_op_id), optimizer (Optimizer.step#..., zero_grad), data_loading (DataLoader...) or forward
+--      ('## forward ##', DistributedDataParallel.forward, the module stack's 'nn.Module: X_N' calls), see the
+--      range_phase macro; when several hold it, the first of backward, optimizer, data_loading, forward (a module
+--      that activation checkpointing runs again inside backward is backward);
+--   3. backward when the launching thread is an autograd thread: it runs backward ops (fwd_thread_id > 0 or
+--      evaluate_function) and no top-level op that records an autograd node for a forward pass (forward ops that
+--      activation checkpointing recomputes are nested in backward ones). PyTorch runs backward on a thread of its
+--      own per device;
+--   4. forward when the launch falls, on its thread, between the step's first and last forward op (ops that
+--      recorded an autograd node: sequence_number >= 0 and no fwd_thread_id), the loss included;
+--   5. other.
+-- The step's device window (`steps.device_ts/device_dur`; a trace without steps: one window per rank, from its first
+-- to its last device event, step NULL) is cut into instants by what runs on the rank's devices: an instant where
+-- compute or memory work runs goes to the first of forward, backward, optimizer, data_loading, other that runs
+-- then; one where only communication runs is exposed_communication; one where nothing runs is idle. The seven
+-- columns add up to window_ns. Every device event in the window counts, whichever step launched it.
+--
+-- Needs: device kernels with their launching host calls (correlation ids); ProfilerStep ranges for per-step rows
+-- Columns:
+--   run_id                       VARCHAR  run
+--   rank                         INTEGER  rank
+--   step                         INTEGER  step (NULL: a trace without steps, the whole rank)
+--   window_ns                    BIGINT   the step's device window: first device start to last device end
+--   forward_ns                   BIGINT   time forward work ran
+--   backward_ns                  BIGINT   time backward work ran (and no forward work)
+--   optimizer_ns                 BIGINT   time optimizer work ran (and no forward or backward work)
+--   data_loading_ns              BIGINT   time only data-loading work (copies of the batch, ...) ran
+--   exposed_communication_ns     BIGINT   time only communication ran
+--   other_ns                     BIGINT   time only work of no phase above ran
+--   idle_ns                      BIGINT   time nothing ran
+--   communication_ns             BIGINT   time any communication ran (exposed or overlapped by compute)
+--   data_loading_host_ns         BIGINT   host time of the step's data-loading ranges (the device may idle meanwhile)
+--   forward_kernels              BIGINT   device events of the window labelled forward
+--   backward_kernels             BIGINT   device events labelled backward
+--   optimizer_kernels            BIGINT   device events labelled optimizer
+--   busy_share                   DOUBLE   1 - idle_ns / window_ns
+WITH labelled AS (
+    -- per launched device event: the first phase (backward, optimizer, data_loading, forward) of the phase ranges
+    -- of its launching thread that hold its launch
+    SELECT r.run_id, r.rank, r.event_id,
+        arg_min(range_phase(h.name), CASE range_phase(h.name) WHEN 'backward' THEN 1 WHEN 'optimizer' THEN 2
+                                          WHEN 'data_loading' THEN 3 ELSE 4 END) AS phase
+    FROM range_launches(ranges := 'phases', projection := 'thread') r
+    JOIN slices h ON h.run_id = r.run_id AND h.rank = r.rank AND h.slice_id = r.slice_id
+    WHERE range_phase(h.name) IS NOT NULL
+    GROUP BY r.run_id, r.rank, r.event_id
+), threads AS (
+    -- autograd threads: backward ops and no top-level forward op
+    SELECT run_id, rank, pid, tid
+    FROM ops
+    GROUP BY run_id, rank, pid, tid
+    HAVING count(*) FILTER (WHERE fwd_thread_id > 0 OR starts_with(name, 'autograd::engine::evaluate_function: ')) > 0
+       AND count(*) FILTER (WHERE op_depth = 0 AND sequence_number >= 0 AND COALESCE(fwd_thread_id, 0) = 0) = 0
+), forward_spans AS (
+    SELECT run_id, rank, step, pid, tid, min(ts) AS ts, max(ts + dur) AS te
+    FROM ops
+    WHERE sequence_number >= 0 AND COALESCE(fwd_thread_id, 0) = 0
+    GROUP BY run_id, rank, step, pid, tid
+), events AS (
+    SELECT d.run_id, d.rank, d.ts, d.ts + d.dur AS te,
+        CASE WHEN d.class = 'communication' THEN 'communication'
+             WHEN lb.phase IS NOT NULL THEN lb.phase
+             WHEN bt.tid IS NOT NULL THEN 'backward'
+             WHEN fs.tid IS NOT NULL THEN 'forward'
+             ELSE 'other' END AS phase
+    FROM device_activity() d
+    LEFT JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
+    LEFT JOIN labelled lb ON lb.run_id = d.run_id AND lb.rank = d.rank AND lb.event_id = d.slice_id
+    LEFT JOIN threads bt ON bt.run_id = l.run_id AND bt.rank = l.rank AND bt.pid = l.pid AND bt.tid = l.tid
+    LEFT JOIN forward_spans fs ON fs.run_id = l.run_id AND fs.rank = l.rank AND fs.step IS NOT DISTINCT FROM l.step
+     AND fs.pid = l.pid AND fs.tid = l.tid AND l.ts >= fs.ts AND l.ts < fs.te
+), windows AS (
+    SELECT run_id, rank, step, device_ts AS ts, device_ts + device_dur AS te
+    FROM steps WHERE device_dur IS NOT NULL
+    UNION ALL
+    -- a rank without steps: its whole device time
+    SELECT s.run_id, s.rank, NULL, min(s.ts), max(s.ts + s.dur)
+    FROM slices s LEFT JOIN (SELECT DISTINCT run_id, rank FROM steps) st ON st.run_id = s.run_id AND st.rank = s.rank
+    WHERE s.kind IN ('kernel', 'memcpy', 'memset') AND st.rank IS NULL
+    GROUP BY s.run_id, s.rank
+), edges AS (
+    -- each event clipped to each window it overlaps: +1 at its start and -1 at its end, in its phase's column;
+    -- the window's own bounds as edges that change nothing (so the segments cover the whole window)
+    SELECT w.run_id, w.rank, w.step,
+        CASE e.edge WHEN 1 THEN greatest(v.ts, w.ts) WHEN -1 THEN least(v.te, w.te) WHEN 0 THEN w.ts ELSE w.te END AS t,
+        sum(CASE WHEN v.phase = 'forward' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS fwd,
+        sum(CASE WHEN v.phase = 'backward' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS bwd,
+        sum(CASE WHEN v.phase = 'optimizer' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS opt,
+        sum(CASE WHEN v.phase = 'data_loading' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS data,
+        sum(CASE WHEN v.phase = 'other' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS oth,
+        sum(CASE WHEN v.phase = 'communication' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS comm,
+        count(*) FILTER (WHERE e.edge = 1 AND v.phase = 'forward') AS fwd_n,
+        count(*) FILTER (WHERE e.edge = 1 AND v.phase = 'backward') AS bwd_n,
+        count(*) FILTER (WHERE e.edge = 1 AND v.phase = 'optimizer') AS opt_n
+    FROM windows w
+    JOIN events v ON v.run_id = w.run_id AND v.rank = w.rank AND v.ts < w.te AND v.te > w.ts
+    CROSS JOIN (VALUES (1), (-1), (0), (2)) e(edge)
+    GROUP BY ALL
+), segments AS (
+    SELECT run_id, rank, step, t,
+        lead(t) OVER (PARTITION BY run_id, rank, step ORDER BY t) - t AS dur,
+        sum(fwd) OVER w AS fwd, sum(bwd) OVER w AS bwd, sum(opt) OVER w AS opt, sum(data) OVER w AS data,
+        sum(oth) OVER w AS oth, sum(comm) OVER w AS comm, fwd_n, bwd_n, opt_n
+    FROM edges
+    WINDOW w AS (PARTITION BY run_id, rank, step ORDER BY t ROWS UNBOUNDED PRECEDING)
+), per_window AS (
+    SELECT run_id, rank, step, max(t) - min(t) AS window_ns,
+        COALESCE(sum(dur) FILTER (WHERE fwd > 0), 0) AS forward_ns,
+        COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd > 0), 0) AS backward_ns,
+        COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt > 0), 0) AS optimizer_ns,
+        COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt = 0 AND data > 0), 0) AS data_loading_ns,
+        COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth = 0 AND comm > 0), 0) AS exposed_communication_ns,
+        COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt = 0 AND data = 0 AND oth > 0), 0) AS other_ns,
+        COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth + comm = 0), 0) AS idle_ns,
+        COALESCE(sum(dur) FILTER (WHERE comm > 0), 0) AS communication_ns,
+        sum(fwd_n) AS forward_kernels, sum(bwd_n) AS backward_kernels, sum(opt_n) AS optimizer_kernels
+    FROM segments
+    GROUP BY run_id, rank, step
+), data_host AS (
+    SELECT run_id, rank, step, sum(dur) AS data_loading_host_ns
+    FROM slices
+    WHERE kind = 'user_annotation' AND range_phase(name) = 'data_loading'
+    GROUP BY run_id, rank, step
+)
+SELECT p.run_id, p.rank, p.step, CAST(p.window_ns AS BIGINT) AS window_ns,
+    CAST(p.forward_ns AS BIGINT) AS forward_ns, CAST(p.backward_ns AS BIGINT) AS backward_ns,
+    CAST(p.optimizer_ns AS BIGINT) AS optimizer_ns, CAST(p.data_loading_ns AS BIGINT) AS data_loading_ns,
+    CAST(p.exposed_communication_ns AS BIGINT) AS exposed_communication_ns, CAST(p.other_ns AS BIGINT) AS other_ns,
+    CAST(p.idle_ns AS BIGINT) AS idle_ns, CAST(p.communication_ns AS BIGINT) AS communication_ns,
+    CAST(COALESCE(d.data_loading_host_ns, 0) AS BIGINT) AS data_loading_host_ns,
+    CAST(p.forward_kernels AS BIGINT) AS forward_kernels, CAST(p.backward_kernels AS BIGINT) AS backward_kernels,
+    CAST(p.optimizer_kernels AS BIGINT) AS optimizer_kernels,
+    CASE WHEN p.window_ns > 0 THEN 1 - p.idle_ns / p.window_ns END AS busy_share
+FROM per_window p
+LEFT JOIN data_host d ON d.run_id = p.run_id AND d.rank = p.rank AND d.step IS NOT DISTINCT FROM p.step
+ORDER BY p.run_id, p.rank, p.step NULLS FIRST;

@@ -1,0 +1,178 @@
+"""torch_npu (Ascend NPU) profiler exports: a real 2-rank export (MindStudio Insight's test data) read as NPU
+devices, kernels, HCCL collectives and CANN launches; overlap checked against torch_npu's own step_trace_time.csv
+and against plain Python over trace_view.json."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from decimal import Decimal
+
+import pytest
+
+import tracesql
+from conftest import DATASETS, write_trace
+from tracesql.readers import ascend, is_companion, reader_for
+
+EXPORT = DATASETS / "torch_npu_ascend_2rank"
+COMPUTE = ascend._COMPUTE_TASKS
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ascend") / "npu"
+    result = tracesql.ingest([EXPORT], out)
+    assert sorted(result.ingested) == [f"rank{r}_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json.gz" for r in (0, 1)]
+    return out
+
+
+def events(rank: int) -> list[dict]:
+    path = EXPORT / f"rank{rank}_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json.gz"
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+def step_trace_time(rank: int) -> dict:
+    path = EXPORT / f"rank{rank}_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv"
+    return next(csv.DictReader(path.open()))
+
+
+def ns(value) -> int:
+    """µs (number or text) -> ns, to the nearest (device times carry fractions of a ns)."""
+    return round(Decimal(str(value)) * 1000)
+
+
+def union(intervals) -> list[list[int]]:
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def length(intervals) -> int:
+    return sum(e - s for s, e in intervals)
+
+
+def intersection(a, b) -> int:
+    i = j = t = 0
+    while i < len(a) and j < len(b):
+        t += max(0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return t
+
+
+def by_hand(rank: int) -> dict:
+    """Second method, from trace_view.json alone: computing = the union of the Ascend Hardware compute tasks,
+    communication = the union of the HCCL operations (threads 'Group N Communication')."""
+    ev = events(rank)
+    name = {e["pid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "process_name"}
+    thread = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "thread_name"}
+    x = [e for e in ev if e.get("ph") == "X"]
+    comp = union((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in x if name.get(e["pid"]) == "Ascend Hardware"
+                 and e["args"].get("Task Type") in COMPUTE)
+    comm = union((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in x if name.get(e["pid"]) == "HCCL"
+                 and thread.get((e["pid"], e["tid"]), "").endswith("Communication"))
+    overlap = intersection(comm, comp)
+    return {"compute_ns": length(comp), "comm_ns": length(comm), "overlap_ns": overlap,
+            "exposed_comm_ns": length(comm) - overlap}
+
+
+def test_detected_and_companions_skipped():
+    out = EXPORT / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    assert reader_for(out / "trace_view.json.gz") is ascend
+    assert is_companion(out / "communication.json") and is_companion(EXPORT / "rank0_ascend_pt" / "profiler_info_0.json")
+    assert not is_companion(DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz")
+
+
+def test_ranks_devices_groups(run):
+    con = tracesql.connect(run)
+    ranks = con.sql("SELECT rank, source_format, backend FROM ranks ORDER BY rank").fetchall()
+    assert ranks == [(0, "torch_npu", "hccl"), (1, "torch_npu", "hccl")]
+    # the device id is in the device processes' pid (pid & 31): rank 1 ran on NPU 1
+    assert con.sql("SELECT rank, device_id FROM devices ORDER BY rank").fetchall() == [(0, 0), (1, 1)]
+    assert con.sql("SELECT DISTINCT group_size, group_ranks FROM process_groups").fetchall() == [(8, list(range(8)))]
+    kinds = dict(con.sql("SELECT kind || '/' || category, count(*) FROM slices WHERE rank = 0 GROUP BY 1").fetchall())
+    assert kinds["kernel/ascend_hardware"] == 187 and kinds["kernel/hccl"] == 4 and kinds["memcpy/ascend_hardware"] == 24
+    assert kinds["runtime/cann_acl"] == 512 and kinds["runtime/cann_node"] == 191
+    # every device task is linked to what launched it: the op's torch_to_npu flow, else its CANN call
+    unlinked = con.sql("SELECT count(*) FROM slices WHERE kind IN ('kernel', 'memcpy') AND launch_id IS NULL")
+    assert unlinked.fetchall()[0][0] == 0
+    via_cann = con.sql("""SELECT count(*) FROM slices d JOIN slices l ON l.rank = d.rank AND l.slice_id = d.launch_id
+                          WHERE d.kind IN ('kernel', 'memcpy', 'sync') AND starts_with(l.category, 'cann_')""")
+    assert via_cann.fetchall()[0][0] > 0
+    # kernel_details.csv adds shapes to the tasks it lists
+    shaped = con.sql("SELECT count(*) FROM slices WHERE rank = 0 AND category = 'ascend_hardware' AND kind = 'kernel' "
+                     "AND json_extract_string(args, '$.\"Input Shapes\"') <> ''").fetchall()[0][0]
+    details = EXPORT / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv"
+    rows = [r for r in csv.DictReader(details.open()) if r["Accelerator Core"] != "HCCL"]
+    assert shaped == sum(r["Input Shapes"] not in ("", "N/A") for r in rows) == 174
+    assert con.sql("SELECT count(*) FROM counters WHERE name = 'AI Core Freq'").fetchall()[0][0] > 0
+    steps = con.sql("SELECT rank, step, rule FROM steps ORDER BY rank").fetchall()
+    assert steps == [(0, 50, "profiler_step"), (1, 50, "profiler_step")]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_overlap_equals_torch_npus_step_trace_time_and_an_independent_count(run, rank):
+    row = tracesql.query("overlap", run).set_index("rank").loc[rank]
+    hand = by_hand(rank)
+    for col, value in hand.items():
+        assert row[col] == value, col
+    ref = step_trace_time(rank)  # µs, as torch_npu's Overlap Analysis computed them
+    assert abs(row.comm_ns - float(ref["Communication"]) * 1000) <= 25
+    assert abs(row.compute_ns - float(ref["Computing"]) * 1000) <= 25
+    assert abs(row.exposed_comm_ns - float(ref["Communication(Not Overlapped)"]) * 1000) <= 25
+    assert abs(row.overlap_ns - float(ref["Overlapped"]) * 1000) <= 25
+    if rank == 0:
+        assert (row.comm_ns, row.compute_ns, row.exposed_comm_ns) == (105_991_878, 8_873_734, 101_963_207)
+
+
+def test_collectives_and_other_queries(run):
+    got = tracesql.query("collectives", run).sort_values("seq")
+    assert len(got) == 4 and got.consistent.all() and (got.ranks_seen == 2).all()
+    assert set(got.collective) == {"all_reduce"} and set(got.group_size) == {8}
+    counts = [e["args"]["count"] for e in events(0) if e.get("ph") == "X" and str(e["name"]).startswith("hcom_")]
+    assert list(got.size_bytes) == [4 * c for c in counts]  # FP32
+    first = [e for e in events(1) if e.get("ph") == "X" and e["name"] == "hcom_allReduce__586_0_1"][0]
+    assert got.duration_ns.iloc[0] == ns(first["dur"])  # the shorter of the two ranks' calls
+    tb = tracesql.query("temporal_breakdown", run)
+    assert ((tb.compute_ns + tb.exposed_comm_ns + tb.exposed_memory_ns + tb.idle_ns) == tb.window_ns).all()
+    hot = tracesql.query("hotspots", run, top=3)
+    assert hot[hot.level == "kernel"].name.iloc[0] == "hcom_allReduce__586_0_1"
+    assert not tracesql.query("bubbles", run).empty and not tracesql.query("launch", run).empty
+
+
+def test_a_minimal_export(tmp_path):
+    """The reader's rules on a hand-made trace_view.json: device from the pid, task types, the flow link."""
+    out = tmp_path / "r_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    host, dev = 100, (100 << 10) | (13 << 5) | 3
+    ev = [
+        {"ph": "M", "name": "process_name", "pid": host, "tid": 0, "args": {"name": "Python"}},
+        {"ph": "M", "name": "process_name", "pid": dev, "tid": 0, "args": {"name": "Ascend Hardware"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": host, "tid": 1, "ts": "1000.000", "dur": 50,
+         "args": {"Input Dims": "8,16;\r\n16,4", "Input type": "float;\r\nfloat"}},
+        {"ph": "s", "cat": "async_npu", "name": "torch_to_npu", "id": 7, "pid": host, "tid": 1, "ts": "1010.000"},
+        {"ph": "f", "cat": "async_npu", "name": "torch_to_npu", "id": 7, "pid": dev, "tid": 2, "ts": "1100.500",
+         "bp": "e"},
+        {"ph": "X", "name": "MatMul", "pid": dev, "tid": 2, "ts": "1100.500", "dur": 20.25,
+         "args": {"Task Type": "AI_CORE", "Physic Stream Id": 2, "Task Id": 1}},
+        {"ph": "X", "name": "EVENT_WAIT", "pid": dev, "tid": 2, "ts": "1130.000", "dur": 5,
+         "args": {"Task Type": "EVENT_WAIT_SQE", "Physic Stream Id": 2, "Task Id": 2}},
+    ]
+    (out / "trace_view.json").write_text(json.dumps(ev))
+    run = tmp_path / "run"
+    tracesql.ingest([tmp_path], run, rank=0)
+    con = tracesql.connect(run)
+    rows = con.sql("SELECT kind, name, ts, dur, device_id, stream, op_id IS NOT NULL FROM slices "
+                   "WHERE device_id IS NOT NULL ORDER BY ts").fetchall()
+    assert rows == [("kernel", "MatMul", 1_100_500, 20_250, 3, 2, True), ("sync", "EVENT_WAIT", 1_130_000, 5_000, 3, 2, False)]
+    op = con.sql("SELECT name, input_dims, device_total_ns FROM ops").fetchall()
+    assert op == [("aten::mm", [[8, 16], [16, 4]], 20_250)]
+    launch = tracesql.query("launch", run)
+    assert launch.delay_max_ns.iloc[0] == 1_100_500 - 1_010_000  # from the op's dispatch to the task's start

@@ -1,0 +1,191 @@
+"""What makes a range a step: training steps (ProfilerStep#N) and inference iterations (vLLM, SGLang), or a
+pattern the user gives at ingest (`tracesql ingest --step-pattern REGEX`, `tracesql.ingest(step_pattern=...)`).
+
+Each rule is a regular expression (Python `re` and DuckDB's RE2 alike) over the names of host ranges of some
+kinds. A rank's steps come from one rule: the user's pattern when it matches something, else the first built-in
+rule below (in this order) that matches a range of the trace. Inference iterations say more than a number: the
+rule reads the phase (prefill / decode / mixed, 'idle' for SGLang's idle batches), the batch size (requests) and
+the tokens of the iteration, and how many of those tokens were prefill, when the name carries them.
+
+Named groups of a pattern: `step` (the step number; else steps are numbered 0, 1, ... in time order), `phase`
+(a word: prefill/extend/context → prefill, decode/generation → decode, mixed; anything else is kept, lower case),
+`batch` (requests), `tokens`, `prefill_tokens`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .db import sql_list
+from .errors import TraceError
+
+#: Host kinds a step range can be (built-in rules say which of them they look at)
+HOST_KINDS = ("user_annotation", "cpu_op", "python_function")
+
+
+@dataclass(frozen=True)
+class StepRule:
+    name: str  # as stored in steps.rule
+    pattern: str
+    kinds: tuple[str, ...]
+    doc: str
+
+    def fields(self, m: re.Match) -> dict:
+        """phase, batch_size, tokens, prefill_tokens (None when the name does not carry them) from a match."""
+        g = {k: v for k, v in m.groupdict().items() if v is not None}
+        phase = _phase(g.get("phase"))
+        batch, tokens, prefill = _int(g.get("batch")), _int(g.get("tokens")), _int(g.get("prefill_tokens"))
+        if prefill is None and tokens is not None and phase in ("prefill", "decode"):
+            prefill = tokens if phase == "prefill" else 0
+        return {"phase": phase, "batch_size": batch, "tokens": tokens, "prefill_tokens": prefill}
+
+
+class _SGLang(StepRule):
+    """SGLang's ModelRunner ranges: step[DECODE bs=32], step[EXTEND bs=15 toks=15360] (ForwardMode names). A
+    DECODE batch runs one token per request, so its tokens are its batch size."""
+
+    def fields(self, m):
+        out = super().fields(m)
+        if m["phase"] == "DECODE" and out["tokens"] is None and out["batch_size"] is not None:
+            out["tokens"], out["prefill_tokens"] = out["batch_size"], 0
+        elif out["phase"] == "decode" and out["tokens"] is None:
+            out["prefill_tokens"] = 0
+        return out
+
+
+class _VLLMContextGeneration(StepRule):
+    """vLLM's execute_{tokens}_context_{C}(sq{Σq}sk{Σk}sqsq{..}sqsk{..})_generation_{G}(sq{Σq}...): tokens
+    scheduled, C requests in prefill (context) with Σq query tokens, G in decode (generation)."""
+
+    def fields(self, m):
+        ctx, gen = int(m["context"]), int(m["generation"])
+        return {"phase": _mix(ctx, gen), "batch_size": ctx + gen, "tokens": int(m["tokens"]),
+                "prefill_tokens": int(m["context_tokens"]) if m["context_tokens"] is not None else None}
+
+
+class _VLLMNewCached(StepRule):
+    """vLLM v1's older execute_new_{N}_cached_{M}: N newly scheduled requests (their prefill), M running ones."""
+
+    def fields(self, m):
+        new, cached = int(m["new"]), int(m["cached"])
+        return {"phase": _mix(new, cached), "batch_size": new + cached, "tokens": None, "prefill_tokens": None}
+
+
+def _mix(prefill_requests: int, decode_requests: int) -> str | None:
+    if prefill_requests and decode_requests:
+        return "mixed"
+    return "prefill" if prefill_requests else "decode" if decode_requests else None
+
+
+_PHASES = {"prefill": "prefill", "extend": "prefill", "context": "prefill", "split_prefill": "prefill",
+           "draft_extend": "prefill", "decode": "decode", "generation": "decode", "generate": "decode",
+           "target_verify": "decode", "mixed": "mixed", "idle": "idle"}
+
+
+def _phase(word: str | None) -> str | None:
+    if not word:
+        return None
+    return _PHASES.get(word.lower(), word.lower())
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
+
+
+#: Built-in rules, in the order they are tried (the first that matches a rank's ranges defines its steps)
+RULES: tuple[StepRule, ...] = (
+    _SGLang("sglang", r"^step\[(?P<phase>[A-Za-z_]+)(?: bs=(?P<batch>\d+))?(?: toks=(?P<tokens>\d+))?[^\]]*\]$",
+            ("user_annotation", "cpu_op"), "SGLang: step[DECODE bs=32], step[EXTEND bs=15 toks=15360]"),
+    _VLLMContextGeneration(
+        "vllm", r"^execute_(?P<tokens>\d+)_context_(?P<context>\d+)\((?:sq(?P<context_tokens>\d+))?[^)]*\)"
+                r"_generation_(?P<generation>\d+)\([^)]*\)$",
+        ("user_annotation", "cpu_op"), "vLLM: execute_{tokens}_context_{C}(sq..)_generation_{G}(sq..)"),
+    _VLLMNewCached("vllm_new_cached", r"^execute_new_(?P<new>\d+)_cached_(?P<cached>\d+)$",
+                   ("user_annotation", "cpu_op"), "vLLM v1 (older): execute_new_{N}_cached_{M}"),
+    StepRule("profiler_step", r"^ProfilerStep#(?P<step>\d+)(?:\s.*)?$", ("user_annotation", "cpu_op"),
+             "PyTorch: ProfilerStep#N (profiler schedule / prof.step()), also with a trailing label"),
+    StepRule("vllm_execute_model", r"^\S*model_runner\.py\(\d+\): execute_model$", ("python_function",),
+             "vLLM's model runner execute_model (with_stack traces that carry no iteration ranges)"),
+)
+
+#: The columns `find` returns (steps: ts, by slice id), and their types
+COLUMNS = pa.schema([("slice_id", pa.int64()), ("ts", pa.int64()), ("dur", pa.int64()), ("end_ts", pa.int64()),
+                     ("step", pa.int32()), ("name", pa.string()), ("rule", pa.string()), ("phase", pa.string()),
+                     ("batch_size", pa.int32()), ("tokens", pa.int64()), ("prefill_tokens", pa.int64())])
+
+
+def user_rule(pattern: str | None) -> StepRule | None:
+    """The user's --step-pattern as a rule; a pattern neither Python nor DuckDB (RE2) can compile is an error."""
+    if pattern is None:
+        return None
+    try:
+        compiled = re.compile(pattern)
+    except re.error as e:
+        raise TraceError("--step-pattern", f"{pattern!r} is not a regular expression: {e}") from None
+    unknown = set(compiled.groupindex) - {"step", "phase", "batch", "tokens", "prefill_tokens"}
+    if unknown:
+        raise TraceError("--step-pattern", f"unknown named group(s) {', '.join(sorted(unknown))}: use step, phase, "
+                                           "batch, tokens, prefill_tokens")
+    import duckdb
+
+    try:
+        duckdb.sql(f"SELECT regexp_matches('', {_quote(pattern)})").fetchall()
+    except duckdb.Error as e:
+        raise TraceError("--step-pattern", f"{pattern!r}: DuckDB's regular expressions (RE2) reject it: "
+                                           f"{str(e).splitlines()[0]}") from None
+    return StepRule("user", pattern, HOST_KINDS, "the --step-pattern given at ingest")
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def candidates_sql(table: str, rules: tuple[StepRule, ...]) -> str:
+    """The ranges of `table` that any rule matches (few: the rules are checked in Python on them)."""
+    clauses = " OR ".join(f"(kind IN ({sql_list(r.kinds)}) AND regexp_matches(name, {_quote(r.pattern)}))"
+                          for r in rules)
+    return f"SELECT slice_id, ts, dur, name, kind FROM {table} WHERE name IS NOT NULL AND ({clauses}) " \
+           "ORDER BY ts, slice_id"
+
+
+def find(con, table: str, pattern: str | None = None, notes: list | None = None) -> pa.Table:
+    """The step ranges of one rank's `table` (slices), by the first rule that matches any (the user's first), as
+    COLUMNS. Ranges of the chosen rule that start together are all kept (the later one counts when events are
+    assigned to steps, as before). `notes` gets a line when the user's pattern matched nothing."""
+    user = user_rule(pattern)
+    rules = ((user,) if user else ()) + RULES
+    rows = con.execute(candidates_sql(table, rules)).fetchall()
+    chosen, matches = None, []
+    for rule in rules:
+        matches = [(row, m) for row in rows if row[4] in rule.kinds and (m := re.search(rule.pattern, row[3]))]
+        if matches:
+            chosen = rule
+            break
+    if user and chosen is not user and notes is not None:
+        notes.append(f"--step-pattern {pattern!r} matched no range"
+                     + (f"; steps are {chosen.name} ranges" if chosen else "; the trace has no steps"))
+    if chosen is None:
+        return COLUMNS.empty_table()
+    out = {c: [] for c in COLUMNS.names}
+    for i, ((slice_id, ts, dur, name, _), m) in enumerate(matches):
+        number = m.groupdict().get("step")
+        fields = chosen.fields(m)
+        out["slice_id"].append(slice_id)
+        out["ts"].append(ts)
+        out["dur"].append(dur)
+        out["end_ts"].append(ts + dur)
+        out["step"].append(int(number) if number is not None and number.isdigit() else i)
+        out["name"].append(name)
+        out["rule"].append(chosen.name)
+        for k, v in fields.items():
+            out[k].append(v)
+    return pa.Table.from_pydict(out, schema=COLUMNS)
+
+
+def as_numpy(steps: pa.Table) -> dict[str, np.ndarray]:
+    """ts, end_ts, step, slice_id, name as arrays (what the nesting pass and the checks read)."""
+    return {c: steps[c].to_numpy(zero_copy_only=False) for c in ("ts", "end_ts", "step", "slice_id", "name")}
