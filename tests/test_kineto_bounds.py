@@ -12,7 +12,7 @@ import pytest
 
 import tracesql
 from crafted import peak_ingest_memory
-from tracesql import readers
+from tracesql.readers import common
 
 LIMIT_MB = 64
 FIXED_OVERHEAD_MB = 320  # as tests/test_reader_bounds.py: interpreter, libraries, DuckDB's own structures
@@ -75,7 +75,7 @@ def test_trailing_metadata_object_is_located_not_read_whole(tmp_path, monkeypatc
 
 def test_gzip_bomb_is_refused_by_its_ratio(tmp_path, monkeypatch):
     trace = _whitespace_in_array(tmp_path / "rank-0.json.gz", 8)
-    monkeypatch.setattr(readers, "INFLATE_FREE_BYTES", 1 << 20)
+    monkeypatch.setattr(common, "INFLATE_FREE_BYTES", 1 << 20)
     with pytest.raises(tracesql.TraceError) as e:
         tracesql.ingest([trace], tmp_path / "run")
     assert str(e.value).startswith(f"{trace}: gzip inflates beyond") and "decompression bomb" in str(e.value)
@@ -86,7 +86,7 @@ def test_zip_bomb_is_refused_by_its_ratio_before_unpacking(tmp_path, monkeypatch
     archive = tmp_path / "traces.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("rank-0.json", b'{"traceEvents": [' + b" " * (16 << 20) + b"]}")
-    monkeypatch.setattr(readers, "INFLATE_FREE_BYTES", 1 << 20)
+    monkeypatch.setattr(common, "INFLATE_FREE_BYTES", 1 << 20)
     with pytest.raises(tracesql.TraceError) as e:
         tracesql.ingest([archive], tmp_path / "run")
     assert str(e.value).startswith(f"{archive}: unpacks to {16 * 2**20 + 19:,} bytes") and "bomb" in str(e.value)

@@ -100,9 +100,9 @@ def members(archive: Path, suffixes: tuple[str, ...]) -> list[Member]:
     if total > cap:
         raise TraceError(archive, f"unpacks to {total:,} bytes, over the cap of {cap:,} "
                                   "(TRACESQL_MAX_ARCHIVE_BYTES): refused as a possible decompression bomb")
-    from .readers import INFLATE_FREE_BYTES, max_inflate_ratio  # the ratio a gzip may inflate by holds here too
+    from .readers import common  # the ratio a gzip may inflate by holds here too
 
-    ratio_cap = max(INFLATE_FREE_BYTES, int(archive.stat().st_size * max_inflate_ratio()))
+    ratio_cap = max(common.INFLATE_FREE_BYTES, int(archive.stat().st_size * common.max_inflate_ratio()))
     if total > ratio_cap:
         raise TraceError(archive, f"unpacks to {total:,} bytes, {total / max(1, archive.stat().st_size):,.0f}x its "
                                   "size: refused as a possible decompression bomb (TRACESQL_MAX_GZIP_RATIO raises "

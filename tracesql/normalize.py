@@ -20,10 +20,9 @@ from . import db, functions, limits, quality, schema, step_rules
 from .arrays import array, strings, to_numpy
 from .db import sql_list
 from .readers import FileMapping, TraceData
+from .schema import DEVICE_TIME_KINDS, LAUNCH_KINDS  # noqa: F401  (also normalize.X)
 
-LAUNCH_KINDS = ("runtime", "driver")
 DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
-DEVICE_TIME_KINDS = ("kernel", "memcpy", "memset")  # the device work ops are charged with
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
 NEST_BATCH = 1 << 16
 SCAN_BATCH = 1 << 17

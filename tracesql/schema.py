@@ -39,6 +39,10 @@ OLDEST_READABLE = 1
 #: VizTracer's log_event). Python re and DuckDB (RE2) syntax alike. The steps table's other rules (inference
 #: iterations, --step-pattern) are in tracesql.step_rules.
 STEP_PATTERN = r"^ProfilerStep#(?P<step>\d+)(?:\s.*)?$"
+#: `slices.kind` values of host calls that launch device work (their correlation id links the work to them).
+LAUNCH_KINDS = ("runtime", "driver")
+#: `slices.kind` values of device work that counts as device time (and is charged to the op that launched it).
+DEVICE_TIME_KINDS = ("kernel", "memcpy", "memset")
 
 
 @dataclass(frozen=True)

@@ -261,7 +261,7 @@ def _events_file(path: Path, scratch: Path, whole: bool = False) -> tuple[Path, 
     Only a document laid out otherwise (or `whole`) is read into memory whole, and only one of at most
     whole_read_bytes(): a larger one is refused. The last item says whether the array was located (True) or
     the document read whole."""
-    from . import inflated, read_bytes
+    from .common import inflated, read_bytes
 
     events_file = scratch / "events.json"
     with open(path, "rb") as src:
@@ -328,7 +328,7 @@ def read(path: Path, threads: int | None = None):
 
 
 def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None, slices_file: Path):
-    from . import FileMapping, TraceData
+    from .common import FileMapping, TraceData
 
     base_time_ns = meta.get("baseTimeNanoseconds") or 0
     if isinstance(base_time_ns, bool) or not isinstance(base_time_ns, int) or not 0 <= base_time_ns < 2**61:
