@@ -154,7 +154,7 @@ def test_markdown_output_keeps_names_with_newlines_and_pipes_in_their_cell(tmp_p
     sql = tmp_path / "q.sql"
     sql.write_text("SELECT name, 1 AS n FROM slices")
     code, out = cli("query", sql, tmp_path / "run", "-f", "markdown")
-    assert code == 0 and out.splitlines() == ["| name | n |", "|---|---|", "| two<br>lines \\| piped | 1 |"]
+    assert code == 0 and out.splitlines() == ["| name | n |", "|---|---:|", "| two<br>lines \\| piped | 1 |"]
 
 
 def test_chart_labels_are_escaped_once():

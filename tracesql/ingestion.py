@@ -150,6 +150,22 @@ def _temporary_files_in(scratch: str | None):
         tempfile.tempdir = before
 
 
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while in this block (in the main thread): processes started meanwhile inherit that, so a
+    Ctrl-C while they boot cannot print their tracebacks; the parent handles it once they run."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def _worker_start(parent: int, scratch: str) -> None:
     """A worker process's setup: it dies with its parent (Linux: PR_SET_PDEATHSIG, so a `kill -9` of the ingest
     leaves no worker behind to write into staging folders), leaves Ctrl-C to its parent, and keeps its temporary
@@ -382,9 +398,10 @@ def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | N
         pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_worker_start,
                                    initargs=(os.getpid(), str(scratch)))
         try:
-            futures = {pool.submit(read_file, str(f), rel, str(staging), ranks, run_id, threads, shown, lim,
-                                   step_pattern): rel
-                       for rel, (f, _, shown) in todo.items()}
+            with _sigint_ignored():  # workers start with Ctrl-C ignored (inherited), so it never interrupts them
+                futures = {pool.submit(read_file, str(f), rel, str(staging), ranks, run_id, threads, shown, lim,
+                                       step_pattern): rel
+                           for rel, (f, _, shown) in todo.items()}
             for fut in as_completed(futures):
                 yield futures[fut], fut.result()
                 bar and bar.advance()

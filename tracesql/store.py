@@ -185,6 +185,8 @@ class PartWriter:
 def write_relation(rel, path: Path, batch_rows: int = 1 << 17) -> int:
     """Stream a DuckDB relation into the Parquet file `path` a batch at a time (DuckDB's own writer has no page
     checksums); returns the number of rows."""
+    import pyarrow.parquet as pq
+
     reader = rel.to_arrow_reader(batch_rows)
     n = 0
     with pq.ParquetWriter(path, reader.schema, **PARQUET_OPTIONS) as writer:
@@ -282,6 +284,9 @@ def files_of(run: Path, manifest: dict) -> list[str]:
 def verify(run: Path) -> dict:
     """Check every file of `run` against its manifest: present, nothing added, size, SHA-256, and every
     Parquet page's checksum. Returns {'files': n, 'bytes': total}; raises a TraceError naming the first bad file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     manifest = load_manifest(run)
     if manifest.get("files") is None:
         raise TraceError(run, "written by a tracesql that recorded no checksums: nothing to verify against "
