@@ -50,7 +50,7 @@ WITH links AS (
     SELECT DISTINCT run_id, rank, link_bytes_per_s
     FROM rank_device_peaks(device_key := COALESCE(getvariable('device'), NULL))
 ), calls AS (
-    SELECT c.run_id, c.rank, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
+    SELECT c.run_id, c.rank, c.collective_id, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
         collective_match_key(c.pg_name, c.collective, c.seq) AS match_key,
         COALESCE(c.group_size, r.world_size) AS group_size,
         CASE WHEN c.device_ts IS NOT NULL THEN 'device' ELSE 'host' END AS timing,
@@ -64,7 +64,8 @@ WITH links AS (
 ), skewed AS (
     SELECT *,
         start_ns - min(start_ns) OVER (PARTITION BY run_id, match_key) AS skew_ns,
-        row_number() OVER (PARTITION BY run_id, match_key ORDER BY start_ns DESC, rank DESC) AS arrival_from_last
+        row_number() OVER (PARTITION BY run_id, match_key ORDER BY start_ns DESC, rank DESC,
+                                                          collective_id DESC) AS arrival_from_last
     FROM calls
 ), instances AS (
     SELECT run_id, any_value(pg_name) AS pg_name, any_value(seq) AS seq, min(collective) AS collective, min(step) AS step, min(timing) AS timing,
@@ -73,7 +74,8 @@ WITH links AS (
         max(size_bytes) AS size_bytes, min(start_ns) AS start_ns, min(duration_ns) AS duration_ns,
         max(duration_ns) AS max_duration_ns,
         any_value(rank) FILTER (WHERE arrival_from_last = 1) AS last_rank, max(skew_ns) AS max_skew_ns,
-        list(rank ORDER BY rank) AS ranks, list(skew_ns ORDER BY rank) AS start_skew_ns,
+        list(rank ORDER BY rank, collective_id) AS ranks,
+        list(skew_ns ORDER BY rank, collective_id) AS start_skew_ns,
         min(link_bytes_per_s) AS link_bytes_per_s
     FROM skewed
     GROUP BY run_id, match_key
