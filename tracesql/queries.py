@@ -233,7 +233,8 @@ def explain(con, query: Query, params: dict | None = None, rows: int = 0) -> str
                               "analysis_window := $w, time_unit_ns := $u)", {"w": window, "u": unit}).fetchall()[0]
     if window != "all" and kept == 0 and not rows:
         return (f"analysis_window = '{window}' keeps none of the run's {device:,} device events (HTA's window: "
-                "work launched by a host call before the last step began; work without a captured launch is out)")
+                "device work launched by a host call before the rank's last step began, and work with no correlation id "
+                "that starts before it; with fewer than two steps in the run, everything)")
     if unit > 1 and kept and timed == 0:
         return (f"time_unit_ns = {unit} rounds every one of the run's {kept:,} device events to zero length "
                 "(each lies within one time unit, as in HTA): no device time is counted; time_unit_ns = 1 keeps "
