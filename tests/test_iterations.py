@@ -258,3 +258,14 @@ def test_corpus_inference_iterations(parts, rule, fields, host_ns, device_ns, in
     assert row.host_ns == host_ns
     if device_ns is not None:
         assert row.device_ns == device_ns
+
+
+def test_steps_and_mfu_work_on_iterations(ingested):
+    """vLLM's decode iteration is a step: `steps` gives its host and device time, `mfu` one row for it."""
+    run = ingested(DATASETS / "tracelens_vllm_graph_execution")
+    steps = tracesql.query("steps", run)
+    assert list(steps.step) == [0] and steps.device_ns.iloc[0] == 10_743_181 and steps.cpu_ns.iloc[0] == 2_408_598
+    mfu = tracesql.query("mfu", run, model_flops_per_step=5e11, peak_flops=1e15)
+    assert list(mfu.step) == [0] and mfu.step_time_ns.iloc[0] == 10_743_181
+    assert mfu.mfu.iloc[0] == pytest.approx(5e11 / (10_743_181e-9 * 1e15))
+    assert mfu.hfu.iloc[0] == pytest.approx(mfu.hardware_flops.iloc[0] / (10_743_181e-9 * 1e15))

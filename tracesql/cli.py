@@ -1,4 +1,8 @@
-"""The `tracesql` command. Thin: each command calls the Python API (tracesql.ingest / connect / queries.run)."""
+"""The `tracesql` command. Thin: each command calls the Python API (tracesql.ingest / connect / queries.run).
+
+Start-up is part of every command's time, so this module imports only click and tracesql's light modules at the
+top; DuckDB, Arrow and the rest are imported by the commands that use them (`tracesql --help` loads none).
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,22 @@ import functools
 import sys
 import time
 import warnings
-from datetime import datetime, timezone
 from pathlib import Path
 
 import click
-import duckdb
 
-from . import __version__, db, queries, schema, store
-from . import engine as duckdb_engine
-from .info import info as run_info
-from .ingestion import ingest as ingest_traces
 from .errors import OlderSchemaWarning, TraceError
+from .version import __version__
 
-FORMATS = ("table", "csv", "json", "markdown", "parquet")
+FORMATS = ("table", "csv", "json", "markdown", "parquet")  # output.FORMATS (a test checks)
 ENGINES = ("duckdb", "spark")
+
+
+def _show():
+    """tracesql.output, imported when a command prints a result (`output` is also the name of the -o option)."""
+    from . import output
+
+    return output
 
 
 def _spark_session(master: str | None):
@@ -44,7 +50,10 @@ def _errors_as_messages(fn):
         except TraceError as e:
             raise click.ClickException(str(e)) from None
         except Exception as e:
-            if not isinstance(e, duckdb.Error) and not type(e).__module__.startswith(("pyspark", "py4j")):
+            duckdb = sys.modules.get("duckdb")  # not imported: then no DuckDB error can have happened
+            sql_error = (duckdb is not None and isinstance(e, duckdb.Error)) or \
+                type(e).__module__.startswith(("pyspark", "py4j"))
+            if not sql_error:
                 raise
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise click.ClickException(f"SQL error: {first}") from None
@@ -86,11 +95,13 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, s
 
         tracesql ingest traces/run-1234/ -o runs/1234/
     """
+    from . import api
+
     t0 = time.perf_counter()
     spark = _spark_session(master) if engine == "spark" else None
-    result = ingest_traces(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
-                           progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
-                           max_events=max_events, step_pattern=step_pattern, spark=spark)
+    result = api.ingest(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
+                        progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
+                        max_events=max_events, step_pattern=step_pattern, spark=spark)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:
@@ -114,39 +125,55 @@ def _parse_params(pairs) -> dict:
     return params
 
 
+COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-separated (e.g. "
+                "'rank,step,*_ns').")
+
+
 @main.command()
 @click.argument("query")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("-p", "--param", "params", multiple=True, metavar="NAME=VALUE", help="Query parameter (repeatable).")
-@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table: for people (fits the terminal, human units); the others keep raw values.")
+@click.option("-c", "--columns", metavar="NAMES", help=COLUMNS_HELP)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
               help="spark: transpile the query to Spark SQL and run it on Spark (see --master).")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @_errors_as_messages
-def query(query, target, params, fmt, output, engine, master):
+def query(query, target, params, fmt, columns, output, engine, master):
     """Run a curated query (by name, e.g. `overlap`) or your own .sql file on a run.
 
     TARGET is a run folder, a folder of runs, or raw traces (ingested on the fly into a cache).
 
+    The table format fits the terminal (a block per row when the columns do not fit: pick some with -c) and
+    shows durations and sizes in human units; csv, json, markdown and parquet keep the raw integers.
+
     Example:
 
-        tracesql query overlap runs/1234/ --param class_scheme=hta
+        tracesql query overlap runs/1234/ --param class_scheme=hta -c rank,step,*_pct
     """
+    from . import queries
+
     q = queries.find(query)
     params = queries.check(q, _parse_params(params))  # before the target is opened or Spark starts
+    picked = _show().parse_columns(columns)
     if engine == "spark":
+        from . import db
         from . import spark as spark_engine
 
         session = spark_engine.connect(target, spark=_spark_session(master))
-        rows = _emit(db.connect().from_arrow(spark_engine.to_arrow(spark_engine.run(session, q, params))), fmt, output)
+        table = spark_engine.to_arrow(spark_engine.run(session, q, params))
+        rows = _emit(db.connect().from_arrow(table), fmt, output, picked)
         why = None
     else:
+        from . import engine as duckdb_engine
+
         def run_and_explain(con):
-            rows = _emit(queries.run(con, q, params), fmt, output)
+            rows = _emit(queries.run(con, q, params), fmt, output, picked)
             return rows, queries.explain(con, q, params, rows)
 
-        rows, why = duckdb_engine.on_fresh_connection(target, run_and_explain)
+        rows, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=queries.names_used(q))
     if rows == 0:
         click.echo(f"Note: no rows: {why or q.name + ' needs ' + (q.needs or 'data this run does not have')}.",
                    err=True)
@@ -154,67 +181,18 @@ def query(query, target, params, fmt, output, engine, master):
         click.echo(f"Note: {why}.", err=True)
 
 
-def _emit(rel, fmt: str, output: Path | None) -> int:
-    """Write the result in `fmt`; returns the number of rows."""
-    if fmt == "parquet":
-        if output is None:
-            raise click.UsageError("--format parquet needs --output FILE")
-        rel.to_parquet(str(output))
-        return rel.count("*").fetchall()[0][0]
-    df = rel.df()
-    if fmt == "csv":
-        text = df.to_csv(index=False)
-    elif fmt == "json":
-        text = df.to_json(orient="records", indent=1) + "\n"
-    elif fmt == "markdown":
-        text = _markdown(df) + "\n"
-    else:
-        text = _table(df)
-    if output:
-        output.write_text(text)
-    else:
-        click.echo(text, nl=False)
-    return len(df)
-
-
-def _cell(v, width: int = 80) -> str:
-    import pandas as pd
-
-    if v is None or (not isinstance(v, (list, tuple, dict)) and not hasattr(v, "__len__") and pd.isna(v)):
-        return "NULL"
-    if isinstance(v, float):
-        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.4g}"
-    if hasattr(v, "tolist"):  # list columns arrive as numpy arrays
-        v = v.tolist()
-    s = str(v)
-    return s if len(s) <= width else s[: width - 1] + "…"
-
-
-def _markdown(df) -> str:
-    cols = list(df.columns)
-    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    rows += ["| " + " | ".join(_cell(v).replace("|", "\\|") for v in row) + " |"
-             for row in df.itertuples(index=False)]
-    return "\n".join(rows)
-
-
-def _table(df) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(show_edge=False, header_style="bold")
-    for c in df.columns:
-        table.add_column(str(c), overflow="fold")
-    for row in df.itertuples(index=False):
-        table.add_row(*(_cell(v) for v in row))
-    console = Console(width=max(100, min(250, 12 * len(df.columns) + 60)), record=True, file=open("/dev/null", "w"))
-    console.print(table)
-    return console.export_text() + f"({len(df)} rows)\n"
+def _emit(rel, fmt: str, out: Path | None, columns: list[str] | None = None) -> int:
+    """Write the result in `fmt` (only `columns`, when given); returns the number of rows."""
+    if fmt == "parquet" and out is None:
+        raise click.UsageError("--format parquet needs --output FILE")
+    return _show().write(rel, fmt, out, columns, echo=lambda text: click.echo(text, nl=False))
 
 
 @main.command(name="queries")
 def list_queries():
     """List the curated queries, one line each."""
+    from . import queries
+
     for q in queries.catalogue():
         click.echo(f"{q.name:20s} {q.title}")
 
@@ -224,6 +202,8 @@ def list_queries():
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown"]), default="text", show_default=True)
 def schema_cmd(table, fmt):
     """The tables and their columns, with what each column means."""
+    from . import schema
+
     if fmt == "markdown":
         click.echo(schema.markdown())
         return
@@ -239,6 +219,8 @@ def schema_cmd(table, fmt):
 def _time(ns: int) -> str:
     """Absolute ns as UTC when it looks like an epoch time (after 2001), else as ns."""
     if ns >= 10**18:
+        from datetime import datetime, timezone
+
         return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
     return f"{ns:,} ns"
 
@@ -254,6 +236,8 @@ def info_cmd(run):
 
         tracesql info runs/1234/
     """
+    from .info import info as run_info
+
     i = run_info(run)
     formats = {}
     for src in i.sources:
@@ -292,6 +276,11 @@ def shell(target):
 
         tracesql shell runs/1234/
     """
+    import duckdb
+
+    from . import engine as duckdb_engine
+    from . import schema
+
     con = duckdb_engine.connect(target)
     interactive = sys.stdin.isatty()
     if interactive:
@@ -322,7 +311,7 @@ def shell(target):
             for st in con.extract_statements(sql):
                 rel = con.sql(st.query)  # None for statements without a result (SET, CREATE, ...)
                 if rel is not None:
-                    click.echo(_table(rel.df()), nl=False)
+                    click.echo(_show().table(_show().Result.of(rel)), nl=False)
         except duckdb.Error as e:
             click.echo(f"Error: {str(e).strip().splitlines()[0]}", err=True)
     if buffer.strip():
@@ -384,10 +373,12 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
 @click.argument("before", type=click.Path(path_type=Path))
 @click.argument("after", type=click.Path(path_type=Path))
 @click.option("--top", type=int, default=20, show_default=True, help="Rows per level (kernel, op).")
-@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table: for people (fits the terminal, human units); the others keep raw values.")
+@click.option("-c", "--columns", metavar="NAMES", help=COLUMNS_HELP)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
 @_errors_as_messages
-def diff(before, after, top, fmt, output):
+def diff(before, after, top, fmt, columns, output):
     """What changed from BEFORE to AFTER, kernel by kernel and op by op, largest change first (the diff query).
 
     Each is a run folder or raw traces. Counts and times are per rank, names normalized (kernel families), so
@@ -397,6 +388,9 @@ def diff(before, after, top, fmt, output):
 
         tracesql diff runs/before runs/after
     """
+    from . import engine as duckdb_engine
+    from . import queries, store
+
     runs = [duckdb_engine.resolve(t) for t in (before, after)]
     for target, found in zip((before, after), runs):
         if len(found) != 1:
@@ -404,12 +398,13 @@ def diff(before, after, top, fmt, output):
     ids = [store.load_manifest(r[0])["run_id"] for r in runs]
     if ids[0] == ids[1] and runs[0][0].absolute() != runs[1][0].absolute():
         raise TraceError(after, f"both runs are named {ids[0]!r}; ingest one with another --run-id")
-    con = duckdb_engine.connect([runs[0][0], runs[1][0]])
-    rel = queries.run(con, queries.find("diff"), {"before": ids[0], "after": ids[1], "top": top})
+    q = queries.find("diff")
+    con = duckdb_engine.connect([runs[0][0], runs[1][0]], names=queries.names_used(q))
+    rel = queries.run(con, q, {"before": ids[0], "after": ids[1], "top": top})
     if fmt == "table":  # the runs once on top instead of in every row
         click.echo(f"{ids[0]} -> {ids[1]}: per rank, largest change first")
         rel = rel.project("* EXCLUDE (before_run, after_run)")
-    _emit(rel, fmt, output)
+    _emit(rel, fmt, output, _show().parse_columns(columns))
 
 
 @main.command()

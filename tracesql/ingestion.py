@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import archives, db, engine, limits, quality, schema, store
+from . import archives, db, limits, quality, schema, store, views
 from .arrays import array, strings
 from .errors import TraceError
 
@@ -94,9 +94,11 @@ def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
     return table
 
 
-def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str,
+def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str,
               lim: limits.Limits, step_pattern: str | None = None) -> dict:
-    """Read, normalize and write one file's tables into the staging run. Runs in a worker process.
+    """Read, normalize and write one file's tables into the staging run `staging`; returns its summary (ranks,
+    parts, format, events, skipped, notes, rows). Runs in a worker process (a local one, or a Spark task: the
+    `read_files` of `ingest`).
     `ranks` is (the user's --rank, the rank to assume when the trace names none); `shown`: the name errors give
     the file (an archive member's, when `path` is its unpacked copy). A file that holds several processes gives
     one rank each (and one part each)."""
@@ -155,15 +157,16 @@ def ingest(
     memory_limit: str | None = None,
     max_events: int | None = None,
     step_pattern: str | None = None,
-    spark=None,
+    read_files=None,
 ) -> IngestResult:
     """Ingest trace files or folders into the run folder `out`. Unchanged files already in `out` are not re-read.
     `memory_limit` caps DuckDB's working memory per file (it spills to disk beyond it); `max_events` reads only
-    the first N events of each file (see `tracesql.limits`). With `spark` (a SparkSession, see
-    tracesql.spark.session) the files are read by Spark tasks instead of local processes; the run is published
-    the same way. `step_pattern`: a regular expression naming the ranges that are steps (named groups step,
-    phase, batch, tokens, prefill_tokens; see tracesql.step_rules), tried before the built-in rules; files are
-    read again when it changes.
+    the first N events of each file (see `tracesql.limits`). `read_files(todo, staging, ranks, run_id, limits,
+    step_pattern)`, when given, reads the files instead of local processes (tracesql.spark.read_files: Spark
+    tasks), yielding (rel, summary) per file as `read_file` returns it; the run is published the same way.
+    `step_pattern`: a regular expression naming the ranges that are steps (named groups step, phase, batch,
+    tokens, prefill_tokens; see tracesql.step_rules), tried before the built-in rules; files are read again when
+    it changes.
 
     >>> tracesql.ingest(["traces/run-1234/"], "runs/1234")          # doctest: +SKIP
     """
@@ -183,7 +186,7 @@ def ingest(
             store.remove_leftovers(out)
             scratch = store.new_scratch(out)  # archive members are unpacked here
             try:
-                return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim, spark,
+                return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim, read_files,
                                       step_pattern)
             finally:
                 archives.remove(scratch)
@@ -192,7 +195,7 @@ def ingest(
 
 
 def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress,
-                   lim: limits.Limits, spark, step_pattern: str | None = None) -> IngestResult:
+                   lim: limits.Limits, read_files, step_pattern: str | None = None) -> IngestResult:
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
         raise TraceError(out, "exists and is not a tracesql run (refusing to write into it)")
     old = store.load_manifest(out) if store.is_run(out) else None
@@ -229,10 +232,8 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
                 store.reuse_part(out, staging, part)
         entries = dict(keep)
         ranks = (rank, 0 if len(wanted) == 1 else None)
-        if spark is not None:
-            from .spark import read_files
-
-            done = read_files(spark, todo, staging, ranks, run_id, lim, step_pattern)
+        if read_files is not None:
+            done = read_files(todo, staging, ranks, run_id, lim, step_pattern)
         else:
             done = _run_all(todo, staging, ranks, run_id, jobs, progress, lim, step_pattern)
         for rel, summary in done:
@@ -258,7 +259,7 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
         _write_run_checks(staging)
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings}
-        store.publish(staging, out, manifest, engine.init_sql())
+        store.publish(staging, out, manifest, views.init_sql())
     except BaseException:
         store.discard(staging)
         raise
@@ -284,11 +285,11 @@ def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | N
     try:
         if jobs == 1:
             for rel, (f, _, shown) in todo.items():
-                yield rel, _read_one(str(f), rel, str(staging), ranks, run_id, threads, shown, lim, step_pattern)
+                yield rel, read_file(str(f), rel, str(staging), ranks, run_id, threads, shown, lim, step_pattern)
                 bar and bar.advance()
             return
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_read_one, str(f), rel, str(staging), ranks, run_id, threads, shown, lim,
+            futures = {pool.submit(read_file, str(f), rel, str(staging), ranks, run_id, threads, shown, lim,
                                    step_pattern): rel
                        for rel, (f, _, shown) in todo.items()}
             try:

@@ -30,11 +30,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import filelock
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from . import __version__, schema
+from . import schema
 from .errors import TraceError
+from .version import __version__
 
 MANIFEST = "tracesql.json"
 INIT_SQL = "init.sql"
@@ -150,6 +149,9 @@ class PartWriter:
 
     def write(self, name: str, rows) -> int:
         """Write `rows` (an Arrow table or a DuckDB relation) as table `name`; returns the number of rows."""
+        import pyarrow as pa  # here, not at the top: reading a run (every query) needs no Arrow
+        import pyarrow.parquet as pq
+
         path = self._dir / name / self._part
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(rows, pa.Table):

@@ -61,9 +61,13 @@ def detect(path: Path, head: bytes) -> bool:
 
 
 def is_companion(path: Path) -> bool:
-    """A file of the export that only completes trace_view.json (read with it, never on its own)."""
-    return bool(COMPANIONS.match(path.name)) and (path.parent.name == "ASCEND_PROFILER_OUTPUT"
-                                                   or path.parent.name.endswith("_ascend_pt"))
+    """A file of the export that only completes trace_view.json (read with it, never on its own): anything in a
+    `*_ascend_pt` folder but its trace_view.json (the raw PROF_* data, msprof's own JSON timeline of the same
+    events, FRAMEWORK/ files), and the companions of a trace_view.json in ASCEND_PROFILER_OUTPUT/."""
+    if path.name.startswith("trace_view.json"):
+        return False
+    return any(p.name.endswith("_ascend_pt") for p in path.parents) or (
+        bool(COMPANIONS.match(path.name)) and path.parent.name == "ASCEND_PROFILER_OUTPUT")
 
 
 def _ns(value) -> int | None:
@@ -87,7 +91,7 @@ def _listed(text, numbers: bool):
 
 
 def read_bytes(path: Path) -> bytes:
-    from . import read_bytes as read  # (the package imports this module before defining it)
+    from .common import read_bytes as read
 
     return read(path)
 
@@ -108,7 +112,7 @@ def _companion(output: Path, *names: str) -> Path | None:
 
 
 def read(path: Path, threads: int | None = None):
-    from . import SliceColumns, TraceData, counters_from_columns
+    from .common import SliceColumns, TraceData, counters_from_columns
 
     doc = _read_json(path)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc

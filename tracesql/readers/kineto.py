@@ -242,7 +242,7 @@ def _events_file(path: Path, scratch: Path, whole: bool = False) -> tuple[Path, 
     a gzip is unpacked into the scratch folder a chunk at a time and the fields around the array are blanked;
     a plain file has the array's bytes copied. Only a document laid out otherwise (or `whole`) is read into
     memory whole. The last item says whether the array was located (True) or the document read whole."""
-    from . import read_bytes
+    from .common import read_bytes
 
     events_file = scratch / "events.json"
     with open(path, "rb") as src:
@@ -305,7 +305,7 @@ def read(path: Path, threads: int | None = None):
 
 
 def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None, slices_file: Path):
-    from . import FileMapping, TraceData
+    from .common import FileMapping, TraceData
 
     base_time_ns = meta.get("baseTimeNanoseconds") or 0
     if isinstance(base_time_ns, bool) or not isinstance(base_time_ns, int) or not 0 <= base_time_ns < 2**61:
