@@ -16,7 +16,7 @@ import duckdb
 
 from . import db, functions, schema, store
 from .errors import OlderSchemaWarning, TraceError
-from .views import init_sql, quote, views_sql  # noqa: F401  (also engine.init_sql, engine.views_sql)
+from .views import escape_path, files_sql, init_sql, quote, views_sql  # noqa: F401  (also engine.init_sql, ...)
 
 
 def cache_root() -> Path:
@@ -46,6 +46,7 @@ def resolve(target) -> list[Path]:
 
 
 SWAP_ATTEMPTS = 3
+_SWAPPED_PROBLEMS = ("missing:", "changed:", "not part of the run", "not a readable tracesql run")
 
 
 def on_fresh_connection(target, work, names=None):
@@ -53,14 +54,19 @@ def on_fresh_connection(target, work, names=None):
     and again (up to SWAP_ATTEMPTS times) on another if a file of the run vanished under it: an ingest swapped
     the run in between listing its files and opening them; the next attempt sees the new run whole."""
     for attempt in range(1, SWAP_ATTEMPTS + 1):
-        con = connect(target, names=names)
+        con = None
         try:
+            con = connect(target, names=names)
             return work(con)
+        except TraceError as e:  # the manifest read, then the run swapped: its files are the next run's
+            if attempt == SWAP_ATTEMPTS or not e.problem.startswith(_SWAPPED_PROBLEMS):
+                raise
         except duckdb.IOException as e:
-            if attempt == SWAP_ATTEMPTS or "No such file" not in str(e):
+            if attempt == SWAP_ATTEMPTS or not any(s in str(e) for s in ("No such file", "No files found")):
                 raise
         finally:
-            con.close()
+            if con is not None:
+                con.close()
 
 
 def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBPyConnection:
@@ -74,29 +80,30 @@ def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBP
     """
     targets = target if isinstance(target, (list, tuple)) else [target]
     runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
-    older = []
+    older, files = [], {t: [] for t in schema.TABLES}
     for run in runs:
-        note = store.older_schema_note(store.load_manifest(run))  # refuses newer runs with a clear message
+        manifest = store.load_manifest(run)  # refuses newer runs with a clear message
+        note = store.older_schema_note(manifest)
         if note:
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
             older.append(run)
+        for rel in store.files_of(run, manifest):  # refuses a run whose files are not its manifest's
+            files[rel.split("/")[0]].append(str(run / rel))
     con = db.connect(threads)
     tables = list(schema.TABLES)
     if names is not None:
         names = {n.lower() for n in names}
         _, used = functions.needed(names, set(tables))
         tables = [t for t in tables if t in used]
-    globs = {t: [str(run.absolute() / t / "*.parquet") for run in runs if any((run / t).glob("*.parquet"))]
-             for t in tables}
+    listed = {t: files[t] for t in tables}
     present = None
     if older:  # their files may lack columns added since: which columns each table's files have
         present = {}
-        for t, table_globs in globs.items():
-            if table_globs:
-                files = ", ".join(quote(g) for g in table_globs)
+        for t, table_files in listed.items():
+            if table_files:
                 present[t] = {r[0] for r in con.execute(
-                    f"DESCRIBE SELECT * FROM read_parquet([{files}], union_by_name = true)").fetchall()}
-    if globs:
-        con.execute(views_sql(globs, present)).fetchall()
+                    f"DESCRIBE SELECT * FROM read_parquet([{files_sql(table_files)}], union_by_name = true)").fetchall()}
+    if listed:
+        con.execute(views_sql(listed, present)).fetchall()
     functions.install(con, names=names)
     return con
