@@ -36,7 +36,7 @@
 --   ranks            INTEGER[]  ranks that recorded the call, ascending
 --   start_skew_ns    BIGINT[]   each of those ranks' start − earliest start
 WITH calls AS (
-    SELECT c.run_id, c.rank, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
+    SELECT c.run_id, c.rank, c.collective_id, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
         collective_match_key(c.pg_name, c.collective, c.seq) AS match_key,
         COALESCE(c.group_size, r.world_size) AS group_size,
         CASE WHEN c.device_ts IS NOT NULL THEN 'device' ELSE 'host' END AS timing,
@@ -48,7 +48,8 @@ WITH calls AS (
 ), skewed AS (
     SELECT *,
         start_ns - min(start_ns) OVER (PARTITION BY run_id, match_key) AS skew_ns,
-        row_number() OVER (PARTITION BY run_id, match_key ORDER BY start_ns DESC, rank DESC) AS arrival_from_last
+        row_number() OVER (PARTITION BY run_id, match_key ORDER BY start_ns DESC, rank DESC,
+                                                          collective_id DESC) AS arrival_from_last
     FROM calls
 ), instances AS (
     SELECT run_id, any_value(pg_name) AS pg_name, any_value(seq) AS seq, min(collective) AS collective, min(step) AS step, min(timing) AS timing,
@@ -57,7 +58,8 @@ WITH calls AS (
         max(size_bytes) AS size_bytes, min(start_ns) AS start_ns, min(duration_ns) AS duration_ns,
         max(duration_ns) AS max_duration_ns,
         any_value(rank) FILTER (WHERE arrival_from_last = 1) AS last_rank, max(skew_ns) AS max_skew_ns,
-        list(rank ORDER BY rank) AS ranks, list(skew_ns ORDER BY rank) AS start_skew_ns
+        list(rank ORDER BY rank, collective_id) AS ranks,
+        list(skew_ns ORDER BY rank, collective_id) AS start_skew_ns
     FROM skewed
     GROUP BY run_id, match_key
 )

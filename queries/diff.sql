@@ -35,8 +35,8 @@
 WITH starts AS (
     SELECT run_id, min(trace_start_ns) AS start_ns, count(DISTINCT rank) AS ranks FROM ranks GROUP BY run_id
 ), pair AS (
-    SELECT coalesce(CAST(COALESCE(getvariable('before'), NULL) AS VARCHAR), arg_min(run_id, start_ns)) AS before_run,
-        coalesce(CAST(COALESCE(getvariable('after'), NULL) AS VARCHAR), arg_max(run_id, start_ns)) AS after_run
+    SELECT coalesce(CAST(COALESCE(getvariable('before'), NULL) AS VARCHAR), arg_min(run_id, (start_ns, run_id))) AS before_run,
+        coalesce(CAST(COALESCE(getvariable('after'), NULL) AS VARCHAR), arg_max(run_id, (start_ns, run_id))) AS after_run
     FROM starts
 ), sides AS (
     SELECT 'before' AS side, p.before_run AS run_id FROM pair p

@@ -93,7 +93,7 @@ def _listed(text, numbers: bool):
 
 
 def read_bytes(path: Path) -> bytes:
-    from . import read_bytes as read  # (the package imports this module before defining it)
+    from .common import read_bytes as read
 
     return read(path)
 
@@ -114,7 +114,7 @@ def _companion(output: Path, *names: str) -> Path | None:
 
 
 def read(path: Path, threads: int | None = None):
-    from . import SliceColumns, TraceData, counters_from_columns
+    from .common import SliceColumns, TraceData, counters_from_columns
 
     doc = _read_json(path)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc

@@ -18,9 +18,8 @@ from .. import engine, queries, store
 from ..errors import TraceError
 from ..ingestion import find_traces
 from . import charts, gates
-from .metrics import METRICS, FleetMetrics, collect
+from .metrics import DIFFS_SHOWN, METRICS, FleetMetrics, collect
 
-DIFFS_SHOWN = 20  # regressed runs explained with a diff (the most regressed first)
 TRACES_WRITTEN = 10  # regressed runs whose slowest step is written as a Perfetto trace (the most regressed first)
 GROUP_RUNS = 50  # runs per DuckDB session when collecting the metrics: memory bounded by a group, not the fleet
 

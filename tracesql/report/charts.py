@@ -24,7 +24,7 @@ def text(value, width: int | None = None) -> str:
     s = str(value)
     if width and len(s) > width:
         s = s[: width - 1] + "…"
-    return html.escape(s, quote=True)
+    return html.escape(s, quote=False)  # plotly.js decodes &lt; &gt; &amp; but shows &quot; as it is written
 
 
 def _layout(title: str, **extra) -> dict:

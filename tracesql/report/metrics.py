@@ -13,6 +13,8 @@ import pandas as pd
 
 from .. import queries
 
+DIFFS_SHOWN = 20  # regressed runs explained with a diff (the most regressed first)
+
 
 @dataclass(frozen=True)
 class Metric:

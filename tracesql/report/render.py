@@ -21,11 +21,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import __version__
+from ..version import __version__
 from ..errors import TraceError
 from .gates import __doc__ as GATE_GRAMMAR
-from . import DIFFS_SHOWN
-from .metrics import METRICS, change, display
+from .metrics import DIFFS_SHOWN, METRICS, change, display
 
 MARKDOWN_RUNS = 20  # rows of the Markdown runs table (the baseline and the latest runs)
 
