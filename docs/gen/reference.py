@@ -102,7 +102,7 @@ def _text(doc: str) -> str:
     definition (`name = ...`) or a list item starts a new paragraph, as its author laid it out."""
     out = []
     # the README's HTA section moved to the HTA guide (query pages are reference/queries/NAME.md)
-    text = escape_html(doc).replace("see README", "see the [HTA guide](../../guides/hta.md)")
+    text = _plain(escape_html(doc)).replace("see README", "see the [HTA guide](../../guides/hta.md)")
     for line in text.splitlines():
         if out and (re.match(r"^[\w.]+(\(\w*\))? = ", line) or line.startswith(("- ", "* "))):
             out.append("")
@@ -110,8 +110,16 @@ def _text(doc: str) -> str:
     return "\n".join(out)
 
 
+def _plain(text: str) -> str:
+    """Text that is not Markdown: every `*` and `_` (`__next__`, `a * b`) kept as it is; `code spans` untouched."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # outside code spans
+        parts[i] = re.sub(r"[*_]", lambda m: "\\" + m[0], parts[i])
+    return "`".join(parts)
+
+
 def _cell(text: str) -> str:
-    return escape_html(text).replace("|", "\\|")
+    return _plain(escape_html(text)).replace("|", "\\|")
 
 
 def query_page(q, work: Workdir) -> str:
