@@ -161,7 +161,7 @@ def roofline(points: pd.DataFrame, peaks: pd.DataFrame, title: str) -> dict | No
     return {"data": data, "layout": layout}
 
 
-HEATMAP_COLORS = {"time": "Viridis", "percent": "YlOrRd"}
+HEATMAP_COLORS = "YlOrRd"  # reversed: pale when low, dark red when high (every heatmap's metric is worse higher)
 
 
 def heatmap(cells: pd.DataFrame, title: str, kind: str) -> dict | None:
@@ -176,7 +176,7 @@ def heatmap(cells: pd.DataFrame, title: str, kind: str) -> dict | None:
     z = [[None if pd.isna(v) else round(float(v) / scale, 6) for v in row] for row in grid.to_numpy()]
     ranks, steps = [int(r) for r in grid.index], [int(s) for s in grid.columns]
     few = len(ranks) <= 64 and len(steps) <= 64
-    data = [{"type": "heatmap", "x": steps, "y": ranks, "z": z, "colorscale": HEATMAP_COLORS[kind],
+    data = [{"type": "heatmap", "x": steps, "y": ranks, "z": z, "colorscale": HEATMAP_COLORS, "reversescale": True,
              "colorbar": {"title": {"text": unit}, "thickness": 12}, "xgap": 1 if few else 0, "ygap": 1 if few else 0,
              "hovertemplate": "rank %{y}, step %{x}: %{z:.4g} " + unit + "<extra></extra>", "hoverongaps": False}]
     if kind == "percent":
