@@ -484,6 +484,7 @@ CREATE OR REPLACE MACRO reduction_spec(core) AS (
         WHEN 'aten::var_mean' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 2, 'result': 'input', 'indices': false}
         WHEN 'aten::std_mean' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 2, 'result': 'input', 'indices': false}
         WHEN 'aten::norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::linalg_norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
         WHEN 'aten::linalg_vector_norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
         WHEN 'aten::logsumexp' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 1, 'result': 'input', 'indices': false}
         WHEN 'aten::cumsum' THEN {'dim': 2, 'dtype': 3, 'flops': 1, 'outputs': 1, 'result': 'scan', 'indices': false}
@@ -915,8 +916,9 @@ CREATE OR REPLACE MACRO op_kind(name, base, family, a) AS (
 );
 
 -- The formula of the op's family, over its arguments as the `ops` columns type them (d = input_dims, t =
--- input_types, c = concrete_inputs), a = op_args(d, t, c) and k = op_kind().
-CREATE OR REPLACE MACRO typed_op_flops(k, d, c, a, attention_convention) AS (
+-- input_types, c = concrete_inputs), a = op_args(d, t, c) and k = op_kind(). On Spark they run as the DuckDB
+-- UDFs of op_flops / op_bytes on (k.name, d, t, c) (tracesql/transpile.py): the same formulas.
+CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
     CAST(CASE k.family
         WHEN 'gemm' THEN 2 * gemm_mkn(k.base, d).batch * gemm_mkn(k.base, d).m * gemm_mkn(k.base, d).k
                            * gemm_mkn(k.base, d).n
@@ -969,7 +971,7 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
 -- concrete_inputs). NULL for ops without a formula or without recorded shapes. attention_convention: 'flash'
 -- (causal attention counts half, as metrics.md) or 'torch' (never halved, as FlopCounterMode).
 CREATE OR REPLACE MACRO op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := 'flash') AS ((
-    SELECT typed_op_flops(k, d, c, a, attention_convention)
+    SELECT typed_op_flops(k, d, t, c, a, attention_convention)
     FROM (SELECT *, op_kind(n, base, family, a) AS k
           FROM (SELECT *, op_base_family(n, base) AS family, op_args(d, t, c) AS a
                 FROM (SELECT *, op_base_name(n) AS base
@@ -1035,7 +1037,7 @@ WITH costed AS (
         -- XLA ops (program_id set) carry XLA's own FLOPs and bytes (cost analysis, or counted from the HLO)
         CASE WHEN program_id IS NOT NULL THEN 'xla' ELSE k.family END AS family,
         CASE WHEN program_id IS NOT NULL THEN profiler_flops
-             ELSE typed_op_flops(k, input_dims, concrete_inputs, a, attention_convention) END AS op_flops,
+             ELSE typed_op_flops(k, input_dims, input_types, concrete_inputs, a, attention_convention) END AS op_flops,
         CASE WHEN program_id IS NOT NULL THEN bytes_accessed
              ELSE typed_op_bytes(k, input_dims, input_types, concrete_inputs, a) END AS op_bytes,
         op_dtype(input_types) AS dtype
