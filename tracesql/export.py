@@ -20,8 +20,8 @@ args as debug annotations. Slices of one track that overlap without nesting (Per
 an extra track beside it, `… (2)`, `… (3)`, so nothing is dropped or cut.
 
 Which slices: every slice of the rank that overlaps or touches the window. With a step, the window is the step's
-host range (`steps.ts`, `dur`) joined with the device windows of the step (the first to the last activity of the
-device work the step launched); without, the rank's first to last event.
+host range (`steps.ts`, `dur`) joined with the device windows of the step (`step_windows`: from the step's first
+device event to the next step's first, docs/concepts/steps.md); without, the rank's first to last event.
 """
 
 from __future__ import annotations
@@ -147,8 +147,8 @@ def export(target, out, *, rank: int | None = None, step: int | None = None, run
             raise TraceError(f"--step {step}", f"rank {rank} of {rid} has no such step"
                                                f" ({'steps: ' + _span(steps) if steps else 'no steps recorded'})")
         host = [row]
-        windows = con.execute(f"SELECT device_id, min(ts), max(ts + dur) FROM {activity} WHERE {where} "
-                              "AND step = $step GROUP BY 1 ORDER BY 1", {**params, "step": step}).fetchall()
+        windows = con.execute(f"SELECT device_id, ts, te FROM step_windows(class_scheme := '{class_scheme}') "
+                              f"WHERE {where} AND step = $step ORDER BY 1", {**params, "step": step}).fetchall()
     else:
         host = con.execute(f"SELECT min(ts), max(ts + dur) FROM slices WHERE {where}", params).fetchall()
         windows = con.execute(f"SELECT device_id, min(ts), max(ts + dur) FROM {activity} WHERE {where} "
