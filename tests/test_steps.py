@@ -328,3 +328,14 @@ def test_mfu_per_step_of_a_user_step_pattern(tmp_path):
     mfu = tracesql.query("mfu", run, model_flops_per_step=1e9, peak_flops=1e12).set_index("step")
     assert list(mfu.step_time_ns) == [100 * US, 50 * US]
     assert mfu.loc[2, "mfu"] == pytest.approx(1e9 / (50e-6 * 1e12))
+
+
+@pytest.mark.corpus
+def test_mtia_hta_window_leaves_out_dma_requests_without_a_stream(ingested):
+    """HTA 0.5.0 on mtia_trace_single_rank (one step: no filter) reports kernel_time 13,328,071 µs, idle 5,649,476 µs
+    and compute 7,305,597 µs: 137 DMA requests whose events name no stream are not in its window (tracesql's
+    reader gives them their thread as stream)."""
+    run = ingested(corpus_path("hta", "tests", "data", "mtia_trace_single_rank"))
+    row = tracesql.query("temporal_breakdown", run, **HTA).iloc[0]
+    assert (row.window_ns, row.compute_ns, row.idle_ns) == (13_328_071_000, 7_305_597_000, 5_649_476_000)
+    assert (row.idle_pct, row.compute_pct, row.non_compute_pct) == (42.39, 54.81, 2.80)
