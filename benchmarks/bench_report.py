@@ -30,6 +30,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(REPO), str(HERE)]
 
 from bench_ingest import run_measured  # noqa: E402
+import copies  # noqa: E402
 from copies import make_fleet  # noqa: E402
 
 DEFAULT_SOURCE = REPO / "datasets" / "hta_trace_filter"  # two sampled ranks of a 128-rank NCCL job (HTA's test data)
@@ -38,8 +39,7 @@ DEFAULT_SOURCE = REPO / "datasets" / "hta_trace_filter"  # two sampled ranks of 
 def fleet_for(source: Path, runs: int, ranks: int, scratch: Path) -> tuple[Path, float | None]:
     fleet = scratch / f"fleet-{source.name}-{runs}x{ranks}"
     marker = fleet / "fleet.json"
-    if marker.exists() and json.loads(marker.read_text()) == {"source": str(source), "runs": runs, "ranks": ranks,
-                                                              "vary": True}:
+    if marker.exists() and json.loads(marker.read_text()) == copies.marker(source, runs, ranks, True):
         return fleet, None
     start = time.perf_counter()
     make_fleet(source, fleet, runs, ranks, scratch=scratch)

@@ -5,7 +5,8 @@ Run i is a copy of the source run with every table's `run_id` and `rank` rewritt
 r mod the source's ranks), written in the run layout (one Parquet part per rank and table, a manifest, init.sql),
 so the fleet is a folder of ordinary runs that `tracesql report` reads as it reads ingested ones. With --vary
 (default), run i is moved i hours later and its times stretched by a factor: 1 ± 1.5 % (deterministic noise),
-and +12 % for every tenth run (i mod 10 = 7), so the report has a trend and regressions to find; absolute times
+and +12 % for every tenth run (i mod 10 = 7), so the report has a trend and regressions to find; each rank 0–1 %
+more, one straggler rank +6 % (the heatmaps show it); absolute times
 (ts, *_ts, trace_start/end) are stretched around the source's first timestamp, durations (dur, *_dur, *_ns
 sums) scaled, everything else kept.
 
@@ -38,12 +39,14 @@ ABSOLUTE = {"ts", "cpu_ts", "device_ts", "trace_start_ns", "trace_end_ns"}
 DURATIONS = {"dur", "self_dur", "cpu_dur", "device_dur", "kernel_dur", "device_self_ns", "device_total_ns"}
 
 
-def factor(i: int, vary: bool) -> float:
-    """The stretch of run i: deterministic noise of ±1.5 %, +12 % on every tenth run (i mod 10 = 7)."""
+def factor(i: int, vary: bool, rank: int = 0, ranks: int = 1) -> float:
+    """The stretch of run i's rank: deterministic noise of ±1.5 % per run, +12 % on every tenth run (i mod 10 =
+    7); per rank 0–1 % more, and one straggler rank (two thirds down the ranks) +6 %."""
     if not vary:
         return 1.0
     noise = ((i * 7919) % 31 - 15) / 1000  # -1.5 % .. +1.5 %
-    return 1.0 + noise + (0.12 if i % 10 == 7 else 0.0)
+    per_rank = ((rank * 2654435761) % 101) / 10000 + (0.06 if ranks > 1 and rank == ranks * 2 // 3 else 0.0)
+    return 1.0 + noise + (0.12 if i % 10 == 7 else 0.0) + per_rank
 
 
 def source_parts(source: Path, scratch: Path) -> tuple[Path, list[tuple[int, str]], dict]:
@@ -91,9 +94,10 @@ def _write_runs(run: Path, parts: list, entries: dict, out: Path, ids: list[int]
     for i in ids:
         run_id = f"run-{i:04d}"
         staging = store.new_staging(out / run_id)
-        f, shift = factor(i, vary), i * max(hour, 2 * span)
+        shift = i * max(hour, 2 * span)
         sources = {}
         for rank in range(ranks):
+            f = factor(i, vary, rank, ranks)
             source_rank, source_part = parts[rank % len(parts)]
             part = store.part_name(rank, f"copy{rank:05d}")
             for table in schema.TABLES:
@@ -105,6 +109,11 @@ def _write_runs(run: Path, parts: list, entries: dict, out: Path, ids: list[int]
                                compression="zstd")
             sources[f"rank-{rank}.json.gz"] = {**entries[source_rank], "ranks": [rank], "parts": [part]}
         store.publish(staging, out / run_id, {"run_id": run_id, "sources": sources, "warnings": []}, init)
+
+
+def marker(source: Path, runs: int, ranks: int, vary: bool) -> dict:
+    """What fleet.json records: a fleet is reused only when all of it (the schema version included) matches."""
+    return {"source": str(source), "runs": runs, "ranks": ranks, "vary": vary, "schema_version": schema.SCHEMA_VERSION}
 
 
 def make_fleet(source: Path, out: Path, runs: int, ranks: int, *, vary: bool = True,
@@ -123,8 +132,7 @@ def make_fleet(source: Path, out: Path, runs: int, ranks: int, *, vary: bool = T
         with ProcessPoolExecutor(jobs) as pool:
             for done in [pool.submit(_write_runs, run, parts, entries, out, c, ranks, vary) for c in chunks]:
                 done.result()
-    (out / "fleet.json").write_text(json.dumps({"source": str(source), "runs": runs, "ranks": ranks,
-                                                 "vary": vary}) + "\n")
+    (out / "fleet.json").write_text(json.dumps(marker(source, runs, ranks, vary)) + "\n")
     return out
 
 

@@ -344,7 +344,8 @@ def test_every_chart_renders_in_headless_chromium(tmp_path):
     # trends of the metrics these runs have, then the latest run (b200): timeline, breakdown, hotspots, roofline
     trends = ["step_time_p50", "step_time_p90", "overlap", "exposed_comm", "idle", "compute", "largest_bubble",
               "busbw", "peak_memory"]  # mfu, hfu: no model FLOPs given
-    assert seen["charts"] == seen["rendered"] == len(trends) + 5, seen["names"]
+    # + the rank × step heatmaps (step time, exposed communication, idle): b200's one step
+    assert seen["charts"] == seen["rendered"] == len(trends) + 5 + 3, seen["names"]
     assert seen["console"] == [] and seen["dialogs"] == []
     assert all(url.startswith("file:") for url in seen["requests"])  # offline: nothing fetched from a network
     assert (tmp_path / "report.png").stat().st_size > 50_000

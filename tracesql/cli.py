@@ -7,6 +7,7 @@ top; DuckDB, Arrow and the rest are imported by the commands that use them (`tra
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 import warnings
@@ -49,6 +50,9 @@ def _errors_as_messages(fn):
                         click.echo(f"Note: {note.message}", err=True)
         except TraceError as e:
             raise click.ClickException(str(e)) from None
+        except OSError as e:  # a file the command writes or reads (permissions, a full disk, a folder)
+            where = e.filename or "tracesql"
+            raise click.ClickException(f"{where}: {e.strerror or e}") from None
         except Exception as e:
             duckdb = sys.modules.get("duckdb")  # not imported: then no DuckDB error can have happened
             sql_error = (duckdb is not None and isinstance(e, duckdb.Error)) or \
@@ -61,7 +65,56 @@ def _errors_as_messages(fn):
     return wrapper
 
 
-@click.group()
+class _OneLineErrors(click.Group):
+    """Every error is one line on stderr, never a traceback: `Error: ...` with exit status 1 (bad input), 2 (a
+    usage error: unknown option, bad value) or 130 (interrupted, Ctrl-C). TRACESQL_DEBUG=1 shows tracebacks of
+    unexpected errors instead."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # before click's own handling, which prints an empty line first
+            raise _Interrupted() from None
+
+    def main(self, args=None, prog_name=None, **extra):
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.exceptions.Exit as e:
+            code = e.exit_code
+        except click.exceptions.NoArgsIsHelpError as e:  # `tracesql` alone: the help, as click shows it
+            click.echo(e.ctx.get_help(), err=True)
+            code = 2
+        except click.UsageError as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            _fail(f"{e.format_message()}{where}", 2)
+        except click.ClickException as e:
+            _fail(e.format_message(), e.exit_code)
+        except (KeyboardInterrupt, click.Abort):
+            _fail("interrupted", 130)
+        except BrokenPipeError:  # `tracesql query ... | head`: the reader left, nothing more to say
+            sys.stderr.close()
+            code = 1
+        except Exception as e:
+            if os.environ.get("TRACESQL_DEBUG"):
+                raise
+            _fail(f"internal error: {type(e).__name__}: {e} (a tracesql bug: please report it; TRACESQL_DEBUG=1 "
+                  "shows where)", 1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+class _Interrupted(click.ClickException):
+    exit_code = 130
+
+    def __init__(self):
+        super().__init__("interrupted")
+
+
+def _fail(message: str, code: int):
+    click.echo(f"Error: {' '.join(str(message).split())}", err=True)
+    sys.exit(code)
+
+
+@click.group(cls=_OneLineErrors)
 @click.version_option(__version__, prog_name="tracesql")
 def main():
     """ML profiler traces as SQL: ingest traces into Parquet tables, then query them."""
@@ -70,9 +123,10 @@ def main():
 @main.command()
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path), help="Run folder to write.")
-@click.option("--rank", type=int, help="Rank of a single trace file that does not say its rank.")
+@click.option("--rank", type=click.IntRange(0, 2**31 - 1),
+              help="Rank of a single trace file that does not say its rank.")
 @click.option("--run-id", help="Name of the run stored in every row (default: the output folder's name).")
-@click.option("-j", "--jobs", type=int, help="Files read in parallel (default: one per core).")
+@click.option("-j", "--jobs", type=click.IntRange(1, 1024), help="Files read in parallel (default: one per core).")
 @click.option("--strict", is_flag=True, help="Fail on damaged events instead of skipping them with a warning.")
 @click.option("--memory-limit", metavar="SIZE",
               help="DuckDB working memory per file, e.g. 2GB; it spills to disk beyond it "
@@ -157,6 +211,7 @@ def query(query, target, params, fmt, columns, output, engine, master):
 
     q = queries.find(query)
     params = queries.check(q, _parse_params(params))  # before the target is opened or Spark starts
+    check_output(output)
     picked = _show().parse_columns(columns)
     if engine == "spark":
         from . import db
@@ -179,6 +234,19 @@ def query(query, target, params, fmt, columns, output, engine, master):
                    err=True)
     elif why:
         click.echo(f"Note: {why}.", err=True)
+
+
+def check_output(output: Path | None) -> None:
+    """Refuse an --output that cannot be a file to write, before any work is done."""
+    if output is None:
+        return
+    if output.is_dir():
+        raise TraceError(output, "is a folder: --output names the file to write")
+    parent = output.absolute().parent
+    if not parent.is_dir():
+        raise TraceError(output, f"no such folder: {parent}")
+    if not os.access(parent, os.W_OK) or output.exists() and not os.access(output, os.W_OK):
+        raise TraceError(output, "cannot write: permission denied")
 
 
 def _emit(rel, fmt: str, out: Path | None, columns: list[str] | None = None) -> int:
@@ -264,6 +332,25 @@ def info_cmd(run):
 
 
 @main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@_errors_as_messages
+def verify(run):
+    """Check a run's files against its manifest: none missing or added, and each file's size, SHA-256 and
+    Parquet page checksums. Exit status 1 with one line naming the first damaged file.
+
+    Example:
+
+        tracesql verify runs/1234/
+    """
+    from . import store
+
+    if not store.is_run(run):
+        raise TraceError(run, f"not a tracesql run (no {store.MANIFEST}); `tracesql ingest` makes one")
+    checked = store.verify(run)
+    click.echo(f"{run}: ok — {checked['files']} files, {checked['bytes']:,} bytes match the manifest's checksums")
+
+
+@main.command()
 @click.argument("target", type=click.Path(path_type=Path))
 @_errors_as_messages
 def shell(target):
@@ -282,6 +369,8 @@ def shell(target):
     from . import schema
 
     con = duckdb_engine.connect(target)
+    if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 reads with U+FFFD instead of failing
+        sys.stdin.reconfigure(errors="replace")
     interactive = sys.stdin.isatty()
     if interactive:
         try:
@@ -335,7 +424,7 @@ def shell(target):
 @click.option("--params", "n_params", type=float, help="Model parameters; with --tokens-per-step, model FLOPs = 6·P·T.")
 @click.option("--tokens-per-step", type=float, help="Tokens the whole job processes per step.")
 @click.option("--device", help="device_peaks key for MFU/HFU and the roofline (e.g. H100-SXM); default: from the trace.")
-@click.option("--top", type=int, default=10, show_default=True, help="Rows of the hotspot, bubble and diff tables.")
+@click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Rows of the hotspot, bubble and diff tables.")
 @_errors_as_messages
 def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_flops, n_params, tokens_per_step,
            device, top):
@@ -358,7 +447,10 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
                                     ("tokens_per_step", tokens_per_step)) if v is not None}
     result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order, gate_runs=gate_runs,
                              threshold=threshold, mfu_params=mfu_params or None, device=device, top=top)
-    result.write(out)
+    try:
+        result.write(out)
+    except OSError as e:
+        raise TraceError(e.filename or out, f"cannot write the report: {e.strerror or e}") from None
     runs = result.metrics.runs
     click.echo(f"{out}: index.html, summary.md, metrics.json, metrics.parquet — {len(runs)} run(s), baseline "
                f"{result.baseline}, {len(result.regressions)} regressed")
@@ -372,7 +464,7 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
 @main.command()
 @click.argument("before", type=click.Path(path_type=Path))
 @click.argument("after", type=click.Path(path_type=Path))
-@click.option("--top", type=int, default=20, show_default=True, help="Rows per level (kernel, op).")
+@click.option("--top", type=click.IntRange(1), default=20, show_default=True, help="Rows per level (kernel, op).")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="table: for people (fits the terminal, human units); the others keep raw values.")
 @click.option("-c", "--columns", metavar="NAMES", help=COLUMNS_HELP)
@@ -391,6 +483,7 @@ def diff(before, after, top, fmt, columns, output):
     from . import engine as duckdb_engine
     from . import queries, store
 
+    check_output(output)
     runs = [duckdb_engine.resolve(t) for t in (before, after)]
     for target, found in zip((before, after), runs):
         if len(found) != 1:
@@ -430,4 +523,5 @@ def export(run, out, rank, step, run_id, class_scheme):
     """
     from .export import export as write_trace, summary
 
+    check_output(out)
     click.echo(summary(write_trace(run, out, rank=rank, step=step, run_id=run_id, class_scheme=class_scheme)))

@@ -8,6 +8,7 @@ raw traces into a cache.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import warnings
 from pathlib import Path
@@ -16,7 +17,7 @@ import duckdb
 
 from . import db, functions, schema, store
 from .errors import OlderSchemaWarning, TraceError
-from .views import init_sql, quote, views_sql  # noqa: F401  (also engine.init_sql, engine.views_sql)
+from .views import escape_path, files_sql, init_sql, quote, views_sql  # noqa: F401  (also engine.init_sql, ...)
 
 
 def cache_root() -> Path:
@@ -37,15 +38,50 @@ def resolve(target) -> list[Path]:
         runs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".") and store.is_run(p))
         if runs:
             return runs
-    from .ingestion import ingest
-
     key = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
     cached = cache_root() / f"{path.resolve().name}-{key}"
+    stamp = cached.parent / f".{cached.name}.sources.json"  # hidden: never taken for a run
+    now = source_stamp(path)  # taken before the ingest: a change while it reads is seen next time
+    if store.is_run(cached) and _read_stamp(stamp) == now and \
+            store.load_manifest(cached).get("schema_version") == schema.SCHEMA_VERSION:
+        return [cached]  # nothing changed since the last ingest: no need to import the readers to find that out
+    from .ingestion import ingest
+
     ingest([path], cached, run_id=path.resolve().name.split(".")[0])
+    tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(now))
+    tmp.replace(stamp)
     return [cached]
 
 
+def source_stamp(path: Path) -> dict:
+    """What raw traces at `path` are, as far as a cached run of them goes: the size and modification time of each
+    file, and the modification time of each folder (it changes when a file is added, removed or renamed in it);
+    hidden files and folders left out, as the ingest leaves them out."""
+    def stat(p: Path) -> list[int]:
+        st = p.stat()
+        return [st.st_size, st.st_mtime_ns]
+
+    path = path.resolve()
+    if not path.is_dir():
+        return {"files": {str(path): stat(path)}, "dirs": {}}
+    files, dirs = {}, {}
+    for root, subdirs, names in os.walk(path):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        dirs[root] = Path(root).stat().st_mtime_ns
+        files.update({str(Path(root, n)): stat(Path(root, n)) for n in sorted(names) if not n.startswith(".")})
+    return {"files": files, "dirs": dirs}
+
+
+def _read_stamp(stamp: Path) -> dict | None:
+    try:
+        return json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 SWAP_ATTEMPTS = 3
+_SWAPPED_PROBLEMS = ("missing:", "changed:", "not part of the run", "not a readable tracesql run")
 
 
 def on_fresh_connection(target, work, names=None):
@@ -53,14 +89,19 @@ def on_fresh_connection(target, work, names=None):
     and again (up to SWAP_ATTEMPTS times) on another if a file of the run vanished under it: an ingest swapped
     the run in between listing its files and opening them; the next attempt sees the new run whole."""
     for attempt in range(1, SWAP_ATTEMPTS + 1):
-        con = connect(target, names=names)
+        con = None
         try:
+            con = connect(target, names=names)
             return work(con)
+        except TraceError as e:  # the manifest read, then the run swapped: its files are the next run's
+            if attempt == SWAP_ATTEMPTS or not e.problem.startswith(_SWAPPED_PROBLEMS):
+                raise
         except duckdb.IOException as e:
-            if attempt == SWAP_ATTEMPTS or "No such file" not in str(e):
+            if attempt == SWAP_ATTEMPTS or not any(s in str(e) for s in ("No such file", "No files found")):
                 raise
         finally:
-            con.close()
+            if con is not None:
+                con.close()
 
 
 def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBPyConnection:
@@ -74,29 +115,30 @@ def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBP
     """
     targets = target if isinstance(target, (list, tuple)) else [target]
     runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
-    older = []
+    older, files = [], {t: [] for t in schema.TABLES}
     for run in runs:
-        note = store.older_schema_note(store.load_manifest(run))  # refuses newer runs with a clear message
+        manifest = store.load_manifest(run)  # refuses newer runs with a clear message
+        note = store.older_schema_note(manifest)
         if note:
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
             older.append(run)
+        for rel in store.files_of(run, manifest):  # refuses a run whose files are not its manifest's
+            files[rel.split("/")[0]].append(str(run / rel))
     con = db.connect(threads)
     tables = list(schema.TABLES)
     if names is not None:
         names = {n.lower() for n in names}
         _, used = functions.needed(names, set(tables))
         tables = [t for t in tables if t in used]
-    globs = {t: [str(run.absolute() / t / "*.parquet") for run in runs if any((run / t).glob("*.parquet"))]
-             for t in tables}
+    listed = {t: files[t] for t in tables}
     present = None
     if older:  # their files may lack columns added since: which columns each table's files have
         present = {}
-        for t, table_globs in globs.items():
-            if table_globs:
-                files = ", ".join(quote(g) for g in table_globs)
+        for t, table_files in listed.items():
+            if table_files:
                 present[t] = {r[0] for r in con.execute(
-                    f"DESCRIBE SELECT * FROM read_parquet([{files}], union_by_name = true)").fetchall()}
-    if globs:
-        con.execute(views_sql(globs, present)).fetchall()
+                    f"DESCRIBE SELECT * FROM read_parquet([{files_sql(table_files)}], union_by_name = true)").fetchall()}
+    if listed:
+        con.execute(views_sql(listed, present)).fetchall()
     functions.install(con, names=names)
     return con

@@ -20,8 +20,8 @@ args as debug annotations. Slices of one track that overlap without nesting (Per
 an extra track beside it, `… (2)`, `… (3)`, so nothing is dropped or cut.
 
 Which slices: every slice of the rank that overlaps or touches the window. With a step, the window is the step's
-host range (`steps.ts`, `dur`) joined with the device windows of the step (`step_windows`: from the step's first
-device event to the next step's first, docs/concepts/steps.md); without, the rank's first to last event.
+host range (`steps.ts`, `dur`) joined with its device windows (`step_windows`: on each device, from the step's
+first device event to the next step's first); without, the rank's first to last event.
 """
 
 from __future__ import annotations
@@ -118,14 +118,14 @@ def pick_run(target, run_id: str | None = None) -> tuple[Path, str]:
 def export(target, out, *, rank: int | None = None, step: int | None = None, run_id: str | None = None,
            class_scheme: str = "default", con=None) -> Exported:
     """Write rank `rank`'s step `step` (None: the rank's whole trace) of the run behind `target` to `out` as a
-    Perfetto trace. `con` (an open connection to that run) saves opening it again."""
+    Perfetto trace. `con`: an open connection holding that run (with others: `run_id` names it), not opened again."""
     if class_scheme not in CLASS_SCHEMES:
         raise TraceError("--class-scheme", f"one of {', '.join(CLASS_SCHEMES)}, not {class_scheme!r}")
     if con is None:
         path, rid = pick_run(target, run_id)
         con = engine.connect(path)
     else:
-        rid = run_id or con.sql("SELECT min(run_id) FROM ranks").fetchone()[0]
+        rid = run_id or con.execute("SELECT min(run_id) FROM ranks").fetchone()[0]
     ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM ranks WHERE run_id = $1 ORDER BY 1",
                                        [rid]).fetchall()]
     if rank is None:

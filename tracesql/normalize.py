@@ -333,7 +333,7 @@ def _derive(con, slices: pa.Table, checks: list[dict], data: TraceData, run_id: 
 
     slices = emit("slices", schema.conform("slices", slices))
     # in batches (zero-copy views) so that DuckDB scans them on every thread
-    con.register("slices", pa.Table.from_batches(slices.to_batches(max_chunksize=SCAN_BATCH)))
+    con.register("slices", pa.Table.from_batches(slices.to_batches(max_chunksize=SCAN_BATCH), slices.schema))
     con.register("steps", emit("steps", _table(con, "steps", STEPS_SQL)))
     functions.install(con, INGEST_FUNCTIONS)
     metadata = _metadata_tables(con, data, run_id, rank)

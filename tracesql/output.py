@@ -380,7 +380,12 @@ def write(rel, fmt: str, output: Path | None = None, columns: list[str] | None =
         if output is None:
             raise TraceError("--format parquet", "needs --output FILE")
         rel = pick_relation(rel, columns)
-        rel.to_parquet(str(output))
+        try:
+            rel.to_parquet(str(output))
+        except Exception as e:  # duckdb.IOException: a folder, a missing folder, no space
+            if type(e).__name__ != "IOException":
+                raise
+            raise TraceError(output, f"cannot write ({str(e).strip().splitlines()[0]})") from None
         return rel.count("*").fetchall()[0][0]
     result = Result.of(pick_relation(rel, columns))
     text = render(result, fmt)

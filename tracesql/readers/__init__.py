@@ -24,7 +24,7 @@ from .common import (  # noqa: F401  (the readers' shared helpers, also reachabl
     MAX_NAME_CHARS, OUT_BATCH_ROWS, READER_SLICE_TYPES, READER_SLICE_COLUMNS, DICTIONARY_COLUMNS, READER_SLICE_SCHEMA,
     slices_from_columns, as_reader_slices, mapped_slices, SliceColumns, READER_COUNTER_TYPES, counters_from_columns,
     TraceData, FileMapping, HEAD_BYTES, read_bytes, INFLATE_FREE_BYTES, MAX_INFLATE_RATIO,
-    max_inflate_ratio, inflated, mapped_content, read_head,
+    max_inflate_ratio, inflated, mapped_content, read_head, BAD_DEVICE_ID, fit_device_ids,
 )
 
 #: Tried in order; the first whose detect() says yes reads the file.
@@ -63,7 +63,7 @@ MAX_DUR_NS = 2**61
 def rank_from_file_name(path: Path) -> int | None:
     """'rank-3.json.gz', 'worker_12.xplane.pb' -> the rank the name gives, if any."""
     m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and int(m.group(1)) < 2**31 else None
 
 
 def _filter_batches(data: TraceData, keep_of) -> int:
@@ -87,9 +87,13 @@ def _drop_out_of_range(data: TraceData) -> None:
         ts, dur = to_numpy(batch["ts"], fill=MAX_TS_NS), to_numpy(batch["dur"], fill=-1)  # (numpy: no pandas)
         return (ts > -MAX_TS_NS) & (ts < MAX_TS_NS) & (dur >= 0) & (dur < MAX_DUR_NS)
 
-    dropped = _filter_batches(data, in_range)
-    if dropped:
-        data.skipped["time out of range"] = data.skipped.get("time out of range", 0) + dropped
+    def device_in_range(batch):
+        return to_numpy(batch["device_id"], fill=0) != BAD_DEVICE_ID
+
+    for reason, keep_of in (("time out of range", in_range), ("device id out of range", device_in_range)):
+        dropped = _filter_batches(data, keep_of)
+        if dropped:
+            data.skipped[reason] = data.skipped.get(reason, 0) + dropped
 
 
 def _keep_first_events(data: TraceData, max_events: int) -> None:
@@ -109,6 +113,12 @@ def read_trace(path: Path, threads: int | None = None) -> list[TraceData]:
     except RecursionError:  # the JSON and protobuf decoders recurse once per nesting level
         raise TraceError(path, "nested too deeply to read (thousands of levels: a damaged or hostile file)") from None
     traces = read if isinstance(read, list) else [read]
+    for data in traces:  # what the ranks table holds (INTEGER): a larger value is the file's damage, not a rank
+        for what in ("rank", "world_size"):
+            value = getattr(data, what)
+            if value is not None and not (isinstance(value, int) and (0 if what == "rank" else 1) <= value < 2**31):
+                data.notes.append(f"{what} {str(value)[:40]} is out of range: ignored")
+                setattr(data, what, None)
     if len(traces) == 1 and traces[0].rank is None:
         traces[0].rank = rank_from_file_name(path)
     max_events = limits.current().max_events

@@ -59,11 +59,25 @@ def slices_from_columns(columns: dict[str, list]) -> pa.Table:
     return pa.table(arrays)
 
 
+#: What a reader puts in `device_id` for a device id that no INTEGER holds (2^40): read_trace skips the event
+#: and counts it ("device id out of range"), so one damaged event never fails the file.
+BAD_DEVICE_ID = -2**31
+
+
+def fit_device_ids(column: pa.Array) -> pa.Array:
+    """An integer `device_id` column with the values outside INTEGER's range set to BAD_DEVICE_ID."""
+    if not pa.types.is_integer(column.type) or column.type.bit_width <= 32 and column.type != pa.uint32():
+        return column
+    out_of_range = pc.or_(pc.less(column, -2**31 + 1), pc.greater(column, 2**31 - 1))
+    return pc.if_else(pc.fill_null(out_of_range, False), pa.scalar(BAD_DEVICE_ID, column.type), column)
+
+
 def as_reader_slices(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A batch with the reader slice columns (any order, any subset: the rest NULL) in READER_SLICE_SCHEMA."""
     n, columns = batch.num_rows, []
     for name, type_ in READER_SLICE_TYPES.items():
-        column = batch.column(name).cast(type_) if name in batch.schema.names else pa.nulls(n, type_)
+        column = batch.column(name) if name in batch.schema.names else pa.nulls(n, type_)
+        column = (fit_device_ids(column) if name == "device_id" else column).cast(type_)
         columns.append(pc.dictionary_encode(column) if name in DICTIONARY_COLUMNS else column)
     return pa.record_batch(columns, schema=READER_SLICE_SCHEMA)
 

@@ -159,9 +159,14 @@ def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs:
     # the most regressed (by step time, else in order) are explained with a diff against the baseline
     by_step = sorted(regressions, key=lambda r: -_relative(rows.loc[r.run_id], base_row, "step_time_p50"))
     diff = queries.find("diff")
-    for reg in by_step[:DIFFS_SHOWN]:
-        pair = engine.connect([paths[base_id], paths[reg.run_id]])
-        reg.diff = queries.run(pair, diff, {"before": base_id, "after": reg.run_id, "top": top}).df()
+    explained = by_step[:DIFFS_SHOWN]
+    if explained:  # one session for the baseline and the explained runs (not one per pair: a session costs)
+        con = engine.connect([paths[base_id]] + [paths[r.run_id] for r in explained])
+        try:
+            for reg in explained:
+                reg.diff = queries.run(con, diff, {"before": base_id, "after": reg.run_id, "top": top}).df()
+        finally:
+            con.close()
 
     report = Report(fleet, base_id, focus, threshold, parsed, verdicts, regressions)
     _focus_details(report, paths[focus], device, top)

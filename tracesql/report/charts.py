@@ -24,7 +24,7 @@ def text(value, width: int | None = None) -> str:
     s = str(value)
     if width and len(s) > width:
         s = s[: width - 1] + "…"
-    return html.escape(s, quote=True)
+    return html.escape(s, quote=False)  # plotly.js decodes &lt; &gt; &amp; but shows &quot; as it is written
 
 
 def _layout(title: str, **extra) -> dict:
@@ -161,7 +161,7 @@ def roofline(points: pd.DataFrame, peaks: pd.DataFrame, title: str) -> dict | No
     return {"data": data, "layout": layout}
 
 
-HEATMAP_COLORS = {"time": "Viridis", "percent": "YlOrRd"}
+HEATMAP_COLORS = "YlOrRd"  # reversed: pale when low, dark red when high (every heatmap's metric is worse higher)
 
 
 def heatmap(cells: pd.DataFrame, title: str, kind: str) -> dict | None:
@@ -176,7 +176,7 @@ def heatmap(cells: pd.DataFrame, title: str, kind: str) -> dict | None:
     z = [[None if pd.isna(v) else round(float(v) / scale, 6) for v in row] for row in grid.to_numpy()]
     ranks, steps = [int(r) for r in grid.index], [int(s) for s in grid.columns]
     few = len(ranks) <= 64 and len(steps) <= 64
-    data = [{"type": "heatmap", "x": steps, "y": ranks, "z": z, "colorscale": HEATMAP_COLORS[kind],
+    data = [{"type": "heatmap", "x": steps, "y": ranks, "z": z, "colorscale": HEATMAP_COLORS, "reversescale": True,
              "colorbar": {"title": {"text": unit}, "thickness": 12}, "xgap": 1 if few else 0, "ygap": 1 if few else 0,
              "hovertemplate": "rank %{y}, step %{x}: %{z:.4g} " + unit + "<extra></extra>", "hoverongaps": False}]
     if kind == "percent":

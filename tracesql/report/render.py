@@ -190,13 +190,19 @@ def metrics_table(report) -> pa.Table:
 def write_traces(report, out: Path) -> list[Path]:
     """The steps the report links to (report.traces) as Perfetto traces in out/perfetto/; traces of an earlier
     report in that folder that this one does not link are removed."""
+    from .. import engine
     from ..export import export
 
     folder = out / "perfetto"
     written = []
-    for t in report.traces:
-        export(t.path, out / t.file, rank=t.rank, step=t.step, run_id=t.run_id)
-        written.append(out / t.file)
+    if report.traces:  # one session for every run traced
+        con = engine.connect(list(dict.fromkeys(t.path for t in report.traces)))
+        try:
+            for t in report.traces:
+                export(t.path, out / t.file, rank=t.rank, step=t.step, run_id=t.run_id, con=con)
+                written.append(out / t.file)
+        finally:
+            con.close()
     if folder.is_dir():
         for old in folder.glob("*.pftrace"):
             if old not in written:
