@@ -33,6 +33,19 @@ DEFAULT_DATASET = REPO / "datasets" / "hta_trace_filter"
 TARGETS = {"--help": 0.15, "query overlap RUN": 0.4}
 
 
+#: The query alone, as tracesql.query runs it on an open connection (the child reports its own time): what the
+#: whole process costs beyond this is the command's fixed cost.
+IN_PROCESS = """
+import sys, time, warnings
+warnings.simplefilter("ignore")
+from tracesql import engine, queries
+con = engine.connect(sys.argv[1])
+start = time.perf_counter()
+queries.run(con, queries.find("overlap")).fetchall()
+print(time.perf_counter() - start, file=sys.stderr)
+"""
+
+
 def timed(cmd: list[str], env: dict) -> tuple[float, float]:
     """(wall s, CPU s) of one child process; it must succeed."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -42,6 +55,8 @@ def timed(cmd: list[str], env: dict) -> tuple[float, float]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
+    if cmd[-2:-1] == [IN_PROCESS]:  # the child timed the query itself
+        wall = float(done.stderr.strip().splitlines()[-1])
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
@@ -57,10 +72,15 @@ def main() -> None:
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="tracesql-bench-cli-"))
     scratch.mkdir(parents=True, exist_ok=True)
     checkouts = {"new": REPO} | ({"old": args.compare.resolve()} if args.compare else {})
-    base_env = {**os.environ, "TRACESQL_CACHE": str(scratch / "cache"), "COLUMNS": "100"}
+    base_env = {**os.environ, "COLUMNS": "100"}
+
+    def env_of(root: Path | None) -> dict:  # each checkout its own cache (runs of its own schema version)
+        label = next((k for k, v in checkouts.items() if v == root), "new")
+        return {**base_env, "PYTHONPATH": str(root or REPO), "TRACESQL_CACHE": str(scratch / f"cache-{label}")}
+
     runs = {}
     for label, root in checkouts.items():  # each checkout reads a run it wrote (its schema version)
-        env = {**base_env, "PYTHONPATH": str(root)}
+        env = env_of(root)
         runs[label] = scratch / f"run-{label}"
         subprocess.run([sys.executable, "-m", "tracesql", "ingest", str(args.dataset), "-o", str(runs[label]), "-q"],
                        env=env, check=True)
@@ -72,32 +92,43 @@ def main() -> None:
             ("query overlap RUN" + tag, root, [sys.executable, "-m", "tracesql", "query", "overlap", str(runs[label])]),
             ("query overlap RUN -f csv" + tag, root,
              [sys.executable, "-m", "tracesql", "query", "overlap", str(runs[label]), "-f", "csv"]),
+            ("query overlap TRACES" + tag, root,  # raw traces, already in the cache: only checked for changes
+             [sys.executable, "-m", "tracesql", "query", "overlap", str(args.dataset)]),
+            ("in-process query overlap" + tag, root, [sys.executable, "-c", IN_PROCESS, str(runs[label])]),
         ]
     for _, root, cmd in commands:  # warm the page cache and the raw-trace cache once
-        timed(cmd, {**base_env, "PYTHONPATH": str(root or REPO)})
+        timed(cmd, env_of(root))
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in commands}
     for _ in range(args.repeat):
         for name, root, cmd in commands:
-            samples[name].append(timed(cmd, {**base_env, "PYTHONPATH": str(root or REPO)}))
+            samples[name].append(timed(cmd, env_of(root)))
 
-    base = statistics.median(w for w, _ in samples["python -c pass"])
+    def median(name: str, i: int) -> float:
+        return statistics.median(x[i] for x in samples[name])
+
+    base = median("python -c pass", 0)
     print(f"CLI fixed cost: {args.dataset.name}, median of {args.repeat} interleaved rounds, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     print("| command | wall s | CPU s | × python -c pass | target (idle machine) |")
     print("|---|---:|---:|---:|---|")
     for name, _, _ in commands:
-        wall = statistics.median(w for w, _ in samples[name])
-        cpu = statistics.median(c for _, c in samples[name])
+        if name.startswith("in-process"):
+            continue
         target = next((f"≤ {t} s" for key, t in TARGETS.items() if name.startswith(key) and "csv" not in name), "")
-        print(f"| `{name}` | {wall:.3f} | {cpu:.3f} | {wall / base:.1f} | {target} |")
+        print(f"| `{name}` | {median(name, 0):.3f} | {median(name, 1):.3f} | {median(name, 0) / base:.1f} | {target} |")
+    print("\n| | the query alone (in-process) s | fixed cost of `query overlap RUN` s (whole − query) |")
+    print("|---|---:|---:|")
+    for label in checkouts:
+        tag = "" if len(checkouts) == 1 else f" ({label})"
+        alone = median("in-process query overlap" + tag, 0)
+        print(f"| {label} | {alone:.3f} | {median('query overlap RUN' + tag, 0) - alone:.3f} |")
     if len(checkouts) > 1:
         print("\n| command | new ÷ old, wall | new ÷ old, CPU |\n|---|---:|---:|")
         for name, root, _ in commands:
-            if root == REPO:
+            if root == REPO and not name.startswith("in-process"):
                 old = name.replace("(new)", "(old)")
-                ratio = [statistics.median(x[i] for x in samples[name]) / statistics.median(x[i] for x in samples[old])
-                         for i in (0, 1)]
-                print(f"| `{name.replace(' (new)', '')}` | {ratio[0]:.2f} | {ratio[1]:.2f} |")
+                print(f"| `{name.replace(' (new)', '')}` | {median(name, 0) / median(old, 0):.2f} | "
+                      f"{median(name, 1) / median(old, 1):.2f} |")
 
 
 if __name__ == "__main__":

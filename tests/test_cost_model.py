@@ -10,6 +10,10 @@ layouts were read off real profiles (tests/data/make_flop_reference.py shows how
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import duckdb
 import pytest
 
@@ -219,3 +223,134 @@ def test_counted_ops_when_ops_nest(tmp_path):
     counted = [(ts // 1000, name) for ts, name, c in rows if c]  # µs in the trace, ns in the run
     assert counted == [(0, "aten::add_"), (200, "aten::mean"), (410, "aten::bmm"), (470, "aten::_softmax"),
                        (530, "aten::bmm"), (810, "aten::addmm")]
+
+
+# --- against TraceLens' golden per-op numbers -----------------------------------------------------------------
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "tracelens_golden.json").read_text())["rows"]
+
+
+def _args(row):
+    dims = [d if isinstance(d, list) and all(isinstance(v, int) for v in d) else [] for d in row["input_dims"]]
+    types = [t if t is not None else "" for t in row["input_types"]]
+    concrete = [str(c) if c is not None else "" for c in row["concrete_inputs"]] if row["concrete_inputs"] else None
+    return row["name"], dims, types, concrete
+
+
+@pytest.fixture(scope="module")
+def golden(con) -> list[tuple[dict, tuple]]:
+    got = costs(con, {str(i): _args(r) for i, r in enumerate(GOLDEN)})
+    return [(r, got[str(i)]) for i, r in enumerate(GOLDEN)]
+
+
+def _numel(dims) -> int:
+    return math.prod(dims) if dims else 1
+
+
+BPE = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4, "double": 8}
+
+
+def _close(a, b, rel=1e-9) -> bool:
+    return a is not None and abs(a - b) <= rel * max(abs(b), 1) + 0.5
+
+
+def test_tracelens_golden_covers_every_category():
+    cats = {r["category"] for r in GOLDEN}
+    assert {"GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "BinaryElementwise", "UnaryElementwise", "Reduce_fwd",
+            "Normalization"} <= cats and len(GOLDEN) >= 100
+
+
+def test_against_tracelens_golden(golden):
+    """Each of TraceLens' per-op numbers is ours, or differs by a convention docs/concepts/cost-model.md states,
+    checked here exactly (or, for the norms' per-element constants, to within the stated tolerance)."""
+    same = 0
+    for row, (_, flops, bytes_) in golden:
+        name, cat = row["name"], row["category"]
+        tf, tb = row["tracelens_flops"], row["tracelens_bytes"]
+        d, t = row["input_dims"], row["input_types"]
+        where = f"{cat} {name} {d}"
+        if _close(flops, tf) and _close(bytes_, tb):
+            same += 1
+        elif cat == "GEMM" and name in ("aten::addmm", "aten::baddbmm"):
+            # TraceLens counts the bias add (M·N); tracesql, as FlopCounterMode, counts only the matmul
+            assert _close(flops + d[1][0] * d[2][1], tf) and _close(bytes_, tb), where
+        elif cat == "CONV_fwd":
+            # tracesql reads the bias (C_out elements); TraceLens does not
+            assert _close(flops, tf) and _close(bytes_ - _numel(d[2]) * BPE[t[2]], tb), where
+        elif cat == "CONV_bwd":
+            # TraceLens reads grad_output twice (for grad_input and for grad_weight); tracesql once
+            assert _close(flops, tf) and _close(bytes_ + _numel(d[0]) * BPE[t[0]], tb), where
+        elif name in ("aten::copy_", "aten::upsample_nearest1d"):
+            # a copy / nearest upsampling computes nothing: 0 FLOPs; TraceLens counts 1 per output element
+            assert flops == 0 and tf > 0 and _close(bytes_, tb), where
+            assert name != "aten::copy_" or tf == _numel(d[0]), where
+        elif cat == "BinaryElementwise" and t[1] == "Scalar":
+            # TraceLens reads a Python number as a 4-byte tensor element; tracesql: a kernel argument, not read
+            assert _close(flops, tf) and _close(bytes_ + 4, tb), where
+        elif cat == "Reduce_fwd" and name in ("aten::max", "aten::min") and d[1]:
+            # max(a, b) is the elementwise maximum (reads a and b); TraceLens models it as a reduction of a
+            assert _close(flops, tf) and _close(tb, _numel(d[0]) * BPE[t[0]] * (1 + 1 / _numel(d[0]))), where
+            assert _close(bytes_, 3 * _numel(d[0]) * BPE[t[0]]), where
+        elif cat == "Reduce_fwd":
+            # TraceLens reads Kineto's Concrete Inputs as text and misses `dim` ('[-1]'): it writes one element;
+            # tracesql writes the reduced shape (max over a dim: values and indices). linalg_norm: 2 FLOPs/element
+            assert _close(tb, _numel(d[0]) * BPE[t[0]] + BPE[t[0]]), where
+            assert bytes_ >= tb and _close(flops, tf * (2 if name == "aten::linalg_norm" else 1)), where
+        elif cat == "Normalization" and name == "aten::instance_norm":
+            assert flops is None and bytes_ is None  # its inner batch_norm (on the reshaped input) is counted
+        elif cat == "Normalization" and "backward" not in name:
+            # same 5 FLOPs per element, TraceLens adds a few per channel; statistics: per row (torch's mean/rstd)
+            # in float32, where TraceLens counts them per channel in the input's dtype
+            assert _close(flops, tf, rel=0.01) and _close(bytes_, tb, rel=0.01), where
+        elif cat == "Normalization":
+            # backward: tracesql 8 FLOPs per element for grad_input, 2 for grad_weight, 1 for grad_bias; TraceLens'
+            # model differs per norm. Bytes agree within 5 %, except miopen's backward, which TraceLens models as
+            # eval mode (not reading the input)
+            assert 0.5 * tf <= flops <= 3 * tf, where
+            assert _close(bytes_, tb, rel=0.05) or (name == "aten::miopen_batch_norm_backward" and bytes_ > tb), where
+        else:
+            raise AssertionError(f"{where}: {flops} FLOPs / {bytes_} bytes, TraceLens {tf} / {tb}")
+    assert same >= 60  # elementwise, GEMM, attention: the same numbers
+
+
+# --- the calculations engineers do on paper -------------------------------------------------------------------
+
+def test_collective_time_from_size_kind_group_and_link(con):
+    rows = con.execute("""SELECT collective_time_ns(1e9, 'all_reduce', 8, 450e9),
+        collective_time_ns(1e9, 'all_gather', 8, 450e9), collective_time_ns(1e9, 'send', NULL, 450e9),
+        collective_time_ns(1e9, 'all_reduce', 1, 450e9), collective_time_ns(1e9, 'barrier', 8, 450e9)""").fetchall()[0]
+    assert rows[0] == pytest.approx(1e9 * 2 * 7 / 8 / 450e9 * 1e9)  # 3.89 ms: each link carries 2(n-1)/n of it
+    assert rows[1] == pytest.approx(1e9 * 7 / 8 / 450e9 * 1e9)
+    assert rows[2] == pytest.approx(1e9 / 450e9 * 1e9)
+    assert rows[3] == 0 and rows[4] is None
+
+
+def test_pipeline_bubble_fraction(con):
+    got = con.execute("""SELECT pipeline_bubble_fraction(4, 8), pipeline_bubble_fraction(4, 8, v := 2),
+        pipeline_bubble_fraction(1, 8), pipeline_bubble_fraction(0, 8)""").fetchall()[0]
+    assert got[0] == pytest.approx(3 / 11) and got[1] == pytest.approx(3 / 19) and got[2] == 0 and got[3] is None
+
+
+def test_roofline_time_of_an_op_given_a_peak(con):
+    # mm [4096, 4096] x [4096, 4096] bf16 on 989.4 TFLOP/s and 3.35 TB/s: compute-bound, 2·4096³ / peak
+    ns = con.execute("""SELECT roofline_time_ns(op_flops('aten::mm', [[4096, 4096], [4096, 4096]], ['c10::BFloat16',
+        'c10::BFloat16'], ['', '']), op_bytes('aten::mm', [[4096, 4096], [4096, 4096]], ['c10::BFloat16',
+        'c10::BFloat16'], ['', '']), 989.4e12, 3.35e12)""").fetchall()[0][0]
+    assert ns == pytest.approx(2 * 4096**3 / 989.4e12 * 1e9)
+
+
+def test_collectives_against_the_link(ingested):
+    from conftest import DATASETS
+
+    run = ingested(DATASETS / "hta_nccl_parser_config")  # A100-PG509-200: device_peaks A100-SXM-40GB, 300 GB/s
+    df = tracesql.query("collectives", run)
+    df = df[df.size_bytes.notna() & (df.duration_ns > 0)]
+    assert len(df) > 0 and (df.link_bytes_per_s == 300e9).all()
+    for _, r in df.iterrows():
+        factor = {"all_reduce": 2 * (r.group_size - 1) / r.group_size, "broadcast": 1.0}.get(r.collective)
+        if factor is None:
+            continue
+        assert r.predicted_ns == pytest.approx(r.size_bytes * factor / 300e9 * 1e9)
+        assert r.link_pct == pytest.approx(100 * r.predicted_ns / r.duration_ns)
+    given = tracesql.query("collectives", run, link_bytes_per_s=100e9)
+    assert (given.link_bytes_per_s == 100e9).all()

@@ -58,6 +58,8 @@ def expected_iterations(names=SGLANG) -> list[dict]:
         ts += host + idle
     for i, r in enumerate(rows):
         r["end"] = r["device_ts"] + r["device_ns"]
+        # the step window (steps.device_dur): to the next iteration's first device event; the last to its end
+        r["window_ns"] = (rows[i + 1]["device_ts"] if i + 1 < len(rows) else r["end"]) - r["device_ts"]
         r["gap_before_ns"] = r["ts"] - (rows[i - 1]["ts"] + rows[i - 1]["host_ns"]) if i else None
         r["device_gap_before_ns"] = (r["device_ts"] - max(p["device_ts"] + p["device_ns"] for p in rows[:i])
                                      if i else None)
@@ -85,6 +87,7 @@ def test_sglang_iterations_every_column_by_hand(tmp_path):
         for col in ("batch_size", "tokens", "prefill_tokens"):
             assert _same(getattr(g, col), w[col]), col
         assert g.host_ns == w["host_ns"] and g.device_ns == w["device_ns"] == g.iteration_ns
+        assert g.window_ns == w["window_ns"]
         assert _same(g.gap_before_ns, w["gap_before_ns"]) and _same(g.device_gap_before_ns, w["device_gap_before_ns"])
         if w["phase"] in ("decode", "mixed"):
             assert g.prefills_before == w["prefills_before"] and g.prefill_ns_before == w["prefill_ns_before"]

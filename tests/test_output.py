@@ -270,3 +270,27 @@ def test_query_on_only_its_names_is_the_same(ingested, query):
     a, b = (queries.run(con, q, params).fetchall() for con in (full, lean))
     assert repr(a) == repr(b) or all(
         x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y)) for r, s in zip(a, b) for x, y in zip(r, s))
+
+
+def test_raw_traces_unchanged_are_not_read_again(tmp_path, monkeypatch):
+    """A query on raw traces ingests them into the cache once; afterwards, while no file under them changes, the
+    cached run is used without importing the readers; a new file is seen."""
+    import shutil
+
+    import tracesql
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TRACESQL_CACHE", str(cache))
+    traces = tmp_path / "gloo"
+    traces.mkdir()
+    first, second = sorted((DATASETS / "torch_gloo_2rank").glob("*.json*"))
+    shutil.copy(first, traces)
+    assert len(tracesql.query("steps", traces).groupby("rank")) == 1
+    code = ("import sys\nfrom tracesql import engine\nengine.resolve(sys.argv[1])\n"
+            "print('tracesql.ingestion' in sys.modules, 'tracesql.readers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(traces)], capture_output=True, text=True, cwd=REPO,
+                          env={"PYTHONPATH": str(REPO), "PATH": "", "TRACESQL_CACHE": str(cache)}, timeout=300)
+    assert done.stdout.split() == ["False", "False"], done.stderr
+    shutil.copy(second, traces)  # a new file: the folder changed
+    assert len(tracesql.query("steps", traces).groupby("rank")) == 2
+    assert len([p for p in cache.iterdir() if not p.name.startswith(".")]) == 1

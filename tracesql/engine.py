@@ -8,6 +8,7 @@ raw traces into a cache.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import warnings
 from pathlib import Path
@@ -37,12 +38,46 @@ def resolve(target) -> list[Path]:
         runs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".") and store.is_run(p))
         if runs:
             return runs
-    from .ingestion import ingest
-
     key = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
     cached = cache_root() / f"{path.resolve().name}-{key}"
+    stamp = cached.parent / f".{cached.name}.sources.json"  # hidden: never taken for a run
+    now = source_stamp(path)  # taken before the ingest: a change while it reads is seen next time
+    if store.is_run(cached) and _read_stamp(stamp) == now and \
+            store.load_manifest(cached).get("schema_version") == schema.SCHEMA_VERSION:
+        return [cached]  # nothing changed since the last ingest: no need to import the readers to find that out
+    from .ingestion import ingest
+
     ingest([path], cached, run_id=path.resolve().name.split(".")[0])
+    tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(now))
+    tmp.replace(stamp)
     return [cached]
+
+
+def source_stamp(path: Path) -> dict:
+    """What raw traces at `path` are, as far as a cached run of them goes: the size and modification time of each
+    file, and the modification time of each folder (it changes when a file is added, removed or renamed in it);
+    hidden files and folders left out, as the ingest leaves them out."""
+    def stat(p: Path) -> list[int]:
+        st = p.stat()
+        return [st.st_size, st.st_mtime_ns]
+
+    path = path.resolve()
+    if not path.is_dir():
+        return {"files": {str(path): stat(path)}, "dirs": {}}
+    files, dirs = {}, {}
+    for root, subdirs, names in os.walk(path):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        dirs[root] = Path(root).stat().st_mtime_ns
+        files.update({str(Path(root, n)): stat(Path(root, n)) for n in sorted(names) if not n.startswith(".")})
+    return {"files": files, "dirs": dirs}
+
+
+def _read_stamp(stamp: Path) -> dict | None:
+    try:
+        return json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 SWAP_ATTEMPTS = 3

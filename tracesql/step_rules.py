@@ -185,7 +185,7 @@ def find(con, table: str, pattern: str | None = None, notes: list | None = None)
         out["ts"].append(ts)
         out["dur"].append(dur)
         out["end_ts"].append(ts + dur)
-        out["step"].append(int(number) if number is not None and number.isdigit() else i)
+        out["step"].append(int(number) if number is not None and number.isdigit() and int(number) < 2**31 else i)
         out["name"].append(name)
         out["rule"].append(chosen.name)
         for k, v in fields.items():
@@ -201,7 +201,9 @@ def _table(columns: dict[str, list]) -> pa.Table:
         values = columns[f.name]
         if pa.types.is_string(f.type):
             arrays.append(texts(values))
-        else:
+        else:  # a number the column cannot hold (ProfilerStep#99999999999) is unknown
+            limit = np.iinfo(f.type.to_pandas_dtype()).max
+            values = [v if v is not None and -limit <= v <= limit else None for v in values]
             missing = np.array([v is None for v in values], bool)
             arrays.append(array(np.array([0 if v is None else v for v in values], np.int64).astype(
                 f.type.to_pandas_dtype()), f.type, missing))

@@ -33,10 +33,8 @@ import json
 import os
 import shutil
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import filelock
 
 from . import schema
 from .errors import TraceError
@@ -66,6 +64,8 @@ def _sibling(out: Path, what: str) -> Path:
 def locked(out: Path):
     """Held by an ingest of `out` from reading its manifest to publishing: a second ingest waits."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    import filelock  # (here, not at the top: reading a run takes no lock unless an ingest is running)
+
     with filelock.FileLock(_sibling(out, "lock")):
         yield
 
@@ -75,6 +75,8 @@ def being_written(out: Path) -> bool:
     lock_file = _sibling(out, "lock")
     if not lock_file.exists():
         return False
+    import filelock
+
     try:
         with filelock.FileLock(lock_file, timeout=0):
             return False
@@ -87,6 +89,8 @@ def being_written(out: Path) -> bool:
 def wait_for_writer(out: Path, timeout: float = 600) -> None:
     """Wait (up to `timeout` s) until no ingest of `out` holds its lock."""
     if _sibling(out, "lock").exists():
+        import filelock
+
         try:
             with filelock.FileLock(_sibling(out, "lock"), timeout=timeout):
                 pass
@@ -154,8 +158,10 @@ class PartWriter:
 
     def __init__(self, run_dir: Path, part: str):
         self._dir, self._part = run_dir, part
+        from concurrent.futures import ThreadPoolExecutor
+
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tracesql-write")
-        self._writes: list[Future] = []
+        self._writes = []  # futures of the writes
 
     def write(self, name: str, rows) -> int:
         """Write `rows` (an Arrow table or a DuckDB relation) as table `name`; returns the number of rows."""

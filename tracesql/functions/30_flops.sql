@@ -484,6 +484,7 @@ CREATE OR REPLACE MACRO reduction_spec(core) AS (
         WHEN 'aten::var_mean' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 2, 'result': 'input', 'indices': false}
         WHEN 'aten::std_mean' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 2, 'result': 'input', 'indices': false}
         WHEN 'aten::norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::linalg_norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
         WHEN 'aten::linalg_vector_norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
         WHEN 'aten::logsumexp' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 1, 'result': 'input', 'indices': false}
         WHEN 'aten::cumsum' THEN {'dim': 2, 'dtype': 3, 'flops': 1, 'outputs': 1, 'result': 'scan', 'indices': false}
@@ -897,26 +898,31 @@ CREATE OR REPLACE MACRO op_flop_family(name) AS (
 -- arity of the functional form: elementwise per op; reductions, softmax, gather, index_select by schema), and
 -- its family's spec (elementwise_spec, reduction_spec, norm_layout). a = op_args(); base = op_base_name(name).
 CREATE OR REPLACE MACRO op_kind(name, base, family, a) AS (
-    CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL
-        THEN {'name': name, 'base': base, 'core': 'aten::maximum', 'family': 'elementwise', 'inplace': false,
-              'out': has_out_arg(name, a, 2), 'ew': elementwise_spec('aten::maximum'), 'red': NULL, 'nl': NULL}
-        ELSE {'name': name, 'base': base, 'core': op_core_name(base), 'family': family,
-              'inplace': op_is_inplace(base),
-              'out': NOT op_is_inplace(base) AND has_out_arg(name, a, CASE family
-                  WHEN 'elementwise' THEN elementwise_spec(op_core_name(base)).arity
-                  WHEN 'reduction' THEN 1
-                  WHEN 'softmax' THEN CASE WHEN base LIKE '%backward%' THEN 4 ELSE 3 END
-                  WHEN 'index' THEN CASE base WHEN 'aten::gather' THEN 4 WHEN 'aten::index_select' THEN 3 ELSE 99 END
-                  ELSE 99 END),
-              'ew': CASE WHEN family = 'elementwise' THEN elementwise_spec(op_core_name(base)) END,
-              'red': CASE WHEN family = 'reduction' THEN reduction_spec(base) END,
-              'nl': CASE WHEN family = 'norm' THEN norm_layout(base) END}
-    END
+    {'name': name, 'base': base,
+     'core': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 'aten::maximum'
+                  ELSE op_core_name(base) END,
+     'family': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 'elementwise'
+                    ELSE family END,
+     'inplace': op_is_inplace(base),
+     'out': NOT op_is_inplace(base) AND has_out_arg(name, a, CASE
+         WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 2
+         WHEN family = 'elementwise' THEN elementwise_spec(op_core_name(base)).arity
+         WHEN family = 'reduction' THEN 1
+         WHEN family = 'softmax' THEN CASE WHEN base LIKE '%backward%' THEN 4 ELSE 3 END
+         WHEN base = 'aten::gather' THEN 4
+         WHEN base = 'aten::index_select' THEN 3
+         ELSE 99 END),
+     'ew': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL
+                    THEN elementwise_spec('aten::maximum')
+                WHEN family = 'elementwise' THEN elementwise_spec(op_core_name(base)) END,
+     'red': CASE WHEN family = 'reduction' THEN reduction_spec(base) END,
+     'nl': CASE WHEN family = 'norm' THEN norm_layout(base) END}
 );
 
 -- The formula of the op's family, over its arguments as the `ops` columns type them (d = input_dims, t =
--- input_types, c = concrete_inputs), a = op_args(d, t, c) and k = op_kind().
-CREATE OR REPLACE MACRO typed_op_flops(k, d, c, a, attention_convention) AS (
+-- input_types, c = concrete_inputs), a = op_args(d, t, c) and k = op_kind(). On Spark they run as the DuckDB
+-- UDFs of op_flops / op_bytes on (k.name, d, t, c) (tracesql/transpile.py): the same formulas.
+CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
     CAST(CASE k.family
         WHEN 'gemm' THEN 2 * gemm_mkn(k.base, d).batch * gemm_mkn(k.base, d).m * gemm_mkn(k.base, d).k
                            * gemm_mkn(k.base, d).n
@@ -969,7 +975,7 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
 -- concrete_inputs). NULL for ops without a formula or without recorded shapes. attention_convention: 'flash'
 -- (causal attention counts half, as metrics.md) or 'torch' (never halved, as FlopCounterMode).
 CREATE OR REPLACE MACRO op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := 'flash') AS ((
-    SELECT typed_op_flops(k, d, c, a, attention_convention)
+    SELECT typed_op_flops(k, d, t, c, a, attention_convention)
     FROM (SELECT *, op_kind(n, base, family, a) AS k
           FROM (SELECT *, op_base_family(n, base) AS family, op_args(d, t, c) AS a
                 FROM (SELECT *, op_base_name(n) AS base
@@ -1035,7 +1041,7 @@ WITH costed AS (
         -- XLA ops (program_id set) carry XLA's own FLOPs and bytes (cost analysis, or counted from the HLO)
         CASE WHEN program_id IS NOT NULL THEN 'xla' ELSE k.family END AS family,
         CASE WHEN program_id IS NOT NULL THEN profiler_flops
-             ELSE typed_op_flops(k, input_dims, concrete_inputs, a, attention_convention) END AS op_flops,
+             ELSE typed_op_flops(k, input_dims, input_types, concrete_inputs, a, attention_convention) END AS op_flops,
         CASE WHEN program_id IS NOT NULL THEN bytes_accessed
              ELSE typed_op_bytes(k, input_dims, input_types, concrete_inputs, a) END AS op_bytes,
         op_dtype(input_types) AS dtype
