@@ -72,10 +72,15 @@ def main() -> None:
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="tracesql-bench-cli-"))
     scratch.mkdir(parents=True, exist_ok=True)
     checkouts = {"new": REPO} | ({"old": args.compare.resolve()} if args.compare else {})
-    base_env = {**os.environ, "TRACESQL_CACHE": str(scratch / "cache"), "COLUMNS": "100"}
+    base_env = {**os.environ, "COLUMNS": "100"}
+
+    def env_of(root: Path | None) -> dict:  # each checkout its own cache (runs of its own schema version)
+        label = next((k for k, v in checkouts.items() if v == root), "new")
+        return {**base_env, "PYTHONPATH": str(root or REPO), "TRACESQL_CACHE": str(scratch / f"cache-{label}")}
+
     runs = {}
     for label, root in checkouts.items():  # each checkout reads a run it wrote (its schema version)
-        env = {**base_env, "PYTHONPATH": str(root)}
+        env = env_of(root)
         runs[label] = scratch / f"run-{label}"
         subprocess.run([sys.executable, "-m", "tracesql", "ingest", str(args.dataset), "-o", str(runs[label]), "-q"],
                        env=env, check=True)
@@ -92,11 +97,11 @@ def main() -> None:
             ("in-process query overlap" + tag, root, [sys.executable, "-c", IN_PROCESS, str(runs[label])]),
         ]
     for _, root, cmd in commands:  # warm the page cache and the raw-trace cache once
-        timed(cmd, {**base_env, "PYTHONPATH": str(root or REPO)})
+        timed(cmd, env_of(root))
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in commands}
     for _ in range(args.repeat):
         for name, root, cmd in commands:
-            samples[name].append(timed(cmd, {**base_env, "PYTHONPATH": str(root or REPO)}))
+            samples[name].append(timed(cmd, env_of(root)))
 
     def median(name: str, i: int) -> float:
         return statistics.median(x[i] for x in samples[name])

@@ -523,4 +523,5 @@ def export(run, out, rank, step, run_id, class_scheme):
     """
     from .export import export as write_trace, summary
 
+    check_output(out)
     click.echo(summary(write_trace(run, out, rank=rank, step=step, run_id=run_id, class_scheme=class_scheme)))

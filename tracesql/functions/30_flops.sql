@@ -898,21 +898,25 @@ CREATE OR REPLACE MACRO op_flop_family(name) AS (
 -- arity of the functional form: elementwise per op; reductions, softmax, gather, index_select by schema), and
 -- its family's spec (elementwise_spec, reduction_spec, norm_layout). a = op_args(); base = op_base_name(name).
 CREATE OR REPLACE MACRO op_kind(name, base, family, a) AS (
-    CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL
-        THEN {'name': name, 'base': base, 'core': 'aten::maximum', 'family': 'elementwise', 'inplace': false,
-              'out': has_out_arg(name, a, 2), 'ew': elementwise_spec('aten::maximum'), 'red': NULL, 'nl': NULL}
-        ELSE {'name': name, 'base': base, 'core': op_core_name(base), 'family': family,
-              'inplace': op_is_inplace(base),
-              'out': NOT op_is_inplace(base) AND has_out_arg(name, a, CASE family
-                  WHEN 'elementwise' THEN elementwise_spec(op_core_name(base)).arity
-                  WHEN 'reduction' THEN 1
-                  WHEN 'softmax' THEN CASE WHEN base LIKE '%backward%' THEN 4 ELSE 3 END
-                  WHEN 'index' THEN CASE base WHEN 'aten::gather' THEN 4 WHEN 'aten::index_select' THEN 3 ELSE 99 END
-                  ELSE 99 END),
-              'ew': CASE WHEN family = 'elementwise' THEN elementwise_spec(op_core_name(base)) END,
-              'red': CASE WHEN family = 'reduction' THEN reduction_spec(base) END,
-              'nl': CASE WHEN family = 'norm' THEN norm_layout(base) END}
-    END
+    {'name': name, 'base': base,
+     'core': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 'aten::maximum'
+                  ELSE op_core_name(base) END,
+     'family': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 'elementwise'
+                    ELSE family END,
+     'inplace': op_is_inplace(base),
+     'out': NOT op_is_inplace(base) AND has_out_arg(name, a, CASE
+         WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 2
+         WHEN family = 'elementwise' THEN elementwise_spec(op_core_name(base)).arity
+         WHEN family = 'reduction' THEN 1
+         WHEN family = 'softmax' THEN CASE WHEN base LIKE '%backward%' THEN 4 ELSE 3 END
+         WHEN base = 'aten::gather' THEN 4
+         WHEN base = 'aten::index_select' THEN 3
+         ELSE 99 END),
+     'ew': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL
+                    THEN elementwise_spec('aten::maximum')
+                WHEN family = 'elementwise' THEN elementwise_spec(op_core_name(base)) END,
+     'red': CASE WHEN family = 'reduction' THEN reduction_spec(base) END,
+     'nl': CASE WHEN family = 'norm' THEN norm_layout(base) END}
 );
 
 -- The formula of the op's family, over its arguments as the `ops` columns type them (d = input_dims, t =
