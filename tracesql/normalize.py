@@ -486,6 +486,8 @@ WITH comm_kernels AS (
     SELECT any_value(pg_name) AS pg_name, any_value(pg_desc) AS pg_desc, any_value(group_size) AS group_size,
         any_value(group_ranks) AS group_ranks
     FROM groups HAVING count(*) = 1
+), host_calls AS (  -- whether the rank issues its collectives from the host (else: XLA's SPMD device ops)
+    SELECT count(*) > 0 AS any_host FROM rows WHERE cpu_ts IS NOT NULL
 )
 SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_desc, g.pg_desc) AS pg_desc,
                     COALESCE(r.group_size, g.group_size) AS group_size,
@@ -496,13 +498,15 @@ SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_des
          ELSE r.in_nelems END * dtype_bytes(r.dtype) AS size_bytes,
     r.recorded_seq IS NOT NULL AS seq_recorded,
     -- numbered per group and class (collective_match_class: point-to-point calls apart from each collective);
-    -- device work no host call issued (XLA's SPMD ops, one set per device) per device too
+    -- on a rank whose collectives no host call issues (XLA's SPMD ops, one set per device) per device too, and
+    -- where host calls exist, the kernels none of them launched in the same count (else two counts collide)
     COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY COALESCE(r.pg_name, g.pg_name, ''),
                                                              collective_match_class(COALESCE(
                                                                  r.xla_collective, collective_kind(r.source_name))),
-                                                             CASE WHEN r.cpu_ts IS NULL THEN r.device_id END
+                                                             CASE WHEN r.cpu_ts IS NULL AND NOT h.any_host
+                                                                  THEN r.device_id END
                                                 ORDER BY COALESCE(r.cpu_ts, r.device_ts), r.collective_id) - 1) AS seq
-FROM rows r LEFT JOIN only_group g ON true
+FROM rows r LEFT JOIN only_group g ON true CROSS JOIN host_calls h
 ORDER BY COALESCE(r.cpu_ts, r.device_ts), r.collective_id
 """
 
