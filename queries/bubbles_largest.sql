@@ -19,7 +19,7 @@
 --   rank_in_rank    BIGINT   1 = the longest gap of the rank
 --   device_id       INTEGER  device
 --   stream          BIGINT   stream (NULL with scope 'device')
---   step            INTEGER  step of the next kernel
+--   step            INTEGER  step whose device window holds the gap's start (step_windows)
 --   ts              BIGINT   gap start, ns
 --   dur             BIGINT   gap length, ns
 --   category        VARCHAR  host_wait, kernel_wait or other
@@ -29,7 +29,8 @@
 --   prev_slice_id   BIGINT   its slice_id
 --   next_slice_id   BIGINT   its slice_id
 SELECT run_id, rank,
-    row_number() OVER (PARTITION BY run_id, rank ORDER BY dur DESC, ts) AS rank_in_rank,
+    row_number() OVER (PARTITION BY run_id, rank ORDER BY dur DESC, ts, device_id, stream NULLS FIRST,
+                                                next_slice_id) AS rank_in_rank,
     device_id, stream, step, ts, dur, category, next_launch_ts - ts AS launch_lag_ns,
     prev_name AS prev_kernel, next_name AS next_kernel, prev_slice_id, next_slice_id
 FROM idle_gaps(

@@ -21,7 +21,7 @@
 --   wait_ns           BIGINT   summed duration beyond each instance's minimum duration
 WITH calls AS (
     -- timed as in collectives.sql; `wait` records are not collectives
-    SELECT run_id, rank, pg_name, seq, collective, dtype, collective_match_key(pg_name, collective, seq) AS match_key,
+    SELECT run_id, rank, collective_id, pg_name, seq, collective, dtype, collective_match_key(pg_name, collective, seq) AS match_key,
         COALESCE(device_ts, cpu_ts) AS start_ns,
         CASE WHEN device_ts IS NOT NULL THEN device_dur ELSE cpu_dur END AS duration_ns
     FROM collectives
@@ -30,7 +30,7 @@ WITH calls AS (
     SELECT *,
         start_ns - min(start_ns) OVER instance AS lateness_ns,
         duration_ns - min(duration_ns) OVER instance AS wait_ns,
-        row_number() OVER (instance ORDER BY start_ns DESC, rank DESC) = 1 AS is_last,
+        row_number() OVER (instance ORDER BY start_ns DESC, rank DESC, collective_id DESC) = 1 AS is_last,
         count(*) OVER instance AS ranks_seen,
         count(DISTINCT rank) OVER instance = count(*) OVER instance AND count(DISTINCT dtype) OVER instance <= 1
             AS consistent

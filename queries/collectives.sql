@@ -13,8 +13,16 @@
 -- the default group: group_size = world size. consistent = false when the matched calls differ in dtype or a rank
 -- recorded two of them: the ranks' sequences are misaligned (e.g. traces cut at different points), so the match
 -- and its skews are wrong. `wait` records (a rank blocking on a work handle) are not collectives and are left out.
+-- Against the paper calculation: predicted_ns = collective_time_ns(size_bytes, collective, group_size, link), the
+-- time the bus-bandwidth model gives at the link bandwidth (bytes/s per direction per rank: device_peaks'
+-- link_bytes_per_s of the ranks' device, the slowest of them, or the link_bytes_per_s parameter); link_pct =
+-- busbw / link · 100 = predicted / measured · 100. device_peaks' link is the device's own fabric (NVLink, Infinity
+-- Fabric, ICI): for a group that spans hosts, give -p link_bytes_per_s= (the network's, per rank).
 --
 -- Needs: collective calls (a distributed trace); more than one rank for skews
+-- Parameters:
+--   device = NULL              device key: device_peaks key whose link bandwidth to use (e.g. 'H100-SXM'); NULL = matched from devices.name
+--   link_bytes_per_s = NULL    number > 0: link bandwidth per rank and direction, bytes/s, instead of device_peaks'
 -- Columns:
 --   run_id           VARCHAR    run
 --   pg_name          VARCHAR    process group (NULL: not recorded)
@@ -35,20 +43,29 @@
 --   max_skew_ns      BIGINT     latest start − earliest start
 --   ranks            INTEGER[]  ranks that recorded the call, ascending
 --   start_skew_ns    BIGINT[]   each of those ranks' start − earliest start
-WITH calls AS (
-    SELECT c.run_id, c.rank, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
+--   link_bytes_per_s DOUBLE     link bandwidth per rank and direction used for the prediction (NULL: unknown)
+--   predicted_ns     DOUBLE     collective_time_ns: size · busbw factor / link bandwidth
+--   link_pct         DOUBLE     busbw / link bandwidth · 100 (100 = at the link's peak)
+WITH links AS (
+    SELECT DISTINCT run_id, rank, link_bytes_per_s
+    FROM rank_device_peaks(device_key := COALESCE(getvariable('device'), NULL))
+), calls AS (
+    SELECT c.run_id, c.rank, c.collective_id, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
         collective_match_key(c.pg_name, c.collective, c.seq) AS match_key,
         COALESCE(c.group_size, r.world_size) AS group_size,
         CASE WHEN c.device_ts IS NOT NULL THEN 'device' ELSE 'host' END AS timing,
         COALESCE(c.device_ts, c.cpu_ts) AS start_ns,
-        CASE WHEN c.device_ts IS NOT NULL THEN c.device_dur ELSE c.cpu_dur END AS duration_ns
+        CASE WHEN c.device_ts IS NOT NULL THEN c.device_dur ELSE c.cpu_dur END AS duration_ns,
+        CAST(coalesce(COALESCE(getvariable('link_bytes_per_s'), NULL), l.link_bytes_per_s) AS DOUBLE) AS link_bytes_per_s
     FROM collectives c
     LEFT JOIN ranks r ON r.run_id = c.run_id AND r.rank = c.rank
+    LEFT JOIN links l ON l.run_id = c.run_id AND l.rank = c.rank
     WHERE c.collective <> 'wait'
 ), skewed AS (
     SELECT *,
         start_ns - min(start_ns) OVER (PARTITION BY run_id, match_key) AS skew_ns,
-        row_number() OVER (PARTITION BY run_id, match_key ORDER BY start_ns DESC, rank DESC) AS arrival_from_last
+        row_number() OVER (PARTITION BY run_id, match_key ORDER BY start_ns DESC, rank DESC,
+                                                          collective_id DESC) AS arrival_from_last
     FROM calls
 ), instances AS (
     SELECT run_id, any_value(pg_name) AS pg_name, any_value(seq) AS seq, min(collective) AS collective, min(step) AS step, min(timing) AS timing,
@@ -57,7 +74,9 @@ WITH calls AS (
         max(size_bytes) AS size_bytes, min(start_ns) AS start_ns, min(duration_ns) AS duration_ns,
         max(duration_ns) AS max_duration_ns,
         any_value(rank) FILTER (WHERE arrival_from_last = 1) AS last_rank, max(skew_ns) AS max_skew_ns,
-        list(rank ORDER BY rank) AS ranks, list(skew_ns ORDER BY rank) AS start_skew_ns
+        list(rank ORDER BY rank, collective_id) AS ranks,
+        list(skew_ns ORDER BY rank, collective_id) AS start_skew_ns,
+        min(link_bytes_per_s) AS link_bytes_per_s
     FROM skewed
     GROUP BY run_id, match_key
 )
@@ -65,6 +84,8 @@ SELECT run_id, pg_name, seq, collective, step, timing, group_size, ranks_seen, c
     duration_ns, max_duration_ns,
     size_bytes / NULLIF(duration_ns, 0) AS algbw_gbps,
     algbw_gbps * busbw_factor(collective, group_size) AS busbw_gbps,
-    last_rank, max_skew_ns, ranks, start_skew_ns
+    last_rank, max_skew_ns, ranks, start_skew_ns, link_bytes_per_s,
+    collective_time_ns(size_bytes, collective, group_size, link_bytes_per_s) AS predicted_ns,
+    100 * busbw_gbps * 1e9 / link_bytes_per_s AS link_pct
 FROM instances
 ORDER BY run_id, start_ns, pg_name, seq, collective;

@@ -35,8 +35,8 @@
 WITH starts AS (
     SELECT run_id, min(trace_start_ns) AS start_ns, count(DISTINCT rank) AS ranks FROM ranks GROUP BY run_id
 ), pair AS (
-    SELECT coalesce(CAST(COALESCE(getvariable('before'), NULL) AS VARCHAR), arg_min(run_id, start_ns)) AS before_run,
-        coalesce(CAST(COALESCE(getvariable('after'), NULL) AS VARCHAR), arg_max(run_id, start_ns)) AS after_run
+    SELECT coalesce(CAST(COALESCE(getvariable('before'), NULL) AS VARCHAR), arg_min(run_id, (start_ns, run_id))) AS before_run,
+        coalesce(CAST(COALESCE(getvariable('after'), NULL) AS VARCHAR), arg_max(run_id, (start_ns, run_id))) AS after_run
     FROM starts
 ), sides AS (
     SELECT 'before' AS side, p.before_run AS run_id FROM pair p
@@ -50,10 +50,16 @@ WITH starts AS (
                 THEN 'device' ELSE 'host' END AS time_basis
     FROM (SELECT DISTINCT run_id FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')
           AND run_id IN (SELECT run_id FROM sides)) k
-), items AS (
-    SELECT s.side, 'kernel' AS level, kernel_family(k.name) AS name, k.name AS variant, k.dur AS ns
+), kernels AS (
+    SELECT s.side, k.name, k.dur
     FROM slices k JOIN side_ranks s ON s.run_id = k.run_id
     WHERE k.kind IN ('kernel', 'memcpy', 'memset') AND (SELECT time_basis FROM basis) = 'device'
+), families AS (
+    -- kernel_family's regular expressions once per distinct name, not once per kernel
+    SELECT name, kernel_family(name) AS family FROM (SELECT DISTINCT name FROM kernels)
+), items AS (
+    SELECT k.side, 'kernel' AS level, f.family AS name, k.name AS variant, k.dur AS ns
+    FROM kernels k JOIN families f ON f.name IS NOT DISTINCT FROM k.name
     UNION ALL
     SELECT s.side, 'op', o.name, o.name,
         CASE (SELECT time_basis FROM basis) WHEN 'device' THEN o.device_self_ns ELSE o.self_dur END

@@ -36,6 +36,11 @@ WITH levels AS (
     SELECT trim(unnest(string_split(COALESCE(getvariable('levels'), 'kernel,op'), ','))) AS level
 ), kernels AS (
     SELECT run_id, rank, name, dur FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')
+), families AS (
+    -- kernel_family's regular expressions once per distinct name (a few hundred), not once per kernel (millions);
+    -- only when the level is asked for
+    SELECT name, kernel_family(name) AS family FROM (SELECT DISTINCT name FROM kernels)
+    WHERE 'kernel_family' IN (SELECT level FROM levels)
 ), op_calls AS (
     SELECT run_id, rank, name, device_self_ns, device_total_ns,
         'dims ' || CAST(input_dims AS VARCHAR) || ' types ' || CAST(input_types AS VARCHAR) AS op_args
@@ -44,9 +49,8 @@ WITH levels AS (
     SELECT run_id, 'kernel' AS level, name, NULL AS args, rank, name AS variant, dur AS device_ns,
         dur AS inclusive_ns FROM kernels
     UNION ALL
-    -- each level only when asked for: kernel_family's regular expressions are the costliest part
-    SELECT run_id, 'kernel_family', kernel_family(name), NULL, rank, name, dur, dur FROM kernels
-    WHERE 'kernel_family' IN (SELECT level FROM levels)
+    SELECT k.run_id, 'kernel_family', f.family, NULL, k.rank, k.name, k.dur, k.dur
+    FROM kernels k JOIN families f ON f.name IS NOT DISTINCT FROM k.name
     UNION ALL
     SELECT run_id, 'op', name, NULL, rank, name, device_self_ns, device_total_ns FROM op_calls
     UNION ALL

@@ -3,8 +3,10 @@
 -- Iterations are the `steps` rows: vLLM's execute_{tokens}_context_{C}(..)_generation_{G}(..) ranges, SGLang's
 -- step[DECODE bs=N] / step[EXTEND bs=N toks=T], vLLM v1's execute_new_{N}_cached_{M}, ProfilerStep#N, or the
 -- --step-pattern given at ingest (`steps.rule` says which). phase = prefill, decode or mixed (a batch with both,
--- chunked prefill), from the range's name; NULL when it says none. iteration_ns = the device span (first to last
--- device event launched in the iteration), else the host duration. gap_before_ns = host start − the previous
+-- chunked prefill), from the range's name; NULL when it says none. device_ns = the iteration's device span: from
+-- its first to the end of its last device event (those it launched: slices.step); window_ns = its step window
+-- (`steps.device_dur`: to the next iteration's first device event, so idle time between iterations is in it);
+-- iteration_ns = device_ns, else the host duration. gap_before_ns = host start − the previous
 -- iteration's host end on the rank (scheduling and the engine loop between iterations); device_gap_before_ns
 -- the same on the device. Per rank and phase: count and p50/p90/p99 of iteration_ns (of the decode phase: the
 -- time per output token, TPOT, as the engine sees it). Interleaving: a decode or mixed iteration emits a token
@@ -23,7 +25,8 @@
 --   tokens                BIGINT   tokens processed (NULL: the name does not say)
 --   prefill_tokens        BIGINT   of those, prefill tokens
 --   host_ns               BIGINT   host duration of the range
---   device_ns             BIGINT   device span of the iteration (NULL: it launched nothing)
+--   device_ns             BIGINT   device span: first to the end of the last device event of the iteration (NULL: none)
+--   window_ns             BIGINT   the step's device window (steps.device_dur): up to the next iteration's first event
 --   iteration_ns          BIGINT   device_ns, else host_ns
 --   tokens_per_s          DOUBLE   tokens / iteration_ns
 --   gap_before_ns         BIGINT   host start − previous iteration's host end (NULL for the first)
@@ -38,12 +41,17 @@
 --   token_interval_ns     BIGINT   emitting iterations: end − the previous emitting iteration's end
 --   itl_p50_ns            DOUBLE   emitting iterations: median token_interval_ns on the rank
 --   itl_p99_ns            DOUBLE   emitting iterations: 99th percentile
-WITH it AS (
-    SELECT run_id, rank, step, rule, phase, batch_size, tokens, prefill_tokens, ts, dur AS host_ns, device_ts,
-        device_dur AS device_ns, COALESCE(device_dur, dur) AS iteration_ns,
-        COALESCE(device_ts + device_dur, ts + dur) AS end_ns,
-        COALESCE(phase IN ('decode', 'mixed'), false) AS emits
-    FROM steps
+WITH spans AS (
+    SELECT run_id, rank, step, min(ts) AS device_ts, max(ts + dur) AS device_end
+    FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset') AND step IS NOT NULL
+    GROUP BY run_id, rank, step
+), it AS (
+    SELECT s.run_id, s.rank, s.step, s.rule, s.phase, s.batch_size, s.tokens, s.prefill_tokens, s.ts,
+        s.dur AS host_ns, d.device_ts, d.device_end - d.device_ts AS device_ns, s.device_dur AS window_ns,
+        COALESCE(d.device_end - d.device_ts, s.dur) AS iteration_ns,
+        COALESCE(d.device_end, s.ts + s.dur) AS end_ns,
+        COALESCE(s.phase IN ('decode', 'mixed'), false) AS emits
+    FROM steps s LEFT JOIN spans d ON d.run_id = s.run_id AND d.rank = s.rank AND d.step = s.step
 ), ordered AS (
     SELECT *,
         ts - lag(ts + host_ns) OVER w AS gap_before_ns,
@@ -64,7 +72,8 @@ WITH it AS (
     FROM ordered
     WINDOW g AS (PARTITION BY run_id, rank, emitted_before)
 )
-SELECT run_id, rank, step, rule, phase, batch_size, tokens, prefill_tokens, host_ns, device_ns, iteration_ns,
+SELECT run_id, rank, step, rule, phase, batch_size, tokens, prefill_tokens, host_ns, device_ns, window_ns,
+    iteration_ns,
     tokens * 1e9 / NULLIF(iteration_ns, 0) AS tokens_per_s,
     gap_before_ns, device_gap_before_ns, prev_phase,
     CAST(count(*) OVER p AS BIGINT) AS phase_iterations,

@@ -31,4 +31,4 @@ FROM device_timeline(
     time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
 WHERE classes > 0
 GROUP BY run_id, rank, device_id, classes
-ORDER BY run_id, rank, device_id, busy_ns DESC;
+ORDER BY run_id, rank, device_id, busy_ns DESC, classes;

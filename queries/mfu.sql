@@ -1,7 +1,8 @@
 -- mfu: Model and hardware FLOPs utilization per step (MFU from the model's FLOPs, HFU from the FLOPs in the trace).
 --
--- Step time is the step's device window (`steps.device_dur`: first to last device event launched in the step),
--- the longest over the traced ranks: the job moves at its slowest rank. A run without steps (inference traces
+-- Step time is the step's device window (`step_windows`: from the step's first device event to the next step's
+-- first, the last step to its last event; windows are disjoint, docs/concepts/steps.md), the longest over the
+-- traced ranks and their devices: the job moves at its slowest rank. A run without steps (inference traces
 -- with no ProfilerStep) gets one row, step NULL, over its whole device window (first to last device event of
 -- each rank). Definitions (metrics.md):
 --   MFU = model FLOPs per step / (step time × devices × peak FLOP/s per device). Model FLOPs are the job's
@@ -46,7 +47,7 @@
 WITH costs AS (
     SELECT * FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
 ), main_dtype AS (
-    SELECT run_id, arg_max(dtype, flops) AS dtype FROM (
+    SELECT run_id, arg_max(dtype, (flops, dtype)) AS dtype FROM (
         SELECT run_id, dtype, sum(flops) AS flops FROM costs WHERE counted AND dtype IS NOT NULL GROUP BY ALL
     ) GROUP BY run_id
 ), step_flops AS (
@@ -57,8 +58,12 @@ WITH costs AS (
             AS per_op_flops
     FROM costs GROUP BY run_id, step
 ), step_times AS (
-    SELECT run_id, step, count(DISTINCT rank) AS ranks, max(device_dur) AS step_time_ns, list(rank) AS rank_list
-    FROM steps GROUP BY run_id, step
+    -- each rank's and device's window of the step (step_windows: disjoint, consecutive windows), the longest
+    SELECT s.run_id, s.step, count(DISTINCT s.rank) AS ranks, max(w.te - w.ts) AS step_time_ns,
+        list(DISTINCT s.rank) AS rank_list
+    FROM steps s
+    LEFT JOIN step_windows() w ON w.run_id = s.run_id AND w.rank = s.rank AND w.step = s.step
+    GROUP BY s.run_id, s.step
     UNION ALL
     -- a run without steps: its whole device window
     SELECT run_id, NULL AS step, count(*) AS ranks, max(te - ts) AS step_time_ns, list(rank) AS rank_list

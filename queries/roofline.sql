@@ -70,7 +70,9 @@ WITH counted AS (
     GROUP BY run_id, device, name, input_dims, input_types, rated_dtype, flops, bytes
 ), ranked AS (
     SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY device_ns DESC NULLS LAST, flops * calls DESC,
-                                                            name, CAST(input_dims AS VARCHAR)) AS row_in_run
+                                                            name, CAST(input_dims AS VARCHAR),
+                                                            CAST(input_types AS VARCHAR), dtype, device,
+                                                            flops, bytes) AS row_in_run
     FROM grouped
 )
 SELECT run_id, device, name, input_dims, input_types, dtype, calls, ranks, flops, bytes,

@@ -5,8 +5,9 @@
 --   exposed_memory = |union(memory) − union(compute) − union(comm)|, idle = window − |union(all)|.
 -- The four add up to the window. HTA reports compute, idle and non_compute = window − compute − idle
 -- (= exposed_comm + exposed_memory); its percentages are given too.
--- per = 'step': one row per step and device, over the step's device window (from the first to the last activity
--- of the events the step launched, `step_timeline`); inside it every event counts, whichever step launched it.
+-- per = 'step': one row per step and device, over the step's device window (`step_windows`: from its first device
+-- event to the next step's first; disjoint, so the steps add up to the run over their span); inside it every
+-- event counts, whichever step launched it (docs/concepts/steps.md).
 --
 -- Needs: device kernels (a GPU/accelerator trace)
 -- Parameters:

@@ -88,6 +88,9 @@ def test_detected_and_companions_skipped():
     assert reader_for(out / "trace_view.json.gz") is ascend
     assert is_companion(out / "communication.json") and is_companion(EXPORT / "rank0_ascend_pt" / "profiler_info_0.json")
     assert not is_companion(DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz")
+    # a whole export folder also holds msprof's own JSON timeline of the same events: not a second trace
+    raw = EXPORT / "rank0_ascend_pt" / "PROF_000001_20250109_abc" / "mindstudio_profiler_output" / "msprof_1.json"
+    assert is_companion(raw) and not is_companion(out / "trace_view.json")
 
 
 def test_ranks_devices_groups(run):

@@ -46,6 +46,12 @@ def test_bench_report(tmp_path):
     assert "| (b) report over 3 runs × 3 ranks |" in out
 
 
+def test_bench_cli(tmp_path):
+    out = bench("bench_cli.py", REPO / "datasets" / "hta_trace_filter", "--repeat", "1", "--scratch", tmp_path / "c",
+                tmp_path=tmp_path)
+    assert "| `--help` |" in out and "| `query overlap RUN` |" in out and "| `python -c pass` |" in out
+
+
 def test_tile_trace(tmp_path):
     out = bench("tile_trace.py", SMALL, tmp_path / "tiled.json", "--min-bytes", "2e5", tmp_path=tmp_path)
     assert "copies of" in out and (tmp_path / "tiled.json").stat().st_size >= 2e5

@@ -61,7 +61,8 @@ def site(tmp_path_factory):
     """The site, built once per session as CI builds it: `mkdocs build --strict`."""
     pytest.importorskip("mkdocs", reason="mkdocs is in the test extra: pip install '.[test]'")
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "TRACESQL_CACHE": str(tmp_path_factory.mktemp("docs-cache")),
+    # the raw-trace cache the other tests use (conftest._private_cache): datasets are ingested once per session
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "TRACESQL_CACHE": str(tmp_path_factory.getbasetemp() / "cache"),
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -119,3 +120,29 @@ def test_examples_show_todays_output(page):
     _, changed = examples.refresh_text(page.read_text())
     assert not changed, (f"{page.relative_to(REPO)}: examples changed, run python docs/gen/examples.py "
                          f"{page.relative_to(REPO)}: " + "; ".join(r.cmd for r, _ in changed))
+
+
+def test_query_pages_python_calls_are_valid():
+    """The Python call a query page shows (its example's arguments as keyword arguments) names real targets and
+    parameters with allowed values (the page's CLI example runs the same arguments)."""
+    import ast
+
+    for name, example in reference.EXAMPLES.items():
+        targets, params = reference.python_call(example)
+        kwargs = {k: ast.literal_eval(reference._py(v)) for k, v in params.items()}
+        assert queries.check(queries.find(name), kwargs) == kwargs, name
+        assert targets and all((REPO / t).exists() for t in targets), (name, targets)
+
+
+def test_no_merge_conflict_markers():
+    """A merge that kept `<<<<<<<` / `>>>>>>>` lines (it happened twice in one session) fails here, not on a reader."""
+    marker = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
+    found = []
+    for ext in ("md", "py", "sql", "yml", "toml", "csv", "j2", "json"):
+        for path in REPO.rglob(f"*.{ext}"):
+            rel = path.relative_to(REPO)
+            if rel.parts[0] in (".git", "site", "build", "dist", ".venv") or path.stat().st_size > 2_000_000:
+                continue
+            if marker.search(path.read_text(errors="replace")):
+                found.append(str(rel))
+    assert not found, f"merge conflict markers in {found}"

@@ -170,7 +170,9 @@ def _kernels(n: int, dur_us: float, launched: bool) -> list[dict]:
     (_kernels(5, 0.5, launched=True), ["-p", "time_unit_ns=1000"],
      "time_unit_ns = 1000 rounds every one of the run's 5 device events to zero length (each lies within one "
      "time unit, as in HTA): no device time is counted"),
-    (_kernels(5, 3, launched=False), ["-p", "analysis_window=hta"],
+    # two steps, kernels whose correlation ids have no launch in the trace: HTA's window keeps none
+    (_kernels(5, 3, launched=False) + [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#2", "ts": 70, "dur": 5,
+                                         "pid": 1, "tid": 1}], ["-p", "analysis_window=hta"],
      "no rows: analysis_window = 'hta' keeps none of the run's 5 device events"),
 ])
 def test_no_rows_says_why(events, args, note, tmp_path):

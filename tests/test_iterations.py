@@ -58,6 +58,8 @@ def expected_iterations(names=SGLANG) -> list[dict]:
         ts += host + idle
     for i, r in enumerate(rows):
         r["end"] = r["device_ts"] + r["device_ns"]
+        # the step window (steps.device_dur): to the next iteration's first device event; the last to its end
+        r["window_ns"] = (rows[i + 1]["device_ts"] if i + 1 < len(rows) else r["end"]) - r["device_ts"]
         r["gap_before_ns"] = r["ts"] - (rows[i - 1]["ts"] + rows[i - 1]["host_ns"]) if i else None
         r["device_gap_before_ns"] = (r["device_ts"] - max(p["device_ts"] + p["device_ns"] for p in rows[:i])
                                      if i else None)
@@ -85,6 +87,7 @@ def test_sglang_iterations_every_column_by_hand(tmp_path):
         for col in ("batch_size", "tokens", "prefill_tokens"):
             assert _same(getattr(g, col), w[col]), col
         assert g.host_ns == w["host_ns"] and g.device_ns == w["device_ns"] == g.iteration_ns
+        assert g.window_ns == w["window_ns"]
         assert _same(g.gap_before_ns, w["gap_before_ns"]) and _same(g.device_gap_before_ns, w["device_gap_before_ns"])
         if w["phase"] in ("decode", "mixed"):
             assert g.prefills_before == w["prefills_before"] and g.prefill_ns_before == w["prefill_ns_before"]
@@ -258,3 +261,14 @@ def test_corpus_inference_iterations(parts, rule, fields, host_ns, device_ns, in
     assert row.host_ns == host_ns
     if device_ns is not None:
         assert row.device_ns == device_ns
+
+
+def test_steps_and_mfu_work_on_iterations(ingested):
+    """vLLM's decode iteration is a step: `steps` gives its host and device time, `mfu` one row for it."""
+    run = ingested(DATASETS / "tracelens_vllm_graph_execution")
+    steps = tracesql.query("steps", run)
+    assert list(steps.step) == [0] and steps.device_ns.iloc[0] == 10_743_181 and steps.cpu_ns.iloc[0] == 2_408_598
+    mfu = tracesql.query("mfu", run, model_flops_per_step=5e11, peak_flops=1e15)
+    assert list(mfu.step) == [0] and mfu.step_time_ns.iloc[0] == 10_743_181
+    assert mfu.mfu.iloc[0] == pytest.approx(5e11 / (10_743_181e-9 * 1e15))
+    assert mfu.hfu.iloc[0] == pytest.approx(mfu.hardware_flops.iloc[0] / (10_743_181e-9 * 1e15))

@@ -141,8 +141,13 @@ def test_gate_fails_on_the_slower_run_with_one_line_per_failed_gate(gloo_report)
 def test_report_files(gloo_report):
     tmp, _ = gloo_report
     out = tmp / "report"
-    assert sorted(p.name for p in out.iterdir()) == ["index.html", "metrics.json", "metrics.parquet", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "metrics.json", "metrics.parquet", "perfetto",
+                                                     "summary.md"]
     data = json.loads((out / "metrics.json").read_text())
+    # the slowest steps of the latest run, the baseline and the regressed run (the latest) as Perfetto traces
+    assert [(t["why"], t["run_id"]) for t in data["traces"]] == [
+        ("slowest step of the latest run", "torch_gloo_4rank_straggler"), ("slowest step of the baseline", "torch_gloo_2rank")]
+    assert sorted(p.name for p in (out / "perfetto").iterdir()) == sorted(t["file"][9:] for t in data["traces"])
     assert data["baseline"] == "torch_gloo_2rank" and data["latest"] == "torch_gloo_4rank_straggler"
     assert [r["order"] for r in data["runs"]] == [1, 2] and [r["ranks"] for r in data["runs"]] == [2, 4]
     # the regression is explained by the diff (CPU-only traces: host time), per rank
@@ -314,13 +319,18 @@ def open_in_browser(page: Path, screenshot: Path) -> dict:
         seen.update(tab.evaluate("""() => ({
             charts: document.querySelectorAll('div.chart').length,
             rendered: [...document.querySelectorAll('div.chart')].filter(d => d.classList.contains('js-plotly-plot')
-                && [...d.querySelectorAll('svg.main-svg g.trace path')].some(
-                    p => (p.getAttribute('d') || '').length > 10)).length,
+                && ([...d.querySelectorAll('svg.main-svg g.trace path')].some(
+                    p => (p.getAttribute('d') || '').length > 10)
+                    || [...d.querySelectorAll('svg.main-svg g.hm image')].some(  // a heatmap: drawn as an image
+                    i => (i.getAttribute('href') || i.getAttribute('xlink:href') || '').length > 100))).length,
             names: [...document.querySelectorAll('div.chart')].map(d => d.id),
             text: document.body.innerText,
             chart_text: [...document.querySelectorAll('div.chart svg text')].map(t => t.textContent).join('\\n'),
             scripts: [...document.scripts].filter(s => !s.type).length })"""))
         tab.screenshot(path=str(screenshot), full_page=True)
+        heatmap = tab.query_selector("div.chart:has(g.hm)")
+        if heatmap:
+            heatmap.screenshot(path=str(screenshot.with_name(screenshot.stem + "-heatmap.png")))
         browser.close()
     return seen
 
@@ -334,7 +344,8 @@ def test_every_chart_renders_in_headless_chromium(tmp_path):
     # trends of the metrics these runs have, then the latest run (b200): timeline, breakdown, hotspots, roofline
     trends = ["step_time_p50", "step_time_p90", "overlap", "exposed_comm", "idle", "compute", "largest_bubble",
               "busbw", "peak_memory"]  # mfu, hfu: no model FLOPs given
-    assert seen["charts"] == seen["rendered"] == len(trends) + 5, seen["names"]
+    # + the rank × step heatmaps (step time, exposed communication, idle): b200's one step
+    assert seen["charts"] == seen["rendered"] == len(trends) + 5 + 3, seen["names"]
     assert seen["console"] == [] and seen["dialogs"] == []
     assert all(url.startswith("file:") for url in seen["requests"])  # offline: nothing fetched from a network
     assert (tmp_path / "report.png").stat().st_size > 50_000
@@ -386,3 +397,88 @@ def test_diff_table_names_the_runs_once():
     assert result.exit_code == 0 and lines[0] == "torch_gloo_2rank -> torch_gloo_4rank_straggler: per rank, " \
                                                  "largest change first"
     assert "before_run" not in result.output and " aten::mm " in result.output and lines[-1] == "(1 rows)"  # CPU-only runs: ops only
+
+
+# ---------------------------------------------------------------- pictures: heatmaps, Perfetto traces, grouped sessions
+
+
+def figures(page: Path) -> dict[str, dict]:
+    """The page's figures by title."""
+    import html
+    import re
+
+    out = {}
+    for blob in re.findall(r'<script type="application/json" id="chart-\d+-data">(.*?)</script>', page.read_text()):
+        figure = json.loads(blob)
+        out[html.unescape(figure["layout"]["title"]["text"])] = figure
+    return out
+
+
+def test_rank_by_step_heatmaps_match_the_raw_json_and_link_the_slowest_step(tmp_path):
+    """hta_trace_filter as the latest run: step time per (rank, step) equals each rank's device window of the step
+    in the raw JSON; exposed communication and idle equal temporal_breakdown per=step; the slowest step is written
+    as a Perfetto trace whose ProfilerStep slice is that step, and linked from the page and the summary."""
+    import tracesql
+    from tracesql.export import read
+
+    folder = DATASETS / "hta_trace_filter"
+    result = cli("report", folder, "-o", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    figs = figures(tmp_path / "r" / "index.html")
+    time_map = figs["hta_trace_filter: step time per rank and step"]["data"][0]
+    assert time_map["type"] == "heatmap" and time_map["y"] == [0, 1] and time_map["x"] == [551, 552]
+    for rank in (0, 1):
+        windows = device_step_windows_from_json(folder / f"sampled_rank-{rank}.json.gz")
+        assert time_map["z"][rank] == pytest.approx([w / 1e6 for w in windows], abs=1e-6)  # ms
+    breakdown = tracesql.query("temporal_breakdown", folder, per="step").set_index(["rank", "step"])
+    idle = figs["hta_trace_filter: device idle per rank and step, % of the step's device window"]["data"][0]
+    exposed = figs["hta_trace_filter: exposed communication per rank and step, % of the step's device window"]
+    for rank in (0, 1):
+        for j, step in enumerate((551, 552)):
+            row = breakdown.loc[(rank, step)]
+            assert idle["z"][rank][j] == pytest.approx(100 * row.idle_ns / row.window_ns, abs=1e-6)
+            assert exposed["data"][0]["z"][rank][j] == pytest.approx(100 * row.exposed_comm_ns / row.window_ns, abs=1e-6)
+    # the slowest step: the longest device window of any rank and step (rank 1, step 552 here)
+    slowest = max((w, rank, step) for rank in (0, 1) for step, w in zip(
+        (551, 552), device_step_windows_from_json(folder / f"sampled_rank-{rank}.json.gz")))
+    data = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    (trace,) = data["traces"]
+    assert (trace["rank"], trace["step"], trace["step_ns"]) == (slowest[1], slowest[2], slowest[0])
+    assert trace["file"] == "perfetto/hta_trace_filter-rank1-step552.pftrace"
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert f'<a href="{trace["file"]}">' in page and f"`{trace['file']}`" in (tmp_path / "r" / "summary.md").read_text()
+    steps = [p.track_event for p in read(tmp_path / "r" / trace["file"])
+             if p.HasField("track_event") and p.track_event.name == "ProfilerStep#552"]
+    assert len(steps) == 1
+
+
+def test_heatmap_reads_at_a_thousand_ranks():
+    from tracesql.report import charts
+
+    cells = pd.DataFrame([(r, s, 1e6 * (1 + (r == 700) + 0.01 * s)) for r in range(1024) for s in range(30)],
+                         columns=["rank", "step", "value"])
+    figure = charts.heatmap(cells, "1,024 ranks", "time")
+    (trace,) = figure["data"]
+    assert len(trace["z"]) == 1024 and len(trace["z"][0]) == 30 and trace["y"][700] == 700
+    assert max(trace["z"][700]) == pytest.approx(2.29) and trace["z"][0][0] == pytest.approx(1.0)  # ms
+    assert figure["layout"]["height"] <= 900 and figure["layout"]["yaxis"]["type"] == "linear"
+    assert trace["xgap"] == 0 and trace["ygap"] == 0  # no gaps to eat the rows at a pixel per rank
+    small = charts.heatmap(cells[cells["rank"] < 4], "4 ranks", "time")
+    assert small["layout"]["yaxis"]["type"] == "category" and small["data"][0]["ygap"] == 1
+
+
+def test_metrics_collected_in_groups_equal_one_session(tmp_path):
+    """collect() per group of runs (bounded memory) gives the rows of one session over the whole fleet."""
+    from tracesql import engine
+    from tracesql.report import collect_grouped, find_runs
+    from tracesql.report.metrics import collect
+
+    runs = find_runs([fleet(tmp_path, GLOO2, GLOO4, DATASETS / "hta_trace_filter")])
+    whole = collect(engine.connect(runs))
+    grouped = collect_grouped(runs, group=1)
+    for attr in ("runs", "ranks"):
+        a = getattr(whole, attr).sort_values(["run_id"] + (["rank"] if attr == "ranks" else [])).reset_index(drop=True)
+        b = getattr(grouped, attr).sort_values(["run_id"] + (["rank"] if attr == "ranks" else [])).reset_index(drop=True)
+        pd.testing.assert_frame_equal(a, b, check_dtype=False)
+    for name, table in whole.tables.items():
+        assert len(grouped.tables[name]) == len(table), name

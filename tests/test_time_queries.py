@@ -207,15 +207,21 @@ def test_steps_are_the_profiler_step_ranges_projected_by_correlation(ingested):
     device = {}
     for rank in (0, 1):
         events, launched = correlated(TRACE_FILTER / f"sampled_rank-{rank}.json.gz")
+        firsts, last_end = {}, 0
         for step in (e for e in events if e.get("name", "").startswith("ProfilerStep#")):
             number = int(step["name"].split("#")[1])
             inside = [k for k, call in launched if step["ts"] <= call["ts"] <= step["ts"] + step["dur"]]
-            device[(number, rank)] = (max(k["ts"] + k["dur"] for k in inside) - min(k["ts"] for k in inside)) * 1000
+            firsts[number] = min(k["ts"] for k in inside)
+            last_end = max(last_end, max(k["ts"] + k["dur"] for k in inside))
             assert df.loc[(number, rank), "cpu_ns"] == step["dur"] * 1000
             assert df.loc[(number, rank), "kernel_count"] == len(inside)
+        # a step's window: from its first kernel to the next step's first (the last step: to the last end)
+        order = sorted(firsts, key=firsts.get)
+        for number, after in zip(order, order[1:] + [None]):
+            device[(number, rank)] = ((firsts[after] if after else last_end) - firsts[number]) * 1000
     assert df.device_ns.to_dict() == device
     step_552 = df.loc[552]
-    assert (step_552.slowest_rank == 1).all() and (step_552.skew_ns == 623_286_000 - 615_601_000).all()
+    assert (step_552.slowest_rank == 1).all() and (step_552.skew_ns == device[(552, 1)] - device[(552, 0)]).all()
     assert df.loc[(551, 0), "device_p50_ns"] == statistics.median([device[(551, 0)], device[(552, 0)]])
 
 

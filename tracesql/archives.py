@@ -33,7 +33,15 @@ def is_archive(path: Path) -> bool:
 
 def max_bytes() -> int:
     value = os.environ.get("TRACESQL_MAX_ARCHIVE_BYTES")
-    return int(value) if value else DEFAULT_MAX_BYTES
+    if not value:
+        return DEFAULT_MAX_BYTES
+    try:
+        cap = int(value)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise TraceError("TRACESQL_MAX_ARCHIVE_BYTES", f"{value!r} is not a number of bytes (an integer above 0)")
+    return cap
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,9 @@ def members(archive: Path, suffixes: tuple[str, ...]) -> list[Member]:
             with zipfile.ZipFile(archive) as z:
                 for info in z.infolist():
                     _check_name(archive, info.filename)
+                    if info.flag_bits & 0x1:
+                        raise TraceError(archive, f"member {info.filename!r} is encrypted: tracesql does not read "
+                                                  "encrypted archives (unpack it with its password first)")
                     kind = stat.S_IFMT(info.external_attr >> 16)
                     if kind not in (0, stat.S_IFREG, stat.S_IFDIR):  # 0: written by a tool without Unix modes
                         what = "a symbolic link" if kind == stat.S_IFLNK else "not a regular file"
@@ -89,6 +100,13 @@ def members(archive: Path, suffixes: tuple[str, ...]) -> list[Member]:
     if total > cap:
         raise TraceError(archive, f"unpacks to {total:,} bytes, over the cap of {cap:,} "
                                   "(TRACESQL_MAX_ARCHIVE_BYTES): refused as a possible decompression bomb")
+    from .readers import common  # the ratio a gzip may inflate by holds here too
+
+    ratio_cap = max(common.INFLATE_FREE_BYTES, int(archive.stat().st_size * common.max_inflate_ratio()))
+    if total > ratio_cap:
+        raise TraceError(archive, f"unpacks to {total:,} bytes, {total / max(1, archive.stat().st_size):,.0f}x its "
+                                  "size: refused as a possible decompression bomb (TRACESQL_MAX_GZIP_RATIO raises "
+                                  "the ratio)")
     found = [Member(archive, name, size, i) for i, (name, size, regular) in enumerate(entries)
              if regular and name.endswith(suffixes) and not PurePosixPath(name).name.startswith(".")]
     if not found:

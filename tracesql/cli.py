@@ -1,25 +1,32 @@
-"""The `tracesql` command. Thin: each command calls the Python API (tracesql.ingest / connect / queries.run)."""
+"""The `tracesql` command. Thin: each command calls the Python API (tracesql.ingest / connect / queries.run).
+
+Start-up is part of every command's time, so this module imports only click and tracesql's light modules at the
+top; DuckDB, Arrow and the rest are imported by the commands that use them (`tracesql --help` loads none).
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 import warnings
-from datetime import datetime, timezone
 from pathlib import Path
 
 import click
-import duckdb
 
-from . import __version__, db, queries, schema, store
-from . import engine as duckdb_engine
-from .info import info as run_info
-from .ingestion import ingest as ingest_traces
 from .errors import OlderSchemaWarning, TraceError
+from .version import __version__
 
-FORMATS = ("table", "csv", "json", "markdown", "parquet")
+FORMATS = ("table", "csv", "json", "markdown", "parquet")  # output.FORMATS (a test checks)
 ENGINES = ("duckdb", "spark")
+
+
+def _show():
+    """tracesql.output, imported when a command prints a result (`output` is also the name of the -o option)."""
+    from . import output
+
+    return output
 
 
 def _spark_session(master: str | None):
@@ -43,8 +50,14 @@ def _errors_as_messages(fn):
                         click.echo(f"Note: {note.message}", err=True)
         except TraceError as e:
             raise click.ClickException(str(e)) from None
+        except OSError as e:  # a file the command writes or reads (permissions, a full disk, a folder)
+            where = e.filename or "tracesql"
+            raise click.ClickException(f"{where}: {e.strerror or e}") from None
         except Exception as e:
-            if not isinstance(e, duckdb.Error) and not type(e).__module__.startswith(("pyspark", "py4j")):
+            duckdb = sys.modules.get("duckdb")  # not imported: then no DuckDB error can have happened
+            sql_error = (duckdb is not None and isinstance(e, duckdb.Error)) or \
+                type(e).__module__.startswith(("pyspark", "py4j"))
+            if not sql_error:
                 raise
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise click.ClickException(f"SQL error: {first}") from None
@@ -52,7 +65,56 @@ def _errors_as_messages(fn):
     return wrapper
 
 
-@click.group()
+class _OneLineErrors(click.Group):
+    """Every error is one line on stderr, never a traceback: `Error: ...` with exit status 1 (bad input), 2 (a
+    usage error: unknown option, bad value) or 130 (interrupted, Ctrl-C). TRACESQL_DEBUG=1 shows tracebacks of
+    unexpected errors instead."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # before click's own handling, which prints an empty line first
+            raise _Interrupted() from None
+
+    def main(self, args=None, prog_name=None, **extra):
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.exceptions.Exit as e:
+            code = e.exit_code
+        except click.exceptions.NoArgsIsHelpError as e:  # `tracesql` alone: the help, as click shows it
+            click.echo(e.ctx.get_help(), err=True)
+            code = 2
+        except click.UsageError as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            _fail(f"{e.format_message()}{where}", 2)
+        except click.ClickException as e:
+            _fail(e.format_message(), e.exit_code)
+        except (KeyboardInterrupt, click.Abort):
+            _fail("interrupted", 130)
+        except BrokenPipeError:  # `tracesql query ... | head`: the reader left, nothing more to say
+            sys.stderr.close()
+            code = 1
+        except Exception as e:
+            if os.environ.get("TRACESQL_DEBUG"):
+                raise
+            _fail(f"internal error: {type(e).__name__}: {e} (a tracesql bug: please report it; TRACESQL_DEBUG=1 "
+                  "shows where)", 1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+class _Interrupted(click.ClickException):
+    exit_code = 130
+
+    def __init__(self):
+        super().__init__("interrupted")
+
+
+def _fail(message: str, code: int):
+    click.echo(f"Error: {' '.join(str(message).split())}", err=True)
+    sys.exit(code)
+
+
+@click.group(cls=_OneLineErrors)
 @click.version_option(__version__, prog_name="tracesql")
 def main():
     """ML profiler traces as SQL: ingest traces into Parquet tables, then query them."""
@@ -61,9 +123,10 @@ def main():
 @main.command()
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path), help="Run folder to write.")
-@click.option("--rank", type=int, help="Rank of a single trace file that does not say its rank.")
+@click.option("--rank", type=click.IntRange(0, 2**31 - 1),
+              help="Rank of a single trace file that does not say its rank.")
 @click.option("--run-id", help="Name of the run stored in every row (default: the output folder's name).")
-@click.option("-j", "--jobs", type=int, help="Files read in parallel (default: one per core).")
+@click.option("-j", "--jobs", type=click.IntRange(1, 1024), help="Files read in parallel (default: one per core).")
 @click.option("--strict", is_flag=True, help="Fail on damaged events instead of skipping them with a warning.")
 @click.option("--memory-limit", metavar="SIZE",
               help="DuckDB working memory per file, e.g. 2GB; it spills to disk beyond it "
@@ -86,11 +149,13 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, s
 
         tracesql ingest traces/run-1234/ -o runs/1234/
     """
+    from . import api
+
     t0 = time.perf_counter()
     spark = _spark_session(master) if engine == "spark" else None
-    result = ingest_traces(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
-                           progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
-                           max_events=max_events, step_pattern=step_pattern, spark=spark)
+    result = api.ingest(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
+                        progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
+                        max_events=max_events, step_pattern=step_pattern, spark=spark)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:
@@ -114,39 +179,56 @@ def _parse_params(pairs) -> dict:
     return params
 
 
+COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-separated (e.g. "
+                "'rank,step,*_ns').")
+
+
 @main.command()
 @click.argument("query")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("-p", "--param", "params", multiple=True, metavar="NAME=VALUE", help="Query parameter (repeatable).")
-@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table: for people (fits the terminal, human units); the others keep raw values.")
+@click.option("-c", "--columns", metavar="NAMES", help=COLUMNS_HELP)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
               help="spark: transpile the query to Spark SQL and run it on Spark (see --master).")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @_errors_as_messages
-def query(query, target, params, fmt, output, engine, master):
+def query(query, target, params, fmt, columns, output, engine, master):
     """Run a curated query (by name, e.g. `overlap`) or your own .sql file on a run.
 
     TARGET is a run folder, a folder of runs, or raw traces (ingested on the fly into a cache).
 
+    The table format fits the terminal (a block per row when the columns do not fit: pick some with -c) and
+    shows durations and sizes in human units; csv, json, markdown and parquet keep the raw integers.
+
     Example:
 
-        tracesql query overlap runs/1234/ --param class_scheme=hta
+        tracesql query overlap runs/1234/ --param class_scheme=hta -c rank,step,*_pct
     """
+    from . import queries
+
     q = queries.find(query)
     params = queries.check(q, _parse_params(params))  # before the target is opened or Spark starts
+    check_output(output)
+    picked = _show().parse_columns(columns)
     if engine == "spark":
+        from . import db
         from . import spark as spark_engine
 
         session = spark_engine.connect(target, spark=_spark_session(master))
-        rows = _emit(db.connect().from_arrow(spark_engine.to_arrow(spark_engine.run(session, q, params))), fmt, output)
+        table = spark_engine.to_arrow(spark_engine.run(session, q, params))
+        rows = _emit(db.connect().from_arrow(table), fmt, output, picked)
         why = None
     else:
+        from . import engine as duckdb_engine
+
         def run_and_explain(con):
-            rows = _emit(queries.run(con, q, params), fmt, output)
+            rows = _emit(queries.run(con, q, params), fmt, output, picked)
             return rows, queries.explain(con, q, params, rows)
 
-        rows, why = duckdb_engine.on_fresh_connection(target, run_and_explain)
+        rows, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=queries.names_used(q))
     if rows == 0:
         click.echo(f"Note: no rows: {why or q.name + ' needs ' + (q.needs or 'data this run does not have')}.",
                    err=True)
@@ -154,67 +236,31 @@ def query(query, target, params, fmt, output, engine, master):
         click.echo(f"Note: {why}.", err=True)
 
 
-def _emit(rel, fmt: str, output: Path | None) -> int:
-    """Write the result in `fmt`; returns the number of rows."""
-    if fmt == "parquet":
-        if output is None:
-            raise click.UsageError("--format parquet needs --output FILE")
-        rel.to_parquet(str(output))
-        return rel.count("*").fetchall()[0][0]
-    df = rel.df()
-    if fmt == "csv":
-        text = df.to_csv(index=False)
-    elif fmt == "json":
-        text = df.to_json(orient="records", indent=1) + "\n"
-    elif fmt == "markdown":
-        text = _markdown(df) + "\n"
-    else:
-        text = _table(df)
-    if output:
-        output.write_text(text)
-    else:
-        click.echo(text, nl=False)
-    return len(df)
+def check_output(output: Path | None) -> None:
+    """Refuse an --output that cannot be a file to write, before any work is done."""
+    if output is None:
+        return
+    if output.is_dir():
+        raise TraceError(output, "is a folder: --output names the file to write")
+    parent = output.absolute().parent
+    if not parent.is_dir():
+        raise TraceError(output, f"no such folder: {parent}")
+    if not os.access(parent, os.W_OK) or output.exists() and not os.access(output, os.W_OK):
+        raise TraceError(output, "cannot write: permission denied")
 
 
-def _cell(v, width: int = 80) -> str:
-    import pandas as pd
-
-    if v is None or (not isinstance(v, (list, tuple, dict)) and not hasattr(v, "__len__") and pd.isna(v)):
-        return "NULL"
-    if isinstance(v, float):
-        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.4g}"
-    if hasattr(v, "tolist"):  # list columns arrive as numpy arrays
-        v = v.tolist()
-    s = str(v)
-    return s if len(s) <= width else s[: width - 1] + "…"
-
-
-def _markdown(df) -> str:
-    cols = list(df.columns)
-    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    rows += ["| " + " | ".join(_cell(v).replace("|", "\\|") for v in row) + " |"
-             for row in df.itertuples(index=False)]
-    return "\n".join(rows)
-
-
-def _table(df) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(show_edge=False, header_style="bold")
-    for c in df.columns:
-        table.add_column(str(c), overflow="fold")
-    for row in df.itertuples(index=False):
-        table.add_row(*(_cell(v) for v in row))
-    console = Console(width=max(100, min(250, 12 * len(df.columns) + 60)), record=True, file=open("/dev/null", "w"))
-    console.print(table)
-    return console.export_text() + f"({len(df)} rows)\n"
+def _emit(rel, fmt: str, out: Path | None, columns: list[str] | None = None) -> int:
+    """Write the result in `fmt` (only `columns`, when given); returns the number of rows."""
+    if fmt == "parquet" and out is None:
+        raise click.UsageError("--format parquet needs --output FILE")
+    return _show().write(rel, fmt, out, columns, echo=lambda text: click.echo(text, nl=False))
 
 
 @main.command(name="queries")
 def list_queries():
     """List the curated queries, one line each."""
+    from . import queries
+
     for q in queries.catalogue():
         click.echo(f"{q.name:20s} {q.title}")
 
@@ -224,6 +270,8 @@ def list_queries():
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown"]), default="text", show_default=True)
 def schema_cmd(table, fmt):
     """The tables and their columns, with what each column means."""
+    from . import schema
+
     if fmt == "markdown":
         click.echo(schema.markdown())
         return
@@ -239,6 +287,8 @@ def schema_cmd(table, fmt):
 def _time(ns: int) -> str:
     """Absolute ns as UTC when it looks like an epoch time (after 2001), else as ns."""
     if ns >= 10**18:
+        from datetime import datetime, timezone
+
         return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
     return f"{ns:,} ns"
 
@@ -254,6 +304,8 @@ def info_cmd(run):
 
         tracesql info runs/1234/
     """
+    from .info import info as run_info
+
     i = run_info(run)
     formats = {}
     for src in i.sources:
@@ -280,6 +332,25 @@ def info_cmd(run):
 
 
 @main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@_errors_as_messages
+def verify(run):
+    """Check a run's files against its manifest: none missing or added, and each file's size, SHA-256 and
+    Parquet page checksums. Exit status 1 with one line naming the first damaged file.
+
+    Example:
+
+        tracesql verify runs/1234/
+    """
+    from . import store
+
+    if not store.is_run(run):
+        raise TraceError(run, f"not a tracesql run (no {store.MANIFEST}); `tracesql ingest` makes one")
+    checked = store.verify(run)
+    click.echo(f"{run}: ok — {checked['files']} files, {checked['bytes']:,} bytes match the manifest's checksums")
+
+
+@main.command()
 @click.argument("target", type=click.Path(path_type=Path))
 @_errors_as_messages
 def shell(target):
@@ -292,7 +363,14 @@ def shell(target):
 
         tracesql shell runs/1234/
     """
+    import duckdb
+
+    from . import engine as duckdb_engine
+    from . import schema
+
     con = duckdb_engine.connect(target)
+    if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 reads with U+FFFD instead of failing
+        sys.stdin.reconfigure(errors="replace")
     interactive = sys.stdin.isatty()
     if interactive:
         try:
@@ -322,7 +400,7 @@ def shell(target):
             for st in con.extract_statements(sql):
                 rel = con.sql(st.query)  # None for statements without a result (SET, CREATE, ...)
                 if rel is not None:
-                    click.echo(_table(rel.df()), nl=False)
+                    click.echo(_show().table(_show().Result.of(rel)), nl=False)
         except duckdb.Error as e:
             click.echo(f"Error: {str(e).strip().splitlines()[0]}", err=True)
     if buffer.strip():
@@ -346,7 +424,7 @@ def shell(target):
 @click.option("--params", "n_params", type=float, help="Model parameters; with --tokens-per-step, model FLOPs = 6·P·T.")
 @click.option("--tokens-per-step", type=float, help="Tokens the whole job processes per step.")
 @click.option("--device", help="device_peaks key for MFU/HFU and the roofline (e.g. H100-SXM); default: from the trace.")
-@click.option("--top", type=int, default=10, show_default=True, help="Rows of the hotspot, bubble and diff tables.")
+@click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Rows of the hotspot, bubble and diff tables.")
 @_errors_as_messages
 def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_flops, n_params, tokens_per_step,
            device, top):
@@ -364,12 +442,15 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
         from .report import render  # noqa: F401  (jinja2 and plotly: the [report] extra)
         import plotly  # noqa: F401
     except ImportError as e:
-        raise click.ClickException(f"the report needs the [report] extra: pip install 'tracesql[report]' ({e})")
+        raise click.ClickException(f"the report needs the [report] extra: pip install 'tracesql-ml[report]' ({e})")
     mfu_params = {k: v for k, v in (("model_flops_per_step", model_flops), ("params", n_params),
                                     ("tokens_per_step", tokens_per_step)) if v is not None}
     result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order, gate_runs=gate_runs,
                              threshold=threshold, mfu_params=mfu_params or None, device=device, top=top)
-    result.write(out)
+    try:
+        result.write(out)
+    except OSError as e:
+        raise TraceError(e.filename or out, f"cannot write the report: {e.strerror or e}") from None
     runs = result.metrics.runs
     click.echo(f"{out}: index.html, summary.md, metrics.json, metrics.parquet — {len(runs)} run(s), baseline "
                f"{result.baseline}, {len(result.regressions)} regressed")
@@ -383,11 +464,13 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
 @main.command()
 @click.argument("before", type=click.Path(path_type=Path))
 @click.argument("after", type=click.Path(path_type=Path))
-@click.option("--top", type=int, default=20, show_default=True, help="Rows per level (kernel, op).")
-@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--top", type=click.IntRange(1), default=20, show_default=True, help="Rows per level (kernel, op).")
+@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table: for people (fits the terminal, human units); the others keep raw values.")
+@click.option("-c", "--columns", metavar="NAMES", help=COLUMNS_HELP)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
 @_errors_as_messages
-def diff(before, after, top, fmt, output):
+def diff(before, after, top, fmt, columns, output):
     """What changed from BEFORE to AFTER, kernel by kernel and op by op, largest change first (the diff query).
 
     Each is a run folder or raw traces. Counts and times are per rank, names normalized (kernel families), so
@@ -397,6 +480,10 @@ def diff(before, after, top, fmt, output):
 
         tracesql diff runs/before runs/after
     """
+    from . import engine as duckdb_engine
+    from . import queries, store
+
+    check_output(output)
     runs = [duckdb_engine.resolve(t) for t in (before, after)]
     for target, found in zip((before, after), runs):
         if len(found) != 1:
@@ -404,9 +491,37 @@ def diff(before, after, top, fmt, output):
     ids = [store.load_manifest(r[0])["run_id"] for r in runs]
     if ids[0] == ids[1] and runs[0][0].absolute() != runs[1][0].absolute():
         raise TraceError(after, f"both runs are named {ids[0]!r}; ingest one with another --run-id")
-    con = duckdb_engine.connect([runs[0][0], runs[1][0]])
-    rel = queries.run(con, queries.find("diff"), {"before": ids[0], "after": ids[1], "top": top})
+    q = queries.find("diff")
+    con = duckdb_engine.connect([runs[0][0], runs[1][0]], names=queries.names_used(q))
+    rel = queries.run(con, q, {"before": ids[0], "after": ids[1], "top": top})
     if fmt == "table":  # the runs once on top instead of in every row
         click.echo(f"{ids[0]} -> {ids[1]}: per rank, largest change first")
         rel = rel.project("* EXCLUDE (before_run, after_run)")
-    _emit(rel, fmt, output)
+    _emit(rel, fmt, output, _show().parse_columns(columns))
+
+
+@main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
+              help="Perfetto trace file to write (.pftrace).")
+@click.option("--rank", type=int, help="The rank to export (needed when the run has several).")
+@click.option("--step", type=int, help="Only this step's window (default: the rank's whole trace).")
+@click.option("--run-id", help="The run, when RUN is a folder of several runs.")
+@click.option("--class-scheme", type=click.Choice(["default", "hta"]), default="default", show_default=True,
+              help="Kernel class rules for the tracesql lanes (kernel_classes).")
+@_errors_as_messages
+def export(run, out, rank, step, run_id, class_scheme):
+    """Write one rank's step (or whole trace) of RUN as a Perfetto trace, to open in https://ui.perfetto.dev.
+
+    Host threads and device streams as tracks, flows from launches to kernels, and tracesql's view as extra
+    tracks per device: compute, communication, memory, exposed communication and idle (as `temporal_breakdown`
+    counts them), the run's warnings as instants.
+
+    Example:
+
+        tracesql export runs/1234 --rank 3 --step 120 -o step120.pftrace
+    """
+    from .export import export as write_trace, summary
+
+    check_output(out)
+    click.echo(summary(write_trace(run, out, rank=rank, step=step, run_id=run_id, class_scheme=class_scheme)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+import uuid
 from pathlib import Path
 
 import duckdb
@@ -17,6 +19,9 @@ def connect(threads: int | None = None, memory_limit: str | None = None,
         con.execute(f"SET memory_limit = '{memory_limit}'").fetchall()
     if database:
         con.execute(f"SET temp_directory = '{database}.spill'").fetchall()
+    elif memory_limit:  # spills where temporary files go (an ingest's scratch folder), not in the working folder
+        spill = Path(tempfile.gettempdir()) / f"tracesql-spill-{uuid.uuid4().hex[:12]}"
+        con.execute(f"SET temp_directory = '{str(spill).replace(chr(39), chr(39) * 2)}'").fetchall()
     return con
 
 

@@ -1,12 +1,14 @@
 """Open runs in DuckDB: the tables as views over the Parquet files, plus the functions (macros).
 
-The only module that knows both the on-disk layout and the functions. `connect()` serves Python users and the
-CLI; `init_sql()` is the same thing as a SQL file written into every run for plain DuckDB clients.
+`connect()` serves Python users and the CLI; `views.init_sql()` is the same thing as a SQL file written into every
+run for plain DuckDB clients. `resolve()` turns a target (a run, a fleet, raw traces) into run folders, ingesting
+raw traces into a cache.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import warnings
 from pathlib import Path
@@ -15,40 +17,7 @@ import duckdb
 
 from . import db, functions, schema, store
 from .errors import OlderSchemaWarning, TraceError
-
-
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def views_sql(globs_per_table: dict[str, list[str]], present: dict[str, set[str]] | None = None) -> str:
-    """A view per table over its Parquet globs; a table with none (runs of an older schema) is empty.
-    `present`: for tables whose files may lack columns (runs of an older schema), the columns they have: the
-    view reads the files by name and gives each missing column as NULL."""
-    lines = []
-    for name, table in schema.TABLES.items():
-        files = ", ".join(_quote(g) for g in globs_per_table[name])
-        lines.append(f"-- {table.doc}")
-        empty = ", ".join(f'CAST(NULL AS {c.type}) AS "{c.name}"' for c in table.columns)
-        have = (present or {}).get(name)
-        if files and have is not None and not set(table.column_names) <= have:
-            columns = ", ".join(f'"{c.name}"' if c.name in have else f'CAST(NULL AS {c.type}) AS "{c.name}"'
-                                for c in table.columns)
-            source = f"SELECT {columns} FROM read_parquet([{files}], union_by_name = true)"
-        else:
-            source = f"SELECT * FROM read_parquet([{files}])" if files else f"SELECT {empty} WHERE false"
-        lines.append(f"CREATE OR REPLACE VIEW {name} AS {source};")
-    return "\n".join(lines) + "\n"
-
-
-def init_sql() -> str:
-    """The SQL a plain DuckDB client runs (from inside the run folder) to see the tables and functions."""
-    header = (
-        f"-- tracesql run (schema version {schema.SCHEMA_VERSION}). Open it in any DuckDB client, from this folder:\n"
-        "--   cd <this run> && duckdb -init init.sql\n"
-        "-- or in Python: os.chdir(run); con.execute(open('init.sql').read())\n"
-    )
-    return header + views_sql({t: [f"{t}/*.parquet"] for t in schema.TABLES}) + functions.sql()
+from .views import escape_path, files_sql, init_sql, quote, views_sql  # noqa: F401  (also engine.init_sql, ...)
 
 
 def cache_root() -> Path:
@@ -69,58 +38,107 @@ def resolve(target) -> list[Path]:
         runs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".") and store.is_run(p))
         if runs:
             return runs
-    from .ingestion import ingest
-
     key = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
     cached = cache_root() / f"{path.resolve().name}-{key}"
+    stamp = cached.parent / f".{cached.name}.sources.json"  # hidden: never taken for a run
+    now = source_stamp(path)  # taken before the ingest: a change while it reads is seen next time
+    if store.is_run(cached) and _read_stamp(stamp) == now and \
+            store.load_manifest(cached).get("schema_version") == schema.SCHEMA_VERSION:
+        return [cached]  # nothing changed since the last ingest: no need to import the readers to find that out
+    from .ingestion import ingest
+
     ingest([path], cached, run_id=path.resolve().name.split(".")[0])
+    tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(now))
+    tmp.replace(stamp)
     return [cached]
 
 
+def source_stamp(path: Path) -> dict:
+    """What raw traces at `path` are, as far as a cached run of them goes: the size and modification time of each
+    file, and the modification time of each folder (it changes when a file is added, removed or renamed in it);
+    hidden files and folders left out, as the ingest leaves them out."""
+    def stat(p: Path) -> list[int]:
+        st = p.stat()
+        return [st.st_size, st.st_mtime_ns]
+
+    path = path.resolve()
+    if not path.is_dir():
+        return {"files": {str(path): stat(path)}, "dirs": {}}
+    files, dirs = {}, {}
+    for root, subdirs, names in os.walk(path):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        dirs[root] = Path(root).stat().st_mtime_ns
+        files.update({str(Path(root, n)): stat(Path(root, n)) for n in sorted(names) if not n.startswith(".")})
+    return {"files": files, "dirs": dirs}
+
+
+def _read_stamp(stamp: Path) -> dict | None:
+    try:
+        return json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 SWAP_ATTEMPTS = 3
+_SWAPPED_PROBLEMS = ("missing:", "changed:", "not part of the run", "not a readable tracesql run")
 
 
-def on_fresh_connection(target, work):
-    """`work(con)` on a new connection to `target`, and again (up to SWAP_ATTEMPTS times) on another if a file of
-    the run vanished under it: an ingest swapped the run in between listing its files and opening them; the
-    next attempt sees the new run whole."""
+def on_fresh_connection(target, work, names=None):
+    """`work(con)` on a new connection to `target` (with the views and functions `names` need: see `connect`),
+    and again (up to SWAP_ATTEMPTS times) on another if a file of the run vanished under it: an ingest swapped
+    the run in between listing its files and opening them; the next attempt sees the new run whole."""
     for attempt in range(1, SWAP_ATTEMPTS + 1):
-        con = connect(target)
+        con = None
         try:
+            con = connect(target, names=names)
             return work(con)
+        except TraceError as e:  # the manifest read, then the run swapped: its files are the next run's
+            if attempt == SWAP_ATTEMPTS or not e.problem.startswith(_SWAPPED_PROBLEMS):
+                raise
         except duckdb.IOException as e:
-            if attempt == SWAP_ATTEMPTS or "No such file" not in str(e):
+            if attempt == SWAP_ATTEMPTS or not any(s in str(e) for s in ("No such file", "No files found")):
                 raise
         finally:
-            con.close()
+            if con is not None:
+                con.close()
 
 
-def connect(target, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection where the run's (or fleet's) tables are views and the tracesql functions exist.
     `target` may also be a list of targets, read together as one fleet (e.g. the two runs of a diff).
+    `names` (identifiers of the SQL to be run, `functions.words(sql)`) limits the views and functions to those
+    that SQL needs: what the CLI does, to start a query sooner; by default all of them.
 
     >>> con = tracesql.connect("runs/1234")                     # doctest: +SKIP
     >>> con.sql("SELECT kind, count(*) FROM slices GROUP BY 1").show()   # doctest: +SKIP
     """
     targets = target if isinstance(target, (list, tuple)) else [target]
     runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
-    older = []
+    older, files = [], {t: [] for t in schema.TABLES}
     for run in runs:
-        note = store.older_schema_note(store.load_manifest(run))  # refuses newer runs with a clear message
+        manifest = store.load_manifest(run)  # refuses newer runs with a clear message
+        note = store.older_schema_note(manifest)
         if note:
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
             older.append(run)
+        for rel in store.files_of(run, manifest):  # refuses a run whose files are not its manifest's
+            files[rel.split("/")[0]].append(str(run / rel))
     con = db.connect(threads)
-    globs = {t: [str(run.absolute() / t / "*.parquet") for run in runs if any((run / t).glob("*.parquet"))]
-             for t in schema.TABLES}
+    tables = list(schema.TABLES)
+    if names is not None:
+        names = {n.lower() for n in names}
+        _, used = functions.needed(names, set(tables))
+        tables = [t for t in tables if t in used]
+    listed = {t: files[t] for t in tables}
     present = None
     if older:  # their files may lack columns added since: which columns each table's files have
         present = {}
-        for t, table_globs in globs.items():
-            if table_globs:
-                files = ", ".join(_quote(g) for g in table_globs)
+        for t, table_files in listed.items():
+            if table_files:
                 present[t] = {r[0] for r in con.execute(
-                    f"DESCRIBE SELECT * FROM read_parquet([{files}], union_by_name = true)").fetchall()}
-    con.execute(views_sql(globs, present))
-    functions.install(con)
+                    f"DESCRIBE SELECT * FROM read_parquet([{files_sql(table_files)}], union_by_name = true)").fetchall()}
+    if listed:
+        con.execute(views_sql(listed, present)).fetchall()
+    functions.install(con, names=names)
     return con

@@ -36,7 +36,7 @@ def info(run) -> RunInfo:
     manifest = store.load_manifest(run)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OlderSchemaWarning)  # said once, in `note`
-        con = engine.connect(run)
+        con = engine.connect(run, names=set(schema.TABLES))  # the tables; no function is used
     result = RunInfo(run=run, run_id=manifest.get("run_id"), schema_version=manifest["schema_version"],
                      tracesql_version=manifest.get("tracesql_version"), note=store.older_schema_note(manifest))
     cur = con.execute("SELECT source_path, rank, source_format, source_bytes, event_count, skipped_count "

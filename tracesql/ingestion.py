@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import os
+import shutil
+import signal
+import stat
+import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
-from . import archives, db, engine, limits, quality, schema, store
+from . import archives, db, limits, quality, schema, store, views
 from .arrays import array, strings
 from .errors import TraceError
 
@@ -46,15 +53,32 @@ def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path,
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and Path(root, d) != exclude)
                 files += [Path(root, n) for n in sorted(names) if n.endswith(suffixes) and not n.startswith(".")
                           and not is_companion(Path(root, n))]
-        elif src.is_file():
+        elif src.exists():
             files.append(src)
         else:
             raise TraceError(src, "no such file or folder")
+    for f in files:
+        _check_regular(f)
     if not files:
         raise TraceError(", ".join(map(str, sources)), f"no trace files found (looked for *{', *'.join(suffixes)})")
     files = sorted({f.resolve() for f in files})
     root = Path(os.path.commonpath([f.parent for f in files]))
     return root, files
+
+
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"))
+
+
+def _check_regular(path: Path) -> None:
+    """Refuse what is not a regular file (reading a FIFO would wait forever for a writer) in one line."""
+    try:
+        mode = path.stat().st_mode  # through a symbolic link: what it points to counts
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        what = next((name for test, name in _SPECIAL if test(mode)), "not a regular file")
+        raise TraceError(path, f"{what}, not a regular file: refused (only trace files are read)")
 
 
 def _fingerprint(source: Path | archives.Member, options: dict) -> dict:
@@ -94,19 +118,67 @@ def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
     return table
 
 
-def _read_one(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str,
-              lim: limits.Limits, step_pattern: str | None = None) -> dict:
-    """Read, normalize and write one file's tables into the staging run. Runs in a worker process.
+def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str,
+              lim: limits.Limits, step_pattern: str | None = None, scratch: str | None = None) -> dict:
+    """Read, normalize and write one file's tables into the staging run `staging`; returns its summary (ranks,
+    parts, format, events, skipped, notes, rows). Runs in a worker process (a local one, or a Spark task: the
+    `read_files` of `ingest`).
     `ranks` is (the user's --rank, the rank to assume when the trace names none); `shown`: the name errors give
     the file (an archive member's, when `path` is its unpacked copy). A file that holds several processes gives
-    one rank each (and one part each)."""
+    one rank each (and one part each). `scratch`: the folder for the readers' temporary files (the ingest's
+    `.RUN.extract-*` folder beside the run, which the next ingest removes whatever killed this one)."""
     try:
-        with limits.using(lim):
+        with limits.using(lim), _temporary_files_in(scratch):
             return _read_normalize_write(Path(path), rel, staging, ranks, run_id, threads, step_pattern)
     except TraceError as e:
         if e.path == path and shown != path:
             raise TraceError(shown, e.problem) from None
         raise
+
+
+@contextlib.contextmanager
+def _temporary_files_in(scratch: str | None):
+    """Temporary files (tempfile's, DuckDB's spill files) go into `scratch` while in this block."""
+    if scratch is None:
+        yield
+        return
+    before = tempfile.tempdir
+    tempfile.tempdir = scratch
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while in this block (in the main thread): processes started meanwhile inherit that, so a
+    Ctrl-C while they boot cannot print their tracebacks; the parent handles it once they run."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _worker_start(parent: int, scratch: str) -> None:
+    """A worker process's setup: it dies with its parent (Linux: PR_SET_PDEATHSIG, so a `kill -9` of the ingest
+    leaves no worker behind to write into staging folders), leaves Ctrl-C to its parent, and keeps its temporary
+    files in the ingest's scratch folder."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+    tempfile.tempdir = scratch
 
 
 def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id: str, threads: int,
@@ -155,19 +227,23 @@ def ingest(
     memory_limit: str | None = None,
     max_events: int | None = None,
     step_pattern: str | None = None,
-    spark=None,
+    read_files=None,
 ) -> IngestResult:
     """Ingest trace files or folders into the run folder `out`. Unchanged files already in `out` are not re-read.
     `memory_limit` caps DuckDB's working memory per file (it spills to disk beyond it); `max_events` reads only
-    the first N events of each file (see `tracesql.limits`). With `spark` (a SparkSession, see
-    tracesql.spark.session) the files are read by Spark tasks instead of local processes; the run is published
-    the same way. `step_pattern`: a regular expression naming the ranges that are steps (named groups step,
-    phase, batch, tokens, prefill_tokens; see tracesql.step_rules), tried before the built-in rules; files are
-    read again when it changes.
+    the first N events of each file (see `tracesql.limits`). `read_files(todo, staging, ranks, run_id, limits,
+    step_pattern)`, when given, reads the files instead of local processes (tracesql.spark.read_files: Spark
+    tasks), yielding (rel, summary) per file as `read_file` returns it; the run is published the same way.
+    `step_pattern`: a regular expression naming the ranges that are steps (named groups step, phase, batch,
+    tokens, prefill_tokens; see tracesql.step_rules), tried before the built-in rules; files are read again when
+    it changes.
 
     >>> tracesql.ingest(["traces/run-1234/"], "runs/1234")          # doctest: +SKIP
     """
+    from .readers.common import max_inflate_ratio
+
     lim = limits.Limits.make(memory_limit, max_events)
+    archives.max_bytes(), max_inflate_ratio()  # a bad environment value is refused before any work
     if step_pattern is not None:
         from .step_rules import user_rule
 
@@ -176,6 +252,8 @@ def ingest(
     sources = [Path(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     root, files = find_traces(sources, exclude=out)
     wanted = _sources(root, files)
+    if rank is not None and not (isinstance(rank, int) and 0 <= rank < 2**31):
+        raise TraceError("--rank", f"{rank!r} is not a rank (an integer from 0 to {2**31 - 1})")
     if rank is not None and len(wanted) > 1:
         raise TraceError(out, f"--rank applies to a single trace file, but {len(wanted)} were given")
     try:
@@ -183,23 +261,31 @@ def ingest(
             store.remove_leftovers(out)
             scratch = store.new_scratch(out)  # archive members are unpacked here
             try:
-                return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim, spark,
+                return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim, read_files,
                                       step_pattern)
             finally:
                 archives.remove(scratch)
     except OSError as e:  # the run's folder cannot be written (permissions, disk full, ...)
         raise TraceError(e.filename or out, f"cannot write the run: {e.strerror or e}") from None
+    except duckdb.IOException as e:  # DuckDB's spill or scratch files: "Async write failed" means a full disk
+        free = shutil.disk_usage(out.parent).free if out.parent.exists() else 0
+        raise TraceError(out, f"cannot write the run or its scratch files ({str(e).strip().splitlines()[0]}): is "
+                              f"the disk full? ({free / 2**30:.1f} GiB free)") from None
 
 
 def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress,
-                   lim: limits.Limits, spark, step_pattern: str | None = None) -> IngestResult:
+                   lim: limits.Limits, read_files, step_pattern: str | None = None) -> IngestResult:
+    if out.exists() and not out.is_dir():
+        raise TraceError(out, "exists and is not a tracesql run: a file (refusing to write over it)")
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
         raise TraceError(out, "exists and is not a tracesql run (refusing to write into it)")
-    old = store.load_manifest(out) if store.is_run(out) else None
+    old, damage = _previous_run(out)
     run_id = run_id or (old or {}).get("run_id") or out.name
     options = {"rank": rank, "run_id": run_id, **({"max_events": lim.max_events} if lim.max_events else {}),
                **({"step_pattern": step_pattern} if step_pattern is not None else {})}
     result = IngestResult(run=out, run_id=run_id)
+    if damage:
+        result.warnings.append(f"{damage}; all its sources are read again")
 
     old_sources = (old or {}).get("sources", {})
     if old and old["schema_version"] != schema.SCHEMA_VERSION:  # its files lack what this version writes
@@ -229,12 +315,10 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
                 store.reuse_part(out, staging, part)
         entries = dict(keep)
         ranks = (rank, 0 if len(wanted) == 1 else None)
-        if spark is not None:
-            from .spark import read_files
-
-            done = read_files(spark, todo, staging, ranks, run_id, lim, step_pattern)
+        if read_files is not None:
+            done = read_files(todo, staging, ranks, run_id, lim, step_pattern)
         else:
-            done = _run_all(todo, staging, ranks, run_id, jobs, progress, lim, step_pattern)
+            done = _run_all(todo, staging, ranks, run_id, jobs, progress, lim, scratch, step_pattern)
         for rel, summary in done:
             entries[rel] = {**todo[rel][1], **summary}
             result.ingested.append(rel)
@@ -258,25 +342,48 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
         _write_run_checks(staging)
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings}
-        store.publish(staging, out, manifest, engine.init_sql())
+        store.publish(staging, out, manifest, views.init_sql, known_files=(old or {}).get("files"))
     except BaseException:
         store.discard(staging)
         raise
     return result
 
 
+def _previous_run(out: Path) -> tuple[dict | None, str | None]:
+    """The manifest of the run `out` already holds, when its files can be carried over (None when there is no
+    run), and what is wrong with it when it is damaged (then nothing is carried over: every source is read
+    again). A manifest that is no JSON object, or of a schema version this tracesql does not read, is refused."""
+    if not store.is_run(out):
+        return None, None
+    manifest = store.load_manifest(out)  # unreadable, or of a schema version this tracesql does not read: refused
+    try:
+        sources = manifest.get("sources", {})
+        if not isinstance(sources, dict):
+            raise TraceError(out / store.MANIFEST, "damaged manifest: 'sources' is not an object")
+        for rel, entry in sources.items():
+            if not (isinstance(entry, dict) and isinstance(entry.get("parts"), list) and
+                    isinstance(entry.get("ranks"), list) and isinstance(entry.get("rows"), dict)
+                    and all(isinstance(p, str) for p in entry["parts"])):
+                raise TraceError(out / store.MANIFEST, f"damaged manifest: the entry of {rel!r} is incomplete")
+        store.files_of(out, manifest)  # parts missing, added or changed: carry none over
+    except TraceError as e:
+        return None, str(e)
+    return manifest, None
+
+
 def _write_run_checks(staging: Path) -> None:
     """The checks that need every rank (clocks far apart), as the run's own `warnings` file."""
     con = db.connect(1)
     (staging / "warnings").mkdir(exist_ok=True)
+    ranks = [views.escape_path(str(staging / rel)) for rel in store.parquet_files(staging) if rel.startswith("ranks/")]
     rows = con.sql(f"SELECT {schema.select_list('warnings')} FROM ({quality.CLOCK_SKEW_SQL})",
-                   params={"ranks": str(staging / "ranks" / "*.parquet")})
-    rows.to_parquet(str(staging / "warnings" / store.RUN_CHECKS), compression="zstd")
+                   params={"ranks": ranks})
+    store.write_relation(rows, staging / "warnings" / store.RUN_CHECKS)
     con.close()
 
 
 def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool,
-             lim: limits.Limits, step_pattern: str | None = None):
+             lim: limits.Limits, scratch: Path, step_pattern: str | None = None):
     """Yield (rel, summary) as files finish; one process per core when there are several files."""
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -284,21 +391,29 @@ def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | N
     try:
         if jobs == 1:
             for rel, (f, _, shown) in todo.items():
-                yield rel, _read_one(str(f), rel, str(staging), ranks, run_id, threads, shown, lim, step_pattern)
+                yield rel, read_file(str(f), rel, str(staging), ranks, run_id, threads, shown, lim, step_pattern,
+                                     str(scratch))
                 bar and bar.advance()
             return
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_read_one, str(f), rel, str(staging), ranks, run_id, threads, shown, lim,
-                                   step_pattern): rel
-                       for rel, (f, _, shown) in todo.items()}
-            try:
-                for fut in as_completed(futures):
-                    yield futures[fut], fut.result()
-                    bar and bar.advance()
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
+        pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_worker_start,
+                                   initargs=(os.getpid(), str(scratch)))
+        try:
+            with _sigint_ignored():  # workers start with Ctrl-C ignored (inherited), so it never interrupts them
+                futures = {pool.submit(read_file, str(f), rel, str(staging), ranks, run_id, threads, shown, lim,
+                                       step_pattern): rel
+                           for rel, (f, _, shown) in todo.items()}
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+                bar and bar.advance()
+        except BaseException:  # an error or Ctrl-C: the other files' work is moot, stop it now
+            workers = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for w in workers:
+                w.kill()
+            for w in workers:
+                w.join()
+            raise
+        pool.shutdown()
     finally:
         bar and bar.close()
 

@@ -20,10 +20,9 @@ from . import db, functions, limits, quality, schema, step_rules
 from .arrays import array, strings, to_numpy
 from .db import sql_list
 from .readers import FileMapping, TraceData
+from .schema import DEVICE_TIME_KINDS, LAUNCH_KINDS  # noqa: F401  (also normalize.X)
 
-LAUNCH_KINDS = ("runtime", "driver")
 DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
-DEVICE_TIME_KINDS = ("kernel", "memcpy", "memset")  # the device work ops are charged with
 SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
 NEST_BATCH = 1 << 16
 SCAN_BATCH = 1 << 17
@@ -201,7 +200,11 @@ ORDER BY track, ts, dur DESC, slice_id
 """
 # Device work -> the runtime/driver call with its correlation id (the earliest such call: CUDA graphs launch
 # many kernels with one call). Launched work takes its launch's op, collective call and step; device work
-# nothing launched (XLA CPU thunks, TPU ops, launches not recorded) keeps its own: by nesting, by time.
+# nothing launched (XLA CPU thunks, TPU ops, launches not recorded) keeps its own op and call (by nesting).
+# Its step is placed by its order on its stream (docs/concepts/steps.md): the step of the last launched work
+# before it on the same device and stream (by start, then id), else that of the first launched work after it,
+# unless that is the first step (work queued before the profiler started: NULL); on a stream where nothing was
+# launched, the step it ran in by time (the host range enclosing its start).
 LINK_SQL = f"""
 CREATE OR REPLACE TABLE launchers AS
 SELECT correlation, min(slice_id) AS launch_id, count(*) AS calls FROM read_slices
@@ -217,6 +220,34 @@ SELECT n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n.dur, n.
     CASE WHEN la.launch_id IS NULL THEN n.call_id ELSE h.call_id END AS call_id,
     CASE WHEN la.launch_id IS NULL THEN n.step ELSE h.step END AS step
 FROM nest n LEFT JOIN launch la USING (slice_id) LEFT JOIN nest h ON h.slice_id = la.launch_id;
+CREATE OR REPLACE TABLE stream_steps AS
+WITH work AS (
+    SELECT d.slice_id, d.device_id, d.stream, l.launch_id IS NOT NULL AS launched, l.step,
+        row_number() OVER (PARTITION BY d.device_id, d.stream ORDER BY d.ts, d.slice_id) AS n
+    FROM read_slices d JOIN links l USING (slice_id)
+    WHERE d.kind IN ({sql_list(DEVICE_WORK_KINDS)})
+), around AS (
+    SELECT *,
+        max(CASE WHEN launched THEN n END) OVER (PARTITION BY device_id, stream ORDER BY n
+            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_n,
+        min(CASE WHEN launched THEN n END) OVER (PARTITION BY device_id, stream ORDER BY n
+            ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_n
+    FROM work
+), first_step AS (
+    SELECT step FROM step_ranges ORDER BY ts, slice_id LIMIT 1  -- step_rules.find's ranges
+)
+SELECT a.slice_id,
+    CASE WHEN a.prev_n IS NOT NULL THEN p.step
+         WHEN a.next_n IS NOT NULL THEN CASE WHEN x.step IS NOT DISTINCT FROM (SELECT step FROM first_step)
+                                             THEN NULL ELSE x.step END
+         ELSE a.step END AS step
+FROM around a
+LEFT JOIN work p ON p.device_id IS NOT DISTINCT FROM a.device_id AND p.stream IS NOT DISTINCT FROM a.stream
+ AND p.n = a.prev_n
+LEFT JOIN work x ON x.device_id IS NOT DISTINCT FROM a.device_id AND x.stream IS NOT DISTINCT FROM a.stream
+ AND x.n = a.next_n
+WHERE NOT a.launched;
+UPDATE links SET step = s.step FROM stream_steps s WHERE links.slice_id = s.slice_id;
 """
 LINK_COLUMNS_SQL = """
 SELECT parent_id, depth, launch_id, COALESCE(x.op_id, l.op_id) AS op_id, step, CAST($run_id AS VARCHAR) AS run_id,
@@ -302,7 +333,7 @@ def _derive(con, slices: pa.Table, checks: list[dict], data: TraceData, run_id: 
 
     slices = emit("slices", schema.conform("slices", slices))
     # in batches (zero-copy views) so that DuckDB scans them on every thread
-    con.register("slices", pa.Table.from_batches(slices.to_batches(max_chunksize=SCAN_BATCH)))
+    con.register("slices", pa.Table.from_batches(slices.to_batches(max_chunksize=SCAN_BATCH), slices.schema))
     con.register("steps", emit("steps", _table(con, "steps", STEPS_SQL)))
     functions.install(con, INGEST_FUNCTIONS)
     metadata = _metadata_tables(con, data, run_id, rank)
@@ -401,7 +432,7 @@ WITH comm_kernels AS (
     WHERE a.class = 'communication'
 ), per_call AS (
     SELECT collective_call, count(*) AS kernel_count, any_value(device_id) AS device_id,
-        arg_min(stream, ts) AS stream, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur,
+        arg_min(stream, (ts, slice_id)) AS stream, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur,
         sum(dur) AS kernel_dur,
         -- what the kernels say of the call, for host calls that record none (c10d ops; torch_npu's HCCL ops)
         min(json_extract_string(args, '$.dtype')) AS kernel_dtype,
@@ -455,6 +486,8 @@ WITH comm_kernels AS (
     SELECT any_value(pg_name) AS pg_name, any_value(pg_desc) AS pg_desc, any_value(group_size) AS group_size,
         any_value(group_ranks) AS group_ranks
     FROM groups HAVING count(*) = 1
+), host_calls AS (  -- whether the rank issues its collectives from the host (else: XLA's SPMD device ops)
+    SELECT count(*) > 0 AS any_host FROM rows WHERE cpu_ts IS NOT NULL
 )
 SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_desc, g.pg_desc) AS pg_desc,
                     COALESCE(r.group_size, g.group_size) AS group_size,
@@ -465,14 +498,16 @@ SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_des
          ELSE r.in_nelems END * dtype_bytes(r.dtype) AS size_bytes,
     r.recorded_seq IS NOT NULL AS seq_recorded,
     -- numbered per group and class (collective_match_class: point-to-point calls apart from each collective);
-    -- device work no host call issued (XLA's SPMD ops, one set per device) per device too
+    -- on a rank whose collectives no host call issues (XLA's SPMD ops, one set per device) per device too, and
+    -- where host calls exist, the kernels none of them launched in the same count (else two counts collide)
     COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY COALESCE(r.pg_name, g.pg_name, ''),
                                                              collective_match_class(COALESCE(
                                                                  r.xla_collective, collective_kind(r.source_name))),
-                                                             CASE WHEN r.cpu_ts IS NULL THEN r.device_id END
-                                                ORDER BY COALESCE(r.cpu_ts, r.device_ts)) - 1) AS seq
-FROM rows r LEFT JOIN only_group g ON true
-ORDER BY COALESCE(r.cpu_ts, r.device_ts)
+                                                             CASE WHEN r.cpu_ts IS NULL AND NOT h.any_host
+                                                                  THEN r.device_id END
+                                                ORDER BY COALESCE(r.cpu_ts, r.device_ts), r.collective_id) - 1) AS seq
+FROM rows r LEFT JOIN only_group g ON true CROSS JOIN host_calls h
+ORDER BY COALESCE(r.cpu_ts, r.device_ts), r.collective_id
 """
 
 # PyTorch's [memory] events and XPlane's allocator events (TSL: MemoryAllocation / MemoryDeallocation with the
@@ -513,13 +548,26 @@ WITH ranges AS (  -- step_rules.find's: the rule that defines the rank's steps, 
     SELECT r.run_id, r.rank, s.step, s.name, s.slice_id, s.ts, s.dur, s.rule, s.phase, s.batch_size, s.tokens,
         s.prefill_tokens
     FROM step_ranges s JOIN slices r USING (slice_id)
+), firsts AS (
+    -- per device and step: its first device event, and the last end of any stepped work on the device
+    SELECT device_id, step, min(ts) AS first_ts, count(*) AS kernel_count,
+        max(max(ts + dur)) OVER (PARTITION BY device_id) AS device_end
+    FROM slices WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)}) AND step IS NOT NULL GROUP BY device_id, step
+), windows AS (
+    -- the step_windows macro's rule (tracesql/functions/40_time.sql), over every device event: from the step's
+    -- first event to the next step's first event on the same device, the last step to the last end
+    SELECT device_id, step, first_ts AS ts,
+        COALESCE(lead(first_ts) OVER (PARTITION BY device_id ORDER BY first_ts, step), device_end) AS te,
+        kernel_count
+    FROM firsts
 ), device AS (
-    SELECT step, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur, count(*) AS kernel_count
-    FROM slices WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)}) AND step IS NOT NULL GROUP BY step
+    -- over the rank's devices (one, but for XLA traces of several): the earliest start to the latest end
+    SELECT step, min(ts) AS device_ts, max(te) - min(ts) AS device_dur, sum(kernel_count) AS kernel_count
+    FROM windows GROUP BY step
 )
 SELECT r.*, d.device_ts, d.device_dur, COALESCE(d.kernel_count, 0) AS kernel_count
 FROM ranges r LEFT JOIN device d USING (step)
-ORDER BY r.ts
+ORDER BY r.ts, r.slice_id
 """
 
 

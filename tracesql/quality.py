@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .db import sql_list
+from .schema import DEVICE_TIME_KINDS, LAUNCH_KINDS
 
 #: A reader's skip reason -> its check. Reasons not listed are `malformed_event`.
 SKIP_CHECKS = {
@@ -44,8 +45,6 @@ def link_checks(con, steps: dict) -> list[dict]:
     """Checks on the links normalize made, in SQL over `read_slices`, `launchers` (launch calls by correlation
     id, with how many share it) and `launch` (device work -> its launch call). `steps`: the step ranges
     (slice_id, name, end_ts), in time order."""
-    from .normalize import DEVICE_TIME_KINDS, LAUNCH_KINDS
-
     rows = []
     unlaunched, first = con.execute(f"""
         SELECT count(*), arg_min(name, slice_id) FROM read_slices s ANTI JOIN launch USING (slice_id)

@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import TraceError
+from .functions import HERE as FUNCTIONS_DIR
+from .functions import words
+from .schema import DEVICE_TIME_KINDS
 
 _PARAM = re.compile(r"^--\s+(\w+)\s*=\s*('(?:[^']|'')*'|\S+)\s+(.*)$")
 _COLUMN = re.compile(r"^--\s+(\w+)\s+([A-Z][A-Z0-9_]*(?:\[\])*)\s+(.*)$")
@@ -44,9 +47,7 @@ def device_keys() -> list[str]:
     """The keys of the device_peaks table (what `-p device=` accepts)."""
     import csv
 
-    from .functions import HERE
-
-    with open(HERE / "device_peaks.csv", newline="") as f:
+    with open(FUNCTIONS_DIR / "device_peaks.csv", newline="") as f:
         return [row["device"] for row in csv.DictReader(f)]
 
 
@@ -204,44 +205,38 @@ def run(con, query: Query, params: dict | None = None):
     return con.sql(statements[-1].query)
 
 
+def _explains_device_time(query: Query) -> bool:
+    return any(word in query.needs.lower() for word in ("device", "kernel"))
+
+
+def names_used(query: Query) -> set[str]:
+    """The identifiers `run` and `explain` of `query` may use: what `engine.connect(names=...)` must create."""
+    return words(query.sql) | ({"slices", "device_activity"} if _explains_device_time(query) else set())
+
+
 def explain(con, query: Query, params: dict | None = None, rows: int = 0) -> str | None:
     """What the user should know about a result of `rows` rows on `con`'s run, as precisely as the run tells:
     why there are no rows (no device events at all, or the window or time unit the parameters chose removed every
     one of them, else what the query needs); or, with rows, that the time unit rounded all device time away."""
     needs = f"{query.name} needs {query.needs or 'data this run does not have'}"
-    if not any(word in query.needs.lower() for word in ("device", "kernel")):
+    if not _explains_device_time(query):
         return None if rows else needs
     params = {name: p.default.strip("'") for name, p in query.params.items()} | dict(params or {})
-    device = con.execute("SELECT count(*) FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')").fetchall()[0][0]
+    window, unit = str(params.get("analysis_window", "all")), int(float(params.get("time_unit_ns", 1)))
+    if rows and unit <= 1:  # the one thing said about rows is that the time unit rounded device time away
+        return None
+    kinds = ", ".join(f"'{k}'" for k in DEVICE_TIME_KINDS)
+    device = con.execute(f"SELECT count(*) FROM slices WHERE kind IN ({kinds})").fetchall()[0][0]
     if device == 0:
         return None if rows else f"{needs}: this run has no device events (kernels, copies, memsets)"
-    window, unit = str(params.get("analysis_window", "all")), int(float(params.get("time_unit_ns", 1)))
     kept, timed = con.execute("SELECT count(*), count(*) FILTER (WHERE dur > 0) FROM device_activity("
                               "analysis_window := $w, time_unit_ns := $u)", {"w": window, "u": unit}).fetchall()[0]
     if window != "all" and kept == 0 and not rows:
         return (f"analysis_window = '{window}' keeps none of the run's {device:,} device events (HTA's window: "
-                "work launched by a host call before the last step began; work without a captured launch is out)")
+                "device work launched by a host call before the rank's last step began, and work with no correlation id "
+                "that starts before it; with fewer than two steps in the run, everything)")
     if unit > 1 and kept and timed == 0:
         return (f"time_unit_ns = {unit} rounds every one of the run's {kept:,} device events to zero length "
                 "(each lies within one time unit, as in HTA): no device time is counted; time_unit_ns = 1 keeps "
                 "nanoseconds")
     return None if rows else needs
-
-
-def query(name_or_path, target, *, engine: str = "duckdb", **params):
-    """Run a curated query (or a SQL file) on a run, fleet or raw traces and return a DataFrame.
-    engine="spark" runs it on Spark (tracesql.spark.query: the same table).
-
-    >>> tracesql.query("overlap", "runs/1234", class_scheme="hta")   # doctest: +SKIP
-    """
-    if engine == "spark":
-        from .spark import query as spark_query
-
-        return spark_query(name_or_path, target, **params)
-    if engine != "duckdb":
-        raise TraceError(engine, "unknown engine (duckdb or spark)")
-    from .engine import on_fresh_connection
-
-    query = find(name_or_path)
-    check(query, params)  # before the target is opened (raw traces would be ingested first)
-    return on_fresh_connection(target, lambda con: run(con, query, params).df())

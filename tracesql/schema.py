@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -31,6 +31,9 @@ SCHEMA_CHANGES = {
        "call apart (point-to-point calls together)",
     5: "phases (issue 14): ops gains fwd_op_id (the forward op a backward op differentiates: Kineto's fwdbwd "
        "flows, else autograd sequence numbers)",
+    6: "steps on the device (issue 12): steps.device_ts/device_dur are the step's device window (from its first "
+       "device event to the next step's first; windows no longer overlap); device work with no captured launch "
+       "takes its step by its order on its stream (slices.step)",
 }
 OLDEST_READABLE = 1
 
@@ -39,6 +42,10 @@ OLDEST_READABLE = 1
 #: VizTracer's log_event). Python re and DuckDB (RE2) syntax alike. The steps table's other rules (inference
 #: iterations, --step-pattern) are in tracesql.step_rules.
 STEP_PATTERN = r"^ProfilerStep#(?P<step>\d+)(?:\s.*)?$"
+#: `slices.kind` values of host calls that launch device work (their correlation id links the work to them).
+LAUNCH_KINDS = ("runtime", "driver")
+#: `slices.kind` values of device work that counts as device time (and is charged to the op that launched it).
+DEVICE_TIME_KINDS = ("kernel", "memcpy", "memset")
 
 
 @dataclass(frozen=True)
@@ -343,9 +350,10 @@ TABLES: dict[str, Table] = {
                 ("slice_id", "BIGINT", "slice_id of that range."),
                 ("ts", "BIGINT", "Host start, ns."),
                 ("dur", "BIGINT", "Host duration, ns."),
-                ("device_ts", "BIGINT", "Start of the first device event of the step (launched in it, or run in it when "
-                 "nothing launched it: XLA CPU thunks, TPU ops)."),
-                ("device_dur", "BIGINT", "From that start to the end of the step's last device event."),
+                ("device_ts", "BIGINT", "Start of the step's device window: its first device event (launched in the "
+                 "step; work with no captured launch placed by its order on its stream, docs/concepts/steps.md)."),
+                ("device_dur", "BIGINT", "Length of the step's device window: up to the next step's first device event "
+                 "(the last step: to the last stepped device event). Windows of consecutive steps do not overlap."),
                 ("kernel_count", "BIGINT", "Device events of the step (kernels, copies, memsets)."),
                 ("rule", "VARCHAR", "The rule that recognised the range: profiler_step, sglang, vllm, vllm_new_cached, "
                  "vllm_execute_model or user (--step-pattern)."),

@@ -25,7 +25,7 @@ try:
     import sqlglot  # noqa: F401
 except ImportError as missing:
     raise TraceError("--engine spark",
-                     f"needs {missing.name}: pip install 'tracesql[spark]' (and Java 17 or 21)") from None
+                     f"needs {missing.name}: pip install 'tracesql-ml[spark]' (and Java 17 or 21)") from None
 
 from . import db, engine, functions, queries, schema, store, transpile  # noqa: E402
 
@@ -218,13 +218,13 @@ def query(name_or_path, target, *, spark=None, master: str | None = None, **para
 
 
 def _read_task(item):
-    """One trace file on an executor: ingestion's reader, the parts written into the shared staging run.
+    """One trace file on an executor: ingestion's per-file reader, the parts written into the shared staging run.
     Bad input comes back as (path, problem), to be raised on the driver with its one-line message."""
-    from .ingestion import _read_one
+    from .ingestion import read_file
 
     rel, path, staging, ranks, run_id, threads, shown, lim, step_pattern = item
     try:
-        return rel, _read_one(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern), None
+        return rel, read_file(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern), None
     except TraceError as e:
         return rel, None, (e.path, e.problem)
 

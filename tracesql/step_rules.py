@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from .arrays import array, texts, to_numpy
 from .db import sql_list
 from .errors import TraceError
 
@@ -33,6 +34,7 @@ class StepRule:
     pattern: str
     kinds: tuple[str, ...]
     doc: str
+    quick: str | None = None  # a cheap SQL test every matching name passes (regular expressions cost 10x more)
 
     def fields(self, m: re.Match) -> dict:
         """phase, batch_size, tokens, prefill_tokens (None when the name does not carry them) from a match."""
@@ -99,17 +101,22 @@ def _int(text: str | None) -> int | None:
 #: Built-in rules, in the order they are tried (the first that matches a rank's ranges defines its steps)
 RULES: tuple[StepRule, ...] = (
     _SGLang("sglang", r"^step\[(?P<phase>[A-Za-z_]+)(?: bs=(?P<batch>\d+))?(?: toks=(?P<tokens>\d+))?[^\]]*\]$",
-            ("user_annotation", "cpu_op"), "SGLang: step[DECODE bs=32], step[EXTEND bs=15 toks=15360]"),
+            ("user_annotation", "cpu_op"), "SGLang: step[DECODE bs=32], step[EXTEND bs=15 toks=15360]",
+            "starts_with(name, 'step[')"),
     _VLLMContextGeneration(
         "vllm", r"^execute_(?P<tokens>\d+)_context_(?P<context>\d+)\((?:sq(?P<context_tokens>\d+))?[^)]*\)"
                 r"_generation_(?P<generation>\d+)\([^)]*\)$",
-        ("user_annotation", "cpu_op"), "vLLM: execute_{tokens}_context_{C}(sq..)_generation_{G}(sq..)"),
+        ("user_annotation", "cpu_op"), "vLLM: execute_{tokens}_context_{C}(sq..)_generation_{G}(sq..)",
+        "starts_with(name, 'execute_')"),
     _VLLMNewCached("vllm_new_cached", r"^execute_new_(?P<new>\d+)_cached_(?P<cached>\d+)$",
-                   ("user_annotation", "cpu_op"), "vLLM v1 (older): execute_new_{N}_cached_{M}"),
+                   ("user_annotation", "cpu_op"), "vLLM v1 (older): execute_new_{N}_cached_{M}",
+                   "starts_with(name, 'execute_new_')"),
     StepRule("profiler_step", r"^ProfilerStep#(?P<step>\d+)(?:\s.*)?$", ("user_annotation", "cpu_op"),
-             "PyTorch: ProfilerStep#N (profiler schedule / prof.step()), also with a trailing label"),
+             "PyTorch: ProfilerStep#N (profiler schedule / prof.step()), also with a trailing label",
+             "starts_with(name, 'ProfilerStep#')"),
     StepRule("vllm_execute_model", r"^\S*model_runner\.py\(\d+\): execute_model$", ("python_function",),
-             "vLLM's model runner execute_model (with_stack traces that carry no iteration ranges)"),
+             "vLLM's model runner execute_model (with_stack traces that carry no iteration ranges)",
+             "ends_with(name, ': execute_model')"),
 )
 
 #: The columns `find` returns (steps: ts, by slice id), and their types
@@ -146,8 +153,8 @@ def _quote(text: str) -> str:
 
 def candidates_sql(table: str, rules: tuple[StepRule, ...]) -> str:
     """The ranges of `table` that any rule matches (few: the rules are checked in Python on them)."""
-    clauses = " OR ".join(f"(kind IN ({sql_list(r.kinds)}) AND regexp_matches(name, {_quote(r.pattern)}))"
-                          for r in rules)
+    clauses = " OR ".join(f"(kind IN ({sql_list(r.kinds)}) AND {r.quick or 'true'} "
+                          f"AND regexp_matches(name, {_quote(r.pattern)}))" for r in rules)
     return f"SELECT slice_id, ts, dur, name, kind FROM {table} WHERE name IS NOT NULL AND ({clauses}) " \
            "ORDER BY ts, slice_id"
 
@@ -169,7 +176,7 @@ def find(con, table: str, pattern: str | None = None, notes: list | None = None)
         notes.append(f"--step-pattern {pattern!r} matched no range"
                      + (f"; steps are {chosen.name} ranges" if chosen else "; the trace has no steps"))
     if chosen is None:
-        return COLUMNS.empty_table()
+        return _table({c: [] for c in COLUMNS.names})
     out = {c: [] for c in COLUMNS.names}
     for i, ((slice_id, ts, dur, name, _), m) in enumerate(matches):
         number = m.groupdict().get("step")
@@ -178,14 +185,33 @@ def find(con, table: str, pattern: str | None = None, notes: list | None = None)
         out["ts"].append(ts)
         out["dur"].append(dur)
         out["end_ts"].append(ts + dur)
-        out["step"].append(int(number) if number is not None and number.isdigit() else i)
+        out["step"].append(int(number) if number is not None and number.isdigit() and int(number) < 2**31 else i)
         out["name"].append(name)
         out["rule"].append(chosen.name)
         for k, v in fields.items():
             out[k].append(v)
-    return pa.Table.from_pydict(out, schema=COLUMNS)
+    return _table(out)
+
+
+def _table(columns: dict[str, list]) -> pa.Table:
+    """COLUMNS from Python lists, through numpy (pa.array and Table.from_pydict import pandas: a second per
+    ingest process; see tracesql.arrays)."""
+    arrays = []
+    for f in COLUMNS:
+        values = columns[f.name]
+        if pa.types.is_string(f.type):
+            arrays.append(texts(values))
+        else:  # a number the column cannot hold (ProfilerStep#99999999999) is unknown
+            limit = np.iinfo(f.type.to_pandas_dtype()).max
+            values = [v if v is not None and -limit <= v <= limit else None for v in values]
+            missing = np.array([v is None for v in values], bool)
+            arrays.append(array(np.array([0 if v is None else v for v in values], np.int64).astype(
+                f.type.to_pandas_dtype()), f.type, missing))
+    return pa.Table.from_arrays(arrays, schema=COLUMNS)
 
 
 def as_numpy(steps: pa.Table) -> dict[str, np.ndarray]:
     """ts, end_ts, step, slice_id, name as arrays (what the nesting pass and the checks read)."""
-    return {c: steps[c].to_numpy(zero_copy_only=False) for c in ("ts", "end_ts", "step", "slice_id", "name")}
+    out = {c: to_numpy(steps[c]) for c in ("ts", "end_ts", "step", "slice_id")}
+    out["name"] = np.array(steps["name"].to_pylist(), object)
+    return out

@@ -3,7 +3,8 @@
 A run is a folder:
 
     runs/1234/
-      tracesql.json              manifest: schema version, sources (size, mtime, rank, part), warnings
+      tracesql.json              manifest: schema version, sources (size, mtime, rank, part), warnings, and
+                                 `files`: every Parquet file of the run with its size and SHA-256
       init.sql                   views + macros for a plain DuckDB client (`cd runs/1234 && duckdb -init init.sql`)
       slices/rank00003-<key>.parquet   one Parquet file per table per source file
       ops/ collectives/ memory/ steps/ ranks/ devices/ process_groups/
@@ -14,6 +15,11 @@ atomic exchange of the two folders (Linux `renameat2(RENAME_EXCHANGE)`; elsewher
 interrupted or killed ingest leaves the previous run as it was. Ingests of one run take its lock (`.<run>.lock`
 beside it) for their whole duration, so two processes never interleave; leftovers of a killed ingest (hidden
 `.<run>.staging-*` folders, which never count as runs) are removed by the next ingest of that run.
+
+A run verifies itself: opening it (`files_of`) refuses a run whose Parquet files are not the ones its manifest
+lists (one missing, one added, one of another size) in one line naming the file; `verify` also checks every
+file's SHA-256 and every Parquet page's CRC (written by every writer here). Files are always named one by one,
+never found by a glob pattern, so a run under `exp[1]/` or `a*b/` reads exactly its own files.
 """
 
 from __future__ import annotations
@@ -22,22 +28,23 @@ import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import json
 import os
 import shutil
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import filelock
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from . import __version__, schema
+from . import schema
 from .errors import TraceError
+from .version import __version__
 
 MANIFEST = "tracesql.json"
 INIT_SQL = "init.sql"
+#: How every Parquet file of a run is written: page checksums let any reader (pyarrow, Spark, `tracesql verify`)
+#: notice a flipped bit.
+PARQUET_OPTIONS = {"compression": "zstd", "write_page_checksum": True}
 
 
 def part_name(rank: int, key: str) -> str:
@@ -57,6 +64,8 @@ def _sibling(out: Path, what: str) -> Path:
 def locked(out: Path):
     """Held by an ingest of `out` from reading its manifest to publishing: a second ingest waits."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    import filelock  # (here, not at the top: reading a run takes no lock unless an ingest is running)
+
     with filelock.FileLock(_sibling(out, "lock")):
         yield
 
@@ -66,6 +75,8 @@ def being_written(out: Path) -> bool:
     lock_file = _sibling(out, "lock")
     if not lock_file.exists():
         return False
+    import filelock
+
     try:
         with filelock.FileLock(lock_file, timeout=0):
             return False
@@ -78,6 +89,8 @@ def being_written(out: Path) -> bool:
 def wait_for_writer(out: Path, timeout: float = 600) -> None:
     """Wait (up to `timeout` s) until no ingest of `out` holds its lock."""
     if _sibling(out, "lock").exists():
+        import filelock
+
         try:
             with filelock.FileLock(_sibling(out, "lock"), timeout=timeout):
                 pass
@@ -145,19 +158,23 @@ class PartWriter:
 
     def __init__(self, run_dir: Path, part: str):
         self._dir, self._part = run_dir, part
+        from concurrent.futures import ThreadPoolExecutor
+
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tracesql-write")
-        self._writes: list[Future] = []
+        self._writes = []  # futures of the writes
 
     def write(self, name: str, rows) -> int:
         """Write `rows` (an Arrow table or a DuckDB relation) as table `name`; returns the number of rows."""
+        import pyarrow as pa  # here, not at the top: reading a run (every query) needs no Arrow
+        import pyarrow.parquet as pq
+
         path = self._dir / name / self._part
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(rows, pa.Table):
-            self._writes.append(self._pool.submit(
-                pq.write_table, rows, path, compression="zstd", row_group_size=1 << 20))
+            self._writes.append(self._pool.submit(pq.write_table, rows, path, row_group_size=1 << 20,
+                                                  **PARQUET_OPTIONS))
             return rows.num_rows
-        rows.to_parquet(str(path), compression="zstd")
-        return pq.read_metadata(path).num_rows
+        return write_relation(rows, path)
 
     def __enter__(self) -> PartWriter:
         return self
@@ -169,6 +186,21 @@ class PartWriter:
                     w.result()
         finally:
             self._pool.shutdown(cancel_futures=True)
+
+
+def write_relation(rel, path: Path, batch_rows: int = 1 << 17) -> int:
+    """Stream a DuckDB relation into the Parquet file `path` a batch at a time (DuckDB's own writer has no page
+    checksums); returns the number of rows."""
+    import pyarrow.parquet as pq
+
+    reader = rel.to_arrow_reader(batch_rows)
+    n = 0
+    with pq.ParquetWriter(path, reader.schema, **PARQUET_OPTIONS) as writer:
+        for batch in reader:
+            if batch.num_rows:
+                writer.write_batch(batch, row_group_size=1 << 20)
+                n += batch.num_rows
+    return n
 
 
 def new_staging(out: Path) -> Path:
@@ -195,11 +227,100 @@ def reuse_part(old_run: Path, staging: Path, part: str) -> None:
             shutil.copy2(src, dst)
 
 
-def publish(staging: Path, out: Path, manifest: dict, init_sql: str) -> None:
-    """Write the manifest last, then swap the staging folder in for `out`."""
-    (staging / INIT_SQL).write_text(init_sql)
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def parquet_files(run: Path) -> list[str]:
+    """The Parquet files in `run`'s table folders, as `table/file.parquet`, sorted."""
+    found = []
+    for name in schema.TABLES:
+        folder = run / name
+        if folder.is_dir():
+            found += [f"{name}/{p.name}" for p in folder.iterdir() if p.name.endswith(".parquet")]
+    return sorted(found)
+
+
+def describe_files(run: Path, known: dict | None = None) -> dict[str, dict]:
+    """`files` of a manifest: each Parquet file's size and SHA-256 (taken from `known`, the previous run's, for
+    a file carried over unchanged)."""
+    known = known or {}
+    files = {}
+    for rel in parquet_files(run):
+        size = (run / rel).stat().st_size
+        prev = known.get(rel)
+        if isinstance(prev, dict) and prev.get("size") == size and prev.get("sha256"):
+            files[rel] = {"size": size, "sha256": prev["sha256"]}
+        else:
+            files[rel] = {"size": size, "sha256": sha256(run / rel)}
+    return files
+
+
+def files_of(run: Path, manifest: dict) -> list[str]:
+    """The run's Parquet files (`table/file.parquet`) as its manifest lists them, after checking that the folder
+    holds exactly those, each of its recorded size: otherwise a TraceError naming the first file that differs.
+    A run written before manifests listed files gets its files as found."""
+    listed = manifest.get("files")
+    found = parquet_files(run)
+    if listed is None:
+        return found
+    if not isinstance(listed, dict):
+        raise TraceError(run / MANIFEST, "damaged manifest: 'files' is not an object; re-ingest the traces")
+    for rel in sorted(listed):
+        entry = listed[rel]
+        path = run / rel
+        if not path.is_file():
+            raise TraceError(path, "missing: the run's manifest lists it (a damaged run: re-ingest the traces)")
+        size = entry.get("size") if isinstance(entry, dict) else None
+        if path.stat().st_size != size:
+            raise TraceError(path, f"changed: {path.stat().st_size:,} bytes where the run's manifest records "
+                                   f"{size:,} (a damaged run: re-ingest the traces)" if isinstance(size, int) else
+                                   "damaged manifest entry (re-ingest the traces)")
+    extra = sorted(set(found) - set(listed))
+    if extra:
+        raise TraceError(run / extra[0], "not part of the run: its manifest does not list it (remove it, or "
+                                         "re-ingest the traces)")
+    return sorted(listed)
+
+
+def verify(run: Path) -> dict:
+    """Check every file of `run` against its manifest: present, nothing added, size, SHA-256, and every
+    Parquet page's checksum. Returns {'files': n, 'bytes': total}; raises a TraceError naming the first bad file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    manifest = load_manifest(run)
+    if manifest.get("files") is None:
+        raise TraceError(run, "written by a tracesql that recorded no checksums: nothing to verify against "
+                              "(re-ingest the traces)")
+    files = files_of(run, manifest)
+    total = 0
+    for rel in files:
+        path, entry = run / rel, manifest["files"][rel]
+        if sha256(path) != entry.get("sha256"):
+            raise TraceError(path, "changed: its SHA-256 differs from the one the run's manifest records "
+                                   "(a damaged run: re-ingest the traces)")
+        try:
+            pf = pq.ParquetFile(path, page_checksum_verification=True)
+            for i in range(pf.num_row_groups):
+                pf.read_row_group(i)
+        except (OSError, pa.ArrowException) as e:
+            raise TraceError(path, f"damaged Parquet ({' '.join(str(e).split())})") from None
+        total += entry["size"]
+    return {"files": len(files), "bytes": total}
+
+
+def publish(staging: Path, out: Path, manifest: dict, init_sql: str, known_files: dict | None = None) -> None:
+    """Write the manifest last (with every Parquet file's size and checksum), then swap the staging folder in
+    for `out`."""
+    files = describe_files(staging, known_files)
+    (staging / INIT_SQL).write_text(init_sql(files) if callable(init_sql) else init_sql)
     tmp = staging / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({**manifest, "schema_version": schema.SCHEMA_VERSION,
+    tmp.write_text(json.dumps({**manifest, "files": files, "schema_version": schema.SCHEMA_VERSION,
                                "tracesql_version": __version__}, indent=1))
     tmp.rename(staging / MANIFEST)
     if not out.exists():

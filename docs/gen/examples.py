@@ -42,6 +42,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 REGION = re.compile(r"<!-- example(?P<opts>(?: \w+=\S+)*): (?P<cmd>.+?) -->\n(?P<body>.*?)<!-- /example -->", re.S)
 _CODE = re.compile(r"```python\n(.*?)```", re.S)
+# what Markdown could take for emphasis in a result cell: any `*`, and `_` at the edge of a word (`__next__`);
+# `_` inside a word (`hta_trace_filter`) is literal in Python-Markdown and on GitHub, and stays readable
+_EMPHASIS = re.compile(r"\*|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 _TIME = re.compile(r"\bin \d+(?:\.\d+)? s\b")  # ingest says how long it took
 
 
@@ -119,8 +122,10 @@ def escape_html(text: str) -> str:
 
 
 def markdown_result(stdout: str, rows: int | None) -> str:
-    """A `-f markdown` result as shown on a page: escaped, cut to `rows` rows with a line saying so."""
-    lines = [escape_html(line) for line in stdout.rstrip("\n").split("\n")]
+    """A `-f markdown` result as shown on a page: cells HTML-escaped and `*`, `_` kept literal (kernel names hold
+    `char const*`), cut to `rows` rows with a line saying so."""
+    lines = [_EMPHASIS.sub(lambda m: "\\" + m[0], escape_html(line)) if i > 1 else escape_html(line)
+             for i, line in enumerate(stdout.rstrip("\n").split("\n"))]
     header, body = lines[:2], lines[2:]
     text = "\n".join(header + (body[:rows] if rows else body)) + "\n"
     if rows and len(body) > rows:

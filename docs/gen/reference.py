@@ -98,12 +98,28 @@ def stale_examples() -> list[str]:
 
 
 def _text(doc: str) -> str:
-    """A header's free text as Markdown: HTML-escaped, hard line breaks kept where a line starts a new point."""
-    return escape_html(doc)
+    """A header's free text as Markdown, HTML-escaped. Headers are hard-wrapped prose; a line that starts a
+    definition (`name = ...`) or a list item starts a new paragraph, as its author laid it out."""
+    out = []
+    # the README's HTA section moved to the HTA guide (query pages are reference/queries/NAME.md)
+    text = _plain(escape_html(doc)).replace("see README", "see the [HTA guide](../../guides/hta.md)")
+    for line in text.splitlines():
+        if out and (re.match(r"^[\w.]+(\(\w*\))? = ", line) or line.startswith(("- ", "* "))):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
+
+
+def _plain(text: str) -> str:
+    """Text that is not Markdown: every `*` and `_` (`__next__`, `a * b`) kept as it is; `code spans` untouched."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # outside code spans
+        parts[i] = re.sub(r"[*_]", lambda m: "\\" + m[0], parts[i])
+    return "`".join(parts)
 
 
 def _cell(text: str) -> str:
-    return escape_html(text).replace("|", "\\|")
+    return _plain(escape_html(text)).replace("|", "\\|")
 
 
 def query_page(q, work: Workdir) -> str:
@@ -143,13 +159,12 @@ def query_page(q, work: Workdir) -> str:
     return "\n".join(out)
 
 
-def _run_it(q, example: Example | None) -> str:
-    """How to run the query from the CLI, Python and plain DuckDB, with the example's arguments."""
+def python_call(example: Example) -> tuple[list[str], dict[str, str]]:
+    """The targets and the parameters (name -> value as typed) of an example's command line."""
     import shlex
 
-    argv = shlex.split(example.command) if example else ["query", q.name, "RUN"]
-    params = {}
-    targets = []
+    argv = shlex.split(example.command)
+    params, targets = {}, []
     i = 2 if argv[0] == "query" else 1
     while i < len(argv):
         if argv[i] in ("-p", "--param"):
@@ -162,13 +177,19 @@ def _run_it(q, example: Example | None) -> str:
         else:
             targets.append(argv[i])
             i += 1
+    return targets, params
 
-    def py(value: str) -> str:
-        return value if re.fullmatch(r"-?\d+(\.\d+)?", value) else repr(value)
 
+def _py(value: str) -> str:
+    return value if re.fullmatch(r"-?\d+(\.\d+)?", value) else repr(value)
+
+
+def _run_it(q, example: Example | None) -> str:
+    """How to run the query from Python and plain DuckDB, with the example's arguments (a test runs the call)."""
+    targets, params = python_call(example) if example else (["runs/1234"], {})
     target = repr(targets[0]) if len(targets) == 1 else "[" + ", ".join(map(repr, targets)) + "]"
-    kwargs = "".join(f", {k}={py(v)}" for k, v in params.items())
-    sets = " ".join(f"SET VARIABLE {k} = {py(v)};" for k, v in params.items())
+    kwargs = "".join(f", {k}={_py(v)}" for k, v in params.items())
+    sets = " ".join(f"SET VARIABLE {k} = {_py(v)};" for k, v in params.items())
     return ("```python\nimport tracesql\n\n"
             f"df = tracesql.query({q.name!r}, {target}{kwargs})   # a pandas DataFrame\n```\n\n"
             "In a plain DuckDB shell on a run (`duckdb -init init.sql` in the run folder), the file runs as it is"

@@ -4,9 +4,12 @@
 -- Kernels, copies and memsets, each with its class (compute / communication / memory / infeed_outfeed) from
 -- `kernel_classes`, whose rules match the kind, the name and the category (XLA ops: their HLO category).
 -- class_scheme: 'default' (tracesql's rules) or 'hta' (Holistic Trace Analysis' name rules).
--- analysis_window: 'all' (every device event) or 'hta' (HTA's: only events launched by a host call that started
--- before the last ProfilerStep began; with a single step, launched inside it; with no steps, every launched event;
--- on MTIA also the DMA requests that start inside a step, as HTA's MTIA path does).
+-- analysis_window: 'all' (every device event) or 'hta' (HTA 0.5's window, Trace._filter_irrelevant_gpu_kernels,
+-- followed exactly): when the run's traces name fewer than two ProfilerSteps, every device event; else, per rank,
+-- the events whose launch (a host runtime call with their correlation id) started before the rank's last
+-- ProfilerStep began, and the events with no correlation id whose own start is before it (HTA counts those among
+-- the host events it filters by start); events with a correlation id but no recorded launch are dropped. In
+-- both cases MTIA DMA requests without a stream are left out (HTA analyses only events on a stream).
 -- time_unit_ns: 1 keeps nanoseconds; 1000 shrinks every event to whole microseconds (start rounded up, end rounded
 -- down), as HTA does with fractional-microsecond Kineto timestamps: up to 1 µs less busy time per event.
 CREATE OR REPLACE MACRO device_activity(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
@@ -20,18 +23,21 @@ WITH names AS (
      AND (r.name_regex IS NULL OR regexp_matches(n.name, r.name_regex))
      AND (r.category_regex IS NULL OR regexp_matches(n.category, r.category_regex))
     GROUP BY n.kind, n.name, n.category
+), filtered_runs AS (
+    -- HTA's rule: a run whose traces name at least two steps (all ranks together) is filtered ...
+    -- (HTA knows ProfilerStep ranges only, not inference iterations)
+    SELECT run_id FROM steps WHERE analysis_window = 'hta' AND (rule IS NULL OR rule = 'profiler_step')
+    GROUP BY run_id HAVING count(DISTINCT name) >= 2
 ), step_bounds AS (
-    SELECT run_id, rank, count(*) AS n_steps, max(ts) AS last_start, min(ts) AS first_start,
-        max(ts + dur) AS last_end
-    FROM steps
-    WHERE rule IS NULL OR rule = 'profiler_step'  -- HTA knows ProfilerStep ranges only, not inference iterations
+    -- ... by each rank's last step start (a rank with no step keeps nothing, as in HTA)
+    SELECT run_id, rank, max(ts) AS last_start FROM steps
+    WHERE analysis_window = 'hta' AND (rule IS NULL OR rule = 'profiler_step')
     GROUP BY run_id, rank
-), mtia_in_step AS (
-    -- MTIA DMA requests inside a step (HTA's window keeps them); a join over those rows only, empty unless 'hta'
-    -- (an EXISTS in the WHERE clause below would be a range join over every device event whatever the window)
-    SELECT DISTINCT s.run_id, s.rank, s.slice_id
-    FROM slices s JOIN steps st ON st.run_id = s.run_id AND st.rank = s.rank AND s.ts BETWEEN st.ts AND st.ts + st.dur
-    WHERE analysis_window = 'hta' AND s.category = 'mtia_ccp_events'
+), hta_launch AS (
+    -- the earliest host call with each correlation id (HTA keeps device work if any of them is early enough)
+    SELECT run_id, rank, correlation, min(ts) AS ts FROM slices
+    WHERE analysis_window = 'hta' AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL
+    GROUP BY run_id, rank, correlation
 )
 SELECT s.* REPLACE (
         (s.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS ts,
@@ -41,14 +47,14 @@ SELECT s.* REPLACE (
 FROM slices s
 JOIN classes c ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
 LEFT JOIN slices l ON l.run_id = s.run_id AND l.rank = s.rank AND l.slice_id = s.launch_id
+LEFT JOIN filtered_runs f ON f.run_id = s.run_id
 LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
-LEFT JOIN mtia_in_step m ON m.run_id = s.run_id AND m.rank = s.rank AND m.slice_id = s.slice_id
+LEFT JOIN hta_launch h ON h.run_id = s.run_id AND h.rank = s.rank AND h.correlation = s.correlation
 WHERE analysis_window = 'all'
-   OR (analysis_window = 'hta' AND l.ts IS NOT NULL AND (
-          b.n_steps IS NULL
-       OR (b.n_steps = 1 AND l.ts BETWEEN b.first_start AND b.last_end)
-       OR (b.n_steps > 1 AND l.ts < b.last_start)))
-   OR (analysis_window = 'hta' AND c.class = 'memory' AND m.slice_id IS NOT NULL);
+   OR (analysis_window = 'hta' AND NOT (s.stream IS NULL AND s.category = 'mtia_ccp_events') AND (
+          f.run_id IS NULL  -- fewer than two step names: no filter
+       OR (s.correlation IS NULL AND s.ts < b.last_start)
+       OR h.ts < b.last_start));
 
 -- The busy timeline of each device: consecutive segments from its first to its last activity, each with the set
 -- of classes running then as bits (1 compute, 2 communication, 4 memory; 0 = idle). Summing `dur` over segments

@@ -11,11 +11,20 @@
 -- - attention = 2·B·Hq·Sq·Skv·(d_qk + d_v) forward (4·B·H·Sq·Skv·d when d_qk = d_v) and 2·B·Hq·Sq·Skv·(3·d_qk +
 --   2·d_v) backward (torch's five matmuls). Causal attention: `attention_convention` 'flash' (the default, as
 --   metrics.md and flash-attn's benchmarks) halves it, 'torch' does not (FlopCounterMode never halves);
--- - elementwise, norms, softmax: a small multiple of the output elements (1 for unary/binary arithmetic and
---   activations, transcendental functions counted as one; 2 for addcmul/addcdiv/lerp; 5 for norms and softmax).
---   FlopCounterMode counts them as 0; they are here so that their memory-bound time shows on the roofline.
--- Bytes are each tensor input read once plus the output written once (metrics.md), in the recorded dtypes:
--- the minimum traffic, which is what the memory roof assumes.
+-- - memory-bound ops, a small multiple of the elements (FlopCounterMode counts them as 0; they are here so that
+--   their time shows on the roofline): elementwise 1 per output element (a transcendental function counts as
+--   one; 2 for addcmul/addcdiv/lerp); reductions 1 per input element (var/std 3, norms 2, logsumexp 3);
+--   layer/group/batch norm 5 per element (batch norm on running statistics 2, RMS norm 4), backward 8 for
+--   grad_input + 2 for grad_weight + 1 for grad_bias as output_mask asks; softmax 5; bilinear and other
+--   interpolation one multiply-add per tap; copies, casts, nearest upsampling, gathers and views 0.
+-- Bytes are what the op must read and write at least (metrics.md: each tensor input read once, the output
+-- written once), the minimum traffic that the memory roof assumes, in the real dtypes: an `out=` tensor is only
+-- written (and sets the result dtype); an in-place op reads and writes its first argument once; the result of
+-- an elementwise op has the promoted dtype (torch.result_type: add(fp16, fp32) writes fp32) and the broadcast
+-- shape; a reduction writes the reduced shape (max/min over a dim: values and int64 indices); a norm also
+-- writes its statistics (float32); a copy/cast reads the source and writes the destination in its dtype;
+-- a gather reads its index and the elements it moves; views and allocations move nothing.
+-- docs/concepts/cost-model.md states every convention and where it differs from FlopCounterMode and TraceLens.
 -- Shapes come from Kineto's record_shapes: `ops.input_dims` (one list per argument, [] for non-tensors),
 -- `ops.input_types`, and `ops.concrete_inputs` (values of scalar arguments: stride, padding, is_causal, ...).
 -- When what a formula needs is not recorded the result is NULL, never a guess.
@@ -261,74 +270,701 @@ CREATE OR REPLACE MACRO attention_bytes(name, d, t) AS (
 );
 
 -- ---------------------------------------------------------------------------------------------------------
--- Elementwise, norms, softmax: FLOPs per output element (in-place variants with a trailing '_' included).
-CREATE OR REPLACE MACRO elementwise_cost(name) AS (
+-- Arguments, as Kineto records them: one entry per argument of the op's schema, in order, defaults included. A
+-- tensor has its shape ([] when 0-dim) and dtype; any other argument an empty shape and a kind ('Scalar',
+-- 'ScalarList', 'TensorList' (whose shapes are not kept), '' for None or a string). Names carry no overload:
+-- `aten::mul` is both mul and mul.out, which records its `out=` tensor as one more argument. Other recorders
+-- write the overload (`aten::mul.out`); both are read alike.
+
+-- The op name without its overload: 'aten::mul.out' -> 'aten::mul'.
+CREATE OR REPLACE MACRO op_base_name(name) AS (
+    regexp_replace(name, '^(aten::[A-Za-z0-9_]+)[.][A-Za-z0-9_]+$', '\1')
+);
+
+-- The overload an op name carries ('aten::mul.out' -> 'out'), else NULL.
+CREATE OR REPLACE MACRO op_overload(name) AS (
+    nullif(regexp_extract(name, '^aten::[A-Za-z0-9_]+[.]([A-Za-z0-9_]+)$', 1), '')
+);
+
+-- PyTorch's dtype categories, as type promotion orders them: 0 bool, 1 integer, 2 floating point, 3 complex;
+-- NULL for what is not a tensor dtype.
+CREATE OR REPLACE MACRO dtype_category(dtype) AS (
     CASE
-        WHEN regexp_matches(name, '^aten::(add|sub|rsub|mul|div|neg|abs|reciprocal|maximum|minimum|clamp|clamp_min|'
-                                  || 'clamp_max|pow|sqrt|rsqrt|exp|log|sin|cos|relu|gelu|silu|sigmoid|tanh|'
-                                  || 'threshold_backward|gelu_backward|silu_backward|sigmoid_backward|'
-                                  || 'tanh_backward)_?$') THEN 1
-        WHEN regexp_matches(name, '^aten::(addcmul|addcdiv|lerp)_?$') THEN 2
-        WHEN regexp_matches(name, '^aten::(layer_norm|native_layer_norm|native_layer_norm_backward|rms_norm|'
-                                  || '_fused_rms_norm|_fused_rms_norm_backward|group_norm|native_group_norm|'
-                                  || 'native_group_norm_backward|batch_norm|native_batch_norm|'
-                                  || 'native_batch_norm_backward|softmax|_softmax|log_softmax|_log_softmax|'
-                                  || '_softmax_backward_data|_log_softmax_backward_data)$') THEN 5
+        WHEN dtype_bytes(dtype) IS NULL THEN NULL
+        WHEN regexp_matches(lower(dtype), 'complex|^c64$|^c128$') THEN 3
+        WHEN regexp_matches(lower(dtype), 'float|half|double|bf16|fp8|fp16|fp32|fp64|e4m3|e5m2|^f[0-9]') THEN 2
+        WHEN regexp_matches(lower(dtype), 'bool|^pred$') THEN 0
+        ELSE 1
     END
 );
 
--- Output elements of an elementwise op: its largest tensor argument (broadcasting); a norm or softmax keeps the
--- shape of its first argument, which is the largest one too.
-CREATE OR REPLACE MACRO elementwise_numel(d) AS (
-    list_max(list_transform(d, lambda s: shape_numel(s)))
+-- Each argument of an op as the cost formulas read it: numel (elements of a tensor, 1 when 0-dim; NULL when
+-- the argument is not a tensor), bpe (bytes per element), ndim, type and value (the recorded dtype or kind, and
+-- the Concrete Inputs value of a scalar argument), and what type promotion needs (promoted_bytes): rank =
+-- 3 · category + 2 for a tensor with dimensions, + 1 for a 0-dim tensor, + 0 for a Python number (a 'Scalar'
+-- argument, by its recorded value: 1.5 floating, 2 integer, True bool; or a 0-dim 'double' / 'long int'
+-- tensor, as Kineto records a Python number passed for a tensor); half / bf16: 1 when float16 / bfloat16.
+-- op_costs() makes it once per op.
+CREATE OR REPLACE MACRO op_args(d, t, c) AS (
+    list_transform(range(1, coalesce(len(d), 0) + 1), lambda i: {
+        'numel': CASE WHEN d[i] IS NOT NULL AND dtype_bytes(t[i]) IS NOT NULL
+                      THEN coalesce(list_product(d[i]), 1) END,
+        'bpe': dtype_bytes(t[i]),
+        'cat': dtype_category(t[i]),
+        'ndim': len(d[i]),
+        'type': t[i],
+        'value': c[i],
+        'rank': CASE
+            WHEN d[i] IS NULL THEN NULL
+            WHEN dtype_bytes(t[i]) IS NOT NULL AND len(d[i]) > 0 THEN 3 * dtype_category(t[i]) + 2
+            WHEN t[i] = 'double' THEN 6
+            WHEN t[i] = 'long int' THEN 3
+            WHEN dtype_bytes(t[i]) IS NOT NULL THEN 3 * dtype_category(t[i]) + 1
+            WHEN t[i] = 'Scalar' AND coalesce(c[i], '') <> '' THEN CASE
+                WHEN c[i] IN ('True', 'False') THEN 0
+                WHEN regexp_matches(c[i], '^-?[0-9]+$') THEN 3
+                ELSE 6 END
+            END,
+        'half': CASE WHEN regexp_matches(lower(coalesce(t[i], '')), 'half|float16|fp16|^f16$')
+                          AND NOT regexp_matches(lower(t[i]), 'bfloat16') THEN 1 ELSE 0 END,
+        'bf16': CASE WHEN regexp_matches(lower(coalesce(t[i], '')), 'bfloat16|bf16') THEN 1 ELSE 0 END})
 );
 
--- Which formula an op name takes: 'gemm', 'conv', 'attention' (the math that FLOPs are usually about) or
--- 'elementwise' (elementwise, norms, softmax); NULL when tracesql has no formula for it.
+-- The positions (1-based) of the tensor arguments among the first n.
+CREATE OR REPLACE MACRO tensor_positions(a, n) AS (
+    list_filter(range(1, least(coalesce(len(a), 0), n) + 1), lambda i: a[i].numel IS NOT NULL)
+);
+
+-- Bytes of reading once each tensor argument at `positions`.
+CREATE OR REPLACE MACRO read_bytes(a, positions) AS (
+    coalesce(list_sum(list_transform(positions, lambda i: a[i].numel * a[i].bpe)), 0)
+);
+
+-- Elements of the broadcast of the tensors at `positions` (shapes aligned from the right, as torch does).
+CREATE OR REPLACE MACRO broadcast_numel(d, positions) AS (
+    coalesce(list_product(list_transform(
+        range(1, coalesce(list_max(list_transform(positions, lambda i: len(d[i]))), 0) + 1),
+        lambda j: CASE
+            WHEN list_min(list_transform(positions, lambda i: coalesce(list_reverse(d[i])[j], 1))) = 0 THEN 0
+            ELSE list_max(list_transform(positions, lambda i: coalesce(list_reverse(d[i])[j], 1))) END)), 1)
+);
+
+-- Bytes per element of the result of an op over the arguments at `positions`, by PyTorch's type promotion
+-- (torch.result_type): the highest category (bool < integer < floating < complex) decides; within it tensors
+-- with dimensions come first, then 0-dim tensors, then Python numbers, and the result is the widest dtype of
+-- the first present (float16 with bfloat16: float32), or for Python numbers the default dtype (float32, int64,
+-- complex64). See op_args' rank.
+CREATE OR REPLACE MACRO promoted_bytes(a, positions) AS (
+    list_transform([list_max(list_transform(positions, lambda i: a[i].rank))], lambda top: CASE
+        WHEN top IS NULL THEN NULL
+        WHEN top % 3 = 0 THEN CASE top // 3 WHEN 0 THEN 1 WHEN 1 THEN 8 WHEN 2 THEN 4 ELSE 8 END
+        WHEN list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].bpe)) = 2
+             AND list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].half)) = 1
+             AND list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].bf16)) = 1
+            THEN 4
+        ELSE list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].bpe))
+    END)[1]
+);
+
+-- Does the op write an `out=` tensor given as its last argument: its name says so (overload 'out' or '*_out'),
+-- or a tensor is recorded after the `arity` arguments of the op's functional form. That tensor is written, not
+-- read, and its dtype is the result's.
+CREATE OR REPLACE MACRO has_out_arg(name, a, arity) AS (
+    coalesce(a[-1].numel IS NOT NULL AND len(a) > 1
+             AND (op_overload(name) = 'out' OR op_overload(name) LIKE '%_out' OR len(a) > arity), false)
+);
+
+-- Is the op in-place (aten::add_, aten::relu_): it reads and writes its first argument, in that one's dtype.
+CREATE OR REPLACE MACRO op_is_inplace(base) AS (
+    regexp_matches(base, '^aten::[A-Za-z0-9_]*[A-Za-z0-9]_$')
+);
+
+-- The functional form's name of an in-place op ('aten::add_' -> 'aten::add').
+CREATE OR REPLACE MACRO op_core_name(base) AS (
+    CASE WHEN op_is_inplace(base) THEN left(base, length(base) - 1) ELSE base END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Elementwise ops: FLOPs per output element (a transcendental function counts as one), how many arguments the
+-- functional form takes (to tell an `out=` tensor from an input), and the result's dtype when it is not the
+-- promoted one ('bool' for comparisons, 'self' for the first argument's).
+CREATE OR REPLACE MACRO elementwise_spec(core) AS (
+    CAST(CASE
+        WHEN core IN ('aten::abs', 'aten::neg', 'aten::reciprocal', 'aten::sqrt', 'aten::rsqrt', 'aten::exp',
+                      'aten::exp2', 'aten::expm1', 'aten::log', 'aten::log2', 'aten::log10', 'aten::log1p',
+                      'aten::sin', 'aten::cos', 'aten::tan', 'aten::sinh', 'aten::cosh', 'aten::asin', 'aten::acos',
+                      'aten::atan', 'aten::tanh', 'aten::sigmoid', 'aten::relu', 'aten::relu6', 'aten::silu',
+                      'aten::mish', 'aten::selu', 'aten::hardswish', 'aten::hardsigmoid', 'aten::erf', 'aten::erfc',
+                      'aten::erfinv', 'aten::sign', 'aten::sgn', 'aten::floor', 'aten::ceil', 'aten::trunc',
+                      'aten::frac', 'aten::round', 'aten::square', 'aten::bitwise_not')
+            THEN {'flops': 1, 'arity': 1, 'result': NULL}
+        WHEN core IN ('aten::logical_not', 'aten::isnan', 'aten::isinf', 'aten::isfinite', 'aten::signbit')
+            THEN {'flops': 1, 'arity': 1, 'result': 'bool'}
+        WHEN core IN ('aten::gelu', 'aten::leaky_relu', 'aten::celu', 'aten::logit', 'aten::glu')
+            THEN {'flops': 1, 'arity': 2, 'result': NULL}
+        WHEN core IN ('aten::mul', 'aten::div', 'aten::true_divide', 'aten::floor_divide', 'aten::maximum',
+                      'aten::minimum', 'aten::fmax', 'aten::fmin', 'aten::pow', 'aten::fmod', 'aten::remainder',
+                      'aten::atan2', 'aten::copysign', 'aten::hypot', 'aten::xlogy', 'aten::bitwise_and',
+                      'aten::bitwise_or', 'aten::bitwise_xor', 'aten::clamp_min', 'aten::clamp_max',
+                      'aten::silu_backward', 'aten::sigmoid_backward', 'aten::tanh_backward', 'aten::mish_backward',
+                      'aten::hardswish_backward', 'aten::hardsigmoid_backward')
+            THEN {'flops': 1, 'arity': 2, 'result': NULL}
+        WHEN core IN ('aten::eq', 'aten::ne', 'aten::lt', 'aten::le', 'aten::gt', 'aten::ge', 'aten::logical_and',
+                      'aten::logical_or', 'aten::logical_xor')
+            THEN {'flops': 1, 'arity': 2, 'result': 'bool'}
+        WHEN core IN ('aten::add', 'aten::sub', 'aten::rsub', 'aten::clamp', 'aten::clip', 'aten::where',
+                      'aten::hardtanh', 'aten::softplus', 'aten::threshold', 'aten::threshold_backward',
+                      'aten::gelu_backward', 'aten::native_dropout_backward', 'aten::logit_backward')
+            THEN {'flops': 1, 'arity': 3, 'result': NULL}
+        WHEN core IN ('aten::masked_fill') THEN {'flops': 1, 'arity': 3, 'result': 'self'}
+        WHEN core IN ('aten::leaky_relu_backward', 'aten::hardtanh_backward', 'aten::softplus_backward',
+                      'aten::nan_to_num', 'aten::elu')
+            THEN {'flops': 1, 'arity': 4, 'result': NULL}
+        WHEN core IN ('aten::elu_backward') THEN {'flops': 1, 'arity': 6, 'result': NULL}
+        WHEN core IN ('aten::lerp') THEN {'flops': 2, 'arity': 3, 'result': NULL}
+        WHEN core IN ('aten::addcmul', 'aten::addcdiv') THEN {'flops': 2, 'arity': 4, 'result': NULL}
+    END AS STRUCT(flops INTEGER, arity INTEGER, result VARCHAR))
+);
+
+-- Output elements of an elementwise op: the out tensor's, the first argument's (in place), else the broadcast of
+-- its tensor arguments. k = op_kind().
+CREATE OR REPLACE MACRO elementwise_out_numel(k, d, a) AS (
+    CASE
+        WHEN k.out THEN a[-1].numel
+        WHEN k.inplace THEN a[1].numel
+        ELSE broadcast_numel(d, tensor_positions(a, k.ew.arity))
+    END
+);
+
+-- Bytes per element of an elementwise op's result: the out tensor's dtype, the first argument's (in place, or
+-- when the op keeps it), bool for comparisons, else the promoted dtype of its operands (add/sub/rsub: alpha,
+-- the 3rd argument, is no operand).
+CREATE OR REPLACE MACRO elementwise_out_bpe(k, a) AS (
+    CASE
+        WHEN k.out THEN a[-1].bpe
+        WHEN k.inplace OR k.ew.result = 'self' THEN a[1].bpe
+        WHEN k.ew.result = 'bool' THEN 1
+        ELSE promoted_bytes(a, range(1, CASE WHEN k.core IN ('aten::add', 'aten::sub', 'aten::rsub') THEN 2
+                                             ELSE k.ew.arity END + 1))
+    END
+);
+
+-- Reads every tensor argument but the out one, writes the output.
+CREATE OR REPLACE MACRO elementwise_bytes(k, d, a) AS (
+    CASE WHEN len(tensor_positions(a, 99)) > 0 THEN
+        read_bytes(a, tensor_positions(a, CASE WHEN k.out THEN len(a) - 1 ELSE len(a) END))
+        + elementwise_out_numel(k, d, a) * elementwise_out_bpe(k, a)
+    END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Reductions: where the op takes its `dim` argument, FLOPs per input element, how many outputs of the reduced
+-- shape it writes, and what they are: 'input' (the input's dtype, or the `dtype` argument at `dtype` when given),
+-- 'sum' (as input, but integer and bool inputs sum to int64), 'index' (int64), 'bool', 'scan' (the input's
+-- shape: cumsum). max/min with a dim also write int64 indices (`indices`).
+CREATE OR REPLACE MACRO reduction_spec(core) AS (
+    CAST(CASE core
+        WHEN 'aten::sum' THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'sum', 'indices': false}
+        WHEN 'aten::nansum' THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'sum', 'indices': false}
+        WHEN 'aten::prod' THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'sum', 'indices': false}
+        WHEN 'aten::mean' THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::nanmean' THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::amax' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::amin' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::aminmax' THEN {'dim': 2, 'dtype': NULL, 'flops': 2, 'outputs': 2, 'result': 'input', 'indices': false}
+        WHEN 'aten::max' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': true}
+        WHEN 'aten::min' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': true}
+        WHEN 'aten::argmax' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'index', 'indices': false}
+        WHEN 'aten::argmin' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'index', 'indices': false}
+        WHEN 'aten::all' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'bool', 'indices': false}
+        WHEN 'aten::any' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'bool', 'indices': false}
+        WHEN 'aten::count_nonzero' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'index', 'indices': false}
+        WHEN 'aten::var' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::std' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::var_mean' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 2, 'result': 'input', 'indices': false}
+        WHEN 'aten::std_mean' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 2, 'result': 'input', 'indices': false}
+        WHEN 'aten::norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::linalg_norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::linalg_vector_norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::logsumexp' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN 'aten::cumsum' THEN {'dim': 2, 'dtype': 3, 'flops': 1, 'outputs': 1, 'result': 'scan', 'indices': false}
+        WHEN 'aten::cumprod' THEN {'dim': 2, 'dtype': 3, 'flops': 1, 'outputs': 1, 'result': 'scan', 'indices': false}
+    END AS STRUCT(dim INTEGER, dtype INTEGER, flops INTEGER, outputs INTEGER, result VARCHAR, indices BOOLEAN))
+);
+
+-- The dims a reduction's `dim` argument names ('[1]', '1', '[-1, -2]'), 0-based and non-negative for an input of
+-- `ndim` dims; [] when it names none (a full reduction: '', '[]', None).
+CREATE OR REPLACE MACRO reduced_dims(dim_value, ndim) AS (
+    list_transform(
+        list_filter(CASE WHEN regexp_matches(coalesce(dim_value, ''), '^\[[-0-9, ]*\]$')
+                         THEN TRY_CAST(dim_value AS BIGINT[])
+                         WHEN regexp_matches(coalesce(dim_value, ''), '^-?[0-9]+$')
+                         THEN [TRY_CAST(dim_value AS BIGINT)]
+                         ELSE [] END, lambda x: x IS NOT NULL),
+        lambda x: CASE WHEN x < 0 THEN x + ndim ELSE x END)
+);
+
+-- Elements a reduction writes per output: the input's with the reduced dims removed (keepdim keeps them as 1:
+-- the same count); 1 for a full reduction; the input's for a scan.
+CREATE OR REPLACE MACRO reduction_out_numel(r, d, c) AS (
+    CASE
+        WHEN r.result = 'scan' THEN coalesce(list_product(d[1]), 1)
+        -- the dim argument exists but Concrete Inputs were not recorded (older traces): unknown
+        WHEN c IS NULL AND len(d) >= r.dim AND len(d[1]) > 1 THEN NULL
+        WHEN len(reduced_dims(c[r.dim], len(d[1]))) = 0 THEN 1
+        ELSE coalesce(list_product(list_transform(
+                 list_filter(range(1, len(d[1]) + 1), lambda j:
+                     NOT list_contains(reduced_dims(c[r.dim], len(d[1])), j - 1)),
+                 lambda j: d[1][j])), 1)
+    END
+);
+
+-- Bytes per element of a reduction's result.
+CREATE OR REPLACE MACRO reduction_out_bpe(r, a, c) AS (
+    CASE r.result
+        WHEN 'index' THEN 8
+        WHEN 'bool' THEN 1
+        ELSE coalesce(scalar_type_bytes(c[r.dtype]),
+                      CASE WHEN r.result IN ('sum', 'scan') AND a[1].cat <= 1 THEN 8 END,
+                      a[1].bpe)
+    END
+);
+
+-- A reduction reads its input once and writes its outputs (an `out=` tensor: in that one's dtype); max/min
+-- with a second tensor are the elementwise maximum/minimum.
+CREATE OR REPLACE MACRO reduction_bytes(k, d, a, c) AS (
+    CASE WHEN a[1].numel IS NOT NULL THEN
+        a[1].numel * a[1].bpe
+        + reduction_out_numel(k.red, d, c) * k.red.outputs
+          * CASE WHEN k.out THEN a[-1].bpe ELSE reduction_out_bpe(k.red, a, c) END
+        -- max/min over a dim also write their indices
+        + CASE WHEN k.red.indices AND len(reduced_dims(c[2], len(d[1]))) > 0
+               THEN reduction_out_numel(k.red, d, c) * 8 ELSE 0 END
+    END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Normalization, forward and backward. Where each op takes its input, weight, bias, the running statistics
+-- (batch norm), the normalized shape (layer/RMS norm, a Concrete Inputs list), the group count (group norm), the
+-- training flag (batch norm) and, backward, grad_output, the saved statistics and output_mask (which of
+-- grad_input, grad_weight, grad_bias it computes).
+CREATE OR REPLACE MACRO norm_layout(core) AS (
+    CAST(CASE
+        WHEN core IN ('aten::layer_norm', 'aten::native_layer_norm')
+            THEN {'kind': 'layer', 'backward': false, 'x': 1, 'weight': 3, 'bias': 4, 'shape': 2}
+        WHEN core IN ('aten::rms_norm', 'aten::_fused_rms_norm')
+            THEN {'kind': 'rms', 'backward': false, 'x': 1, 'weight': 3, 'shape': 2}
+        WHEN core = 'aten::group_norm'
+            THEN {'kind': 'group', 'backward': false, 'x': 1, 'weight': 3, 'bias': 4, 'groups': 2}
+        WHEN core = 'aten::native_group_norm'
+            THEN {'kind': 'group', 'backward': false, 'x': 1, 'weight': 2, 'bias': 3, 'groups': 7}
+        WHEN core IN ('aten::batch_norm', 'aten::_batch_norm_impl_index', 'aten::native_batch_norm',
+                      'aten::cudnn_batch_norm', 'aten::miopen_batch_norm', 'aten::_native_batch_norm_legit',
+                      'aten::_native_batch_norm_legit_functional')
+            THEN {'kind': 'batch', 'backward': false, 'x': 1, 'weight': 2, 'bias': 3, 'running': 4, 'training': 6}
+        WHEN core = 'aten::_native_batch_norm_legit_no_training'
+            THEN {'kind': 'batch', 'backward': false, 'x': 1, 'weight': 2, 'bias': 3, 'running': 4}
+        WHEN core = 'aten::native_layer_norm_backward'
+            THEN {'kind': 'layer', 'backward': true, 'grad': 1, 'x': 2, 'shape': 3, 'stats': 4, 'weight': 6, 'mask': 8}
+        WHEN core = 'aten::_fused_rms_norm_backward'
+            THEN {'kind': 'rms', 'backward': true, 'grad': 1, 'x': 2, 'shape': 3, 'stats': 4, 'weight': 5, 'mask': 6}
+        WHEN core = 'aten::native_group_norm_backward'
+            THEN {'kind': 'group', 'backward': true, 'grad': 1, 'x': 2, 'stats': 3, 'weight': 5, 'groups': 9, 'mask': 10}
+        WHEN core = 'aten::native_batch_norm_backward'
+            THEN {'kind': 'batch', 'backward': true, 'grad': 1, 'x': 2, 'weight': 3, 'running': 4, 'stats': 6,
+                  'training': 8, 'mask': 10}
+        WHEN core IN ('aten::cudnn_batch_norm_backward', 'aten::miopen_batch_norm_backward')
+            THEN {'kind': 'batch', 'backward': true, 'grad': 2, 'x': 1, 'weight': 3, 'stats': 6}
+    END AS STRUCT(kind VARCHAR, backward BOOLEAN, grad INTEGER, x INTEGER, weight INTEGER, bias INTEGER,
+                  running INTEGER, stats INTEGER, shape INTEGER, groups INTEGER, training INTEGER, mask INTEGER))
+);
+
+-- Statistics a norm keeps per group of elements (mean and rstd; RMS norm: rstd), how many groups: layer/RMS
+-- norm one per row (elements / normalized shape), group norm N · groups, batch norm one per channel.
+CREATE OR REPLACE MACRO norm_stat_groups(nl, d, c) AS (
+    CASE nl.kind
+        -- the normalized shape: recorded, else the weight's
+        WHEN 'layer' THEN list_product(d[nl.x])
+                          / coalesce(list_product(TRY_CAST(c[nl.shape] AS BIGINT[])), list_product(d[nl.weight]))
+        WHEN 'rms' THEN list_product(d[nl.x])
+                        / coalesce(list_product(TRY_CAST(c[nl.shape] AS BIGINT[])), list_product(d[nl.weight]))
+        WHEN 'group' THEN d[nl.x][1] * TRY_CAST(c[nl.groups] AS BIGINT)
+        WHEN 'batch' THEN d[nl.x][2]
+    END
+);
+
+-- Is a batch norm computing batch statistics (training) rather than using the running ones.
+CREATE OR REPLACE MACRO norm_training(nl, c) AS (
+    CASE WHEN nl.kind <> 'batch' THEN true
+         WHEN nl.training IS NULL THEN nl.backward  -- cudnn/miopen backward: training; _no_training: not
+         ELSE lower(c[nl.training]) = 'true' END  -- NULL when not recorded
+);
+
+-- Backward: which gradients (input, weight, bias) are computed, from output_mask (all when not recorded).
+CREATE OR REPLACE MACRO norm_mask(nl, c, k) AS (
+    coalesce(TRY_CAST(c[nl.mask] AS BOOLEAN[])[k], true)
+);
+
+-- FLOPs per element of the input: forward 5 (mean, variance, normalize, scale, shift; RMS norm 4: square,
+-- accumulate, normalize, scale; batch norm with running statistics 2: scale and shift); backward 8 for
+-- grad_input, 2 for grad_weight, 1 for grad_bias, as output_mask asks.
+CREATE OR REPLACE MACRO norm_flops(nl, d, c) AS (
+    list_product(d[nl.x])
+    * CASE
+        WHEN norm_training(nl, c) IS NULL THEN NULL
+        WHEN NOT nl.backward THEN
+            CASE WHEN nl.kind = 'rms' THEN 4 WHEN NOT norm_training(nl, c) THEN 2 ELSE 5 END
+        ELSE 8 * CASE WHEN norm_mask(nl, c, 1) THEN 1 ELSE 0 END
+             + 2 * CASE WHEN norm_mask(nl, c, 2) AND nl.weight IS NOT NULL THEN 1 ELSE 0 END
+             + CASE WHEN norm_mask(nl, c, 3) AND nl.kind <> 'rms' THEN 1 ELSE 0 END
+      END
+);
+
+-- Forward: reads the input, weight and bias (batch norm: the running statistics too, which training also
+-- writes), writes the output (the input's dtype) and the statistics (float32). Backward: reads grad_output, the
+-- input, the saved statistics and the weight; writes the gradients output_mask asks for.
+CREATE OR REPLACE MACRO norm_bytes(nl, d, a, c) AS (
+    CASE WHEN a[nl.x].numel IS NOT NULL AND norm_training(nl, c) IS NOT NULL THEN
+    CASE WHEN NOT nl.backward THEN
+        read_bytes(a, [nl.x, nl.weight, nl.bias])
+        + a[nl.x].numel * a[nl.x].bpe
+        + CASE WHEN nl.kind = 'batch' THEN
+                   coalesce(read_bytes(a, [nl.running, nl.running + 1]), 0)
+                   * CASE WHEN norm_training(nl, c) THEN 2 ELSE 1 END
+                   + CASE WHEN norm_training(nl, c) THEN 2 * 4 * norm_stat_groups(nl, d, c) ELSE 0 END
+               ELSE CASE WHEN nl.kind = 'rms' THEN 1 ELSE 2 END * 4 * norm_stat_groups(nl, d, c)
+          END
+    ELSE
+        read_bytes(a, [nl.grad, nl.x, nl.weight])
+        + read_bytes(a, CASE WHEN nl.kind = 'rms' THEN [nl.stats]
+                             WHEN nl.kind = 'batch' AND NOT norm_training(nl, c)
+                                 THEN [nl.running, nl.running + 1]
+                             ELSE [nl.stats, nl.stats + 1] END)
+        + CASE WHEN norm_mask(nl, c, 1) THEN a[nl.x].numel * a[nl.x].bpe ELSE 0 END
+        -- grad_weight and grad_bias have the weight's shape (batch/group norm: one per channel)
+        + (CASE WHEN norm_mask(nl, c, 2) THEN 1 ELSE 0 END
+           + CASE WHEN norm_mask(nl, c, 3) AND nl.kind <> 'rms' THEN 1 ELSE 0 END)
+          * coalesce(a[nl.weight].numel * a[nl.weight].bpe, 0)
+    END END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Softmax and log-softmax, forward (self, dim, dtype | half_to_float) and backward (grad_output, output, dim,
+-- input_dtype): 5 FLOPs per element (max, subtract, exp, sum, divide); reads its tensors, writes one of the
+-- input's shape in the result dtype (`dtype` / input_dtype as a ScalarType code; half_to_float: float32).
+CREATE OR REPLACE MACRO softmax_out_bpe(core, a, c) AS (
+    CASE
+        WHEN core IN ('aten::_softmax_backward_data', 'aten::_log_softmax_backward_data')
+            THEN coalesce(scalar_type_bytes(c[4]), a[1].bpe)
+        WHEN core IN ('aten::_softmax', 'aten::_log_softmax') AND lower(c[3]) = 'true' THEN 4
+        WHEN core IN ('aten::_softmax', 'aten::_log_softmax') THEN a[1].bpe
+        ELSE coalesce(scalar_type_bytes(c[3]), a[1].bpe)
+    END
+);
+
+CREATE OR REPLACE MACRO softmax_bytes(k, a, c) AS (
+    CASE WHEN a[1].numel IS NOT NULL THEN
+        read_bytes(a, tensor_positions(a, CASE WHEN k.core LIKE '%backward%' THEN 2 ELSE 1 END))
+        + a[1].numel * CASE WHEN k.out THEN a[-1].bpe ELSE softmax_out_bpe(k.core, a, c) END
+    END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Copies and casts: no FLOPs; bytes = what is read + what is written. copy_(self, src): reads src, writes self
+-- (in self's dtype: a cast); _to_copy(self, dtype, ...): reads self, writes it in `dtype`; clone: reads and
+-- writes self; fill_/zero_: write only; constant_pad_nd/pad/reflection_pad/replication_pad (self, pad): read
+-- the input, write the padded output. `to` and `contiguous` have no formula: when they do work, the _to_copy /
+-- clone / copy_ they call has it; when they do not (already that dtype, already contiguous), they move nothing.
+CREATE OR REPLACE MACRO padded_numel(dims, pad_value) AS (
+    list_product(list_transform(range(1, len(dims) + 1), lambda j:
+        dims[j] + coalesce(TRY_CAST(pad_value AS BIGINT[])[2 * (len(dims) - j) + 1], 0)
+                + coalesce(TRY_CAST(pad_value AS BIGINT[])[2 * (len(dims) - j) + 2], 0)))
+);
+
+CREATE OR REPLACE MACRO copy_bytes(core, d, a, c) AS (
+    CASE
+        WHEN core = 'aten::copy_' AND a[1].numel IS NOT NULL AND a[2].numel IS NOT NULL
+            THEN a[2].numel * a[2].bpe + a[1].numel * a[1].bpe
+        WHEN core = 'aten::_copy_from' AND a[1].numel IS NOT NULL AND a[2].numel IS NOT NULL
+            THEN a[1].numel * a[1].bpe + a[2].numel * a[2].bpe
+        WHEN core = 'aten::_to_copy' AND a[1].numel IS NOT NULL
+            THEN a[1].numel * (a[1].bpe + coalesce(scalar_type_bytes(c[2]), a[1].bpe))
+        WHEN core IN ('aten::clone', 'aten::lift_fresh_copy') AND a[1].numel IS NOT NULL THEN 2 * a[1].numel * a[1].bpe
+        WHEN core IN ('aten::fill_', 'aten::zero_') AND a[1].numel IS NOT NULL THEN a[1].numel * a[1].bpe
+        WHEN core IN ('aten::constant_pad_nd', 'aten::pad', 'aten::reflection_pad1d', 'aten::reflection_pad2d',
+                      'aten::reflection_pad3d', 'aten::replication_pad1d', 'aten::replication_pad2d',
+                      'aten::replication_pad3d')
+             AND a[1].numel IS NOT NULL AND TRY_CAST(c[2] AS BIGINT[]) IS NOT NULL
+            THEN a[1].numel * a[1].bpe + padded_numel(d[1], c[2]) * a[1].bpe
+    END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Upsampling (F.interpolate): output spatial sizes from output_size (an int list) or, when only scale factors
+-- were given (the .vec overload), floor(input size × scale). FLOPs per output element: 0 for nearest (a
+-- gather), else one multiply-add per tap less one add (linear 2 taps, bilinear 4, trilinear 8, bicubic 16).
+-- Backward (grad_output, output_size, input_size, ...): reads grad_output, writes grad_input (input_size),
+-- 2 FLOPs per tap per grad_output element (nearest: 1 add).
+CREATE OR REPLACE MACRO upsample_taps(core) AS (
+    CASE
+        WHEN core LIKE '%nearest%' THEN 1
+        WHEN core LIKE '%bicubic%' THEN 16
+        WHEN core LIKE '%trilinear%' THEN 8
+        WHEN core LIKE '%bilinear%' THEN 4
+        WHEN core LIKE '%linear1d%' THEN 2
+    END
+);
+
+CREATE OR REPLACE MACRO upsample_out_spatial(d, c) AS (
+    coalesce(
+        list_filter(list_transform(c[2:], lambda v: CASE WHEN regexp_matches(coalesce(v, ''), '^\[[0-9]+(, ?[0-9]+)*\]$')
+                                                          THEN TRY_CAST(v AS BIGINT[]) END),
+                    lambda s: len(s) = len(d[1]) - 2)[1],
+        list_transform(range(3, len(d[1]) + 1), lambda j: CAST(floor(d[1][j]
+            * list_filter(list_transform(c[2:], lambda v: CASE WHEN regexp_matches(coalesce(v, ''), '^\[.*[.].*\]$')
+                                                                THEN TRY_CAST(v AS DOUBLE[]) END),
+                          lambda s: len(s) = len(d[1]) - 2)[1][j - 2]) AS BIGINT)))
+);
+
+CREATE OR REPLACE MACRO upsample_out_numel(d, c) AS (
+    d[1][1] * d[1][2] * list_product(upsample_out_spatial(d, c))
+);
+
+CREATE OR REPLACE MACRO upsample_flops(core, d, c) AS (
+    CASE WHEN core LIKE '%backward%' THEN
+        list_product(d[1]) * CASE WHEN upsample_taps(core) = 1 THEN 1 ELSE 2 * upsample_taps(core) END
+    WHEN len(d[1]) >= 3 THEN
+        upsample_out_numel(d, c) * CASE WHEN upsample_taps(core) = 1 THEN 0 ELSE 2 * upsample_taps(core) - 1 END
+    END
+);
+
+CREATE OR REPLACE MACRO upsample_bytes(core, d, a, c) AS (
+    CASE WHEN a[1].numel IS NULL THEN NULL
+         WHEN core LIKE '%backward%' THEN
+             a[1].numel * a[1].bpe + list_product(TRY_CAST(c[3] AS BIGINT[])) * a[1].bpe
+         WHEN len(d[1]) >= 3 THEN a[1].numel * a[1].bpe + upsample_out_numel(d, c) * a[1].bpe
+    END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Gathers and scatters: no FLOPs (accumulating ones: one add per element moved). Each reads its index tensor
+-- once and the elements it moves once, and writes what it produces:
+-- embedding(weight, indices): out = indices × row; index_select(self, dim, index): self with dim cut to the
+-- index; gather(self, dim, index): out = index's shape; scatter/scatter_add/scatter_reduce(self, dim, index,
+-- src): index's count of elements from src into self (accumulating: read and written); index_add/index_copy
+-- (self, dim, index, source): source's rows into self; index_put(self, indices, values, accumulate): values
+-- into self (its indices are a TensorList, whose shapes Kineto does not record: not counted);
+-- embedding_dense_backward(grad_output, indices, num_weights): sums grad_output rows into the [num_weights, D]
+-- gradient. An out-of-place scatter/index_* also copies self (read + write).
+CREATE OR REPLACE MACRO index_numel(core, d, a, c) AS (  -- elements moved
+    CASE
+        WHEN core = 'aten::embedding' THEN a[2].numel * coalesce(list_product(d[1][2:]), 1)
+        -- dim: recorded, or 0 for a 1-D input
+        WHEN core = 'aten::index_select' THEN
+            a[1].numel * a[3].numel / greatest(d[1][coalesce(TRY_CAST(c[2] AS BIGINT), CASE WHEN len(d[1]) = 1 THEN 0 END)
+                                                  + CASE WHEN TRY_CAST(c[2] AS BIGINT) < 0 THEN len(d[1]) ELSE 0 END
+                                                  + 1], 1)
+        WHEN core = 'aten::gather' THEN a[3].numel
+        WHEN core IN ('aten::scatter', 'aten::scatter_add', 'aten::scatter_reduce') THEN a[3].numel
+        WHEN core IN ('aten::index_add', 'aten::index_copy') THEN a[4].numel
+        WHEN core IN ('aten::index_put', 'aten::_index_put_impl') THEN a[3].numel
+        WHEN core = 'aten::embedding_dense_backward' THEN a[1].numel
+    END
+);
+
+CREATE OR REPLACE MACRO index_accumulates(core, c) AS (
+    core IN ('aten::scatter_add', 'aten::scatter_reduce', 'aten::index_add', 'aten::embedding_dense_backward')
+    OR (core = 'aten::scatter' AND coalesce(c[5], '') NOT IN ('', 'None'))
+    OR (core IN ('aten::index_put', 'aten::_index_put_impl') AND lower(c[4]) = 'true')
+);
+
+CREATE OR REPLACE MACRO index_flops(core, d, a, c) AS (
+    CASE WHEN index_accumulates(core, c) THEN index_numel(core, d, a, c) ELSE 0 END
+);
+
+CREATE OR REPLACE MACRO index_bytes(k, core, d, a, c) AS (
+    CASE
+        WHEN core = 'aten::embedding' THEN read_bytes(a, [2]) + 2 * index_numel(core, d, a, c) * a[1].bpe
+        WHEN core IN ('aten::index_select', 'aten::gather') THEN
+            read_bytes(a, [3]) + index_numel(core, d, a, c) * a[1].bpe
+            + index_numel(core, d, a, c) * CASE WHEN k.out THEN a[-1].bpe ELSE a[1].bpe END
+        WHEN core = 'aten::embedding_dense_backward' THEN
+            read_bytes(a, [1, 2]) + TRY_CAST(c[3] AS BIGINT) * coalesce(list_product(d[1][len(d[2]) + 1:]), 1) * a[1].bpe
+        ELSE
+            -- the index (not for index_put), the source elements, the writes (accumulating: reads them too)
+            CASE WHEN core IN ('aten::index_put', 'aten::_index_put_impl') THEN 0 ELSE read_bytes(a, [3]) END
+            + index_numel(core, d, a, c)
+              * (coalesce(a[CASE WHEN core IN ('aten::index_add', 'aten::index_copy') THEN 4 ELSE 3 + CASE WHEN core IN ('aten::index_put', 'aten::_index_put_impl') THEN 0 ELSE 1 END END].bpe, 0)
+                 + a[1].bpe * CASE WHEN index_accumulates(core, c) THEN 2 ELSE 1 END)
+            -- out of place: the copy of self
+            + CASE WHEN k.inplace THEN 0 ELSE 2 * a[1].numel * a[1].bpe END
+    END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Fused kernels of inference engines that the corpus traces show (custom ops, recorded like aten ops):
+-- _C::rms_norm(out, input, weight, eps), _C::fused_add_rms_norm(input, residual, weight, eps) (in place:
+-- residual += input, input = rms_norm(residual)), _C::silu_and_mul / gelu_and_mul (out, input[..., 2d]),
+-- _C::static_scaled_fp8_quant / dynamic_scaled_fp8_quant (out, input, scale), _C::rotary_embedding(positions,
+-- query, key, head_size, cos_sin_cache, is_neox) (in place on query and key).
+CREATE OR REPLACE MACRO fused_flops(name, a) AS (
+    CASE name
+        WHEN '_C::rms_norm' THEN 4 * a[2].numel
+        WHEN '_C::fused_add_rms_norm' THEN 5 * a[1].numel
+        WHEN '_C::silu_and_mul' THEN 2 * a[1].numel
+        WHEN '_C::gelu_and_mul' THEN 2 * a[1].numel
+        WHEN '_C::gelu_tanh_and_mul' THEN 2 * a[1].numel
+        WHEN '_C::static_scaled_fp8_quant' THEN 2 * a[2].numel
+        WHEN '_C::dynamic_scaled_fp8_quant' THEN 3 * a[2].numel
+        WHEN '_C::rotary_embedding' THEN 3 * (a[2].numel + coalesce(a[3].numel, 0))
+    END
+);
+
+CREATE OR REPLACE MACRO fused_bytes(name, d, a) AS (
+    CASE name
+        WHEN '_C::rms_norm' THEN read_bytes(a, [2, 3]) + a[1].numel * a[1].bpe
+        WHEN '_C::fused_add_rms_norm' THEN read_bytes(a, [1, 2, 3]) + read_bytes(a, [1, 2])
+        WHEN '_C::silu_and_mul' THEN read_bytes(a, [2]) + a[1].numel * a[1].bpe
+        WHEN '_C::gelu_and_mul' THEN read_bytes(a, [2]) + a[1].numel * a[1].bpe
+        WHEN '_C::gelu_tanh_and_mul' THEN read_bytes(a, [2]) + a[1].numel * a[1].bpe
+        WHEN '_C::static_scaled_fp8_quant' THEN read_bytes(a, [2, 3]) + a[1].numel * a[1].bpe
+        WHEN '_C::dynamic_scaled_fp8_quant' THEN read_bytes(a, [2, 3]) + a[1].numel * a[1].bpe + 4
+        -- positions, and query and key read and written; the cache rows of those positions read
+        WHEN '_C::rotary_embedding' THEN read_bytes(a, [1]) + 2 * read_bytes(a, [2, 3])
+                                         + a[1].numel * d[5][-1] * a[5].bpe
+    END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Views and allocations: no data moved.
+CREATE OR REPLACE MACRO op_is_view(core) AS (
+    core IN ('aten::view', 'aten::_unsafe_view', 'aten::_reshape_alias', 'aten::as_strided', 'aten::t',
+             'aten::transpose', 'aten::permute', 'aten::expand', 'aten::expand_as', 'aten::unsqueeze',
+             'aten::squeeze', 'aten::select', 'aten::slice', 'aten::narrow', 'aten::alias', 'aten::detach',
+             'aten::view_as', 'aten::split', 'aten::split_with_sizes', 'aten::chunk', 'aten::unbind',
+             'aten::diagonal', 'aten::unflatten', 'aten::lift_fresh', 'aten::numpy_T', 'aten::movedim',
+             'aten::swapaxes', 'aten::unfold', 'aten::resolve_conj', 'aten::resolve_neg', 'aten::empty',
+             'aten::empty_like', 'aten::empty_strided', 'aten::new_empty', 'aten::new_empty_strided',
+             'aten::resize_', 'aten::set_')
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Which formula an op name takes: 'gemm', 'conv', 'attention' (the math that FLOPs are usually about),
+-- 'elementwise', 'reduction', 'norm', 'softmax', 'copy', 'upsample', 'index', 'fused' (memory-bound work),
+-- 'view' (views and allocations: nothing moved); NULL when tracesql has no formula for it.
+CREATE OR REPLACE MACRO op_base_family(name, base) AS (
+    CASE
+        WHEN base IN ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm', 'aten::linear',
+                                    'aten::matmul', 'aten::_scaled_mm') THEN 'gemm'
+        WHEN base IN ('aten::conv1d', 'aten::conv2d', 'aten::conv3d', 'aten::convolution',
+                                    'aten::_convolution', 'aten::conv_transpose1d', 'aten::conv_transpose2d',
+                                    'aten::conv_transpose3d', 'aten::cudnn_convolution',
+                                    'aten::cudnn_convolution_transpose', 'aten::mkldnn_convolution',
+                                    'aten::miopen_convolution', 'aten::miopen_convolution_transpose',
+                                    'aten::convolution_backward') THEN 'conv'
+        WHEN attention_layout(base) IS NOT NULL THEN 'attention'
+        WHEN op_is_view(op_core_name(base)) THEN 'view'
+        WHEN base IN ('aten::copy_', 'aten::_copy_from', 'aten::_to_copy', 'aten::clone',
+                                    'aten::lift_fresh_copy', 'aten::fill_', 'aten::zero_', 'aten::constant_pad_nd',
+                                    'aten::pad', 'aten::reflection_pad1d', 'aten::reflection_pad2d',
+                                    'aten::reflection_pad3d', 'aten::replication_pad1d', 'aten::replication_pad2d',
+                                    'aten::replication_pad3d') THEN 'copy'
+        WHEN elementwise_spec(op_core_name(base)) IS NOT NULL THEN 'elementwise'
+        WHEN reduction_spec(base) IS NOT NULL THEN 'reduction'
+        WHEN norm_layout(base) IS NOT NULL THEN 'norm'
+        WHEN base IN ('aten::softmax', 'aten::_softmax', 'aten::_safe_softmax', 'aten::log_softmax',
+                                    'aten::_log_softmax', 'aten::_softmax_backward_data',
+                                    'aten::_log_softmax_backward_data') THEN 'softmax'
+        WHEN regexp_matches(base, '^aten::_?upsample_[a-z_]+[123]d(_aa)?(_backward)?$')
+             AND upsample_taps(base) IS NOT NULL THEN 'upsample'
+        WHEN op_core_name(base) IN ('aten::embedding', 'aten::index_select', 'aten::gather',
+                                                  'aten::scatter', 'aten::scatter_add', 'aten::scatter_reduce',
+                                                  'aten::index_add', 'aten::index_copy', 'aten::index_put',
+                                                  'aten::_index_put_impl', 'aten::embedding_dense_backward')
+            THEN 'index'
+        WHEN name IN ('_C::rms_norm', '_C::fused_add_rms_norm', '_C::silu_and_mul', '_C::gelu_and_mul',
+                      '_C::gelu_tanh_and_mul', '_C::static_scaled_fp8_quant', '_C::dynamic_scaled_fp8_quant',
+                      '_C::rotary_embedding') THEN 'fused'
+    END
+);
+
 CREATE OR REPLACE MACRO op_flop_family(name) AS (
-    CASE
-        WHEN name IN ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm', 'aten::linear', 'aten::matmul',
-                      'aten::_scaled_mm') THEN 'gemm'
-        WHEN name IN ('aten::conv1d', 'aten::conv2d', 'aten::conv3d', 'aten::convolution', 'aten::_convolution',
-                      'aten::conv_transpose1d', 'aten::conv_transpose2d', 'aten::conv_transpose3d',
-                      'aten::cudnn_convolution', 'aten::cudnn_convolution_transpose', 'aten::mkldnn_convolution',
-                      'aten::miopen_convolution', 'aten::miopen_convolution_transpose',
-                      'aten::convolution_backward') THEN 'conv'
-        WHEN attention_layout(name) IS NOT NULL THEN 'attention'
-        WHEN elementwise_cost(name) IS NOT NULL THEN 'elementwise'
-    END
+    op_base_family(name, op_base_name(name))
 );
 
--- The formula of the op's family, for arguments typed as the `ops` columns (op_flops/op_bytes cast literal
--- arguments such as [[64, 32], [32, 48]] to those types first, which DuckDB needs to bind the formulas).
-CREATE OR REPLACE MACRO typed_op_flops(name, input_dims, concrete_inputs, attention_convention) AS (
-    CAST(CASE op_flop_family(name)
-        WHEN 'gemm' THEN 2 * gemm_mkn(name, input_dims).batch * gemm_mkn(name, input_dims).m
-                           * gemm_mkn(name, input_dims).k * gemm_mkn(name, input_dims).n
-        WHEN 'conv' THEN conv_flops(name, input_dims, concrete_inputs)
-        WHEN 'attention' THEN attention_flops(name, input_dims, concrete_inputs, attention_convention)
-        WHEN 'elementwise' THEN elementwise_cost(name) * elementwise_numel(input_dims)
+-- What the formulas need to know of an op, worked out once: its name, base (op_base_name), core (in-place
+-- ops: the functional name), family (op_base_family; max/min of two tensors are the elementwise maximum/
+-- minimum), whether it is in place, whether its last argument is an `out=` tensor (has_out_arg, with the
+-- arity of the functional form: elementwise per op; reductions, softmax, gather, index_select by schema), and
+-- its family's spec (elementwise_spec, reduction_spec, norm_layout). a = op_args(); base = op_base_name(name).
+CREATE OR REPLACE MACRO op_kind(name, base, family, a) AS (
+    {'name': name, 'base': base,
+     'core': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 'aten::maximum'
+                  ELSE op_core_name(base) END,
+     'family': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 'elementwise'
+                    ELSE family END,
+     'inplace': op_is_inplace(base),
+     'out': NOT op_is_inplace(base) AND has_out_arg(name, a, CASE
+         WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 2
+         WHEN family = 'elementwise' THEN elementwise_spec(op_core_name(base)).arity
+         WHEN family = 'reduction' THEN 1
+         WHEN family = 'softmax' THEN CASE WHEN base LIKE '%backward%' THEN 4 ELSE 3 END
+         WHEN base = 'aten::gather' THEN 4
+         WHEN base = 'aten::index_select' THEN 3
+         ELSE 99 END),
+     'ew': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL
+                    THEN elementwise_spec('aten::maximum')
+                WHEN family = 'elementwise' THEN elementwise_spec(op_core_name(base)) END,
+     'red': CASE WHEN family = 'reduction' THEN reduction_spec(base) END,
+     'nl': CASE WHEN family = 'norm' THEN norm_layout(base) END}
+);
+
+-- The formula of the op's family, over its arguments as the `ops` columns type them (d = input_dims, t =
+-- input_types, c = concrete_inputs), a = op_args(d, t, c) and k = op_kind(). On Spark they run as the DuckDB
+-- UDFs of op_flops / op_bytes on (k.name, d, t, c) (tracesql/transpile.py): the same formulas.
+CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
+    CAST(CASE k.family
+        WHEN 'gemm' THEN 2 * gemm_mkn(k.base, d).batch * gemm_mkn(k.base, d).m * gemm_mkn(k.base, d).k
+                           * gemm_mkn(k.base, d).n
+        WHEN 'conv' THEN conv_flops(k.base, d, c)
+        WHEN 'attention' THEN attention_flops(k.base, d, c, attention_convention)
+        WHEN 'view' THEN 0
+        WHEN 'elementwise' THEN CASE WHEN len(tensor_positions(a, 99)) > 0 THEN
+            k.ew.flops * elementwise_out_numel(k, d, a) END
+        WHEN 'reduction' THEN k.red.flops * a[1].numel
+        WHEN 'norm' THEN norm_flops(k.nl, d, c)
+        WHEN 'softmax' THEN 5 * a[1].numel
+        WHEN 'copy' THEN CASE WHEN copy_bytes(k.base, d, a, c) IS NOT NULL THEN 0 END
+        WHEN 'upsample' THEN upsample_flops(k.base, d, c)
+        WHEN 'index' THEN CASE WHEN index_numel(k.core, d, a, c) IS NOT NULL THEN index_flops(k.core, d, a, c) END
+        WHEN 'fused' THEN fused_flops(k.name, a)
     END AS DOUBLE)
 );
 
-CREATE OR REPLACE MACRO typed_op_bytes(name, input_dims, input_types, concrete_inputs) AS (
-    CAST(CASE op_flop_family(name)
+CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
+    CAST(CASE k.family
         WHEN 'gemm' THEN
             -- only the operands (and bias): an `out=` tensor recorded after them is the output, counted below
-            CASE WHEN gemm_mkn(name, input_dims) IS NOT NULL THEN
-                input_bytes(input_dims[1:gemm_operands(name)], input_types[1:gemm_operands(name)])
-                + gemm_mkn(name, input_dims).batch * gemm_mkn(name, input_dims).m * gemm_mkn(name, input_dims).n
-                  * CASE WHEN name = 'aten::_scaled_mm'
-                         THEN coalesce(scalar_type_bytes(concrete_inputs[7]), 2)  -- out_dtype, else bf16
+            CASE WHEN gemm_mkn(k.base, d) IS NOT NULL THEN
+                input_bytes(d[1:gemm_operands(k.base)], t[1:gemm_operands(k.base)])
+                + gemm_mkn(k.base, d).batch * gemm_mkn(k.base, d).m * gemm_mkn(k.base, d).n
+                  * CASE WHEN k.base = 'aten::_scaled_mm'
+                         THEN coalesce(scalar_type_bytes(c[7]), 2)  -- out_dtype, else bf16
                          -- the output has the dtype of the first matrix
-                         ELSE dtype_bytes(input_types[CASE WHEN name IN ('aten::addmm', 'aten::baddbmm') THEN 2
-                                                           ELSE 1 END])
+                         ELSE dtype_bytes(t[CASE WHEN k.base IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END])
                     END
             END
-        WHEN 'conv' THEN conv_bytes(name, input_dims, input_types, concrete_inputs)
-        WHEN 'attention' THEN attention_bytes(name, input_dims, input_types)
-        WHEN 'elementwise' THEN input_bytes(input_dims, input_types)
-                                + elementwise_numel(input_dims) * op_dtype_bytes(input_types)
+        WHEN 'conv' THEN conv_bytes(k.base, d, t, c)
+        WHEN 'attention' THEN attention_bytes(k.base, d, t)
+        WHEN 'view' THEN 0
+        WHEN 'elementwise' THEN elementwise_bytes(k, d, a)
+        WHEN 'reduction' THEN reduction_bytes(k, d, a, c)
+        WHEN 'norm' THEN norm_bytes(k.nl, d, a, c)
+        WHEN 'softmax' THEN softmax_bytes(k, a, c)
+        WHEN 'copy' THEN copy_bytes(k.base, d, a, c)
+        WHEN 'upsample' THEN upsample_bytes(k.base, d, a, c)
+        WHEN 'index' THEN CASE WHEN index_numel(k.core, d, a, c) IS NOT NULL THEN index_bytes(k, k.core, d, a, c) END
+        WHEN 'fused' THEN fused_bytes(k.name, d, a)
     END AS DOUBLE)
 );
 
@@ -338,17 +974,25 @@ CREATE OR REPLACE MACRO typed_op_bytes(name, input_dims, input_types, concrete_i
 -- FLOPs of one op call from its recorded shapes (the `ops` columns name, input_dims, input_types,
 -- concrete_inputs). NULL for ops without a formula or without recorded shapes. attention_convention: 'flash'
 -- (causal attention counts half, as metrics.md) or 'torch' (never halved, as FlopCounterMode).
--- input_types is not needed for FLOPs; it is taken so that op_flops and op_bytes are called alike.
-CREATE OR REPLACE MACRO op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := 'flash') AS (
-    typed_op_flops(CAST(name AS VARCHAR), CAST(input_dims AS BIGINT[][]), CAST(concrete_inputs AS VARCHAR[]),
-                   attention_convention)
-);
+CREATE OR REPLACE MACRO op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := 'flash') AS ((
+    SELECT typed_op_flops(k, d, t, c, a, attention_convention)
+    FROM (SELECT *, op_kind(n, base, family, a) AS k
+          FROM (SELECT *, op_base_family(n, base) AS family, op_args(d, t, c) AS a
+                FROM (SELECT *, op_base_name(n) AS base
+                      FROM (SELECT CAST(name AS VARCHAR) AS n, CAST(input_dims AS BIGINT[][]) AS d,
+                                   CAST(input_types AS VARCHAR[]) AS t, CAST(concrete_inputs AS VARCHAR[]) AS c))))
+));
 
--- Bytes one op call moves at least: its tensor arguments read once and its output written once.
-CREATE OR REPLACE MACRO op_bytes(name, input_dims, input_types, concrete_inputs) AS (
-    typed_op_bytes(CAST(name AS VARCHAR), CAST(input_dims AS BIGINT[][]), CAST(input_types AS VARCHAR[]),
-                   CAST(concrete_inputs AS VARCHAR[]))
-);
+-- Bytes one op call moves at least: each tensor it reads read once, each it writes written once, in their
+-- dtypes (the result's by type promotion; an `out=` tensor's; in place: the first argument's).
+CREATE OR REPLACE MACRO op_bytes(name, input_dims, input_types, concrete_inputs) AS ((
+    SELECT typed_op_bytes(k, d, t, c, a)
+    FROM (SELECT *, op_kind(n, base, family, a) AS k
+          FROM (SELECT *, op_base_family(n, base) AS family, op_args(d, t, c) AS a
+                FROM (SELECT *, op_base_name(n) AS base
+                      FROM (SELECT CAST(name AS VARCHAR) AS n, CAST(input_dims AS BIGINT[][]) AS d,
+                                   CAST(input_types AS VARCHAR[]) AS t, CAST(concrete_inputs AS VARCHAR[]) AS c))))
+));
 
 -- FLOPs per byte.
 CREATE OR REPLACE MACRO arithmetic_intensity(flops, bytes) AS (
@@ -374,14 +1018,17 @@ CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS 
 -- ---------------------------------------------------------------------------------------------------------
 -- Table functions over a run.
 
--- Every op with its FLOPs and bytes, and whether it is *counted*: the ops whose FLOPs add up without double
--- counting. Wrappers record their inner ops too (aten::linear → aten::addmm, conv2d → convolution →
--- _convolution → cudnn_convolution, scaled_dot_product_attention → _scaled_dot_product_flash_attention), so:
--- - a GEMM/conv/attention op is counted when no op nested in it has a GEMM/conv/attention formula (the
---   innermost one: its shapes are the ones the kernel ran with);
--- - an elementwise/norm/softmax op is counted when no op nested in it has any formula and it is not inside a
---   GEMM/conv/attention op (the bias copy inside addmm, the softmax inside an unfused attention are part of
---   that op's work).
+-- Every op with its FLOPs and bytes, and whether it is *counted*: the ops whose FLOPs and bytes add up without
+-- double counting. Wrappers record their inner ops too (aten::linear → aten::addmm, conv2d → convolution →
+-- _convolution → cudnn_convolution, scaled_dot_product_attention → _scaled_dot_product_flash_attention,
+-- layer_norm → native_layer_norm, to → _to_copy → copy_, mean → sum + div_), so:
+-- - a GEMM/conv/attention op ("math") is counted when no math op is nested in it: the innermost one, whose
+--   shapes are the ones the kernel ran with;
+-- - any other op with a formula is counted when no math op is nested in it and it is not nested in a counted
+--   math op (the bias copy inside addmm is part of that op's work) nor in another such op (the outermost one:
+--   mean, not the sum and div_ it runs on CPU; add_, not the copy_ of the Python scalar it converts first).
+--   A softmax inside an unfused attention whose matmuls are counted is counted too.
+-- - views and allocations (family 'view', 0 FLOPs and 0 bytes) are never counted, nor are ops without formula.
 -- Nesting is interval containment on the op's thread (with a smaller op_depth), so it needs no parent links.
 -- An op whose formula applies but whose shapes were not recorded has NULL flops and counts as having no formula.
 -- profiler_flops is `ops.flops` (what torch.profiler(with_flops=True) attached, when the trace carries it).
@@ -390,40 +1037,46 @@ CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS 
 CREATE OR REPLACE MACRO op_costs(attention_convention := 'flash') AS TABLE
 WITH costed AS (
     SELECT run_id, rank, op_id, name, step, pid, tid, ts, dur, op_depth, input_dims, input_types,
-        device_total_ns, flops AS profiler_flops,
+        device_total_ns, profiler_flops,
         -- XLA ops (program_id set) carry XLA's own FLOPs and bytes (cost analysis, or counted from the HLO)
-        CASE WHEN program_id IS NOT NULL THEN 'xla' ELSE op_flop_family(name) END AS family,
-        CASE WHEN program_id IS NOT NULL THEN flops
-             ELSE op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := attention_convention)
-        END AS op_flops,
+        CASE WHEN program_id IS NOT NULL THEN 'xla' ELSE k.family END AS family,
+        CASE WHEN program_id IS NOT NULL THEN profiler_flops
+             ELSE typed_op_flops(k, input_dims, input_types, concrete_inputs, a, attention_convention) END AS op_flops,
         CASE WHEN program_id IS NOT NULL THEN bytes_accessed
-             ELSE op_bytes(name, input_dims, input_types, concrete_inputs) END AS op_bytes,
+             ELSE typed_op_bytes(k, input_dims, input_types, concrete_inputs, a) END AS op_bytes,
         op_dtype(input_types) AS dtype
-    FROM ops
+    FROM (SELECT *, op_kind(name, base, family0, a) AS k
+          FROM (SELECT *, op_base_family(name, base) AS family0, op_args(input_dims, input_types, concrete_inputs) AS a
+                FROM (SELECT *, flops AS profiler_flops, op_base_name(name) AS base FROM ops)))
 ), formula AS (
-    SELECT * FROM costed WHERE op_flops IS NOT NULL AND family <> 'xla'  -- XLA ops never nest
+    SELECT * FROM costed WHERE op_flops IS NOT NULL AND family NOT IN ('xla', 'view')  -- XLA ops never nest
 ), links AS (
-    -- (outer, inner) pairs of ops with FLOPs where the outer one encloses the inner one
+    -- (outer, inner) pairs of ops with a formula where the outer one encloses the inner one
     SELECT i.run_id, i.rank, i.op_id AS inner_id, i.family AS inner_family,
         o.op_id AS outer_id, o.family AS outer_family
     FROM formula i JOIN formula o
       ON o.run_id = i.run_id AND o.rank = i.rank AND o.pid = i.pid AND o.tid = i.tid
      AND o.ts <= i.ts AND o.ts + o.dur >= i.ts + i.dur AND o.op_depth < i.op_depth
-), has_inner AS (
-    SELECT run_id, rank, outer_id AS op_id, bool_or(inner_family <> 'elementwise') AS math_inside
-    FROM links GROUP BY run_id, rank, outer_id
-), has_outer_math AS (
-    SELECT DISTINCT run_id, rank, inner_id AS op_id FROM links WHERE outer_family <> 'elementwise'
+), math_inside AS (  -- ops with a GEMM/conv/attention op nested in them
+    SELECT DISTINCT run_id, rank, outer_id AS op_id FROM links WHERE inner_family IN ('gemm', 'conv', 'attention')
+), shadowed AS (
+    -- other ops nested in an op that is counted for them: a math op with no math inside (counted), or an
+    -- op of another family with no math inside
+    SELECT DISTINCT l.run_id, l.rank, l.inner_id AS op_id
+    FROM links l
+    LEFT JOIN math_inside m ON m.run_id = l.run_id AND m.rank = l.rank AND m.op_id = l.outer_id
+    WHERE l.inner_family NOT IN ('gemm', 'conv', 'attention') AND m.op_id IS NULL
 )
 SELECT c.run_id, c.rank, c.op_id, c.name, c.step, c.family, c.dtype, c.input_dims, c.input_types,
     c.op_flops AS flops, c.op_bytes AS bytes, c.device_total_ns, c.profiler_flops,
     c.op_flops IS NOT NULL AND CASE
-        WHEN c.family <> 'elementwise' THEN NOT coalesce(i.math_inside, false)
-        ELSE i.op_id IS NULL AND m.op_id IS NULL
+        WHEN c.family = 'view' THEN false
+        WHEN c.family = 'xla' THEN true
+        ELSE m.op_id IS NULL AND (c.family IN ('gemm', 'conv', 'attention') OR s.op_id IS NULL)
     END AS counted
 FROM costed c
-LEFT JOIN has_inner i ON i.run_id = c.run_id AND i.rank = c.rank AND i.op_id = c.op_id
-LEFT JOIN has_outer_math m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_id = c.op_id;
+LEFT JOIN math_inside m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_id = c.op_id
+LEFT JOIN shadowed s ON s.run_id = c.run_id AND s.rank = c.rank AND s.op_id = c.op_id;
 
 -- The peaks of the device each rank ran on, one row per (run, rank, dtype): the `device_peaks` row whose
 -- name_regex matches the rank's device name (the rows' patterns never overlap on a real name: a name two rows

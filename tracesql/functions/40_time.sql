@@ -27,6 +27,27 @@ CREATE OR REPLACE MACRO kernel_family(name) AS (
         '(_\d+)?(\.\d+)*$', '')        -- instance numbers: '_0', XLA's '.3' and '_1.2'
 );
 
+-- Each step's window on each device: from the start of the step's first device event to the start of the next
+-- step's first event on that device (steps in the order of their first events, ties by step number); the last
+-- step's window ends with the last device event of any step. The windows of a device are disjoint and
+-- contiguous, and cover all of its work that belongs to a step, so per-step sums add up to the run's totals over
+-- that span. A device event belongs to the step whose launch launched it (slices.step); work with no captured
+-- launch to the step of the launched work before it on its stream (docs/concepts/steps.md).
+-- events: the step's device events in the analysis window (kernels, copies, memsets).
+CREATE OR REPLACE MACRO step_windows(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
+WITH firsts AS (
+    SELECT run_id, rank, device_id, step, min(ts) AS first_ts, count(*) AS events,
+        max(max(ts + dur)) OVER (PARTITION BY run_id, rank, device_id) AS device_end
+    FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
+                         time_unit_ns := time_unit_ns)
+    WHERE step IS NOT NULL
+    GROUP BY run_id, rank, device_id, step
+)
+SELECT run_id, rank, device_id, step, first_ts AS ts,
+    COALESCE(lead(first_ts) OVER (PARTITION BY run_id, rank, device_id ORDER BY first_ts, step), device_end) AS te,
+    events
+FROM firsts;
+
 -- Idle gaps between device events: one row per gap, in the chosen window.
 -- scope 'stream': a gap on one stream is the time between the end of everything that ran before on that stream
 -- and the start of the next event there; scope 'device': the same over all streams of the device (the gaps of
@@ -41,45 +62,47 @@ CREATE OR REPLACE MACRO idle_gaps(scope := 'stream', class_scheme := 'default', 
                                   time_unit_ns := 1, kernel_wait_ns := 30000) AS TABLE
 WITH events AS (
     SELECT run_id, rank, device_id, CASE WHEN scope = 'device' THEN NULL ELSE stream END AS stream,
-        slice_id, name, ts, ts + dur AS te, step,
+        slice_id, name, ts, ts + dur AS te,
         (launch_ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS launch_ts
     FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
                          time_unit_ns := time_unit_ns)
 ), ordered AS (
     SELECT *,
         max(te) OVER w AS gap_start,
-        arg_max(slice_id, te) OVER w AS prev_slice_id,
-        arg_max(name, te) OVER w AS prev_name
+        -- of the events that end last, the one with the highest slice_id (a unique pick)
+        arg_max(slice_id, (te, slice_id)) OVER w AS prev_slice_id,
+        arg_max(name, (te, slice_id)) OVER w AS prev_name
     FROM events
     WINDOW w AS (PARTITION BY run_id, rank, device_id, stream ORDER BY ts, te, slice_id
                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+), gaps AS (
+    SELECT run_id, rank, device_id, stream, gap_start AS ts, ts - gap_start AS dur,
+        CASE WHEN launch_ts > gap_start THEN 'host_wait'
+             WHEN ts - gap_start < kernel_wait_ns THEN 'kernel_wait'
+             ELSE 'other' END AS category,
+        prev_slice_id, prev_name, slice_id AS next_slice_id, name AS next_name, launch_ts AS next_launch_ts
+    FROM ordered
+    WHERE ts > gap_start
 )
-SELECT run_id, rank, device_id, stream, gap_start AS ts, ts - gap_start AS dur,
-    CASE WHEN launch_ts > gap_start THEN 'host_wait'
-         WHEN ts - gap_start < kernel_wait_ns THEN 'kernel_wait'
-         ELSE 'other' END AS category,
-    step, prev_slice_id, prev_name, slice_id AS next_slice_id, name AS next_name, launch_ts AS next_launch_ts
-FROM ordered
-WHERE ts > gap_start;
+-- a gap's step: the step whose window (step_windows) holds its start (a gap of the device's busy set lies in one
+-- window: windows start where an event starts)
+SELECT g.run_id, g.rank, g.device_id, g.stream, g.ts, g.dur, g.category, w.step, g.prev_slice_id, g.prev_name,
+    g.next_slice_id, g.next_name, g.next_launch_ts
+FROM gaps g
+LEFT JOIN step_windows(class_scheme := class_scheme, analysis_window := analysis_window,
+                       time_unit_ns := time_unit_ns) w
+  ON w.run_id = g.run_id AND w.rank = g.rank AND w.device_id = g.device_id AND g.ts >= w.ts AND g.ts < w.te;
 
--- The device timeline of each step: device_timeline's segments clipped to the step's device window, which runs
--- from the first to the last activity (in the analysis window) of the device events the step launched
--- (slices.step; with analysis_window 'all' it is steps.device_ts/device_dur). Inside the window every event counts,
--- whichever step launched it, so the segments of a step add up to its window. Windows of consecutive steps can
--- overlap when a step's last kernels run after the next step's first ones: that time is in both steps.
+-- The device timeline of each step: device_timeline's segments clipped to the step's window (`step_windows`).
+-- Inside the window every event counts, whichever step launched it, so the segments of a step add up to its
+-- window, and the steps of a device add up to its timeline over the span of its steps.
 CREATE OR REPLACE MACRO step_timeline(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
-WITH windows AS (
-    SELECT run_id, rank, device_id, step, min(ts) AS ts, max(ts + dur) AS te
-    FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
-                         time_unit_ns := time_unit_ns)
-    WHERE step IS NOT NULL
-    GROUP BY ALL
-)
 SELECT t.run_id, t.rank, t.device_id, w.step, greatest(t.ts, w.ts) AS ts,
     least(t.ts + t.dur, w.te) - greatest(t.ts, w.ts) AS dur, t.classes
 FROM device_timeline(class_scheme := class_scheme, analysis_window := analysis_window,
                      time_unit_ns := time_unit_ns) t
-JOIN windows w ON w.run_id = t.run_id AND w.rank = t.rank AND w.device_id = t.device_id
+JOIN step_windows(class_scheme := class_scheme, analysis_window := analysis_window, time_unit_ns := time_unit_ns) w
+  ON w.run_id = t.run_id AND w.rank = t.rank AND w.device_id = t.device_id
  AND t.ts < w.te AND t.ts + t.dur > w.ts;
 
 -- The timeline an analysis runs over: per = 'rank' is device_timeline (step NULL), per = 'step' is step_timeline.

@@ -15,3 +15,22 @@ CREATE OR REPLACE MACRO busbw_factor(collective, group_size) AS (
         ELSE NULL
     END
 );
+
+-- The time of a collective as engineers work it out on paper, from its size, kind, group size and the link
+-- bandwidth (bytes/s per direction per rank, e.g. NVLink 4: 450e9): each rank's link must carry
+-- size · busbw_factor(kind, n) bytes (nccl-tests' bus bandwidth model, ring algorithms), so the time is
+-- size · factor / link, in ns. size is the message as metrics.md defines it: the input (all-reduce, reduce-scatter,
+-- all-to-all, broadcast, reduce, send/recv), the gathered output for all-gather. Latency is left out: a lower
+-- bound, which large messages approach. NULL for kinds without a factor or an unknown group size.
+CREATE OR REPLACE MACRO collective_time_ns(size_bytes, kind, group_size, link_bytes_per_s) AS (
+    size_bytes * busbw_factor(kind, group_size) / link_bytes_per_s * 1e9
+);
+
+-- The ideal bubble fraction of a pipeline schedule: the share of the schedule's time each of p stages is idle,
+-- with m microbatches per step and v model chunks per stage (interleaved 1F1B, Megatron-LM; v = 1 for GPipe and
+-- 1F1B): (p − 1) / (v · m + p − 1). The Megatron-LM paper states the bubble relative to the ideal compute time,
+-- (p − 1) / (v · m); this is the same bubble as a fraction of the whole (ratio / (1 + ratio)). NULL unless
+-- p, m, v >= 1.
+CREATE OR REPLACE MACRO pipeline_bubble_fraction(p, m, v := 1) AS (
+    CASE WHEN p >= 1 AND m >= 1 AND v >= 1 THEN (p - 1.0) / (v * m + p - 1.0) END
+);

@@ -4,11 +4,13 @@ Everything here is plain files so that a run opened in any DuckDB client gets th
 - `*.csv`: small data tables (kernel class rules, device peaks), created as tables of the file's name;
 - `NN_topic.sql`: macros, run in file-name order (a table macro binds the tables it reads when it is created).
 `install(con)` runs them on a connection; `sql()` is the same text, written into every run's `init.sql`.
+`install(con, names=...)` creates only what SQL using those names needs (the CLI: a query's macros, not all 45).
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import re
 from pathlib import Path
 
@@ -52,5 +54,55 @@ def sql(files: tuple[str, ...] | None = None) -> str:
     return "\n".join(tables + macros)
 
 
-def install(con, files: tuple[str, ...] | None = None) -> None:
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CREATE = re.compile(r"^CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?(?:MACRO|FUNCTION|TABLE|VIEW)\s+(\w+)",
+                     re.MULTILINE | re.IGNORECASE)
+
+
+def words(text: str) -> set[str]:
+    """The identifiers in SQL text, lower case: a superset of the tables and functions it uses."""
+    return {w.lower() for w in _WORD.findall(text)}
+
+
+@functools.cache
+def definitions() -> list[tuple[str | None, str]]:
+    """(name, SQL) of each definition in creation order: the CSV tables, then each statement of the macro files
+    (a chunk with no CREATE in it has no name: it always runs)."""
+    chosen = sorted(p for p in HERE.iterdir() if p.suffix in (".csv", ".sql"))
+    found: list[tuple[str | None, str]] = [(p.stem.lower(), csv_table_sql(p)) for p in chosen if p.suffix == ".csv"]
+    for p in chosen:
+        if p.suffix != ".sql":
+            continue
+        text = p.read_text()
+        starts = [m.start() for m in _CREATE.finditer(text)]
+        head = text[: starts[0]] if starts else text
+        if head.strip() and any(not line.strip().startswith("--") for line in head.splitlines() if line.strip()):
+            found.append((None, head))
+        for a, b in zip(starts, starts[1:] + [len(text)]):
+            found.append((_CREATE.match(text, a)[1].lower(), text[a:b]))
+    return found
+
+
+def needed(names: set[str], tables: set[str] = frozenset()) -> tuple[list[str], set[str]]:
+    """The definitions (SQL, in creation order) that SQL using `names` needs, with the definitions those use in
+    turn, and which of `tables` (the run's views) they all use."""
+    defs = definitions()
+    known = {name: text for name, text in defs if name}
+    todo, seen = [n for n in names if n in known], set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += [w for w in words(known[name]) if w in known and w not in seen]
+    used_tables = {t for t in tables if t in names or any(t in words(known[n]) for n in seen)}
+    return [text for name, text in defs if name is None or name in seen], used_tables
+
+
+def install(con, files: tuple[str, ...] | None = None, names: set[str] | None = None) -> None:
+    """Create the functions on `con`: all of them, those of `files`, or only those SQL using `names` needs."""
+    if names is not None:
+        statements, _ = needed(names)
+        if statements:
+            con.execute("\n".join(statements)).fetchall()
+        return
     con.execute(sql(files)).fetchall()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -49,11 +50,12 @@ _COPY_TASKS = {"PCIE_DMA_SQE", "SDMA_SQE", "MEMCPY_ASYNC", "MEMCPY", "SDMA"}
 _KINDS = {"cpu_op": "cpu_op", "python_function": "python_function", "user_annotation": "user_annotation",
           "gpu_user_annotation": "gpu_annotation", "enqueue": "other", "dequeue": "other"}
 _DEVICE_PROCESSES = ("Ascend Hardware", "HCCL")
+MAX_NS = 2**61  # times (ns) beyond this cannot be summed safely (readers.MAX_TS_NS / MAX_DUR_NS)
+MAX_ID = 2**63 - 1
 
 
 def detect(path: Path, head: bytes) -> bool:
-    name = path.name
-    if not name.startswith("trace_view.json"):
+    if not path.name.endswith(SUFFIXES):
         return False
     text = head.lstrip()
     return text[:1] in (b"[", b"{") and (path.parent.name == "ASCEND_PROFILER_OUTPUT" or any(
@@ -61,9 +63,13 @@ def detect(path: Path, head: bytes) -> bool:
 
 
 def is_companion(path: Path) -> bool:
-    """A file of the export that only completes trace_view.json (read with it, never on its own)."""
-    return bool(COMPANIONS.match(path.name)) and (path.parent.name == "ASCEND_PROFILER_OUTPUT"
-                                                   or path.parent.name.endswith("_ascend_pt"))
+    """A file of the export that only completes trace_view.json (read with it, never on its own): anything in a
+    `*_ascend_pt` folder but its trace_view.json (the raw PROF_* data, msprof's own JSON timeline of the same
+    events, FRAMEWORK/ files), and the companions of a trace_view.json in ASCEND_PROFILER_OUTPUT/."""
+    if path.name.endswith(SUFFIXES):
+        return False
+    return any(p.name.endswith("_ascend_pt") for p in path.parents) or (
+        bool(COMPANIONS.match(path.name)) and path.parent.name == "ASCEND_PROFILER_OUTPUT")
 
 
 def _ns(value) -> int | None:
@@ -87,7 +93,7 @@ def _listed(text, numbers: bool):
 
 
 def read_bytes(path: Path) -> bytes:
-    from . import read_bytes as read  # (the package imports this module before defining it)
+    from .common import read_bytes as read
 
     return read(path)
 
@@ -108,12 +114,14 @@ def _companion(output: Path, *names: str) -> Path | None:
 
 
 def read(path: Path, threads: int | None = None):
-    from . import SliceColumns, TraceData, counters_from_columns
+    from .common import SliceColumns, TraceData, counters_from_columns
 
     doc = _read_json(path)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise TraceError(path, "not a torch_npu trace_view.json: no list of events")
+    malformed = [e for e in events if _clean(e) is None]
+    events = [c for c in map(_clean, events) if c is not None]
     output = path.parent
     root = output.parent if output.name == "ASCEND_PROFILER_OUTPUT" else output
     info = _profiler_info(root)
@@ -130,9 +138,8 @@ def read(path: Path, threads: int | None = None):
                 threads_[(e.get("pid"), e.get("tid"))] = args.get("name")
             elif e.get("name") == "process_labels":
                 process_label[e.get("pid")] = args.get("labels")
-    hccl_streams = {(e.get("pid"), (e.get("args") or {}).get("stream id")) for e in events
-                    if isinstance(e, dict) and e.get("ph") == "X" and process.get(e.get("pid")) == "HCCL"
-                    and (e.get("args") or {}).get("stream id") is not None}
+    hccl_streams = {(e["pid"], _int(e["args"].get("stream id"))) for e in events
+                    if e["ph"] == "X" and process.get(e["pid"]) == "HCCL" and _int(e["args"].get("stream id")) is not None}
     hccl_stream_of = {}
     for pid, stream in hccl_streams:
         hccl_stream_of.setdefault(pid, set()).add(stream)
@@ -141,12 +148,13 @@ def read(path: Path, threads: int | None = None):
     # torch_to_npu flows: the device task (by process, thread, start) -> the flow id, and where each flow starts
     flow_end, flow_start = {}, {}
     for e in events:
-        if isinstance(e, dict) and e.get("cat") == "async_npu" and e.get("ph") in ("s", "f"):
-            key = (e.get("pid"), e.get("tid"), _ns(e.get("ts")))
+        ts = _ns(e.get("ts")) if e.get("cat") == "async_npu" and e["ph"] in ("s", "f") else None
+        if ts is not None and abs(ts) < MAX_NS and _int(e.get("id")) is not None:
+            key = (e["pid"], e["tid"], ts)
             if e["ph"] == "f":
-                flow_end[key] = e.get("id")
+                flow_end[key] = _int(e["id"])
             else:
-                flow_start[e.get("id")] = key
+                flow_start[_int(e["id"])] = key
 
     out = SliceColumns()
     counters = {"name": [], "series": [], "track": [], "device_id": [], "ts": [], "value": []}
@@ -157,22 +165,25 @@ def read(path: Path, threads: int | None = None):
 
     def skip(reason, e):
         skipped[reason] = skipped.get(reason, 0) + 1
-        examples.setdefault(reason, json.dumps(e)[:300])
+        examples.setdefault(reason, repr(e)[:300])
+
+    for e in malformed:
+        skip("malformed event", e)
 
     def label(pid, tid):
         return f"{process.get(pid) or pid} / {threads_.get((pid, tid)) or f'thread {tid}'}"
 
     for e in events:
-        if not isinstance(e, dict):
-            skip("malformed event", e)
-            continue
-        ph = e.get("ph")
+        ph = e["ph"]
         if ph in ("M", "s", "f", "t"):
             continue
         pid, tid, name = e.get("pid"), e.get("tid"), e.get("name")
         ts = _ns(e.get("ts"))
         if ts is None:
             skip("missing or non-numeric ts", e)
+            continue
+        if abs(ts) >= MAX_NS:
+            skip("time out of range", e)
             continue
         proc = process.get(pid)
         args = e.get("args") or {}
@@ -194,6 +205,9 @@ def read(path: Path, threads: int | None = None):
         if dur is None or dur < 0:
             skip("missing dur" if dur is None else "end before start", e)
             continue
+        if dur >= MAX_NS:
+            skip("time out of range", e)
+            continue
         row = dict(name=name, ts=ts, dur=dur, pid=pid, tid=tid, track=label(pid, tid))
         if proc in _DEVICE_PROCESSES:
             device = pid & 31
@@ -203,10 +217,11 @@ def read(path: Path, threads: int | None = None):
             if flow is not None and flow in flow_start:
                 launched_flows.add(flow)
             link = flow if flow is not None and flow in flow_start else args.get("connection_id")
-            thread = threads_.get((pid, tid)) or ""
+            thread = str(threads_.get((pid, tid)) or "")
             if proc == "Ascend Hardware":
                 task = args.get("Task Type")
-                stream = args.get("Physic Stream Id", tid)
+                stream = _int(args.get("Physic Stream Id"))
+                stream = tid if stream is None else stream
                 if (device, stream) in comm_streams:  # the hardware tasks of an HCCL operation: its detail
                     kind, category = "gpu_annotation", "hccl_task"
                 elif task in _COMPUTE_TASKS:
@@ -222,7 +237,7 @@ def read(path: Path, threads: int | None = None):
                            track=f"NPU {device} / stream {stream}")
             elif thread.endswith("Communication") or args.get("alg_type") is not None:  # an HCCL operation
                 streams = hccl_stream_of.get(pid, set())
-                stream = next(iter(streams)) if len(streams) == 1 else 10_000 + (tid or 0)
+                stream = next(iter(streams)) if len(streams) == 1 else 10_000 + tid
                 group = op_groups.get(name)
                 args = {**args, "Collective name": name, "dtype": args.get("data_type"),
                         "In msg nelems": args.get("count"), "Out msg nelems": args.get("count")}
@@ -231,7 +246,8 @@ def read(path: Path, threads: int | None = None):
                 row.update(kind="kernel", category="hccl", stream=stream, correlation=_int(link),
                            track=f"NPU {device} / {thread or 'HCCL'}")
             else:  # an HCCL plane task: detail of the operation above it
-                stream = args.get("stream id", 10_000 + (tid or 0))
+                stream = _int(args.get("stream id"))
+                stream = 10_000 + tid if stream is None else stream
                 row.update(kind="gpu_annotation", category="hccl_task", stream=stream,
                            track=f"NPU {device} / HCCL {thread or tid}")
         elif proc == "CANN":
@@ -248,7 +264,7 @@ def read(path: Path, threads: int | None = None):
                     args["Input Dims"] = _listed(args["Input Dims"], numbers=True)
                 if "Input type" in args:
                     args["Input type"] = _listed(args["Input type"], numbers=False)
-        row["args"] = json.dumps(args) if args else None
+        row["args"] = _json(args)
         out.add(**row)
 
     # the framework op each task came from: a zero-length launch where its torch_to_npu flow starts
@@ -271,10 +287,46 @@ def read(path: Path, threads: int | None = None):
 
 
 def _int(value) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
+    """An id as a BIGINT, or None (text, floats, out of range)."""
+    if isinstance(value, bool):
         return None
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    return value if isinstance(value, int) and -MAX_ID <= value <= MAX_ID else None
+
+
+def _clean(e) -> dict | None:
+    """An event with the fields the reader relies on well typed (pid and tid integers, name text, args an
+    object), or None when it cannot be read (a malformed event)."""
+    if not isinstance(e, dict) or not isinstance(e.get("ph"), str):
+        return None
+    pid, tid = _int(e.get("pid", 0)), _int(e.get("tid", 0))
+    if pid is None or tid is None:
+        return None
+    name = e.get("name")
+    args = e.get("args")
+    return {**e, "pid": pid, "tid": tid, "name": name if isinstance(name, str) or name is None else str(name),
+            "args": args if isinstance(args, dict) else {}}
+
+
+def _json(args: dict) -> str | None:
+    """args as JSON text (non-finite numbers, which JSON has no word for, as null)."""
+    if not args:
+        return None
+    try:
+        return json.dumps(args, allow_nan=False, default=str)
+    except ValueError:
+        return json.dumps(_finite(args), default=str)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _profiler_info(root: Path) -> dict:

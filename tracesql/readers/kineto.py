@@ -16,11 +16,8 @@ text. Python only sees metadata, the small lookup tables and the begin/end match
 from __future__ import annotations
 
 import codecs
-import gzip
 import re
-import shutil
 import tempfile
-import zlib
 from pathlib import Path
 
 import duckdb
@@ -233,28 +230,44 @@ def _locate(f, size: int) -> tuple[int, int, dict] | None:
     return None
 
 
-_Scalar = int | float | str | bool | None
-_Trailing = _Scalar | list[_Scalar]  # what fields after the array may hold (Kineto writes a list of log lines)
+_Trailing = object  # fields after the array (Kineto: a list of log lines; Chrome: a metadata object), within _TAIL
+
+
+def whole_read_bytes() -> int:
+    """The largest document read into memory whole (when the streaming path cannot read it): reading it takes
+    about twice its size, so half of --memory-limit (at least 16 MiB)."""
+    return max(16 << 20, _size_bytes(limits.current().memory) // 2)
+
+
+def _size_bytes(size: str) -> int:
+    m = re.match(r"^([\d.]+)\s*([KMGT]?i?B)$", size.strip(), re.IGNORECASE)
+    if not m:
+        return 1 << 30
+    unit = m.group(2).upper()
+    power = "BKMGT".index(unit[0]) if unit != "B" else 0
+    return int(float(m.group(1)) * (1024 if "I" in unit else 1000) ** power)
+
+
+def _too_large_to_read_whole(path: Path, size: int, why: str) -> TraceError:
+    return TraceError(path, f"{why}; the document ({size / 2**20:,.0f} MiB) is too large to read whole within "
+                            f"--memory-limit {limits.current().memory} (up to {whole_read_bytes() / 2**20:,.0f} MiB "
+                            "is; a larger --memory-limit reads more): refused")
 
 
 def _events_file(path: Path, scratch: Path, whole: bool = False) -> tuple[Path, dict, bool]:
     """A file holding only the `traceEvents` array (what DuckDB reads), and the other top-level fields. Streamed:
-    a gzip is unpacked into the scratch folder a chunk at a time and the fields around the array are blanked;
-    a plain file has the array's bytes copied. Only a document laid out otherwise (or `whole`) is read into
-    memory whole. The last item says whether the array was located (True) or the document read whole."""
-    from . import read_bytes
+    a gzip is unpacked into the scratch folder a chunk at a time (a decompression bomb is refused: see
+    readers.inflated) and the fields around the array are blanked; a plain file has the array's bytes copied.
+    Only a document laid out otherwise (or `whole`) is read into memory whole, and only one of at most
+    whole_read_bytes(): a larger one is refused. The last item says whether the array was located (True) or
+    the document read whole."""
+    from .common import inflated, read_bytes
 
     events_file = scratch / "events.json"
     with open(path, "rb") as src:
         gzipped = src.read(2) == b"\x1f\x8b" and not whole
     if gzipped:
-        try:
-            with gzip.open(path, "rb") as src, open(events_file, "wb") as dst:
-                shutil.copyfileobj(src, dst, _CHUNK)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-            raise TraceError(path, "truncated gzip" if isinstance(e, EOFError) else f"damaged gzip ({e})") from None
-        if events_file.stat().st_size == 0:
-            raise TraceError(path, "empty file")
+        inflated(path, scratch).replace(events_file)
     source = events_file if gzipped else path
     size = source.stat().st_size
     with open(source, "r+b" if gzipped else "rb") as f:
@@ -273,6 +286,12 @@ def _events_file(path: Path, scratch: Path, whole: bool = False) -> tuple[Path, 
                     dst.write(f.read(min(_CHUNK, end - start - done)))
     if found:
         return events_file, meta, True
+    if size > whole_read_bytes():
+        raise _too_large_to_read_whole(path, size, "the 'traceEvents' array is not where profilers write it (its "
+                                                   f"start in the first {_WINDOW >> 20} MiB, its end in the last "
+                                                   f"{_TAIL >> 10} KiB)")
+    if gzipped:
+        events_file.unlink()
     data = read_bytes(path)  # the whole document, checked by msgspec: its errors say what is wrong
     raw_events, meta = _split(path, data)
     with open(events_file, "wb") as dst:
@@ -292,9 +311,13 @@ def read(path: Path, threads: int | None = None):
         con = db.connect(threads, lim.memory, database=scratch / "events.duckdb" if on_disk else None)
         try:
             _load_events(con, path, events_file, notes, lim.max_events)
-        except TraceError:
+        except TraceError as e:
             if not located:
                 raise
+            size = events_file.stat().st_size
+            if size > whole_read_bytes():  # an event DuckDB cannot read (one huge string, deep nesting, no memory)
+                raise _too_large_to_read_whole(path, size, e.problem) from None
+            events_file.unlink()
             events_file, meta, _ = _events_file(path, scratch, whole=True)
             _load_events(con, path, events_file, notes, lim.max_events)
         events_file.unlink()
@@ -305,7 +328,7 @@ def read(path: Path, threads: int | None = None):
 
 
 def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None, slices_file: Path):
-    from . import FileMapping, TraceData
+    from .common import FileMapping, TraceData
 
     base_time_ns = meta.get("baseTimeNanoseconds") or 0
     if isinstance(base_time_ns, bool) or not isinstance(base_time_ns, int) or not 0 <= base_time_ns < 2**61:
@@ -321,6 +344,11 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
     if max_events and total == max_events:
         notes.append(f"read only the first {max_events:,} events (--max-events)")
     if total == sum(skipped.values()) + counts[-1]:
+        if skipped.get("time out of range"):
+            example = examples.get("time out of range", "")
+            raise TraceError(path, f"no usable timed events: {skipped['time out of range']:,} have times out of "
+                                   f"range (e.g. {example}); Chrome trace times are microseconds, and these look "
+                                   "like nanoseconds: divide ts and dur by 1000")
         raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
     skipped.update(_pair(con))
     con.execute(_LOOKUPS)
@@ -576,7 +604,8 @@ SELECT t.idx AS slice_id, t.kind, t.cat AS category,
     us_to_ns(t.ts) + $base AS ts,
     CASE WHEN t.ph = 'X' THEN us_to_ns(t.dur) ELSE 0 END AS dur,
     t.pid_id AS pid, t.tid_id AS tid,
-    CASE WHEN t.on_device THEN CAST(t.lane_device AS INTEGER) END AS device_id,
+    -- a device id no INTEGER holds: readers.BAD_DEVICE_ID, which read_trace skips and counts
+    CASE WHEN t.on_device THEN COALESCE(TRY_CAST(t.lane_device AS INTEGER), -2147483648) END AS device_id,
     CASE WHEN t.on_device THEN t.lane_stream END AS stream,
     CASE WHEN t.on_device THEN 'device ' || t.lane_device || ' / stream ' || t.lane_stream
          ELSE process_label(t.pid_id) || ' / ' || thread_label(t.pid_id, t.tid_id) END AS track,

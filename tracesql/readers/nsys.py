@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from .. import db, limits
 from ..arrays import array, to_numpy
 from ..errors import TraceError
-from . import MAX_NAME_CHARS, OUT_BATCH_ROWS
+from .common import MAX_NAME_CHARS, OUT_BATCH_ROWS
 
 FORMAT = "nsys"
 SUFFIXES = (".sqlite", ".nsys.sqlite")
@@ -295,7 +295,7 @@ def _insert(duck, table: str, batch: pa.RecordBatch) -> None:
 
 def _read_process(path: Path, con, source, duck, tables: dict, process: int, base: int, slices_file: Path,
                   max_events: int | None, rank: int | None, notes: list[str], metadata: dict, devices: list):
-    from . import FileMapping, TraceData, mapped_slices
+    from .common import FileMapping, TraceData, mapped_slices
 
     _load_thread_names(source, duck, tables, process)
     skipped: dict[str, int] = {}

@@ -33,7 +33,7 @@ from .. import db, limits
 from ..arrays import array, texts
 from ..db import sql_list
 from ..errors import TraceError
-from . import MAX_NAME_CHARS, OUT_BATCH_ROWS
+from .common import MAX_NAME_CHARS, OUT_BATCH_ROWS
 from .kineto import CATEGORY_KINDS, DEVICE_KINDS
 
 FORMAT = "perfetto"
@@ -301,7 +301,7 @@ class _Rows:
             self.bytes = 0
 
     def close(self):
-        from . import FileMapping
+        from .common import FileMapping
 
         self.flush()
         self.writer.close()
@@ -342,7 +342,7 @@ _INT64 = 1 << 63
 def read(path: Path, threads: int | None = None):
     from google.protobuf.message import DecodeError
 
-    from . import mapped_content
+    from .common import mapped_content
 
     with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
         scratch = Path(scratch)
@@ -514,7 +514,7 @@ class _Reader:
             self.skipped["slice never ended"] = self.skipped.get("slice never ended", 0) + unfinished
 
     def finish(self, threads: int | None):
-        from . import TraceData
+        from .common import TraceData
 
         rows, flows, samples = self.rows.close(), self.flows.close(), self.samples.close()
         if not self.packets:
@@ -551,7 +551,7 @@ class _Reader:
         )
 
     def _mapped(self, con, name: str, sql: str, counters: bool = False):
-        from . import READER_COUNTER_TYPES, FileMapping, mapped_slices
+        from .common import READER_COUNTER_TYPES, FileMapping, mapped_slices
 
         reader = con.sql(sql).to_arrow_reader(OUT_BATCH_ROWS)
         if not counters:

@@ -24,7 +24,7 @@ import msgspec
 
 from .. import db, limits
 from ..errors import TraceError
-from . import MAX_NAME_CHARS, OUT_BATCH_ROWS
+from .common import MAX_NAME_CHARS, OUT_BATCH_ROWS
 
 FORMAT = "rocprof"
 SUFFIXES = ("_results.json", "_results.json.gz")
@@ -334,7 +334,7 @@ _UNUSABLE = "unusable record (negative duration or unknown agent)"
 def read(path: Path, threads: int | None = None):
     import duckdb
 
-    from . import mapped_content
+    from .common import mapped_content
 
     with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
         scratch = Path(scratch)
@@ -367,7 +367,7 @@ def _decode_skeleton(path: Path, skeleton: Path) -> tuple[list[_Process], list[s
 
 
 def _read(path: Path, scratch: Path, carver: _Carver, processes: list[_Process], notes: list[str], threads):
-    from . import TraceData, mapped_slices
+    from .common import TraceData, mapped_slices
 
     lim = limits.current()
     con = db.connect(threads, lim.memory, database=scratch / "rocprof.duckdb")

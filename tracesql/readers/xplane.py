@@ -139,7 +139,7 @@ def _programs(space) -> dict[str, object]:
 
 
 def read(path: Path, threads: int | None = None):
-    from . import TraceData, mapped_slices, read_bytes
+    from .common import TraceData, mapped_slices, read_bytes
 
     space = parse(path, read_bytes(path))
     environment = {p.name: _stats(p, p.stats) for p in space.planes if not p.lines and p.stats}
@@ -235,7 +235,7 @@ class _Events:
         own stats do not name their XLA op take their launch's), lines and events."""
         import pyarrow as pa
 
-        from . import READER_SLICE_TYPES
+        from .common import READER_SLICE_TYPES
 
         resolved, ts, dur = [], [], []
         for plane in sorted(space.planes, key=lambda p: p.name != HOST_PLANE):

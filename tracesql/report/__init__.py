@@ -18,9 +18,10 @@ from .. import engine, queries, store
 from ..errors import TraceError
 from ..ingestion import find_traces
 from . import charts, gates
-from .metrics import METRICS, FleetMetrics, collect
+from .metrics import DIFFS_SHOWN, METRICS, FleetMetrics, collect
 
-DIFFS_SHOWN = 20  # regressed runs explained with a diff (the most regressed first)
+TRACES_WRITTEN = 10  # regressed runs whose slowest step is written as a Perfetto trace (the most regressed first)
+GROUP_RUNS = 50  # runs per DuckDB session when collecting the metrics: memory bounded by a group, not the fleet
 
 
 def find_runs(targets) -> list[Path]:
@@ -69,6 +70,19 @@ class Regression:
 
 
 @dataclass
+class StepTrace:
+    """A step written as a Perfetto trace next to the report (perfetto/FILE), and why."""
+
+    why: str  # 'slowest step of the latest run', 'slowest step of a regressed run', ...
+    run_id: str
+    rank: int
+    step: int
+    step_ns: float
+    file: str  # relative to the report folder
+    path: Path  # the run folder
+
+
+@dataclass
 class Report:
     metrics: FleetMetrics
     baseline: str
@@ -79,6 +93,7 @@ class Report:
     regressions: list[Regression]
     charts: list[tuple[str, str, dict]] = field(default_factory=list)  # (section, title, figure)
     focus_tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    traces: list[StepTrace] = field(default_factory=list)  # written into perfetto/ by write()
 
     @property
     def failed(self) -> list[gates.Verdict]:
@@ -117,11 +132,10 @@ def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs:
         run_ids[run_id] = run
     paths = {rid: p for rid, p in run_ids.items()}
 
-    con = engine.connect(runs)
     flops = dict(mfu_params or {})
     if flops and device:
         flops["device"] = device
-    fleet = collect(con, mfu_params=flops or None, top=top)
+    fleet = collect_grouped(runs, mfu_params=flops or None, top=top)
     given = {rid: i for i, rid in enumerate(run_ids)}
     key = fleet.runs.run_id.map(given) if order == "given" else fleet.runs.start_ns
     fleet.runs = fleet.runs.assign(_key=key).sort_values(["_key", "run_id"]).drop(columns="_key")
@@ -145,18 +159,71 @@ def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs:
     # the most regressed (by step time, else in order) are explained with a diff against the baseline
     by_step = sorted(regressions, key=lambda r: -_relative(rows.loc[r.run_id], base_row, "step_time_p50"))
     diff = queries.find("diff")
-    for reg in by_step[:DIFFS_SHOWN]:
-        pair = engine.connect([paths[base_id], paths[reg.run_id]])
-        reg.diff = queries.run(pair, diff, {"before": base_id, "after": reg.run_id, "top": top}).df()
+    explained = by_step[:DIFFS_SHOWN]
+    if explained:  # one session for the baseline and the explained runs (not one per pair: a session costs)
+        con = engine.connect([paths[base_id]] + [paths[r.run_id] for r in explained])
+        try:
+            for reg in explained:
+                reg.diff = queries.run(con, diff, {"before": base_id, "after": reg.run_id, "top": top}).df()
+        finally:
+            con.close()
 
     report = Report(fleet, base_id, focus, threshold, parsed, verdicts, regressions)
     _focus_details(report, paths[focus], device, top)
+    _step_traces(report, paths, by_step)
     for name in METRICS:
         if name in fleet.runs:
             figure = charts.trend(name, fleet.runs, base_id, threshold)
             if figure:
                 report.charts.append(("trend", name, figure))
     return report
+
+
+def collect_grouped(runs: list[Path], *, mfu_params: dict | None = None, top: int = 10,
+                    group: int | None = None) -> FleetMetrics:
+    """collect() over the runs GROUP_RUNS at a time, each group in its own DuckDB session: the same rows as one
+    session over the whole fleet (every query is per run), with memory bounded by a group however many runs."""
+    group = group or GROUP_RUNS
+    parts = []
+    for k in range(0, len(runs), group):
+        con = engine.connect(runs[k:k + group])
+        try:
+            parts.append(collect(con, mfu_params=mfu_params, top=top))
+        finally:
+            con.close()
+    return FleetMetrics.concat(parts)
+
+
+def _slowest_step(steps: pd.DataFrame, run_id: str):
+    """(step, rank, step_ns) of the run's slowest step (the slowest rank in it sets its time), or None."""
+    mine = steps[(steps.run_id == run_id) & steps.step_ns.notna()]
+    if mine.empty:
+        return None
+    row = mine.sort_values(["step_ns", "step", "rank"], ascending=[False, True, True]).iloc[0]
+    return int(row.step), int(row["rank"]), float(row.step_ns)
+
+
+def _step_traces(report: Report, paths: dict, regressed: list[Regression]) -> None:
+    """The steps the report links to a Perfetto trace: the latest run's slowest step, the baseline's (to open
+    beside it), and the slowest step of each of the TRACES_WRITTEN most regressed runs."""
+    steps = report.metrics.tables["steps"]
+    wanted = [("slowest step of the latest run", report.focus), ("slowest step of the baseline", report.baseline)]
+    wanted += [("slowest step of a regressed run", r.run_id) for r in regressed[:TRACES_WRITTEN]]
+    seen, files = set(), set()
+    for why, rid in wanted:
+        if rid in seen:
+            continue
+        seen.add(rid)
+        found = _slowest_step(steps, rid)
+        if found is None:
+            continue
+        step, rank, ns = found
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in rid)[:80].lstrip(".") or "run"
+        file = f"perfetto/{safe}-rank{rank}-step{step}.pftrace"
+        if file in files:  # two run_ids that read the same once made safe for a file name
+            file = f"perfetto/{safe}-{len(files)}-rank{rank}-step{step}.pftrace"
+        files.add(file)
+        report.traces.append(StepTrace(why, rid, rank, step, ns, file, paths[rid]))
 
 
 def _relative(run, base, metric) -> float:
@@ -181,6 +248,29 @@ def _worse(run, base, threshold: float) -> list[tuple[str, str]]:
     return out
 
 
+def _heatmaps(report: Report, con, steps: pd.DataFrame, rid: str) -> None:
+    """Rank × step heatmaps of the latest run: step time (each rank's own), exposed communication and idle (shares
+    of the step's device window, `temporal_breakdown per=step`, devices of a rank summed)."""
+    if steps.empty:
+        return
+    figure = charts.heatmap(steps[["rank", "step", "step_ns"]].rename(columns={"step_ns": "value"}),
+                            f"{rid}: step time per rank and step", "time")
+    if figure:
+        report.charts.append(("heatmap", "heatmap_step_time", figure))
+    per_step = queries.run(con, queries.find("temporal_breakdown"), {"per": "step"}).df()
+    per_step = per_step[per_step.step.notna()]
+    if per_step.empty:
+        return
+    sums = per_step.groupby(["rank", "step"], as_index=False)[["window_ns", "exposed_comm_ns", "idle_ns"]].sum()
+    window = sums.window_ns.where(sums.window_ns > 0)
+    for name, column, title in (("exposed_comm", "exposed_comm_ns", "exposed communication"),
+                                ("idle", "idle_ns", "device idle")):
+        cells = sums.assign(value=100 * sums[column] / window)[["rank", "step", "value"]]
+        figure = charts.heatmap(cells, f"{rid}: {title} per rank and step, % of the step's device window", "percent")
+        if figure:
+            report.charts.append(("heatmap", f"heatmap_{name}", figure))
+
+
 def _focus_details(report: Report, path: Path, device: str | None, top: int) -> None:
     """Charts and tables of the latest run: step timeline, per-rank breakdown, hotspots, roofline."""
     rid = report.focus
@@ -202,6 +292,7 @@ def _focus_details(report: Report, path: Path, device: str | None, top: int) -> 
     figure = charts.timeline(lanes[lanes["rank"].isin(shown_ranks)], title)
     if figure:
         report.charts.append(("focus", "timeline", figure))
+    _heatmaps(report, con, steps, rid)
     per_rank = tables["breakdown"][tables["breakdown"].run_id == rid].sort_values("rank")
     figure = charts.breakdown(per_rank, f"{rid}: where each device's time went")
     if figure:

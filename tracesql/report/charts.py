@@ -24,7 +24,7 @@ def text(value, width: int | None = None) -> str:
     s = str(value)
     if width and len(s) > width:
         s = s[: width - 1] + "…"
-    return html.escape(s, quote=True)
+    return html.escape(s, quote=False)  # plotly.js decodes &lt; &gt; &amp; but shows &quot; as it is written
 
 
 def _layout(title: str, **extra) -> dict:
@@ -158,4 +158,33 @@ def roofline(points: pd.DataFrame, peaks: pd.DataFrame, title: str) -> dict | No
                                 "opacity": 0.75, "line": {"width": 1, "color": "#333"}}})
     layout = _layout(title, height=420, xaxis={"type": "log", "title": {"text": "arithmetic intensity, FLOP/byte"}},
                      yaxis={"type": "log", "title": {"text": "TFLOP/s"}}, legend={"orientation": "h", "y": -0.2})
+    return {"data": data, "layout": layout}
+
+
+HEATMAP_COLORS = "YlOrRd"  # reversed: pale when low, dark red when high (every heatmap's metric is worse higher)
+
+
+def heatmap(cells: pd.DataFrame, title: str, kind: str) -> dict | None:
+    """A rank × step grid (columns rank, step, value; value in ns for 'time', % for 'percent'): one cell per rank
+    and step, ranks down, steps across, so that 64–1,024 ranks still read (a row per rank of a pixel or more,
+    where one timeline row per rank could not); hover gives the rank, the step and the value."""
+    cells = cells.dropna(subset=["rank", "step"])
+    if cells.empty or cells.value.isna().all():
+        return None
+    grid = cells.pivot_table(index="rank", columns="step", values="value", aggfunc="max").sort_index()
+    scale, unit = _unit(kind, float(cells.value.abs().max()))
+    z = [[None if pd.isna(v) else round(float(v) / scale, 6) for v in row] for row in grid.to_numpy()]
+    ranks, steps = [int(r) for r in grid.index], [int(s) for s in grid.columns]
+    few = len(ranks) <= 64 and len(steps) <= 64
+    data = [{"type": "heatmap", "x": steps, "y": ranks, "z": z, "colorscale": HEATMAP_COLORS, "reversescale": True,
+             "colorbar": {"title": {"text": unit}, "thickness": 12}, "xgap": 1 if few else 0, "ygap": 1 if few else 0,
+             "hovertemplate": "rank %{y}, step %{x}: %{z:.4g} " + unit + "<extra></extra>", "hoverongaps": False}]
+    if kind == "percent":
+        data[0].update(zmin=0, zmax=max(1.0, max(v for row in z for v in row if v is not None)))
+    height = int(min(900, max(260, 130 + (18 if len(ranks) <= 16 else 6 if len(ranks) <= 128 else 0.75)
+                                * len(ranks))))
+    layout = _layout(title, height=height,
+                     xaxis={"title": {"text": "step"}, "type": "category" if len(steps) <= 64 else "linear"},
+                     yaxis={"title": {"text": "rank"}, "autorange": "reversed",
+                            "type": "category" if len(ranks) <= 32 else "linear"})
     return {"data": data, "layout": layout}

@@ -13,6 +13,8 @@ import pandas as pd
 
 from .. import queries
 
+DIFFS_SHOWN = 20  # regressed runs explained with a diff (the most regressed first)
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -75,9 +77,29 @@ class FleetMetrics:
     ranks: pd.DataFrame  # one row per (run_id, rank): the per-rank metrics
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # query outputs kept for the report's tables
 
+    @classmethod
+    def concat(cls, parts: list["FleetMetrics"]) -> "FleetMetrics":
+        """The metrics of several groups of runs as one (the groups hold different runs)."""
+        if len(parts) == 1:
+            return parts[0]
+
+        def stack(frames):
+            kept = [f for f in frames if len(f)] or frames[:1]
+            return pd.concat(kept, ignore_index=True)
+
+        return cls(runs=stack([p.runs for p in parts]), ranks=stack([p.ranks for p in parts]),
+                   tables={k: stack([p.tables[k] for p in parts]) for k in parts[0].tables})
+
 
 def _run(con, name: str, **params) -> pd.DataFrame:
     return queries.run(con, queries.find(name), params).df()
+
+
+def _quantiles(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """step_time_p50 and step_time_p90 of step_ns per group (linear interpolation, as Series.quantile), in one
+    vectorized pass rather than a Python call per group."""
+    grouped = frame.groupby(keys).step_ns
+    return pd.DataFrame({"step_time_p50": grouped.quantile(0.5), "step_time_p90": grouped.quantile(0.9)})
 
 
 def collect(con, *, mfu_params: dict | None = None, top: int = 10) -> FleetMetrics:
@@ -103,10 +125,8 @@ def collect(con, *, mfu_params: dict | None = None, top: int = 10) -> FleetMetri
     # steps: per step the slowest rank sets the pace; per rank its own steps
     steps["step_ns"] = steps.device_ns.astype("float64").fillna(steps.cpu_ns.astype("float64"))
     per_step = steps.groupby(["run_id", "step"], as_index=False).step_ns.max()
-    run_steps = per_step.groupby("run_id").step_ns.agg(
-        step_time_p50=lambda s: s.quantile(0.5), step_time_p90=lambda s: s.quantile(0.9), steps="count")
-    rank_steps = steps.groupby(["run_id", "rank"]).step_ns.agg(
-        step_time_p50=lambda s: s.quantile(0.5), step_time_p90=lambda s: s.quantile(0.9))
+    run_steps = _quantiles(per_step, ["run_id"]).join(per_step.groupby("run_id").step_ns.count().rename("steps"))
+    rank_steps = _quantiles(steps, ["run_id", "rank"])
 
     sums = breakdown.groupby("run_id")[["window_ns", "compute_ns", "exposed_comm_ns", "idle_ns"]].sum()
     run_time = pd.DataFrame({name: 100 * sums[f"{name}_ns"] / sums.window_ns.where(sums.window_ns > 0)

@@ -21,11 +21,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import __version__
+from ..version import __version__
 from ..errors import TraceError
 from .gates import __doc__ as GATE_GRAMMAR
-from . import DIFFS_SHOWN
-from .metrics import METRICS, change, display
+from .metrics import DIFFS_SHOWN, METRICS, change, display
 
 MARKDOWN_RUNS = 20  # rows of the Markdown runs table (the baseline and the latest runs)
 
@@ -95,6 +94,7 @@ def html_page(report) -> str:
         generated=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         start=lambda ns: "–" if pd.isna(ns) else datetime.datetime.fromtimestamp(
             ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        traces={t.run_id: t for t in report.traces},
         version=__version__, diffs_shown=DIFFS_SHOWN, grammar=GATE_GRAMMAR.split("\n\n", 1)[1].strip())
 
 
@@ -146,6 +146,11 @@ def markdown(report) -> str:
                 lines.append("")
     else:
         lines += [f"No regressions against {md(report.baseline)} (threshold {report.threshold:g} % / pp).", ""]
+    if report.traces:
+        lines.append("Steps as Perfetto traces (open in https://ui.perfetto.dev): " + "; ".join(
+            f"{t.why} {md(t.run_id)} (step {t.step}, rank {t.rank}, {_fmt_ns(t.step_ns)}): `{t.file}`"
+            for t in report.traces))
+        lines.append("")
     lines.append(f"<sub>tracesql {__version__}: metrics from the curated queries; the charts are in index.html."
                  "</sub>")
     return "\n".join(lines) + "\n"
@@ -159,6 +164,8 @@ def metrics_json(report) -> dict:
         "runs": _records(report.metrics.runs), "ranks": _records(report.metrics.ranks),
         "gates": [{"gate": v.gate.text, "run_id": v.run_id, "passed": v.passed, "reason": v.reason}
                   for v in report.verdicts],
+        "traces": [{"why": t.why, "run_id": t.run_id, "rank": t.rank, "step": t.step, "step_ns": t.step_ns,
+                    "file": t.file} for t in report.traces],
         "regressions": [{"run_id": r.run_id, "changes": dict(r.changes),
                          "diff": None if r.diff is None else _records(r.diff)} for r in report.regressions],
     }
@@ -180,11 +187,36 @@ def metrics_table(report) -> pa.Table:
         "value": pa.array(table.value.astype("float64"), pa.float64()), "unit": pa.array(table.unit, pa.string())})
 
 
+def write_traces(report, out: Path) -> list[Path]:
+    """The steps the report links to (report.traces) as Perfetto traces in out/perfetto/; traces of an earlier
+    report in that folder that this one does not link are removed."""
+    from .. import engine
+    from ..export import export
+
+    folder = out / "perfetto"
+    written = []
+    if report.traces:  # one session for every run traced
+        con = engine.connect(list(dict.fromkeys(t.path for t in report.traces)))
+        try:
+            for t in report.traces:
+                export(t.path, out / t.file, rank=t.rank, step=t.step, run_id=t.run_id, con=con)
+                written.append(out / t.file)
+        finally:
+            con.close()
+    if folder.is_dir():
+        for old in folder.glob("*.pftrace"):
+            if old not in written:
+                old.unlink()
+    return written
+
+
 def write(report, out: Path) -> list[Path]:
-    """Write the four files into `out`, each aside then renamed: an interrupted run leaves the previous files."""
+    """Write the four files (and the linked Perfetto traces) into `out`, each aside then renamed: an interrupted
+    run leaves the previous files."""
     if out.exists() and not out.is_dir():
         raise TraceError(out, "exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
+    traces = write_traces(report, out)
     contents = {
         "index.html": html_page(report).encode(),
         "summary.md": markdown(report).encode(),
@@ -199,4 +231,4 @@ def write(report, out: Path) -> list[Path]:
     tmp = out / f".metrics.parquet.{uuid.uuid4().hex[:8]}.tmp"
     pq.write_table(metrics_table(report), tmp)
     os.replace(tmp, out / "metrics.parquet")
-    return written + [out / "metrics.parquet"]
+    return written + [out / "metrics.parquet"] + traces

@@ -1,0 +1,356 @@
+"""The cost model beyond GEMM/conv/attention: FLOPs and bytes of elementwise ops (`out=` and in-place variants,
+type promotion, broadcasting), reductions, norms forward and backward, softmax, copies and casts, upsampling,
+gathers and scatters, vLLM's fused kernels and views, each against a value computed by hand from the op's
+semantics; and which ops op_costs() counts when ops nest.
+
+The arguments are written as Kineto records them (torch 2.13, record_shapes=True: every schema argument in
+order, an `out=` tensor last, a Python number as a 'Scalar' with its value or a 0-dim 'double' tensor); the
+layouts were read off real profiles (tests/data/make_flop_reference.py shows how to record one).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import tracesql
+from conftest import write_trace
+from tracesql import functions, schema
+
+F, H, B, L = "float", "c10::Half", "c10::BFloat16", "long int"
+
+
+@pytest.fixture(scope="module")
+def con() -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    for name, table in schema.TABLES.items():
+        con.execute(f"CREATE TABLE {name} ({', '.join(f'{c.name} {c.type}' for c in table.columns)})")
+    functions.install(con)
+    return con
+
+
+def costs(con, calls: dict[str, tuple]) -> dict[str, tuple]:
+    """key -> (family, FLOPs, bytes) of op calls (name, dims, types, concrete), in one query (the macros are
+    large: binding them once for all calls is much faster than once per call)."""
+    rows = [{"key": k, "name": n, "d": d, "t": t, "c": c or [""] * len(d)} for k, (n, d, t, c) in calls.items()]
+    out = con.execute("""
+        SELECT r.key, op_flop_family(r.name), op_flops(r.name, r.d, r.t, r.c), op_bytes(r.name, r.d, r.t, r.c)
+        FROM (SELECT unnest($1::STRUCT(key VARCHAR, name VARCHAR, d BIGINT[][], t VARCHAR[], c VARCHAR[])[]) AS r)
+    """, [rows]).fetchall()
+    return {k: tuple(v) for k, *v in out}
+
+
+@pytest.fixture(scope="module")
+def by_hand(con) -> dict[str, tuple]:
+    return costs(con, {case: spec[:4] for case, spec in CASES.items()})
+
+
+# name, input dims, input types, concrete inputs, (family, FLOPs, bytes), how the bytes come about
+CASES = {
+    # --- the issue's examples -----------------------------------------------------------------------------
+    "mul_out": ("aten::mul", [[64, 32], [64, 32], [64, 32]], [F, F, F], None,
+                ("elementwise", 2048, 24_576)),  # a, b read; out written, not read: 3 · 8192
+    "mul_out_named": ("aten::mul.out", [[64, 32], [64, 32], [64, 32]], [F, F, F], None,
+                      ("elementwise", 2048, 24_576)),
+    "add_fp16_fp32": ("aten::add", [[2048], [2048], []], [H, F, "Scalar"], ["", "", "1"],
+                      ("elementwise", 2048, 20_480)),  # 4096 + 8192 read, fp32 result: 8192 written
+    # --- elementwise --------------------------------------------------------------------------------------
+    "add_inplace_keeps_self_dtype": ("aten::add_", [[2048], [2048], []], [H, F, "Scalar"], ["", "", "1"],
+                                     ("elementwise", 2048, 4096 + 8192 + 4096)),
+    "mul_out_python_scalar": ("aten::mul", [[64, 32], [], [64, 32]], [F, "double", F], None,
+                              ("elementwise", 2048, 8192 + 8 + 8192)),  # the 0-dim double is read once
+    "broadcast_bf16_fp16": ("aten::add", [[64, 1], [1, 32], []], [B, H, "Scalar"], ["", "", "1"],
+                            ("elementwise", 2048, 128 + 64 + 2048 * 4)),  # bf16 with fp16 -> fp32, [64, 32]
+    "int_tensor_times_float": ("aten::mul", [[16, 32], []], [L, "Scalar"], ["", "2.5"],
+                               ("elementwise", 512, 512 * 8 + 512 * 4)),  # int64 * 2.5 -> float32
+    "comparison_writes_bool": ("aten::gt", [[64, 32], []], [F, "Scalar"], ["", "0"],
+                               ("elementwise", 2048, 8192 + 2048)),
+    "where": ("aten::where", [[64, 32], [64, 32], [64, 32]], ["bool", F, F], None,
+              ("elementwise", 2048, 2048 + 2 * 8192 + 8192)),
+    "addcmul_2_flops": ("aten::addcmul_", [[100], [100], [100], []], [F, F, F, "Scalar"], ["", "", "", "1"],
+                        ("elementwise", 200, 3 * 400 + 400)),
+    # by name a reduction; with a second tensor the elementwise maximum (op_costs' family says 'elementwise')
+    "max_of_two_tensors": ("aten::max", [[64, 32], [64, 32]], [F, F], None, ("reduction", 2048, 3 * 8192)),
+    # --- reductions -----------------------------------------------------------------------------------------
+    "sum_dim": ("aten::sum", [[64, 32], [], [], []], [F, "ScalarList", "Scalar", ""], ["", "[1]", "False", ""],
+                ("reduction", 2048, 8192 + 64 * 4)),
+    "sum_all": ("aten::sum", [[64, 32], []], [F, ""], None, ("reduction", 2048, 8192 + 4)),
+    "sum_of_bool_is_int64": ("aten::sum", [[100], []], ["bool", ""], None, ("reduction", 100, 100 + 8)),
+    "sum_out_keepdim": ("aten::sum", [[64, 32], [], [], [], [64, 1]], [F, "ScalarList", "Scalar", "Scalar", F],
+                        ["", "[-1]", "True", "6", ""], ("reduction", 2048, 8192 + 256)),
+    "max_dim_writes_indices": ("aten::max", [[64, 32], [], []], [F, "Scalar", "Scalar"], ["", "1", "False"],
+                               ("reduction", 2048, 8192 + 64 * 4 + 64 * 8)),
+    "amax_dim0": ("aten::amax", [[64, 32], [], []], [F, "ScalarList", "Scalar"], ["", "[0]", "False"],
+                  ("reduction", 2048, 8192 + 32 * 4)),
+    "argmax": ("aten::argmax", [[64, 32], [], []], [F, "Scalar", "Scalar"], ["", "1", "False"],
+               ("reduction", 2048, 8192 + 64 * 8)),
+    "var_3_flops": ("aten::var", [[64, 32], [], [], []], [F, "ScalarList", "Scalar", "Scalar"],
+                    ["", "[1]", "True", "False"], ("reduction", 3 * 2048, 8192 + 256)),
+    "vector_norm_all": ("aten::linalg_vector_norm", [[64, 32], [], [], [], []], [F, "Scalar", "", "Scalar", ""],
+                        ["", "2", "", "False", ""], ("reduction", 2 * 2048, 8192 + 4)),
+    "cumsum_is_a_scan": ("aten::cumsum", [[64, 32], [], []], [F, "Scalar", ""], ["", "1", ""],
+                         ("reduction", 2048, 2 * 8192)),
+    # --- norms ----------------------------------------------------------------------------------------------
+    "layer_norm": ("aten::layer_norm", [[16, 32], [], [32], [32], [], []],
+                   [F, "ScalarList", F, F, "Scalar", "Scalar"], ["", "[32]", "", "", "1e-05", "True"],
+                   ("norm", 5 * 512, 2048 + 128 + 128 + 2048 + 16 * 2 * 4)),  # + mean and rstd per row
+    "layer_norm_backward": ("aten::native_layer_norm_backward",
+                            [[16, 32], [16, 32], [], [16, 1], [16, 1], [32], [32], []],
+                            [F, F, "ScalarList", F, F, F, F, "ScalarList"],
+                            ["", "", "[32]", "", "", "", "", "[True, True, True]"],
+                            ("norm", 512 * (8 + 2 + 1), 2048 + 2048 + 64 + 64 + 128 + 2048 + 128 + 128)),
+    "layer_norm_backward_input_only": ("aten::native_layer_norm_backward",
+                                       [[16, 32], [16, 32], [], [16, 1], [16, 1], [32], [32], []],
+                                       [F, F, "ScalarList", F, F, F, F, "ScalarList"],
+                                       ["", "", "[32]", "", "", "", "", "[True, False, False]"],
+                                       ("norm", 512 * 8, 2048 + 2048 + 64 + 64 + 128 + 2048)),
+    "group_norm": ("aten::group_norm", [[4, 8, 6, 6], [], [8], [8], [], []],
+                   [F, "Scalar", F, F, "Scalar", "Scalar"], ["", "2", "", "", "1e-05", "True"],
+                   ("norm", 5 * 1152, 4608 + 32 + 32 + 4608 + 4 * 2 * 2 * 4)),  # stats: N · groups
+    "batch_norm_training": ("aten::native_batch_norm", [[4, 8, 6, 6], [8], [8], [8], [8], [], [], []],
+                            [F, F, F, F, F, "Scalar", "Scalar", "Scalar"], ["", "", "", "", "", "True", "0.1", "1e-05"],
+                            # running stats read and written, batch stats saved
+                            ("norm", 5 * 1152, 4608 + 32 + 32 + 2 * 64 + 4608 + 2 * 8 * 4)),
+    "batch_norm_eval": ("aten::native_batch_norm", [[4, 8, 6, 6], [8], [8], [8], [8], [], [], []],
+                        [F, F, F, F, F, "Scalar", "Scalar", "Scalar"], ["", "", "", "", "", "False", "0.1", "1e-05"],
+                        ("norm", 2 * 1152, 4608 + 32 + 32 + 64 + 4608)),
+    "rms_norm": ("aten::_fused_rms_norm", [[16, 32], [], [32], []], [F, "ScalarList", F, ""], ["", "[32]", "", ""],
+                 ("norm", 4 * 512, 2048 + 128 + 2048 + 16 * 4)),
+    # --- softmax --------------------------------------------------------------------------------------------
+    "softmax": ("aten::softmax", [[64, 32], [], []], [F, "Scalar", ""], ["", "-1", ""],
+                ("softmax", 5 * 2048, 2 * 8192)),
+    "softmax_half_to_float": ("aten::_softmax", [[64, 32], [], []], [H, "Scalar", "Scalar"], ["", "-1", "True"],
+                              ("softmax", 5 * 2048, 4096 + 8192)),
+    "softmax_backward": ("aten::_softmax_backward_data", [[16, 32], [16, 32], [], []], [H, H, "Scalar", "Scalar"],
+                         ["", "", "-1", "6"], ("softmax", 5 * 512, 2 * 1024 + 2048)),  # grad_input in float32
+    # --- copies and casts -----------------------------------------------------------------------------------
+    "copy_casts": ("aten::copy_", [[64, 32], [64, 32], []], [H, F, "Scalar"], ["", "", "False"],
+                   ("copy", 0, 8192 + 4096)),
+    "to_copy_half": ("aten::_to_copy", [[64, 32], [], [], [], [], [], []], [F, "Scalar", "", "", "", "Scalar", ""],
+                     ["", "5", "", "", "", "False", ""], ("copy", 0, 8192 + 4096)),
+    "clone": ("aten::clone", [[32, 64], []], [F, "Scalar"], ["", "0"], ("copy", 0, 2 * 8192)),
+    "fill_writes_only": ("aten::fill_", [[64, 32], []], [F, "Scalar"], ["", "1"], ("copy", 0, 8192)),
+    "constant_pad": ("aten::constant_pad_nd", [[888, 2880], [], []], [B, "ScalarList", "Scalar"],
+                     ["", "[0, 64]", "0"], ("copy", 0, 888 * 2880 * 2 + 888 * 2944 * 2)),
+    # --- upsampling -----------------------------------------------------------------------------------------
+    "bilinear_scale": ("aten::upsample_bilinear2d", [[4, 8, 6, 6], [], [], []], [F, "", "Scalar", "ScalarList"],
+                       ["", "", "False", "[2., 2.]"], ("upsample", 7 * 4608, 1152 * 4 + 4608 * 4)),
+    "nearest_size": ("aten::upsample_nearest2d", [[4, 8, 16, 16], [], [], []], [F, "ScalarList", "Scalar", "Scalar"],
+                     ["", "[32, 32]", "2.", "2."], ("upsample", 0, 8192 * 4 + 32768 * 4)),
+    "bilinear_backward": ("aten::upsample_bilinear2d_backward", [[4, 8, 12, 12], [], [], [], [], []],
+                          [F, "ScalarList", "ScalarList", "Scalar", "Scalar", "Scalar"],
+                          ["", "[12, 12]", "[4, 8, 6, 6]", "False", "2.", "2."],
+                          ("upsample", 8 * 4608, 4608 * 4 + 1152 * 4)),
+    # --- gathers and scatters -------------------------------------------------------------------------------
+    "embedding": ("aten::embedding", [[100, 32], [4, 10], [], [], []], [F, L, "Scalar", "Scalar", "Scalar"],
+                  ["", "", "-1", "False", "False"], ("index", 0, 40 * 8 + 2 * 40 * 32 * 4)),
+    "index_select": ("aten::index_select", [[100, 32], [], [40]], [F, "Scalar", L], ["", "0", ""],
+                     ("index", 0, 40 * 8 + 2 * 40 * 32 * 4)),
+    "gather": ("aten::gather", [[64, 32], [], [64, 4], []], [F, "Scalar", L, "Scalar"], ["", "1", "", "False"],
+               ("index", 0, 256 * 8 + 2 * 256 * 4)),
+    "scatter_add_inplace": ("aten::scatter_add_", [[16, 4], [], [16, 4], [16, 4]], [F, "Scalar", L, F],
+                            ["", "1", "", ""], ("index", 64, 64 * 8 + 64 * 4 + 2 * 64 * 4)),
+    "index_put_inplace": ("aten::index_put_", [[64, 32], [], [2, 32], []], [F, "", F, "Scalar"],
+                          ["", "", "", "False"], ("index", 0, 256 + 256)),  # indices: a TensorList, not recorded
+    "embedding_backward": ("aten::embedding_dense_backward", [[3, 5, 8], [3, 5], [], [], []],
+                           [F, L, "Scalar", "Scalar", "Scalar"], ["", "", "50", "-1", "False"],
+                           ("index", 120, 480 + 120 + 50 * 8 * 4)),
+    # --- fused kernels and views ----------------------------------------------------------------------------
+    "vllm_fused_add_rms_norm": ("_C::fused_add_rms_norm", [[888, 2880], [888, 2880], [2880], []],
+                                [B, B, B, "Scalar"], ["", "", "", "1e-05"],
+                                ("fused", 5 * 888 * 2880, 2 * 888 * 2880 * 2 + 2880 * 2 + 2 * 888 * 2880 * 2)),
+    "view": ("aten::view", [[64, 32], []], [F, "ScalarList"], ["", "[2048]"], ("view", 0, 0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cost_by_hand(case, by_hand):
+    assert by_hand[case] == CASES[case][4]
+
+
+def test_unknown_or_unrecorded_ops_have_no_cost(con):
+    got = costs(con, {"cat": ("aten::cat", [[], []], ["TensorList", "Scalar"], ["", "0"]),
+                      "unrecorded": ("aten::mul", [[], []], ["", ""], None),
+                      "unknown": ("my::op", [[4]], [F], None)})
+    assert got == {"cat": (None, None, None), "unrecorded": ("elementwise", None, None),
+                   "unknown": (None, None, None)}
+
+
+# --- which ops op_costs() counts ------------------------------------------------------------------------------
+
+def _op(name, ts, dur, dims, types, concrete=None):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
+            "args": {"Input Dims": dims, "Input type": types, "Concrete Inputs": concrete or [""] * len(dims)}}
+
+
+NESTED = [
+    # add_ of a Python float: torch first converts the 0-dim double (to -> _to_copy -> copy_); add_ is counted
+    _op("aten::add_", 0, 100, [[64, 1], [], []], [F, "double", "Scalar"], ["", "", "1"]),
+    _op("aten::to", 10, 30, [[], [], [], [], []], ["double", "Scalar", "Scalar", "Scalar", ""]),
+    _op("aten::_to_copy", 12, 25, [[], [], [], [], [], [], []], ["double", "Scalar", "", "", "", "Scalar", ""],
+        ["", "6", "", "", "", "False", ""]),
+    _op("aten::copy_", 15, 10, [[], [], []], [F, "double", "Scalar"]),
+    # mean on CPU runs sum(out=) and div_: the mean is counted, not its pieces
+    _op("aten::mean", 200, 100, [[64, 32], [], [], []], [F, "ScalarList", "Scalar", ""], ["", "[-1]", "True", ""]),
+    _op("aten::sum", 210, 40, [[64, 32], [], [], [], [64, 1]], [F, "ScalarList", "Scalar", "Scalar", F],
+        ["", "[-1]", "True", "6", ""]),
+    _op("aten::div_", 260, 20, [[64, 1], []], [F, "Scalar"], ["", "32"]),
+    # an unfused attention: its matmuls and its softmax are counted, the attention op is not
+    _op("aten::scaled_dot_product_attention", 400, 300, [[2, 4, 16, 8], [2, 4, 16, 8], [2, 4, 16, 8]] + [[]] * 4,
+        [F, F, F, "", "Scalar", "Scalar", ""]),
+    _op("aten::bmm", 410, 50, [[8, 16, 8], [8, 8, 16]], [F, F]),
+    _op("aten::_softmax", 470, 50, [[2, 4, 16, 16], [], []], [F, "Scalar", "Scalar"], ["", "-1", "False"]),
+    _op("aten::bmm", 530, 50, [[8, 16, 16], [8, 16, 8]], [F, F]),
+    # the bias copy inside addmm is part of the GEMM
+    _op("aten::linear", 800, 100, [[64, 32], [48, 32], [48]], [F, F, F]),
+    _op("aten::addmm", 810, 80, [[48], [64, 32], [32, 48], [], []], [F, F, F, "Scalar", "Scalar"]),
+    _op("aten::copy_", 820, 10, [[64, 48], [48], []], [F, F, "Scalar"]),
+    # a view moves nothing and is never counted
+    _op("aten::view", 1000, 5, [[64, 32], []], [F, "ScalarList"], ["", "[2048]"]),
+]
+
+
+def test_counted_ops_when_ops_nest(tmp_path):
+    run = tmp_path / "run"
+    tracesql.ingest([write_trace(tmp_path / "t.json", NESTED)], run)
+    rows = tracesql.connect(run).execute(
+        "SELECT o.ts, c.name, c.counted FROM op_costs() c JOIN ops o USING (run_id, rank, op_id) ORDER BY o.ts"
+    ).fetchall()
+    counted = [(ts // 1000, name) for ts, name, c in rows if c]  # µs in the trace, ns in the run
+    assert counted == [(0, "aten::add_"), (200, "aten::mean"), (410, "aten::bmm"), (470, "aten::_softmax"),
+                       (530, "aten::bmm"), (810, "aten::addmm")]
+
+
+# --- against TraceLens' golden per-op numbers -----------------------------------------------------------------
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "tracelens_golden.json").read_text())["rows"]
+
+
+def _args(row):
+    dims = [d if isinstance(d, list) and all(isinstance(v, int) for v in d) else [] for d in row["input_dims"]]
+    types = [t if t is not None else "" for t in row["input_types"]]
+    concrete = [str(c) if c is not None else "" for c in row["concrete_inputs"]] if row["concrete_inputs"] else None
+    return row["name"], dims, types, concrete
+
+
+@pytest.fixture(scope="module")
+def golden(con) -> list[tuple[dict, tuple]]:
+    got = costs(con, {str(i): _args(r) for i, r in enumerate(GOLDEN)})
+    return [(r, got[str(i)]) for i, r in enumerate(GOLDEN)]
+
+
+def _numel(dims) -> int:
+    return math.prod(dims) if dims else 1
+
+
+BPE = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4, "double": 8}
+
+
+def _close(a, b, rel=1e-9) -> bool:
+    return a is not None and abs(a - b) <= rel * max(abs(b), 1) + 0.5
+
+
+def test_tracelens_golden_covers_every_category():
+    cats = {r["category"] for r in GOLDEN}
+    assert {"GEMM", "CONV_fwd", "CONV_bwd", "SDPA_fwd", "BinaryElementwise", "UnaryElementwise", "Reduce_fwd",
+            "Normalization"} <= cats and len(GOLDEN) >= 100
+
+
+def test_against_tracelens_golden(golden):
+    """Each of TraceLens' per-op numbers is ours, or differs by a convention docs/concepts/cost-model.md states,
+    checked here exactly (or, for the norms' per-element constants, to within the stated tolerance)."""
+    same = 0
+    for row, (_, flops, bytes_) in golden:
+        name, cat = row["name"], row["category"]
+        tf, tb = row["tracelens_flops"], row["tracelens_bytes"]
+        d, t = row["input_dims"], row["input_types"]
+        where = f"{cat} {name} {d}"
+        if _close(flops, tf) and _close(bytes_, tb):
+            same += 1
+        elif cat == "GEMM" and name in ("aten::addmm", "aten::baddbmm"):
+            # TraceLens counts the bias add (M·N); tracesql, as FlopCounterMode, counts only the matmul
+            assert _close(flops + d[1][0] * d[2][1], tf) and _close(bytes_, tb), where
+        elif cat == "CONV_fwd":
+            # tracesql reads the bias (C_out elements); TraceLens does not
+            assert _close(flops, tf) and _close(bytes_ - _numel(d[2]) * BPE[t[2]], tb), where
+        elif cat == "CONV_bwd":
+            # TraceLens reads grad_output twice (for grad_input and for grad_weight); tracesql once
+            assert _close(flops, tf) and _close(bytes_ + _numel(d[0]) * BPE[t[0]], tb), where
+        elif name in ("aten::copy_", "aten::upsample_nearest1d"):
+            # a copy / nearest upsampling computes nothing: 0 FLOPs; TraceLens counts 1 per output element
+            assert flops == 0 and tf > 0 and _close(bytes_, tb), where
+            assert name != "aten::copy_" or tf == _numel(d[0]), where
+        elif cat == "BinaryElementwise" and t[1] == "Scalar":
+            # TraceLens reads a Python number as a 4-byte tensor element; tracesql: a kernel argument, not read
+            assert _close(flops, tf) and _close(bytes_ + 4, tb), where
+        elif cat == "Reduce_fwd" and name in ("aten::max", "aten::min") and d[1]:
+            # max(a, b) is the elementwise maximum (reads a and b); TraceLens models it as a reduction of a
+            assert _close(flops, tf) and _close(tb, _numel(d[0]) * BPE[t[0]] * (1 + 1 / _numel(d[0]))), where
+            assert _close(bytes_, 3 * _numel(d[0]) * BPE[t[0]]), where
+        elif cat == "Reduce_fwd":
+            # TraceLens reads Kineto's Concrete Inputs as text and misses `dim` ('[-1]'): it writes one element;
+            # tracesql writes the reduced shape (max over a dim: values and indices). linalg_norm: 2 FLOPs/element
+            assert _close(tb, _numel(d[0]) * BPE[t[0]] + BPE[t[0]]), where
+            assert bytes_ >= tb and _close(flops, tf * (2 if name == "aten::linalg_norm" else 1)), where
+        elif cat == "Normalization" and name == "aten::instance_norm":
+            assert flops is None and bytes_ is None  # its inner batch_norm (on the reshaped input) is counted
+        elif cat == "Normalization" and "backward" not in name:
+            # same 5 FLOPs per element, TraceLens adds a few per channel; statistics: per row (torch's mean/rstd)
+            # in float32, where TraceLens counts them per channel in the input's dtype
+            assert _close(flops, tf, rel=0.01) and _close(bytes_, tb, rel=0.01), where
+        elif cat == "Normalization":
+            # backward: tracesql 8 FLOPs per element for grad_input, 2 for grad_weight, 1 for grad_bias; TraceLens'
+            # model differs per norm. Bytes agree within 5 %, except miopen's backward, which TraceLens models as
+            # eval mode (not reading the input)
+            assert 0.5 * tf <= flops <= 3 * tf, where
+            assert _close(bytes_, tb, rel=0.05) or (name == "aten::miopen_batch_norm_backward" and bytes_ > tb), where
+        else:
+            raise AssertionError(f"{where}: {flops} FLOPs / {bytes_} bytes, TraceLens {tf} / {tb}")
+    assert same >= 60  # elementwise, GEMM, attention: the same numbers
+
+
+# --- the calculations engineers do on paper -------------------------------------------------------------------
+
+def test_collective_time_from_size_kind_group_and_link(con):
+    rows = con.execute("""SELECT collective_time_ns(1e9, 'all_reduce', 8, 450e9),
+        collective_time_ns(1e9, 'all_gather', 8, 450e9), collective_time_ns(1e9, 'send', NULL, 450e9),
+        collective_time_ns(1e9, 'all_reduce', 1, 450e9), collective_time_ns(1e9, 'barrier', 8, 450e9)""").fetchall()[0]
+    assert rows[0] == pytest.approx(1e9 * 2 * 7 / 8 / 450e9 * 1e9)  # 3.89 ms: each link carries 2(n-1)/n of it
+    assert rows[1] == pytest.approx(1e9 * 7 / 8 / 450e9 * 1e9)
+    assert rows[2] == pytest.approx(1e9 / 450e9 * 1e9)
+    assert rows[3] == 0 and rows[4] is None
+
+
+def test_pipeline_bubble_fraction(con):
+    got = con.execute("""SELECT pipeline_bubble_fraction(4, 8), pipeline_bubble_fraction(4, 8, v := 2),
+        pipeline_bubble_fraction(1, 8), pipeline_bubble_fraction(0, 8)""").fetchall()[0]
+    assert got[0] == pytest.approx(3 / 11) and got[1] == pytest.approx(3 / 19) and got[2] == 0 and got[3] is None
+
+
+def test_roofline_time_of_an_op_given_a_peak(con):
+    # mm [4096, 4096] x [4096, 4096] bf16 on 989.4 TFLOP/s and 3.35 TB/s: compute-bound, 2·4096³ / peak
+    ns = con.execute("""SELECT roofline_time_ns(op_flops('aten::mm', [[4096, 4096], [4096, 4096]], ['c10::BFloat16',
+        'c10::BFloat16'], ['', '']), op_bytes('aten::mm', [[4096, 4096], [4096, 4096]], ['c10::BFloat16',
+        'c10::BFloat16'], ['', '']), 989.4e12, 3.35e12)""").fetchall()[0][0]
+    assert ns == pytest.approx(2 * 4096**3 / 989.4e12 * 1e9)
+
+
+def test_collectives_against_the_link(ingested):
+    from conftest import DATASETS
+
+    run = ingested(DATASETS / "hta_nccl_parser_config")  # A100-PG509-200: device_peaks A100-SXM-40GB, 300 GB/s
+    df = tracesql.query("collectives", run)
+    df = df[df.size_bytes.notna() & (df.duration_ns > 0)]
+    assert len(df) > 0 and (df.link_bytes_per_s == 300e9).all()
+    for _, r in df.iterrows():
+        factor = {"all_reduce": 2 * (r.group_size - 1) / r.group_size, "broadcast": 1.0}.get(r.collective)
+        if factor is None:
+            continue
+        assert r.predicted_ns == pytest.approx(r.size_bytes * factor / 300e9 * 1e9)
+        assert r.link_pct == pytest.approx(100 * r.predicted_ns / r.duration_ns)
+    given = tracesql.query("collectives", run, link_bytes_per_s=100e9)
+    assert (given.link_bytes_per_s == 100e9).all()

@@ -1,0 +1,143 @@
+"""Runs verify themselves (issue 16, items 2 and 4): the manifest lists every Parquet file with its size and
+SHA-256; opening a run refuses one whose files are not those (missing, added, resized) in one line naming the
+file; `tracesql verify` also checks every checksum; files are named one by one, so glob characters in a run's
+path neither break it nor pull in sibling runs."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import tracesql
+from conftest import DATASETS
+from tracesql import store
+from tracesql.cli import main
+
+TRACE = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    run = tmp_path_factory.mktemp("integrity") / "run"
+    tracesql.ingest([TRACE], run)
+    return run
+
+
+@pytest.fixture
+def run(pristine, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(pristine, copy)
+    return copy
+
+
+def cli(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.output.strip()
+
+
+def test_manifest_lists_every_file_with_size_and_checksum(run):
+    manifest = json.loads((run / store.MANIFEST).read_text())
+    assert sorted(manifest["files"]) == store.parquet_files(run)
+    for rel, entry in manifest["files"].items():
+        assert entry["size"] == (run / rel).stat().st_size
+        assert entry["sha256"] == store.sha256(run / rel)
+    assert "slices/" in " ".join(manifest["files"]) and "warnings/run-checks.parquet" in manifest["files"]
+    assert cli("verify", run) == (0, f"{run}: ok — {len(manifest['files'])} files, "
+                                     f"{sum(e['size'] for e in manifest['files'].values()):,} bytes match the "
+                                     "manifest's checksums")
+
+
+@pytest.mark.parametrize("table", ["slices", "ops"])  # written from Arrow; streamed from a DuckDB query
+def test_parts_have_page_checksums(run, table):
+    """pyarrow (and Spark) verify them on read when asked, and `verify` does: a flipped bit in a data page is
+    a CRC failure, not a different number."""
+    part = next((run / table).glob("*.parquet"))
+    pq.read_table(part, page_checksum_verification=True)
+    column = pq.ParquetFile(part).metadata.row_group(0).column(0)
+    data = bytearray(part.read_bytes())
+    data[column.data_page_offset + column.total_compressed_size // 2] ^= 0x01
+    part.write_bytes(bytes(data))
+    with pytest.raises(OSError, match="CRC checksum verification failed"):
+        pq.read_table(part, page_checksum_verification=True)
+
+
+def test_missing_part_is_refused_naming_it(run):
+    part = next((run / "slices").glob("*.parquet"))
+    part.unlink()
+    for command in (["info", run], ["query", "steps", run], ["verify", run]):
+        code, out = cli(*command)
+        assert (code, out) == (1, f"Error: {part}: missing: the run's manifest lists it (a damaged run: "
+                                  "re-ingest the traces)"), command
+    with pytest.raises(tracesql.TraceError, match="missing"):
+        tracesql.connect(run)
+
+
+def test_foreign_part_is_refused_naming_it(run, tmp_path):
+    other = tmp_path / "other"
+    tracesql.ingest([TRACE], other, run_id="other", rank=7)
+    foreign = run / "slices" / next((other / "slices").glob("*.parquet")).name
+    foreign.write_bytes(next((other / "slices").glob("*.parquet")).read_bytes())
+    code, out = cli("query", "steps", run)
+    assert (code, out) == (1, f"Error: {foreign}: not part of the run: its manifest does not list it (remove it, "
+                              "or re-ingest the traces)")
+
+
+def test_resized_part_is_refused(run):
+    part = next((run / "ops").glob("*.parquet"))
+    size = part.stat().st_size
+    with open(part, "ab") as f:
+        f.write(b"\0")
+    code, out = cli("info", run)
+    assert code == 1 and out == (f"Error: {part}: changed: {size + 1:,} bytes where the run's manifest records "
+                                 f"{size:,} (a damaged run: re-ingest the traces)")
+
+
+def test_flipped_bit_is_found_by_verify(run):
+    """Same size, one bit flipped inside a data page: DuckDB would read a different sum(dur) without a word;
+    `tracesql verify` names the file."""
+    before = tracesql.connect(run).execute("SELECT sum(dur) FROM slices").fetchone()[0]
+    part = next((run / "slices").glob("*.parquet"))
+    data = bytearray(part.read_bytes())
+    data[len(data) // 3] ^= 0x04
+    part.write_bytes(bytes(data))
+    code, out = cli("verify", run)
+    assert (code, out) == (1, f"Error: {part}: changed: its SHA-256 differs from the one the run's manifest "
+                              "records (a damaged run: re-ingest the traces)")
+    # the page checksum finds it too, without the manifest
+    with pytest.raises(OSError, match="CRC"):
+        pq.read_table(part, page_checksum_verification=True)
+    assert before is not None
+
+
+def test_damaged_run_is_rebuilt_by_the_next_ingest(run):
+    """A part missing or a manifest damaged: the next ingest reads every source again (no AttributeError)."""
+    next((run / "slices").glob("*.parquet")).unlink()
+    result = tracesql.ingest([TRACE], run)
+    assert result.ingested and any("missing" in w and "read again" in w for w in result.warnings)
+    assert cli("verify", run)[0] == 0
+    manifest = json.loads((run / store.MANIFEST).read_text())
+    manifest["sources"] = {"x": "not an entry"}
+    (run / store.MANIFEST).write_text(json.dumps(manifest))
+    result = tracesql.ingest([TRACE], run)
+    assert result.ingested and any("damaged manifest" in w for w in result.warnings)
+    assert tracesql.connect(run).execute("SELECT count(*) FROM slices").fetchone()[0] == 4811
+
+
+@pytest.mark.parametrize("folder", ["exp[1]", "a*", "what?", "it's"])
+def test_glob_characters_in_run_paths(tmp_path, folder):
+    """A run under `exp[1]/` is written and read; one named `a*` or `what?` reads only its own files, not the
+    sibling runs the pattern would match."""
+    parent = tmp_path / folder
+    tracesql.ingest([TRACE], parent / "run")
+    tracesql.ingest([TRACE], tmp_path / "ab" / "run", run_id="sibling")  # what `a*` would also match
+    tracesql.ingest([TRACE], tmp_path / "whatX" / "run", run_id="sibling2")  # and `what?`
+    con = tracesql.connect(parent / "run")
+    assert con.execute("SELECT count(*), count(DISTINCT run_id) FROM slices").fetchone() == (4811, 1)
+    assert cli("verify", parent / "run")[0] == 0
+    init = (parent / "run" / "init.sql").read_text()
+    assert "*.parquet" not in init and "'slices/rank00000-" in init  # the run's own files, by name
