@@ -41,6 +41,19 @@ def test_single_rank_without_groups_never_pairs_kinds(tmp_path):
         con.sql("SELECT collective, seq FROM collectives").fetchall())
 
 
+def test_kernels_no_host_call_launched_share_the_count_of_host_calls(tmp_path):
+    """HTA's trace_diff test trace: 18 all_reduce host calls and 3 all_reduce kernels no host call launched, on
+    one rank. Counted apart (0..17 and 0..2) they collided in three instances that held the rank twice."""
+    run = tracesql.ingest([corpus_path("hta", "tests", "data", "trace_diff", "test", "test.json.gz")],
+                          tmp_path / "test").run
+    con = tracesql.connect(run)
+    calls = con.sql("SELECT count(*), count(DISTINCT seq), count(cpu_ts) FROM collectives "
+                    "WHERE collective = 'all_reduce'").fetchall()
+    assert calls == [(21, 21, 18)]
+    got = tracesql.query("collectives", run)
+    assert len(got) == 64 and got.consistent.all() and (got.ranks_seen == 1).all()
+
+
 def c10d(name, ts, rank_tid=1):
     return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": 10, "pid": 1, "tid": rank_tid,
             "args": {"Input Dims": [[1024]], "Input type": ["float"]}}

@@ -132,3 +132,17 @@ def test_query_pages_python_calls_are_valid():
         kwargs = {k: ast.literal_eval(reference._py(v)) for k, v in params.items()}
         assert queries.check(queries.find(name), kwargs) == kwargs, name
         assert targets and all((REPO / t).exists() for t in targets), (name, targets)
+
+
+def test_no_merge_conflict_markers():
+    """A merge that kept `<<<<<<<` / `>>>>>>>` lines (it happened twice in one session) fails here, not on a reader."""
+    marker = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
+    found = []
+    for ext in ("md", "py", "sql", "yml", "toml", "csv", "j2", "json"):
+        for path in REPO.rglob(f"*.{ext}"):
+            rel = path.relative_to(REPO)
+            if rel.parts[0] in (".git", "site", "build", "dist", ".venv") or path.stat().st_size > 2_000_000:
+                continue
+            if marker.search(path.read_text(errors="replace")):
+                found.append(str(rel))
+    assert not found, f"merge conflict markers in {found}"

@@ -201,7 +201,7 @@ ORDER BY track, ts, dur DESC, slice_id
 # Device work -> the runtime/driver call with its correlation id (the earliest such call: CUDA graphs launch
 # many kernels with one call). Launched work takes its launch's op, collective call and step; device work
 # nothing launched (XLA CPU thunks, TPU ops, launches not recorded) keeps its own op and call (by nesting).
-# Its step is placed by its order on its stream (docs/concepts/steps.md): the step of the last launched work
+# Its step (kernels, copies, memsets) is placed by its order on its stream (docs/concepts/steps.md): the step of the last launched work
 # before it on the same device and stream (by start, then id), else that of the first launched work after it,
 # unless that is the first step (work queued before the profiler started: NULL); on a stream where nothing was
 # launched, the step it ran in by time (the host range enclosing its start).
@@ -225,7 +225,7 @@ WITH work AS (
     SELECT d.slice_id, d.device_id, d.stream, l.launch_id IS NOT NULL AS launched, l.step,
         row_number() OVER (PARTITION BY d.device_id, d.stream ORDER BY d.ts, d.slice_id) AS n
     FROM read_slices d JOIN links l USING (slice_id)
-    WHERE d.kind IN ({sql_list(DEVICE_WORK_KINDS)})
+    WHERE d.kind IN ({sql_list(DEVICE_TIME_KINDS)})  -- work (GPU annotations are ranges around it: by time)
 ), around AS (
     SELECT *,
         max(CASE WHEN launched THEN n END) OVER (PARTITION BY device_id, stream ORDER BY n
@@ -486,6 +486,8 @@ WITH comm_kernels AS (
     SELECT any_value(pg_name) AS pg_name, any_value(pg_desc) AS pg_desc, any_value(group_size) AS group_size,
         any_value(group_ranks) AS group_ranks
     FROM groups HAVING count(*) = 1
+), host_calls AS (  -- whether the rank issues its collectives from the host (else: XLA's SPMD device ops)
+    SELECT count(*) > 0 AS any_host FROM rows WHERE cpu_ts IS NOT NULL
 )
 SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_desc, g.pg_desc) AS pg_desc,
                     COALESCE(r.group_size, g.group_size) AS group_size,
@@ -496,13 +498,15 @@ SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_des
          ELSE r.in_nelems END * dtype_bytes(r.dtype) AS size_bytes,
     r.recorded_seq IS NOT NULL AS seq_recorded,
     -- numbered per group and class (collective_match_class: point-to-point calls apart from each collective);
-    -- device work no host call issued (XLA's SPMD ops, one set per device) per device too
+    -- on a rank whose collectives no host call issues (XLA's SPMD ops, one set per device) per device too, and
+    -- where host calls exist, the kernels none of them launched in the same count (else two counts collide)
     COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY COALESCE(r.pg_name, g.pg_name, ''),
                                                              collective_match_class(COALESCE(
                                                                  r.xla_collective, collective_kind(r.source_name))),
-                                                             CASE WHEN r.cpu_ts IS NULL THEN r.device_id END
+                                                             CASE WHEN r.cpu_ts IS NULL AND NOT h.any_host
+                                                                  THEN r.device_id END
                                                 ORDER BY COALESCE(r.cpu_ts, r.device_ts), r.collective_id) - 1) AS seq
-FROM rows r LEFT JOIN only_group g ON true
+FROM rows r LEFT JOIN only_group g ON true CROSS JOIN host_calls h
 ORDER BY COALESCE(r.cpu_ts, r.device_ts), r.collective_id
 """
 
