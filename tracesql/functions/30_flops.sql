@@ -551,30 +551,29 @@ CREATE OR REPLACE MACRO reduction_bytes(k, d, a, c) AS (
 CREATE OR REPLACE MACRO norm_layout(core) AS (
     CAST(CASE
         WHEN core IN ('aten::layer_norm', 'aten::native_layer_norm')
-            THEN {'kind': 'layer', 'backward': false, 'x': 1, 'weight': 3, 'bias': 4, 'shape': 2}
+            THEN {'kind': 'layer', 'backward': false, 'grad': NULL, 'x': 1, 'weight': 3, 'bias': 4, 'running': NULL, 'stats': NULL, 'shape': 2, 'groups': NULL, 'training': NULL, 'mask': NULL}
         WHEN core IN ('aten::rms_norm', 'aten::_fused_rms_norm')
-            THEN {'kind': 'rms', 'backward': false, 'x': 1, 'weight': 3, 'shape': 2}
+            THEN {'kind': 'rms', 'backward': false, 'grad': NULL, 'x': 1, 'weight': 3, 'bias': NULL, 'running': NULL, 'stats': NULL, 'shape': 2, 'groups': NULL, 'training': NULL, 'mask': NULL}
         WHEN core = 'aten::group_norm'
-            THEN {'kind': 'group', 'backward': false, 'x': 1, 'weight': 3, 'bias': 4, 'groups': 2}
+            THEN {'kind': 'group', 'backward': false, 'grad': NULL, 'x': 1, 'weight': 3, 'bias': 4, 'running': NULL, 'stats': NULL, 'shape': NULL, 'groups': 2, 'training': NULL, 'mask': NULL}
         WHEN core = 'aten::native_group_norm'
-            THEN {'kind': 'group', 'backward': false, 'x': 1, 'weight': 2, 'bias': 3, 'groups': 7}
+            THEN {'kind': 'group', 'backward': false, 'grad': NULL, 'x': 1, 'weight': 2, 'bias': 3, 'running': NULL, 'stats': NULL, 'shape': NULL, 'groups': 7, 'training': NULL, 'mask': NULL}
         WHEN core IN ('aten::batch_norm', 'aten::_batch_norm_impl_index', 'aten::native_batch_norm',
                       'aten::cudnn_batch_norm', 'aten::miopen_batch_norm', 'aten::_native_batch_norm_legit',
                       'aten::_native_batch_norm_legit_functional')
-            THEN {'kind': 'batch', 'backward': false, 'x': 1, 'weight': 2, 'bias': 3, 'running': 4, 'training': 6}
+            THEN {'kind': 'batch', 'backward': false, 'grad': NULL, 'x': 1, 'weight': 2, 'bias': 3, 'running': 4, 'stats': NULL, 'shape': NULL, 'groups': NULL, 'training': 6, 'mask': NULL}
         WHEN core = 'aten::_native_batch_norm_legit_no_training'
-            THEN {'kind': 'batch', 'backward': false, 'x': 1, 'weight': 2, 'bias': 3, 'running': 4}
+            THEN {'kind': 'batch', 'backward': false, 'grad': NULL, 'x': 1, 'weight': 2, 'bias': 3, 'running': 4, 'stats': NULL, 'shape': NULL, 'groups': NULL, 'training': NULL, 'mask': NULL}
         WHEN core = 'aten::native_layer_norm_backward'
-            THEN {'kind': 'layer', 'backward': true, 'grad': 1, 'x': 2, 'shape': 3, 'stats': 4, 'weight': 6, 'mask': 8}
+            THEN {'kind': 'layer', 'backward': true, 'grad': 1, 'x': 2, 'weight': 6, 'bias': NULL, 'running': NULL, 'stats': 4, 'shape': 3, 'groups': NULL, 'training': NULL, 'mask': 8}
         WHEN core = 'aten::_fused_rms_norm_backward'
-            THEN {'kind': 'rms', 'backward': true, 'grad': 1, 'x': 2, 'shape': 3, 'stats': 4, 'weight': 5, 'mask': 6}
+            THEN {'kind': 'rms', 'backward': true, 'grad': 1, 'x': 2, 'weight': 5, 'bias': NULL, 'running': NULL, 'stats': 4, 'shape': 3, 'groups': NULL, 'training': NULL, 'mask': 6}
         WHEN core = 'aten::native_group_norm_backward'
-            THEN {'kind': 'group', 'backward': true, 'grad': 1, 'x': 2, 'stats': 3, 'weight': 5, 'groups': 9, 'mask': 10}
+            THEN {'kind': 'group', 'backward': true, 'grad': 1, 'x': 2, 'weight': 5, 'bias': NULL, 'running': NULL, 'stats': 3, 'shape': NULL, 'groups': 9, 'training': NULL, 'mask': 10}
         WHEN core = 'aten::native_batch_norm_backward'
-            THEN {'kind': 'batch', 'backward': true, 'grad': 1, 'x': 2, 'weight': 3, 'running': 4, 'stats': 6,
-                  'training': 8, 'mask': 10}
+            THEN {'kind': 'batch', 'backward': true, 'grad': 1, 'x': 2, 'weight': 3, 'bias': NULL, 'running': 4, 'stats': 6, 'shape': NULL, 'groups': NULL, 'training': 8, 'mask': 10}
         WHEN core IN ('aten::cudnn_batch_norm_backward', 'aten::miopen_batch_norm_backward')
-            THEN {'kind': 'batch', 'backward': true, 'grad': 2, 'x': 1, 'weight': 3, 'stats': 6}
+            THEN {'kind': 'batch', 'backward': true, 'grad': 2, 'x': 1, 'weight': 3, 'bias': NULL, 'running': NULL, 'stats': 6, 'shape': NULL, 'groups': NULL, 'training': NULL, 'mask': NULL}
     END AS STRUCT(kind VARCHAR, backward BOOLEAN, grad INTEGER, x INTEGER, weight INTEGER, bias INTEGER,
                   running INTEGER, stats INTEGER, shape INTEGER, groups INTEGER, training INTEGER, mask INTEGER))
 );
