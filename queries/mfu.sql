@@ -2,9 +2,9 @@
 --
 -- Step time is the step's device window (`step_windows`: from the step's first device event to the next step's
 -- first, the last step to its last event; windows are disjoint, docs/concepts/steps.md), the longest over the
--- traced ranks and their devices: the job moves at its slowest rank. A run without steps (inference traces
--- with no ProfilerStep) gets one row, step NULL, over its whole device window (first to last device event of
--- each rank). Definitions (metrics.md):
+-- traced ranks and their devices: the job moves at its slowest rank. Inference iterations (vLLM, SGLang) are
+-- steps too (`iterations`). A run without steps gets one row, step NULL, over its whole device window (first
+-- to last device event of each rank). Definitions (metrics.md):
 --   MFU = model FLOPs per step / (step time × devices × peak FLOP/s per device). Model FLOPs are the job's
 --   (all devices, no recomputation): model_flops_per_step, else 6 · params · tokens_per_step (dense
 --   transformer training). Without either, MFU is NULL.

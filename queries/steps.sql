@@ -1,12 +1,13 @@
 -- steps: Each step on each rank: host (CPU) and device duration, how it compares across steps, and the slowest rank.
 --
--- A step is a ProfilerStep#N range (`steps` table). cpu_ns = the host range's duration; device_ns = the step's
+-- A step is a `steps` row: a ProfilerStep#N range, or an inference iteration (vLLM, SGLang, --step-pattern; see
+-- `iterations` for their phases and tokens). cpu_ns = the host range's duration; device_ns = the step's
 -- device window (`steps.device_dur`): from its first device event to the next step's first (the last step: to
 -- its last event), so windows of consecutive steps never overlap (docs/concepts/steps.md); NULL when the step
 -- has no device work. Per rank, across its steps: mean, p50, p90 of both. Per step, across ranks:
 -- slowest_rank (longest device_ns, else cpu_ns) and skew_ns = longest − shortest duration among the ranks.
 --
--- Needs: ProfilerStep ranges (profiler schedule / prof.step())
+-- Needs: step ranges: ProfilerStep (profiler schedule / prof.step()), vLLM / SGLang iterations, or --step-pattern
 -- Columns:
 --   run_id          VARCHAR  run
 --   step            INTEGER  step number

@@ -80,7 +80,6 @@ def _cases(ws):
         (["schema", "no_table"], {}, 1, "no table 'no_table'"),
         (["export", missing, "-o", ws / "x.pftrace"], {}, 1, f"{missing}: no such file or folder"),
         (["export", run, "-o", d, "--rank", "0"], {}, 1, f"{d}: is a folder"),
-        (["export", run, "-o", missing / "x.pftrace", "--rank", "0"], {}, 1, "no such folder"),
         (["export", run, "-o", ws / "x.pftrace", "--rank", "99"], {}, 1, "99"),
         (["export", run, "-o", ws / "x.pftrace", "--step", "x"], {}, 2, "'x' is not a valid integer"),
         (["no_command"], {}, 2, "No such command 'no_command'"),

@@ -15,7 +15,7 @@ import pytest
 
 import tracesql
 from conftest import DATASETS, REPO
-from tracesql import store
+from tracesql import engine, store  # (tracesql.engine: imported, not only reached as an attribute)
 
 A = DATASETS / "hta_trace_filter"  # 2 ranks, 9,487 slices
 B = DATASETS / "torch_gloo_2rank"
@@ -135,7 +135,7 @@ def test_ingest_killed_at_any_moment_leaves_nothing_that_looks_valid(tmp_path, e
 def test_a_reader_waits_while_the_first_ingest_of_a_run_holds_its_lock(tmp_path):
     run = tmp_path / "run"
     locker = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time, tracesql\n"
+        "import sys, time, tracesql, tracesql.store\n"
         "from pathlib import Path\n"
         "with tracesql.store.locked(Path(sys.argv[1])):\n"
         "    print('locked', flush=True)\n"

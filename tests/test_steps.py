@@ -313,3 +313,29 @@ def test_mfu_without_steps_runs_over_the_whole_device_window(tmp_path):
     row = tracesql.query("mfu", run, model_flops_per_step=1e9, peak_flops=1e12).iloc[0]
     assert pd.isna(row.step) and row.step_time_ns == 100 * US
     assert row.mfu == pytest.approx(1e9 / (100e-6 * 1 * 1e12))
+
+
+def test_mfu_per_step_of_a_user_step_pattern(tmp_path):
+    """Steps named by --step-pattern (here 'iter N' ranges, no ProfilerStep) get windows and MFU per step like
+    ProfilerSteps: iteration 1's kernel is launched in it but runs after iteration 2's first kernel."""
+    events = [{"ph": "X", "cat": "user_annotation", "name": f"iter {n}", "ts": ts, "dur": 100, "pid": 1, "tid": 1}
+              for n, ts in ((1, 0), (2, 100))]
+    events += [*launched(1, 10, 20, 30, 7), *launched(2, 90, 130, 40, 8), *launched(3, 110, 120, 30, 7)]
+    run = tmp_path / "run"
+    tracesql.ingest([write_trace(tmp_path / "t.json", events)], run, step_pattern=r"^iter (?P<step>\d+)$")
+    windows = tracesql.connect(run).execute("SELECT step, ts, te FROM step_windows() ORDER BY step").fetchall()
+    assert windows == [(1, 20 * US, 120 * US), (2, 120 * US, 170 * US)]
+    mfu = tracesql.query("mfu", run, model_flops_per_step=1e9, peak_flops=1e12).set_index("step")
+    assert list(mfu.step_time_ns) == [100 * US, 50 * US]
+    assert mfu.loc[2, "mfu"] == pytest.approx(1e9 / (50e-6 * 1e12))
+
+
+@pytest.mark.corpus
+def test_mtia_hta_window_leaves_out_dma_requests_without_a_stream(ingested):
+    """HTA 0.5.0 on mtia_trace_single_rank (one step: no filter) reports kernel_time 13,328,071 µs, idle 5,649,476 µs
+    and compute 7,305,597 µs: 137 DMA requests whose events name no stream are not in its window (tracesql's
+    reader gives them their thread as stream)."""
+    run = ingested(corpus_path("hta", "tests", "data", "mtia_trace_single_rank"))
+    row = tracesql.query("temporal_breakdown", run, **HTA).iloc[0]
+    assert (row.window_ns, row.compute_ns, row.idle_ns) == (13_328_071_000, 7_305_597_000, 5_649_476_000)
+    assert (row.idle_pct, row.compute_pct, row.non_compute_pct) == (42.39, 54.81, 2.80)

@@ -236,12 +236,15 @@ def query(query, target, params, fmt, columns, output, engine, master):
         click.echo(f"Note: {why}.", err=True)
 
 
-def check_output(output: Path | None) -> None:
-    """Refuse an --output that cannot be a file to write, before any work is done."""
+def check_output(output: Path | None, makes_folders: bool = False) -> None:
+    """Refuse an --output that cannot be a file to write, before any work is done (`makes_folders`: the command
+    creates missing folders)."""
     if output is None:
         return
     if output.is_dir():
         raise TraceError(output, "is a folder: --output names the file to write")
+    if makes_folders:
+        return
     parent = output.absolute().parent
     if not parent.is_dir():
         raise TraceError(output, f"no such folder: {parent}")
@@ -523,5 +526,5 @@ def export(run, out, rank, step, run_id, class_scheme):
     """
     from .export import export as write_trace, summary
 
-    check_output(out)
+    check_output(out, makes_folders=True)
     click.echo(summary(write_trace(run, out, rank=rank, step=step, run_id=run_id, class_scheme=class_scheme)))

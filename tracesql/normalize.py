@@ -201,7 +201,7 @@ ORDER BY track, ts, dur DESC, slice_id
 # Device work -> the runtime/driver call with its correlation id (the earliest such call: CUDA graphs launch
 # many kernels with one call). Launched work takes its launch's op, collective call and step; device work
 # nothing launched (XLA CPU thunks, TPU ops, launches not recorded) keeps its own op and call (by nesting).
-# Its step is placed by its order on its stream (docs/concepts/steps.md): the step of the last launched work
+# Its step (kernels, copies, memsets) is placed by its order on its stream (docs/concepts/steps.md): the step of the last launched work
 # before it on the same device and stream (by start, then id), else that of the first launched work after it,
 # unless that is the first step (work queued before the profiler started: NULL); on a stream where nothing was
 # launched, the step it ran in by time (the host range enclosing its start).
@@ -225,7 +225,7 @@ WITH work AS (
     SELECT d.slice_id, d.device_id, d.stream, l.launch_id IS NOT NULL AS launched, l.step,
         row_number() OVER (PARTITION BY d.device_id, d.stream ORDER BY d.ts, d.slice_id) AS n
     FROM read_slices d JOIN links l USING (slice_id)
-    WHERE d.kind IN ({sql_list(DEVICE_WORK_KINDS)})
+    WHERE d.kind IN ({sql_list(DEVICE_TIME_KINDS)})  -- work (GPU annotations are ranges around it: by time)
 ), around AS (
     SELECT *,
         max(CASE WHEN launched THEN n END) OVER (PARTITION BY device_id, stream ORDER BY n

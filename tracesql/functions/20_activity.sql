@@ -9,7 +9,8 @@
 -- the events whose launch (a host runtime call with their correlation id) started before the rank's last
 -- ProfilerStep began, and the events with no correlation id whose own start is before it (HTA counts those among
 -- the host events it filters by start); events with a correlation id but no recorded launch are dropped. In
--- both cases MTIA DMA requests without a stream are left out (HTA analyses only events on a stream).
+-- both cases MTIA DMA requests whose event has no stream argument are left out (HTA analyses only events on a
+-- stream).
 -- time_unit_ns: 1 keeps nanoseconds; 1000 shrinks every event to whole microseconds (start rounded up, end rounded
 -- down), as HTA does with fractional-microsecond Kineto timestamps: up to 1 µs less busy time per event.
 CREATE OR REPLACE MACRO device_activity(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
@@ -51,7 +52,9 @@ LEFT JOIN filtered_runs f ON f.run_id = s.run_id
 LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
 LEFT JOIN hta_launch h ON h.run_id = s.run_id AND h.rank = s.rank AND h.correlation = s.correlation
 WHERE analysis_window = 'all'
-   OR (analysis_window = 'hta' AND NOT (s.stream IS NULL AND s.category = 'mtia_ccp_events') AND (
+   -- (an MTIA DMA request whose event names no stream gets its thread as stream from the reader; HTA gives it -1)
+   OR (analysis_window = 'hta'
+       AND NOT (s.category = 'mtia_ccp_events' AND json_extract_string(s.args, '$.stream') IS NULL) AND (
           f.run_id IS NULL  -- fewer than two step names: no filter
        OR (s.correlation IS NULL AND s.ts < b.last_start)
        OR h.ts < b.last_start));
