@@ -1,9 +1,11 @@
 -- roofline: Per op shape: FLOPs, bytes, arithmetic intensity, achieved vs attainable FLOP/s, and the share of the roofline reached.
 --
 -- One row per run, device model, op name, input shapes and dtypes (and FLOPs/bytes, so that calls with other
--- scalar arguments such as stride never merge), over the ops that op_costs() counts: the innermost op with a
--- FLOPs formula, so aten::linear and the aten::addmm inside it are not both counted. FLOPs and bytes are per
--- call (formulas in tracesql/functions/30_flops.sql, checked against torch's FlopCounterMode). Time is the
+-- scalar arguments such as stride never merge), over the ops that op_costs() counts: each op's work once
+-- (aten::linear and the aten::addmm inside it are not both counted; docs/concepts/cost-model.md). FLOPs and bytes
+-- are per call (formulas in tracesql/functions/30_flops.sql, checked against torch's FlopCounterMode and
+-- TraceLens), for GEMMs, convolutions, attention and the memory-bound ops (elementwise, reductions, norms,
+-- softmax, copies, upsampling, gathers: arithmetic intensity 0 for those that compute nothing). Time is the
 -- device time the calls caused (`ops.device_total_ns`: kernels launched by the op or the ops nested in it),
 -- summed over calls and ranks; achieved rates divide the FLOPs and bytes of the calls that have device time by it.
 -- Roofline (metrics.md): AI = FLOPs / bytes; ridge point = peak FLOP/s / peak bytes/s; attainable FLOP/s =

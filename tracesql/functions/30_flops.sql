@@ -381,7 +381,7 @@ CREATE OR REPLACE MACRO op_is_inplace(base) AS (
 
 -- The functional form's name of an in-place op ('aten::add_' -> 'aten::add').
 CREATE OR REPLACE MACRO op_core_name(base) AS (
-    CASE WHEN op_is_inplace(base) THEN left(base, length(base) - 1) ELSE base END
+    CASE WHEN op_is_inplace(base) THEN regexp_replace(base, '_$', '') ELSE base END
 );
 
 -- ---------------------------------------------------------------------------------------------------------
