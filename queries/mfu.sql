@@ -60,7 +60,7 @@ WITH costs AS (
 ), step_times AS (
     -- each rank's and device's window of the step (step_windows: disjoint, consecutive windows), the longest
     SELECT s.run_id, s.step, count(DISTINCT s.rank) AS ranks, max(w.te - w.ts) AS step_time_ns,
-        list(DISTINCT s.rank) AS rank_list
+        list(s.rank) AS rank_list
     FROM steps s
     LEFT JOIN step_windows() w ON w.run_id = s.run_id AND w.rank = s.rank AND w.step = s.step
     GROUP BY s.run_id, s.step
