@@ -208,7 +208,12 @@ def test_mfu_on_trace_filter_matches_json(ingested):
         for events in per_rank.values():
             step = next(e for e in events if e.get("name") == f"ProfilerStep#{row.step}")
             launched = launched_device_time(events, [step])
-            windows.append(max(e["ts"] + e["dur"] for e in launched) - min(e["ts"] for e in launched))
+            # the step's device window (docs/concepts/steps.md): from its first device event to the next step's
+            # first, the last step to its last end
+            after = [e for e in events if e.get("name") == f"ProfilerStep#{row.step + 1}"]
+            end = min(e["ts"] for e in launched_device_time(events, after)) if after \
+                else max(e["ts"] + e["dur"] for e in launched)
+            windows.append(end - min(e["ts"] for e in launched))
             # GEMMs of the step (any thread): mm, addmm, bmm never nest in one another in this trace
             for e in events:
                 if e.get("cat") == "cpu_op" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]:
@@ -230,8 +235,8 @@ def test_mfu_on_trace_filter_matches_json(ingested):
         assert 0 < row.formula_flops - gemm_flops < 1e-3 * row.formula_flops
         assert row.hardware_flops == row.formula_flops and math.isnan(row.profiler_flops)
         assert row.hfu == pytest.approx(row.formula_flops / (step_time_ns / 1e9 * 2 * 19.5e12))
-    assert [round(x, 4) for x in df.mfu] == [0.4002, 0.3857]
-    assert [round(x, 4) for x in df.hfu] == [0.0733, 0.0683]
+    assert [round(x, 4) for x in df.mfu] == [0.3954, 0.3857]  # step 551 ends where 552 begins
+    assert [round(x, 4) for x in df.hfu] == [0.0724, 0.0683]
 
 
 def test_mfu_without_model_flops_is_null_and_hfu_is_not(ingested):
@@ -305,14 +310,17 @@ def test_rank_device_peaks_reports_ambiguous_and_unknown_names():
     assert given == [(r, 1e15, 2e12) for r in range(4)]
 
 
-def test_mfu_without_steps_is_over_the_whole_device_window(ingested):
-    """Inference traces have no ProfilerStep: one row, step NULL, over the rank's first to last device event."""
+def test_mfu_of_an_inference_iteration(ingested):
+    """The B200 eager trace has no ProfilerStep: its one vLLM `execute_model` range is the step (iteration 0),
+    and MFU is over the device window of the work launched inside it."""
     run = ingested(DATASETS / "tracelens_b200_eager")
     events = raw_events(DATASETS / "tracelens_b200_eager" / "eager_trace.json.gz")
-    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    iteration = [e for e in events if e.get("cat") == "python_function" and e.get("name", "").endswith(": execute_model")]
+    assert len(iteration) == 1
+    device = launched_device_time(events, iteration)
     window_ns = round((max(e["ts"] + e["dur"] for e in device) - min(e["ts"] for e in device)) * 1000)
     df = tracesql.query("mfu", run, model_flops_per_step=1e12)
-    assert len(df) == 1 and df.step.isna()[0] and df.device[0] == "B200"
+    assert len(df) == 1 and df.step[0] == 0 and df.device[0] == "B200"
     assert abs(df.step_time_ns[0] - window_ns) <= 1  # µs with fractions in the JSON
     assert df.mfu[0] == pytest.approx(1e12 / (df.step_time_ns[0] / 1e9 * df.devices[0] * 2.25e15))
     assert df.warning.isna()[0]
