@@ -58,3 +58,16 @@ def write_trace(path: Path, events: list[dict], gz: bool = False, **top) -> Path
     data = json.dumps({"schemaVersion": 1, **top, "traceEvents": events}).encode()
     path.write_bytes(gzip.compress(data) if gz else data)
     return path
+
+
+def empty_session():
+    """A plain DuckDB session with tracesql's functions over empty tables: for calling the scalar macros."""
+    import duckdb
+
+    from tracesql import functions, schema
+
+    con = duckdb.connect()
+    for name, table in schema.TABLES.items():
+        con.execute(f"CREATE TABLE {name} ({', '.join(f'{c.name} {c.type}' for c in table.columns)})")
+    functions.install(con)
+    return con

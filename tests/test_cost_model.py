@@ -18,19 +18,14 @@ import duckdb
 import pytest
 
 import tracesql
-from conftest import write_trace
-from tracesql import functions, schema
+from conftest import empty_session, write_trace
 
 F, H, B, L = "float", "c10::Half", "c10::BFloat16", "long int"
 
 
 @pytest.fixture(scope="module")
 def con() -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect()
-    for name, table in schema.TABLES.items():
-        con.execute(f"CREATE TABLE {name} ({', '.join(f'{c.name} {c.type}' for c in table.columns)})")
-    functions.install(con)
-    return con
+    return empty_session()
 
 
 def costs(con, calls: dict[str, tuple]) -> dict[str, tuple]:

@@ -13,12 +13,10 @@ import json
 import math
 from pathlib import Path
 
-import duckdb
 import pytest
 
 import tracesql
-from conftest import DATASETS, raw_events, write_trace
-from tracesql import functions, schema
+from conftest import DATASETS, empty_session, raw_events, write_trace
 
 DATA = Path(__file__).parent / "data"
 REFERENCE = json.loads((DATA / "flop_reference.json").read_text())
@@ -51,15 +49,6 @@ def case_costs(run, convention: str) -> dict[str, list[tuple]]:
     for case, name, flops, counted in rows:
         out.setdefault(case, []).append((name, flops, counted))
     return out
-
-
-def empty_session() -> duckdb.DuckDBPyConnection:
-    """A plain DuckDB session with tracesql's functions over empty tables: for calling the scalar macros."""
-    con = duckdb.connect()
-    for name, table in schema.TABLES.items():
-        con.execute(f"CREATE TABLE {name} ({', '.join(f'{c.name} {c.type}' for c in table.columns)})")
-    functions.install(con)
-    return con
 
 
 def test_every_case_was_recorded(reference_run):
