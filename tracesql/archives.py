@@ -9,7 +9,6 @@ every character outside [A-Za-z0-9._-] replaced), so a member's name never becom
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import stat
@@ -18,7 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .errors import TraceError
+from .errors import TraceError, env_number
 
 SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 #: Total unpacked bytes an archive may hold (TRACESQL_MAX_ARCHIVE_BYTES overrides).
@@ -32,16 +31,8 @@ def is_archive(path: Path) -> bool:
 
 
 def max_bytes() -> int:
-    value = os.environ.get("TRACESQL_MAX_ARCHIVE_BYTES")
-    if not value:
-        return DEFAULT_MAX_BYTES
-    try:
-        cap = int(value)
-    except ValueError:
-        cap = 0
-    if cap < 1:
-        raise TraceError("TRACESQL_MAX_ARCHIVE_BYTES", f"{value!r} is not a number of bytes (an integer above 0)")
-    return cap
+    return env_number("TRACESQL_MAX_ARCHIVE_BYTES", DEFAULT_MAX_BYTES, int, lambda cap: cap >= 1,
+                      "a number of bytes (an integer above 0)")
 
 
 @dataclass(frozen=True)

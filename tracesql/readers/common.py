@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import TraceError
+from ..errors import TraceError, env_number
 
 #: Names a reader looks up by id (string tables, kernel symbols, interned names, track names) are cut to this
 #: many characters: each row that names one gets a copy, so one huge name must not be multiplied by the rows.
@@ -248,16 +248,7 @@ _INFLATE_CHUNK = 8 << 20
 
 
 def max_inflate_ratio() -> float:
-    value = os.environ.get("TRACESQL_MAX_GZIP_RATIO")
-    if not value:
-        return MAX_INFLATE_RATIO
-    try:
-        ratio = float(value)
-    except ValueError:
-        ratio = 0
-    if not ratio > 1:
-        raise TraceError("TRACESQL_MAX_GZIP_RATIO", f"{value!r} is not a number above 1")
-    return ratio
+    return env_number("TRACESQL_MAX_GZIP_RATIO", MAX_INFLATE_RATIO, float, lambda ratio: ratio > 1, "a number above 1")
 
 
 def inflated(path: Path, scratch: Path) -> Path:
