@@ -102,83 +102,103 @@ SPAN_SCHEMA = pa.schema([("slice_id", pa.int64()), ("pos", pa.int64()), ("end_po
 
 
 def _nest(order, steps, write_spans):
-    """Walk the slices in nesting order (per track, by start, longest first) with a stack of open events, and
-    yield a batch at a time every slice's parent, depth, innermost enclosing op (and op depth), innermost
-    enclosing collective call and step by time, at its position in this order (`nest`); for each op, the position
-    after the last event nested in it goes to `write_spans` (its subtree is the positions between).
+    """Nest the slices, which come in nesting order (per track, by start, longest first), and yield a batch at a
+    time every slice's parent, depth, innermost enclosing op (and op depth), innermost enclosing collective call
+    and step by time, at its position in this order (`nest`); for each op, its position and the position after
+    the last event nested in it go to `write_spans` (its subtree is the positions between).
 
-    An event that starts inside the top of the stack but ends after it (a partial overlap: clock jitter) is not
-    its child. Python ints in the loop, a batch at a time: memory holds one batch and the stack."""
-    step_ts, step_end, step_no = steps["ts"], steps["end_ts"], steps["step"]
-    # (end, slice_id, pos, op for children, op depth for children, call for children, is op)
-    stack: list[tuple] = []
-    spans: list[tuple] = []  # (op's slice_id, its position, the position after its subtree)
-    previous_track, lane, pos = None, -1, 0
+    What a stack of open events walked in this order gives (an event that starts inside the top of the stack but
+    ends after it, a partial overlap from clock jitter, is not its child and closes it), computed with numpy a
+    run of whole tracks at a time: an event stays open until the first later event of its track that ends after
+    it, so its parent is the nearest earlier event of its track that ends no earlier. Memory holds the largest
+    track (or a batch)."""
+    pending: list[pa.RecordBatch] = []  # the rows of the track the last batch ends with
+    pos = 0
     for batch in order:
-        n = batch.num_rows
-        ts, end = to_numpy(batch["ts"]), to_numpy(batch["end_ts"])
-        # a number per track, counted up where the track changes (rows are sorted by track)
-        track = batch["track"]
-        codes = to_numpy(pc.dictionary_encode(track).indices, fill=-1)
-        changed = np.empty(n, bool)
-        changed[0] = pos == 0 or track[0].as_py() != previous_track
-        changed[1:] = codes[1:] != codes[:-1]
-        previous_track = track[n - 1].as_py()
-        parent, depth, enc_op, op_depth, enc_call = [], [], [], [], []
-        for s, ln, t, e, is_op, is_call in zip(to_numpy(batch["slice_id"]).tolist(),
-                                              (lane + np.cumsum(changed)).tolist(), ts.tolist(), end.tolist(),
-                                              to_numpy(batch["is_op"]).tolist(), to_numpy(batch["is_call"]).tolist()):
-            while stack:
-                top = stack[-1]
-                te = top[0]
-                if ln != lane or (te <= t and not (te == t == e)) or te < e:
-                    stack.pop()
-                    if top[6]:
-                        spans.append((top[1], top[2], pos))
-                else:
-                    break
-            lane = ln
-            if stack:
-                top = stack[-1]
-                p, d, o, od, c = top[1], len(stack), top[3], top[4], top[5]
-            else:
-                p, d, o, od, c = -1, 0, -1, 0, -1
-            parent.append(p)
-            depth.append(d)
-            enc_op.append(o)
-            op_depth.append(od)
-            enc_call.append(c)
-            stack.append((e, s, pos, s if is_op else o, od + is_op, s if is_call else c, is_op))
-            pos += 1
-        k = np.searchsorted(step_ts, ts, side="right") - 1
-        step = np.full(n, -1, np.int64)
-        if len(step_ts):
-            inside = (k >= 0) & (ts < step_end[np.maximum(k, 0)])
-            step[inside] = step_no[k[inside]]
-        yield pa.record_batch([
-            batch["slice_id"], array(np.arange(pos - n, pos)), _ids(parent), array(np.array(depth, np.int32)),
-            _ids(enc_op), array(np.array(op_depth, np.int32)), _ids(enc_call), batch["is_call"],
-            array(step.astype(np.int32), pa.int32(), step < 0), batch["dur"], batch["self_time_child"],
-            batch["device_time"],
-        ], schema=NEST_SCHEMA)
-        if spans:
-            write_spans(_spans(spans))
-    spans += [(top[1], top[2], pos) for top in stack if top[6]]
-    if spans:
-        write_spans(_spans(spans))
+        if not batch.num_rows:
+            continue
+        codes = to_numpy(pc.dictionary_encode(batch["track"]).indices, fill=-1)
+        changes = np.flatnonzero(codes[1:] != codes[:-1])
+        split = changes[-1] + 1 if len(changes) else 0  # where the track the batch ends with starts in it
+        if split or pending and pending[-1]["track"][-1].as_py() != batch["track"][0].as_py():
+            done = pa.concat_batches([*pending, batch.slice(0, split)])
+            yield from _nest_tracks(done, pos, steps, write_spans)
+            pos += done.num_rows
+            pending = [batch.slice(split)]
+        else:
+            pending.append(batch)
+    if pending:
+        yield from _nest_tracks(pa.concat_batches(pending), pos, steps, write_spans)
 
 
-def _spans(spans: list[tuple]) -> pa.RecordBatch:
-    """The op spans gathered so far, as a batch (the list is emptied)."""
-    batch = pa.record_batch([array(c) for c in np.array(spans, np.int64).T], SPAN_SCHEMA)
-    spans.clear()
-    return batch
+def _nest_tracks(rows: pa.RecordBatch, pos: int, steps, write_spans):
+    """_nest of whole tracks `rows`, the first at position `pos`."""
+    n = rows.num_rows
+    if not n:
+        return
+    ts, end = to_numpy(rows["ts"]), to_numpy(rows["end_ts"])
+    is_op, is_call = to_numpy(rows["is_op"]), to_numpy(rows["is_call"])
+    codes = to_numpy(pc.dictionary_encode(rows["track"]).indices, fill=-1)
+    first = np.empty(n, bool)  # each track's first row
+    first[0], first[1:] = True, codes[1:] != codes[:-1]
+    at = np.arange(n)
+    track_end = np.empty(n, np.int64)  # the row after each row's track
+    starts = np.flatnonzero(first)
+    track_end[:] = np.repeat(np.append(starts[1:], n), np.diff(np.append(starts, n)))
+    # The parent: the nearest earlier row of the track that ends no earlier. Pointer jumping: `up` is a candidate
+    # such that every row between it and the row ends earlier than the row; when the candidate ends earlier too,
+    # so do the rows between it and its own candidate, so the row may jump there (a few rounds, not a loop per row).
+    up = at - 1
+    up[first] = -1
+    todo = np.flatnonzero(up >= 0)
+    while len(todo):
+        todo = todo[end[up[todo]] < end[todo]]
+        up[todo] = up[up[todo]]
+        todo = todo[up[todo] >= 0]
+    # Where each row closes: the first later row of its track that ends after it (else its track's end), by the
+    # same jumping from the right.
+    close = at + 1
+    todo = np.flatnonzero(close < track_end)
+    while len(todo):
+        todo = todo[end[close[todo]] <= end[todo]]
+        close[todo] = close[close[todo]]
+        todo = todo[close[todo] < track_end[todo]]
+    # open rows before each row: those before it less those closed by then (close > row, so only earlier rows)
+    closed = np.cumsum(np.bincount(close, minlength=n + 1)[:n])
+    depth = at - closed
+    ops_closed = np.cumsum(np.bincount(close[is_op], minlength=n + 1)[:n])
+    op_depth = np.cumsum(is_op) - is_op - ops_closed
+    slice_id = to_numpy(rows["slice_id"])
+    k = np.searchsorted(steps["ts"], ts, side="right") - 1
+    step = np.full(n, -1, np.int64)
+    if len(steps["ts"]):
+        inside = (k >= 0) & (ts < steps["end_ts"][np.maximum(k, 0)])
+        step[inside] = steps["step"][k[inside]]
+    yield pa.record_batch([
+        rows["slice_id"], array(pos + at), _ids(slice_id, up), array(depth.astype(np.int32)),
+        _ids(slice_id, _nearest(up, is_op)), array(op_depth.astype(np.int32)), _ids(slice_id, _nearest(up, is_call)),
+        rows["is_call"], array(step.astype(np.int32), pa.int32(), step < 0), rows["dur"],
+        rows["self_time_child"], rows["device_time"],
+    ], schema=NEST_SCHEMA)
+    ops = np.flatnonzero(is_op)
+    if len(ops):
+        write_spans(pa.record_batch([array(slice_id[ops]), array(pos + ops), array(pos + close[ops])], SPAN_SCHEMA))
 
 
-def _ids(values: list[int]) -> pa.Array:
-    """Slice ids with -1 for none -> an int64 column with nulls."""
-    ids = np.array(values, np.int64)
-    return array(ids, pa.int64(), ids < 0)
+def _nearest(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Each row's nearest ancestor (by `parent`, -1: none) whose `flag` is set, or -1: by pointer jumping."""
+    up = parent.copy()
+    todo = np.flatnonzero(up >= 0)
+    while len(todo):
+        todo = todo[~flag[up[todo]]]
+        up[todo] = up[up[todo]]
+        todo = todo[up[todo] >= 0]
+    return up
+
+
+def _ids(slice_id: np.ndarray, rows: np.ndarray) -> pa.Array:
+    """The slice ids of `rows` (-1: none, a null)."""
+    return array(slice_id[rows], pa.int64(), rows < 0)
 
 
 # Host ops that are communication calls: record_param_comms that carry collective metadata; when a trace has
