@@ -342,7 +342,9 @@ def bench_trace(path: str, args, hta_version, ts_cmd, mem_limit: int) -> dict:
                 # `python -m tracesql` from the checkout, without installing it
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(
                     x for x in [os.path.dirname(HERE), os.environ.get("PYTHONPATH")] if x))
-            m = run_measured(run_cmd, args.timeout, mem_limit, log_path, env=env)
+            # `python -m` puts the working folder first on sys.path: the base runs in its checkout
+            m = run_measured(run_cmd, args.timeout, mem_limit, log_path, env=env,
+                             cwd=os.path.abspath(args.base) if mode == "base" else None)
             if mode not in ("tracesql", "base") and os.path.exists(result_path):
                 with open(result_path) as fh:
                     m.update(json.load(fh))
