@@ -530,35 +530,46 @@ FROM rows r LEFT JOIN only_group g ON true CROSS JOIN host_calls h
 ORDER BY COALESCE(r.cpu_ts, r.device_ts), r.collective_id
 """
 
+
+def _with_arg_strings(rows: str, fields: dict[str, str]) -> str:
+    """`rows` (a FROM clause) with a column per field (column -> JSON path in `args`) holding what
+    json_extract_string(args, path) gives, from one parse of `args` (a call per path parses it once per path)."""
+    paths = ", ".join(f"'{path}'" for path in fields.values())
+    items = ", ".join(f"arg_strings[{i}] AS {column}" for i, column in enumerate(fields, 1))
+    return f"(SELECT *, {items} FROM (SELECT *, json_extract_string(args, [{paths}]) AS arg_strings FROM {rows}))"
+
+
+MEMORY_ARGS = {"allocator": "$.allocator_name", "allocation_bytes": "$.allocation_bytes",
+               "device_type_arg": '$."Device Type"', "device_id_arg": '$."Device Id"',
+               "index_on_host": "$.index_on_host", "addr_upper": "$.Addr", "addr_lower": "$.addr",
+               "bytes_arg": "$.Bytes", "total_allocated": '$."Total Allocated"', "bytes_allocated": "$.bytes_allocated",
+               "total_reserved": '$."Total Reserved"', "bytes_reserved": "$.bytes_reserved",
+               "peak_bytes_in_use": "$.peak_bytes_in_use", "requested_bytes": "$.requested_bytes",
+               "fragmentation": "$.fragmentation", "tf_op": "$.tf_op"}
 # PyTorch's [memory] events and XPlane's allocator events (TSL: MemoryAllocation / MemoryDeallocation with the
 # allocator's totals after the event; GPU allocators are named GPU_<n>_bfc, the TPU runtime's give index_on_host)
-MEMORY_SQL = """
+MEMORY_SQL = f"""
 WITH events AS (
-    SELECT *, json_extract_string(args, '$.allocator_name') AS allocator,
-        TRY_CAST(json_extract_string(args, '$.allocation_bytes') AS BIGINT) AS xla_bytes
-    FROM slices WHERE kind = 'memory'
+    SELECT *, TRY_CAST(allocation_bytes AS BIGINT) AS xla_bytes
+    FROM {_with_arg_strings("slices WHERE kind = 'memory'", MEMORY_ARGS)}
 )
 SELECT run_id, rank, slice_id AS memory_id, ts,
     CASE WHEN regexp_matches(allocator, '^GPU_') THEN 'gpu'
          WHEN allocator IS NULL AND contains(args, '"index_on_host"') THEN 'tpu'
-         ELSE CASE TRY_CAST(json_extract_string(args, '$."Device Type"') AS INTEGER)
-                  WHEN 0 THEN 'cpu' WHEN 1 THEN 'gpu' ELSE 'other' END
+         ELSE CASE TRY_CAST(device_type_arg AS INTEGER) WHEN 0 THEN 'cpu' WHEN 1 THEN 'gpu' ELSE 'other' END
     END AS device_type,
-    COALESCE(TRY_CAST(json_extract_string(args, '$."Device Id"') AS INTEGER),
-             TRY_CAST(regexp_extract(allocator, '^GPU_(\\d+)_', 1) AS INTEGER),
-             TRY_CAST(json_extract_string(args, '$.index_on_host') AS INTEGER)) AS device_id,
-    TRY_CAST(COALESCE(json_extract_string(args, '$.Addr'), json_extract_string(args, '$.addr')) AS BIGINT) AS addr,
-    COALESCE(TRY_CAST(json_extract_string(args, '$.Bytes') AS BIGINT),
-             CASE name WHEN 'MemoryDeallocation' THEN -xla_bytes ELSE xla_bytes END) AS bytes,
-    TRY_CAST(COALESCE(json_extract_string(args, '$."Total Allocated"'),
-                      json_extract_string(args, '$.bytes_allocated')) AS BIGINT) AS total_allocated_bytes,
-    TRY_CAST(COALESCE(json_extract_string(args, '$."Total Reserved"'),
-                      json_extract_string(args, '$.bytes_reserved')) AS BIGINT) AS total_reserved_bytes,
+    COALESCE(TRY_CAST(device_id_arg AS INTEGER), TRY_CAST(regexp_extract(allocator, '^GPU_(\\d+)_', 1) AS INTEGER),
+             TRY_CAST(index_on_host AS INTEGER)) AS device_id,
+    TRY_CAST(COALESCE(addr_upper, addr_lower) AS BIGINT) AS addr,
+    COALESCE(TRY_CAST(bytes_arg AS BIGINT), CASE name WHEN 'MemoryDeallocation' THEN -xla_bytes ELSE xla_bytes END)
+        AS bytes,
+    TRY_CAST(COALESCE(total_allocated, bytes_allocated) AS BIGINT) AS total_allocated_bytes,
+    TRY_CAST(COALESCE(total_reserved, bytes_reserved) AS BIGINT) AS total_reserved_bytes,
     pid, tid, op_id, step, allocator,
-    TRY_CAST(json_extract_string(args, '$.peak_bytes_in_use') AS BIGINT) AS peak_allocated_bytes,
-    TRY_CAST(json_extract_string(args, '$.requested_bytes') AS BIGINT) AS requested_bytes,
-    TRY_CAST(json_extract_string(args, '$.fragmentation') AS DOUBLE) AS fragmentation,
-    NULLIF(NULLIF(json_extract_string(args, '$.tf_op'), '(null)'), '') AS op_name
+    TRY_CAST(peak_bytes_in_use AS BIGINT) AS peak_allocated_bytes,
+    TRY_CAST(requested_bytes AS BIGINT) AS requested_bytes,
+    TRY_CAST(fragmentation AS DOUBLE) AS fragmentation,
+    NULLIF(NULLIF(tf_op, '(null)'), '') AS op_name
 FROM events
 ORDER BY ts, slice_id
 """
