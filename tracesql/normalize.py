@@ -109,45 +109,68 @@ def _nest(order, steps, write_spans):
 
     What a stack of open events walked in this order gives (an event that starts inside the top of the stack but
     ends after it, a partial overlap from clock jitter, is not its child and closes it), computed with numpy a
-    run of whole tracks at a time: an event stays open until the first later event of its track that ends after
-    it, so its parent is the nearest earlier event of its track that ends no earlier. Memory holds the largest
-    track (or a batch)."""
-    pending: list[pa.RecordBatch] = []  # the rows of the track the last batch ends with
-    pos = 0
+    batch at a time: an event stays open until the first later event of its track that ends after it, so its
+    parent is the nearest earlier event of its track that ends no earlier. The events still open at the end of a
+    batch (the stack) go before the next one. Memory holds one batch and the stack."""
+    open_ = {name: np.zeros(0, dtype) for name, dtype in _OPEN_DTYPES}  # the stack, bottom first
+    open_track, pos = None, 0
     for batch in order:
-        if not batch.num_rows:
+        n = batch.num_rows
+        if not n:
             continue
+        m = len(open_["pos"])
         codes = to_numpy(pc.dictionary_encode(batch["track"]).indices, fill=-1)
-        changes = np.flatnonzero(codes[1:] != codes[:-1])
-        split = changes[-1] + 1 if len(changes) else 0  # where the track the batch ends with starts in it
-        if split or pending and pending[-1]["track"][-1].as_py() != batch["track"][0].as_py():
-            done = pa.concat_batches([*pending, batch.slice(0, split)])
-            yield from _nest_tracks(done, pos, steps, write_spans)
-            pos += done.num_rows
-            pending = [batch.slice(split)]
-        else:
-            pending.append(batch)
-    if pending:
-        yield from _nest_tracks(pa.concat_batches(pending), pos, steps, write_spans)
+        same = m and batch["track"][0].as_py() == open_track  # the open events' track goes on in this batch
+        track = np.concatenate([np.full(m, codes[0] if same else -2), codes])
+        rows = {"pos": np.concatenate([open_["pos"], pos + np.arange(n)]),
+                **{name: np.concatenate([open_[name], to_numpy(batch[name])])
+                   for name in ("slice_id", "end_ts", "is_op", "is_call")}}
+        up, close, depth, op_depth = _stack_walk(track, rows["end_ts"], rows["is_op"])
+        new = slice(m, m + n)
+        ts = to_numpy(batch["ts"])
+        k = np.searchsorted(steps["ts"], ts, side="right") - 1
+        step = np.full(n, -1, np.int64)
+        if len(steps["ts"]):
+            inside = (k >= 0) & (ts < steps["end_ts"][np.maximum(k, 0)])
+            step[inside] = steps["step"][k[inside]]
+        sid = rows["slice_id"]
+        yield pa.record_batch([
+            batch["slice_id"], array(rows["pos"][new]), _ids(sid, up[new]), array(depth[new].astype(np.int32)),
+            _ids(sid, _nearest(up, rows["is_op"])[new]), array(op_depth[new].astype(np.int32)),
+            _ids(sid, _nearest(up, rows["is_call"])[new]), batch["is_call"],
+            array(step.astype(np.int32), pa.int32(), step < 0), batch["dur"], batch["self_time_child"],
+            batch["device_time"],
+        ], schema=NEST_SCHEMA)
+        pos += n
+        closed_ops = np.flatnonzero(rows["is_op"] & (close < m + n))
+        if len(closed_ops):
+            write_spans(pa.record_batch([array(sid[closed_ops]), array(rows["pos"][closed_ops]),
+                                         array(rows["pos"][close[closed_ops]])], SPAN_SCHEMA))
+        still = close == m + n  # open at the end of the batch: all of the last track's (the others have ended)
+        open_ = {name: rows[name][still] for name, _ in _OPEN_DTYPES}
+        open_track = batch["track"][n - 1].as_py()
+    ops = np.flatnonzero(open_["is_op"])
+    if len(ops):
+        write_spans(pa.record_batch([array(open_["slice_id"][ops]), array(open_["pos"][ops]),
+                                     array(np.full(len(ops), pos))], SPAN_SCHEMA))
 
 
-def _nest_tracks(rows: pa.RecordBatch, pos: int, steps, write_spans):
-    """_nest of whole tracks `rows`, the first at position `pos`."""
-    n = rows.num_rows
-    if not n:
-        return
-    ts, end = to_numpy(rows["ts"]), to_numpy(rows["end_ts"])
-    is_op, is_call = to_numpy(rows["is_op"]), to_numpy(rows["is_call"])
-    codes = to_numpy(pc.dictionary_encode(rows["track"]).indices, fill=-1)
-    first = np.empty(n, bool)  # each track's first row
-    first[0], first[1:] = True, codes[1:] != codes[:-1]
+_OPEN_DTYPES = (("pos", np.int64), ("slice_id", np.int64), ("end_ts", np.int64), ("is_op", bool), ("is_call", bool))
+
+
+def _stack_walk(track: np.ndarray, end: np.ndarray, is_op: np.ndarray):
+    """For rows sorted by track (numbers) then start, each row's parent (row, -1: none), where it closes (the row
+    that closes it, or its track's end), depth and op depth: by pointer jumping, a few rounds rather than a loop
+    per row."""
+    n = len(end)
     at = np.arange(n)
-    track_end = np.empty(n, np.int64)  # the row after each row's track
+    first = np.empty(n, bool)
+    first[0], first[1:] = True, track[1:] != track[:-1]
     starts = np.flatnonzero(first)
-    track_end[:] = np.repeat(np.append(starts[1:], n), np.diff(np.append(starts, n)))
-    # The parent: the nearest earlier row of the track that ends no earlier. Pointer jumping: `up` is a candidate
-    # such that every row between it and the row ends earlier than the row; when the candidate ends earlier too,
-    # so do the rows between it and its own candidate, so the row may jump there (a few rounds, not a loop per row).
+    track_end = np.repeat(np.append(starts[1:], n), np.diff(np.append(starts, n)))
+    # The parent: the nearest earlier row of the track that ends no earlier. `up` is a candidate such that every
+    # row between it and the row ends earlier than the row; when the candidate ends earlier too, so do the rows
+    # between it and its own candidate, so the row may jump there.
     up = at - 1
     up[first] = -1
     todo = np.flatnonzero(up >= 0)
@@ -155,34 +178,17 @@ def _nest_tracks(rows: pa.RecordBatch, pos: int, steps, write_spans):
         todo = todo[end[up[todo]] < end[todo]]
         up[todo] = up[up[todo]]
         todo = todo[up[todo] >= 0]
-    # Where each row closes: the first later row of its track that ends after it (else its track's end), by the
-    # same jumping from the right.
+    # Where each row closes: the first later row of its track that ends after it, by the same jumping.
     close = at + 1
     todo = np.flatnonzero(close < track_end)
     while len(todo):
         todo = todo[end[close[todo]] <= end[todo]]
         close[todo] = close[close[todo]]
         todo = todo[close[todo] < track_end[todo]]
-    # open rows before each row: those before it less those closed by then (close > row, so only earlier rows)
-    closed = np.cumsum(np.bincount(close, minlength=n + 1)[:n])
-    depth = at - closed
-    ops_closed = np.cumsum(np.bincount(close[is_op], minlength=n + 1)[:n])
-    op_depth = np.cumsum(is_op) - is_op - ops_closed
-    slice_id = to_numpy(rows["slice_id"])
-    k = np.searchsorted(steps["ts"], ts, side="right") - 1
-    step = np.full(n, -1, np.int64)
-    if len(steps["ts"]):
-        inside = (k >= 0) & (ts < steps["end_ts"][np.maximum(k, 0)])
-        step[inside] = steps["step"][k[inside]]
-    yield pa.record_batch([
-        rows["slice_id"], array(pos + at), _ids(slice_id, up), array(depth.astype(np.int32)),
-        _ids(slice_id, _nearest(up, is_op)), array(op_depth.astype(np.int32)), _ids(slice_id, _nearest(up, is_call)),
-        rows["is_call"], array(step.astype(np.int32), pa.int32(), step < 0), rows["dur"],
-        rows["self_time_child"], rows["device_time"],
-    ], schema=NEST_SCHEMA)
-    ops = np.flatnonzero(is_op)
-    if len(ops):
-        write_spans(pa.record_batch([array(slice_id[ops]), array(pos + ops), array(pos + close[ops])], SPAN_SCHEMA))
+    # open rows before each row: the earlier rows less those closed by then (a row closes after itself)
+    depth = at - np.cumsum(np.bincount(close, minlength=n + 1)[:n])
+    op_depth = np.cumsum(is_op) - is_op - np.cumsum(np.bincount(close[is_op], minlength=n + 1)[:n])
+    return up, close, depth, op_depth
 
 
 def _nearest(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
