@@ -237,16 +237,7 @@ _Trailing = object  # fields after the array (Kineto: a list of log lines; Chrom
 def whole_read_bytes() -> int:
     """The largest document read into memory whole (when the streaming path cannot read it): reading it takes
     about twice its size, so half of --memory-limit (at least 16 MiB)."""
-    return max(16 << 20, _size_bytes(limits.current().memory) // 2)
-
-
-def _size_bytes(size: str) -> int:
-    m = re.match(r"^([\d.]+)\s*([KMGT]?i?B)$", size.strip(), re.IGNORECASE)
-    if not m:
-        return 1 << 30
-    unit = m.group(2).upper()
-    power = "BKMGT".index(unit[0]) if unit != "B" else 0
-    return int(float(m.group(1)) * (1024 if "I" in unit else 1000) ** power)
+    return max(16 << 20, limits.current().memory_bytes // 2)
 
 
 def _too_large_to_read_whole(path: Path, size: int, why: str) -> TraceError:
