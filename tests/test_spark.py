@@ -290,3 +290,56 @@ def test_cli_ingest_engine_spark(spark, tmp_path):
     assert result.exit_code == 0, result.output
     assert "2 file(s) ingested" in result.output and "2 rank(s)" in result.output
     assert len(tracesql.query("steps", out)) > 0
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> Path:
+    return tracesql.ingest([DATASETS / "torch_gloo_2rank"], tmp_path_factory.mktemp("small") / "run").run
+
+
+@pytest.mark.parametrize("folder", ["exp[1]", "a*", "what?"])
+def test_spark_reads_exactly_the_runs_own_files(spark, small_run, tmp_path, folder):
+    """Runs under glob characters are read, by path and by URI, and only their own files: not the sibling run
+    that `a*` or `what?` would match, nor the files of the `exp1` that `exp[1]` would."""
+    _views_of.clear()
+    run = tmp_path / folder / "run"
+    shutil.copytree(small_run, run)
+    for sibling in ("ab", "whatX", "exp1"):
+        shutil.copytree(small_run, tmp_path / sibling / "run")
+        (tmp_path / sibling / "run" / "slices" / "rank00000-sibling.parquet").write_bytes(b"not parquet")
+    want = engine.connect(run).execute("SELECT count(*), count(DISTINCT run_id) FROM slices").fetchone()
+    assert want == (12103, 1)
+    for target in (run, f"file://{run}", f"file://{tmp_path / folder}"):
+        session = tsp.connect(target, spark=spark)
+        assert tuple(session.sql("SELECT count(*), count(DISTINCT run_id) FROM slices").first()) == want, target
+        assert len(session.table("slices").inputFiles()) == 2, target
+
+
+@pytest.mark.parametrize("damage", ["missing", "extra", "resized"])
+def test_spark_refuses_a_run_whose_parts_are_not_the_manifests(spark, small_run, tmp_path, damage):
+    """The DuckDB engine's check and one-line message, for a local run and (the same problem) a run named by a
+    URI, listed through Spark's file system."""
+    _views_of.clear()
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    part = sorted((run / "slices").glob("*.parquet"))[0]
+    if damage == "missing":
+        part.unlink()
+    elif damage == "extra":
+        shutil.copy(part, run / "slices" / "rank00000-foreign.parquet")
+    else:
+        part.write_bytes(part.read_bytes() + b"\0")
+    with pytest.raises(TraceError) as duck:
+        engine.connect(run)
+    with pytest.raises(TraceError) as local:
+        tsp.connect(run, spark=spark)
+    assert str(local.value) == str(duck.value)
+    with pytest.raises(TraceError) as uri:
+        tsp.connect(f"file://{tmp_path}", spark=spark)  # a fleet of the one run
+    assert (uri.value.path, uri.value.problem) == (f"file://{duck.value.path}", duck.value.problem)
+    expected = {"missing": "missing: the run's manifest lists it", "extra": "not part of the run",
+                "resized": "changed: "}[damage]
+    assert duck.value.problem.startswith(expected)
+    assert duck.value.path == str(run / "slices" / ("rank00000-foreign.parquet" if damage == "extra" else part.name))
+    result = CliRunner().invoke(main, ["query", "steps", str(run), "--engine", "spark"])
+    assert (result.exit_code, result.output) == (1, f"Error: {duck.value}\n")
