@@ -39,14 +39,7 @@ CORPUS_RUNS = {
     "mtia_inference": "hta/tests/data/mtia_inference_trace/mtia_inference_rank_0.json.gz",
     "rocprof_mi350": "tracelens/tests/rocprof/908_results.json.gz",
 }
-# Spark 4.1's optimizer (RemoveRedundantAliases) makes an invalid plan of the range_launches macro (annotations,
-# phases, modules): PLAN_VALIDATION_FAILED_RULE_IN_BATCH. Known, not yet worked around: strict xfail, so the test
-# says when a rewrite of the macro (or a Spark release) fixes it.
-_SPARK_PLAN_BUG = pytest.mark.xfail(strict=True, reason="Spark 4.1 RemoveRedundantAliases: invalid plan for "
-                                                        "range_launches (PLAN_VALIDATION_FAILED_RULE_IN_BATCH)")
-RANGE_QUERIES = ("annotations", "phases", "modules")
-CATALOGUE = [pytest.param(q.name, marks=_SPARK_PLAN_BUG) if q.name in RANGE_QUERIES else q.name
-             for q in queries.catalogue()]
+CATALOGUE = [q.name for q in queries.catalogue()]
 # the code paths that parameters switch on (and that the defaults leave out), each once
 VARIANTS = [
     ("overlap", {"per": "process_group"}),
@@ -140,9 +133,7 @@ def test_every_query_same_on_spark(spark, fleet, name):
     assert _parity(spark, fleet, name, {}) > 0
 
 
-@pytest.mark.parametrize("name,params", [
-    pytest.param(n, p, id=f"{n}-{'-'.join(p)}", marks=_SPARK_PLAN_BUG if n in RANGE_QUERIES else ())
-    for n, p in VARIANTS])
+@pytest.mark.parametrize("name,params", [pytest.param(n, p, id=f"{n}-{'-'.join(p)}") for n, p in VARIANTS])
 def test_parameter_variants_same_on_spark(spark, fleet, name, params):
     assert _parity(spark, fleet, name, params) > 0
 
@@ -196,6 +187,23 @@ def test_duckdb_semantics_on_spark(spark, expression):
     got = tsp.sql(spark, sql).collect()[0][0]
     got = got.asDict() if hasattr(got, "asDict") else got
     assert _same(_value(duck), _value(got)), f"{expression}: DuckDB {duck!r}, Spark {got!r}"
+
+
+def test_window_over_a_union_of_aliased_columns(spark):
+    """The shape of range_launches (annotations, phases, modules) reduced: a running max_by over a UNION ALL whose
+    sides and select lists carry `t.x AS x` aliases, as qualify() writes them. Spark 4.1's RemoveRedundantAliases
+    made an invalid plan of it (PLAN_VALIDATION_FAILED_RULE_IN_BATCH); the transpiler leaves such aliases out."""
+    sql = ("WITH p AS (SELECT l.a AS a, l.t AS t, 1 AS o, CAST(NULL AS BIGINT) AS r FROM x l UNION ALL "
+           "SELECT h.a AS a, h.t AS t, 0 AS o, h.id AS r FROM x h), w AS (SELECT p.a AS a, p.t AS t, p.o AS o, "
+           "p.r AS r, max_by(p.r, CASE WHEN p.o = 0 THEN p.t END) OVER (PARTITION BY p.a ORDER BY p.t, p.o ROWS UNBOUNDED PRECEDING) AS m "
+           "FROM p) SELECT w.a AS a, w.t AS t, w.m AS m FROM w WHERE w.o = 1 ORDER BY t")
+    rows = [(1, 10, 100), (1, 20, 200), (2, 5, 300)]
+    con = db.connect()
+    con.execute("CREATE TABLE x (a BIGINT, t BIGINT, id BIGINT)")
+    con.executemany("INSERT INTO x VALUES (?, ?, ?)", rows)
+    spark.createDataFrame(rows, "a BIGINT, t BIGINT, id BIGINT").createOrReplaceTempView("x")
+    assert con.sql(sql).fetchall() == [(2, 5, 300), (1, 10, 100), (1, 20, 200)]
+    assert [tuple(r) for r in tsp.sql(spark, sql).collect()] == con.sql(sql).fetchall()
 
 
 def test_untranspilable_query_named_with_reason(spark, fleet, tmp_path):
