@@ -45,6 +45,7 @@ VARIANTS = [
     ("overlap", {"per": "process_group"}),
     ("temporal_breakdown", {"per": "step", "class_scheme": "hta", "analysis_window": "hta", "time_unit_ns": 1000}),
     ("bubbles", {"scope": "device"}),
+    ("bubbles_largest", {"class_scheme": "hta", "analysis_window": "hta", "time_unit_ns": 1000}),
     ("hotspots", {"levels": "kernel_family,op_args", "top": 5}),
     ("memory_ops", {"op_level": "top"}),
     ("memory_curve", {"points": 7}),
