@@ -8,6 +8,8 @@ For each trace file, and each of
                 symlink to that one file (HTA's default JSON parser backend)
   (c) tracesql  ``tracesql ingest FILE -o OUTDIR`` (the CLI on PATH, else
                 ``python -m tracesql``, or --tracesql-cmd)
+  (d) base      with --base CHECKOUT: ``python -m tracesql ingest`` of that checkout (e.g. main's
+                worktree), to compare two versions of tracesql in the same run
 
 it runs the measurement in a FRESH child process, ``--repeat`` times, and records
 
@@ -21,8 +23,9 @@ it runs the measurement in a FRESH child process, ``--repeat`` times, and record
   the child's process tree sampled every 0.1 s (matters if a tool uses worker processes).
   The largest over the repeats is reported.
 
-Ratios (from the best process wall times): HTA/tracesql, tracesql/(a), and tracesql peak
-RSS / uncompressed JSON bytes.
+Ratios (from the best process wall times): HTA/tracesql, tracesql/(a), tracesql/base, and
+tracesql peak RSS / uncompressed JSON bytes; CPU seconds (user + system, of the fastest run) per
+million events for (c) and (d).
 
 A measurement that fails, times out (--timeout) or goes over the memory guard (--mem-limit-gb,
 the child's process tree is killed) is recorded with its reason and not repeated.
@@ -33,6 +36,7 @@ Usage:
     python benchmarks/bench_ingest.py --big                # + tiled >=1 GB and >=2 GB traces
     python benchmarks/bench_ingest.py --only json,hta --json /tmp/tracesql-bench/results.json
     python benchmarks/bench_ingest.py some/trace.json.gz --only tracesql --repeat 5
+    python benchmarks/bench_ingest.py --only json,tracesql,base --base /work/main   # this checkout vs main
 """
 from __future__ import annotations
 
@@ -63,7 +67,7 @@ BIG_TRACES = [
     ("df_index_resolver_1GB.json", DEFAULT_TRACES[0], 1e9),
     ("df_index_resolver_2GB.json", DEFAULT_TRACES[0], 2e9),
 ]
-MODES = ("json", "hta", "tracesql")
+MODES = ("json", "hta", "tracesql", "base")
 
 
 # --------------------------------------------------------------------------- child side
@@ -309,6 +313,11 @@ def bench_trace(path: str, args, hta_version, ts_cmd, mem_limit: int) -> dict:
                 r["status"] = "skipped: tracesql not installed"
             else:
                 cmd = ts_cmd
+        elif mode == "base":
+            if not args.base:
+                r["status"] = "skipped: no --base checkout"
+            else:
+                cmd = [args.python, "-m", "tracesql", "ingest", "{trace}", "-o", "{out}"]
         if cmd is None:
             print(f"# {info['name']} {mode}: {r['status']}", file=sys.stderr, flush=True)
             continue
@@ -320,19 +329,23 @@ def bench_trace(path: str, args, hta_version, ts_cmd, mem_limit: int) -> dict:
                 os.remove(result_path)
             run_cmd = list(cmd)
             outdir = None
-            if mode == "tracesql":
-                outdir = os.path.join(work, "tracesql_out")
+            if mode in ("tracesql", "base"):
+                outdir = os.path.join(work, f"{mode}_out")
                 shutil.rmtree(outdir, ignore_errors=True)
                 run_cmd = [c.replace("{trace}", info["trace"]).replace("{out}", outdir) for c in cmd]
             else:
                 run_cmd = run_cmd + [result_path]
             env = None
-            if mode == "tracesql" and run_cmd[1:3] == ["-m", "tracesql"]:
+            if mode == "base":
+                env = dict(os.environ, PYTHONPATH=os.path.abspath(args.base))
+            elif mode == "tracesql" and run_cmd[1:3] == ["-m", "tracesql"]:
                 # `python -m tracesql` from the checkout, without installing it
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(
                     x for x in [os.path.dirname(HERE), os.environ.get("PYTHONPATH")] if x))
-            m = run_measured(run_cmd, args.timeout, mem_limit, log_path, env=env)
-            if mode != "tracesql" and os.path.exists(result_path):
+            # `python -m` puts the working folder first on sys.path: the base runs in its checkout
+            m = run_measured(run_cmd, args.timeout, mem_limit, log_path, env=env,
+                             cwd=os.path.abspath(args.base) if mode == "base" else None)
+            if mode not in ("tracesql", "base") and os.path.exists(result_path):
                 with open(result_path) as fh:
                     m.update(json.load(fh))
             if outdir is not None and os.path.exists(outdir):
@@ -354,7 +367,8 @@ def bench_trace(path: str, args, hta_version, ts_cmd, mem_limit: int) -> dict:
                 info["events"] = m.get("events")
         ok = [x for x in r["runs"] if not x["killed"] and x["returncode"] == 0]
         if ok:
-            r["wall_s"] = min(x["wall_s"] for x in ok)
+            best = min(ok, key=lambda x: x["wall_s"])
+            r["wall_s"], r["cpu_s"] = best["wall_s"], best["user_s"] + best["sys_s"]
             r["rss_mb"] = max(x["rss_mb"] for x in ok)
             trees = [x["tree_rss_mb"] for x in ok if x.get("tree_rss_mb")]
             r["tree_rss_mb"] = max(trees) if trees else None
@@ -374,6 +388,7 @@ def bench_trace(path: str, args, hta_version, ts_cmd, mem_limit: int) -> dict:
     info["ratios"] = {
         "hta_over_tracesql_time": (get("hta", "wall_s") / ts_wall) if ts_wall and get("hta", "wall_s") else None,
         "tracesql_over_json_time": (ts_wall / get("json", "wall_s")) if ts_wall and get("json", "wall_s") else None,
+        "tracesql_over_base_time": (ts_wall / get("base", "wall_s")) if ts_wall and get("base", "wall_s") else None,
         "tracesql_rss_over_json_bytes": (ts_rss * 2**20 / info["json_bytes"]) if ts_rss else None,
     }
     return info
@@ -402,20 +417,24 @@ def markdown(results: list[dict]) -> str:
     hdr = ["trace", "gz MB", "JSON MB", "events",
            "(a) json s", "(a) json-only s", "(a) RSS MB",
            "(b) HTA s", "(b) HTA load s", "(b) HTA RSS MB",
-           "(c) tracesql s", "(c) tracesql RSS MB", "(c) output MB",
-           "HTA/tracesql time", "tracesql/(a) time", "tracesql RSS/JSON size"]
+           "(c) tracesql s", "(c) tracesql RSS MB", "(c) output MB", "(c) CPU s / M events",
+           "(d) base s", "(d) base RSS MB", "(d) CPU s / M events",
+           "HTA/tracesql time", "tracesql/(a) time", "tracesql/base time", "tracesql RSS/JSON size"]
     lines = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
     for t in results:
         R = t["results"]
-        a, b, c = R.get("json"), R.get("hta"), R.get("tracesql")
+        a, b, c, d = R.get("json"), R.get("hta"), R.get("tracesql"), R.get("base")
         ra = t["ratios"]
+        per_m = lambda r: r["cpu_s"] / t["events"] * 1e6 if r and "cpu_s" in r and t["events"] else None  # noqa: E731
         row = [t["name"], _f(t["gz_bytes"] and t["gz_bytes"] / 1e6, "{:.1f}"),
                _f(t["json_bytes"] / 1e6, "{:.0f}"), _f(t["events"], "{:,}"),
                _cell(a, "wall_s", "{:.2f}"), _cell(a, "json_s", "{:.2f}"), _cell(a, "rss_mb", "{:.0f}"),
                _cell(b, "wall_s", "{:.2f}"), _cell(b, "load_s", "{:.2f}"), _cell(b, "rss_mb", "{:.0f}"),
                _cell(c, "wall_s", "{:.2f}"), _cell(c, "rss_mb", "{:.0f}"),
                _f(c.get("output_bytes") / 1e6 if c and c.get("output_bytes") is not None else None, "{:.1f}"),
+               _f(per_m(c), "{:.2f}"), _cell(d, "wall_s", "{:.2f}"), _cell(d, "rss_mb", "{:.0f}"), _f(per_m(d), "{:.2f}"),
                _f(ra["hta_over_tracesql_time"], "{:.1f}×"), _f(ra["tracesql_over_json_time"], "{:.2f}×"),
+               _f(ra["tracesql_over_base_time"], "{:.2f}×"),
                _f(ra["tracesql_rss_over_json_bytes"], "{:.2f}")]
         lines.append("| " + " | ".join(row) + " |")
     notes = []
@@ -444,7 +463,7 @@ def main(argv=None) -> int:
                         "--scratch with tile_trace.py if missing")
     p.add_argument("--scratch", default=DEFAULT_SCRATCH, help=f"scratch dir (default {DEFAULT_SCRATCH})")
     p.add_argument("--only", default=",".join(MODES),
-                   help="comma-separated subset of json,hta,tracesql (default all)")
+                   help="comma-separated subset of json,hta,tracesql,base (default all; base needs --base)")
     p.add_argument("--repeat", type=int, default=3, help="runs per measurement, best time kept (default 3)")
     p.add_argument("--big-repeat", type=int, default=1,
                    help="runs per measurement for traces of >= --big-threshold bytes (default 1)")
@@ -458,6 +477,8 @@ def main(argv=None) -> int:
     p.add_argument("--tracesql-cmd", default=None,
                    help="command for (c) with {trace} and {out} placeholders "
                         "(default: `tracesql ingest {trace} -o {out}`, else `python -m tracesql ...`)")
+    p.add_argument("--base", default=None, metavar="CHECKOUT",
+                   help="a tracesql checkout measured as (d), `python -m tracesql` with PYTHONPATH=CHECKOUT")
     p.add_argument("--python", default=sys.executable, help="interpreter for the (a)/(b) children")
     p.add_argument("--keep-output", action="store_true", help="keep tracesql's output dir in --scratch/work/")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")

@@ -42,8 +42,10 @@ WITH timeline AS (
         analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
         time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1)) k
     LEFT JOIN slices op ON op.run_id = k.run_id AND op.rank = k.rank AND op.slice_id = k.op_id
+    -- the three candidate ids, each joined on equality (an IN list would join every kernel with every collective)
+    CROSS JOIN (VALUES (1), (2), (3)) candidate(n)
     LEFT JOIN collectives c ON c.run_id = k.run_id AND c.rank = k.rank
-     AND c.collective_id IN (k.op_id, op.op_id, k.slice_id)
+     AND c.collective_id = CASE candidate.n WHEN 1 THEN k.op_id WHEN 2 THEN op.op_id ELSE k.slice_id END
     WHERE k.class = 'communication' AND COALESCE(getvariable('per'), 'rank') = 'process_group'
     GROUP BY ALL
 ), keyed AS (
@@ -54,14 +56,28 @@ WITH timeline AS (
         analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
         time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
     UNION ALL BY NAME
-    -- each communication segment of the timeline once per group whose kernels cover it (segments are cut at
-    -- every event's edges, so a kernel covers a segment entirely or not at all)
-    SELECT DISTINCT t.*, NULL::INTEGER AS step, k.process_group
-    FROM timeline t
-    JOIN comm_kernels k ON k.run_id = t.run_id AND k.rank = t.rank AND k.device_id = t.device_id
-     AND t.ts >= k.ts AND t.ts + t.dur <= k.te
-    -- (the per test here too: without it the whole timeline is built for a join with an empty side)
-    WHERE t.classes & 2 = 2 AND COALESCE(getvariable('per'), 'rank') = 'process_group'
+    -- each communication segment of the timeline once per group whose kernels cover it. Segments are cut at every
+    -- event's edges, so a kernel covers a segment entirely or not at all, and a group covers it when more of the
+    -- group's kernels started than ended by the segment's start: a running sum over one sorted stream of the
+    -- group's kernel edges and the segments (edges first at equal times), not a join of segments with kernels
+    SELECT run_id, rank, device_id, ts, dur, classes, NULL::INTEGER AS step, process_group
+    FROM (
+        SELECT *, sum(delta) OVER (PARTITION BY run_id, rank, device_id, process_group ORDER BY ts, ord
+                                   ROWS UNBOUNDED PRECEDING) AS running
+        FROM (
+            SELECT t.run_id, t.rank, t.device_id, t.ts, t.dur, t.classes, g.process_group, 1 AS ord, 0 AS delta
+            FROM timeline t
+            JOIN (SELECT DISTINCT run_id, rank, device_id, process_group FROM comm_kernels) g
+              ON g.run_id = t.run_id AND g.rank = t.rank AND g.device_id = t.device_id
+            -- (the per test here too: without it the whole timeline is built for a join with an empty side)
+            WHERE t.classes & 2 = 2 AND COALESCE(getvariable('per'), 'rank') = 'process_group'
+            UNION ALL
+            SELECT run_id, rank, device_id, ts, NULL, NULL, process_group, 0, 1 FROM comm_kernels WHERE te > ts
+            UNION ALL
+            SELECT run_id, rank, device_id, te, NULL, NULL, process_group, 0, -1 FROM comm_kernels WHERE te > ts
+        )
+    )
+    WHERE ord = 1 AND running > 0
 )
 SELECT
     run_id, rank, device_id, step, process_group,

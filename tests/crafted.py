@@ -1,4 +1,4 @@
-"""Crafted inputs for the Nsight, rocprofv3 and Perfetto readers (no corpus needed), and the measurement of an
+"""Crafted inputs for the Nsight, rocprofv3, Perfetto, XPlane and torch_npu readers (no corpus needed), and the measurement of an
 ingest's peak memory in a child process: what the memory-bound tests and `benchmarks/bench_readers.py --smoke`
 use.
 
@@ -131,6 +131,61 @@ def perfetto_trace(path: Path, events: int, huge: int = HUGE, unended: int = 0) 
                 chunk = []
         chunk += [at(begin, t + k) for k in range(unended)]
         f.write(b"".join(chunk))
+    return path
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, body: bytes) -> bytes:
+    """A length-delimited protobuf field: repeated fields concatenate, so a message grows by appending these."""
+    return _varint(number << 3 | 2) + _varint(len(body)) + body
+
+
+def xplane_trace(path: Path, events: int, huge: int = HUGE) -> Path:
+    """An XSpace of one GPU plane whose one stream line holds `events` kernels, every one of the same metadata,
+    whose name has `huge` characters, and a host plane with as many annotations named 'train'; the events are
+    encoded by hand (a few bytes each), the rest by the protobuf messages."""
+    from tracesql.readers.proto import messages
+
+    space = messages()["XSpace"](hostnames=["node7"])
+    out = []
+    for plane_name, line_name, name in (("/device:GPU:0", "Stream #7(Kernel)", "k" * huge),
+                                        ("/host:CPU", "python", "train")):
+        plane = space.planes.add(id=len(out) + 1, name=plane_name)
+        plane.event_metadata[1].id = 1
+        plane.event_metadata[1].name = name
+        line = plane.lines.add(id=7, name=line_name, timestamp_ns=1_700_000_000_000_000_000)
+        body = bytearray(line.SerializeToString())
+        for i in range(events):  # XEvent: metadata_id = 1, offset_ps = 2, duration_ps = 3
+            body += _field(4, b"\x08\x01\x10" + _varint(1_000_000 * i) + b"\x18" + _varint(600_000))
+        plane.ClearField("lines")
+        out.append(_field(1, plane.SerializeToString() + _field(3, bytes(body))))
+    space.ClearField("planes")
+    path.write_bytes(space.SerializeToString() + b"".join(out))
+    return path
+
+
+def ascend_trace(folder: Path, events: int, huge: int = 10) -> Path:
+    """A torch_npu export's ASCEND_PROFILER_OUTPUT/trace_view.json: `events` AI_CORE tasks on one NPU stream, each
+    named by `huge` characters (JSON repeats a name in every event), written streaming."""
+    path = folder / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pid = 3096504 << 10 | 1 << 5  # host pid << 10 | sort index << 5 | device 0
+    with open(path, "w") as f:
+        f.write(json.dumps([{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                             "args": {"name": "Ascend Hardware"}}])[:-1])
+        name = "k" * huge
+        for i in range(events):
+            f.write(f',{{"ph":"X","name":"{name}","pid":{pid},"tid":7,"ts":"{1736408883688177 + i}.930",'
+                    f'"dur":0.5,"args":{{"Task Type":"AI_CORE","Physic Stream Id":7,"Task Id":{i}}}}}')
+        f.write("]")
     return path
 
 

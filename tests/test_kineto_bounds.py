@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import gzip
 import zipfile
+from pathlib import Path
 
 import pytest
 
 import tracesql
 from crafted import peak_ingest_memory
 from tracesql.readers import common
+
+DATASETS = Path(__file__).resolve().parent.parent / "datasets"
 
 LIMIT_MB = 64
 FIXED_OVERHEAD_MB = 320  # as tests/test_reader_bounds.py: interpreter, libraries, DuckDB's own structures
@@ -71,6 +74,30 @@ def test_trailing_metadata_object_is_located_not_read_whole(tmp_path, monkeypatc
     monkeypatch.setattr(kineto, "whole_read_bytes", lambda: 0)  # reading it whole would be refused
     tracesql.ingest([path], tmp_path / "run")
     assert tracesql.connect(tmp_path / "run").execute("SELECT count(*) FROM slices").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("in_kernel", [True, False])
+def test_located_array_is_copied_whole(tmp_path, monkeypatch, in_kernel):
+    """A plain file's array is copied into the scratch folder by copy_file_range where the OS has it, else a chunk
+    at a time (chunks smaller than the array here): both give DuckDB every event, as the gzip path does."""
+    import gzip as gz
+    import os
+
+    from tracesql.readers import kineto
+
+    path = tmp_path / "sampled_rank-0.json"
+    path.write_bytes(gz.decompress((DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz").read_bytes()))
+    monkeypatch.setattr(kineto, "whole_read_bytes", lambda: 0)  # no fallback to reading it whole
+    if not in_kernel:
+        monkeypatch.delattr(os, "copy_file_range", raising=False)
+        monkeypatch.setattr(kineto, "_CHUNK", 1 << 16)
+    assert path.stat().st_size > 8 << 16  # several chunks
+    tracesql.ingest([path], tmp_path / "run")
+    tracesql.ingest([DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"], tmp_path / "gz")  # not copied
+    rows = "SELECT count(*), count(DISTINCT slice_id), max(slice_id), sum(dur) FROM slices"
+    got = tracesql.connect(tmp_path / "run").execute(rows).fetchone()
+    assert got == tracesql.connect(tmp_path / "gz").execute(rows).fetchone()
+    assert got[:3] == (4811, 4811, 4853)
 
 
 def test_gzip_bomb_is_refused_by_its_ratio(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The Nsight, rocprofv3 and Perfetto readers on crafted hostile inputs (no corpus needed): memory bounded by
+"""The Nsight, rocprofv3, Perfetto, XPlane and torch_npu readers on crafted hostile inputs (no corpus needed): memory bounded by
 --memory-limit plus a fixed overhead, whatever the input holds (a huge name every event refers to, slices that
 never end, a decompression bomb), and the damage the Nsight reader used to fail on (a string that is not UTF-8,
 text in an INTEGER column, a process that only made CUDA calls)."""
@@ -11,7 +11,7 @@ import sqlite3
 import pytest
 
 import tracesql
-from crafted import nsys_export, peak_ingest_memory, perfetto_trace, rocprof_trace
+from crafted import ascend_trace, nsys_export, peak_ingest_memory, perfetto_trace, rocprof_trace, xplane_trace
 from tracesql import readers
 
 LIMIT_MB = 256
@@ -92,3 +92,74 @@ def test_decompression_bomb_is_refused(suffix, make, padding, tmp_path, monkeypa
     assert str(e.value).startswith(f"{bomb}: gzip inflates beyond") and "decompression bomb" in str(e.value)
     monkeypatch.setenv("TRACESQL_MAX_GZIP_RATIO", "10000")
     tracesql.ingest([bomb], tmp_path / "run2")
+
+
+def _one_line_refusal(m: dict, trace, what: str) -> str:
+    lines = m["stderr"].strip().splitlines()
+    assert m["exit"] == 1 and len(lines) == 1 and "Traceback" not in m["stderr"], m
+    assert lines[0].startswith(f"Error: {trace}: {what}") and f"--memory-limit {LIMIT_MB}MB" in lines[0], lines
+    return lines[0]
+
+
+def test_xplane_memory_is_bounded_by_the_limit(tmp_path):
+    """300 k kernels on one stream line naming one 2,000-character name, 300 k host annotations: the events are
+    parsed a chunk at a time and the batches cut by their text (before: the whole XSpace parsed, a line's events
+    as Python lists, 65,536-row batches each repeating the name)."""
+    trace = xplane_trace(tmp_path / "big.xplane.pb", 300_000, huge=NAME)
+    m = peak_ingest_memory(trace, tmp_path / "run", f"{LIMIT_MB}MB")
+    assert m["exit"] == 0, m["stderr"]
+    assert m["peak_anon_mb"] < LIMIT_MB + FIXED_OVERHEAD_MB, m
+    assert run_sql(tmp_path / "run", "SELECT count(*), count(*) FILTER (kind = 'kernel'), max(length(name)) "
+                                     "FROM slices") == [(600_000, 300_000, NAME)]
+
+
+def test_xplane_metadata_beyond_the_limit_is_refused(tmp_path):
+    """What the reader holds whole (metadata, here two 8 MiB names, at up to 32 bytes a byte parsed) beyond
+    --memory-limit is refused in one line naming the file and the limit; a larger limit reads it, names cut."""
+    trace = xplane_trace(tmp_path / "names.xplane.pb", 10, huge=8 << 20)
+    m = peak_ingest_memory(trace, tmp_path / "run", f"{LIMIT_MB}MB")
+    _one_line_refusal(m, trace, "what an XPlane reader holds for the whole file")
+    assert m["peak_anon_mb"] < LIMIT_MB + FIXED_OVERHEAD_MB, m
+    tracesql.ingest([trace], tmp_path / "run2", memory_limit="1GB")
+    assert run_sql(tmp_path / "run2", "SELECT count(*), max(length(name)) FROM slices") == [
+        (20, readers.MAX_NAME_CHARS)]
+
+
+def _minimal_events(folder, mib: int):
+    """trace_view.json of `{"ph":"X"}` events: the most Python objects per byte of JSON a reader can be given."""
+    path = folder / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"[" + b'{"ph":"X"},' * (mib * 2**20 // 11) + b'{"ph":"X"}]')
+    return path
+
+
+def _whitespace_gzip(folder, mib: int):
+    path = folder / "ASCEND_PROFILER_OUTPUT" / "trace_view.json.gz"
+    path.parent.mkdir(parents=True)
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(b"[")
+        for _ in range(mib):
+            f.write(b" " * 2**20)
+        f.write(b"]")
+    return path
+
+
+@pytest.mark.parametrize("make", [_minimal_events, _whitespace_gzip])
+def test_ascend_beyond_the_limit_is_refused_within_it(make, tmp_path):
+    """trace_view.json is read whole: one whose content is more than --memory-limit allows holding (a 30 MiB
+    document of minimal events, a gzip of 300 MiB of whitespace) is refused in one line, a gzip as soon as it
+    inflates past it (before: read and decoded whole, 800 MB and 600 MB of heap at this limit)."""
+    trace = make(tmp_path / "rank0_ascend_pt", 30 if make is _minimal_events else 300)
+    m = peak_ingest_memory(trace, tmp_path / "run", f"{LIMIT_MB}MB")
+    _one_line_refusal(m, trace, "the trace")
+    assert m["peak_anon_mb"] < LIMIT_MB + FIXED_OVERHEAD_MB, m
+
+
+def test_ascend_within_the_limit_is_read(tmp_path):
+    """3,000 tasks named by 2,000 characters (6 MiB of JSON: under --memory-limit / ascend.HELD_RATIO)."""
+    trace = ascend_trace(tmp_path / "rank0_ascend_pt", 3000, huge=NAME)
+    m = peak_ingest_memory(trace, tmp_path / "run", f"{LIMIT_MB}MB")
+    assert m["exit"] == 0, m["stderr"]
+    assert m["peak_anon_mb"] < LIMIT_MB + FIXED_OVERHEAD_MB, m
+    assert run_sql(tmp_path / "run", "SELECT count(*), max(length(name)), count(DISTINCT device_id) FROM slices "
+                                     "WHERE kind = 'kernel'") == [(3000, NAME, 1)]

@@ -41,6 +41,20 @@ class Limits:
             raise TraceError("--max-events", f"must be at least 1 (got {max_events})")
         return cls(memory.strip().replace(" ", ""), max_events)
 
+    @property
+    def memory_bytes(self) -> int:
+        return size_bytes(self.memory)
+
+
+def size_bytes(size: str) -> int:
+    """A DuckDB size ('512MB': powers of 1000; '512MiB': of 1024) in bytes."""
+    m = re.match(r"^([\d.]+)\s*([KMGT]?i?B)$", size.strip(), re.IGNORECASE)
+    if not m:
+        return 1 << 30
+    unit = m.group(2).upper()
+    power = "BKMGT".index(unit[0]) if unit != "B" else 0
+    return int(float(m.group(1)) * (1024 if "I" in unit else 1000) ** power)
+
 
 _current: contextvars.ContextVar[Limits] = contextvars.ContextVar("tracesql_limits", default=Limits())
 

@@ -102,83 +102,109 @@ SPAN_SCHEMA = pa.schema([("slice_id", pa.int64()), ("pos", pa.int64()), ("end_po
 
 
 def _nest(order, steps, write_spans):
-    """Walk the slices in nesting order (per track, by start, longest first) with a stack of open events, and
-    yield a batch at a time every slice's parent, depth, innermost enclosing op (and op depth), innermost
-    enclosing collective call and step by time, at its position in this order (`nest`); for each op, the position
-    after the last event nested in it goes to `write_spans` (its subtree is the positions between).
+    """Nest the slices, which come in nesting order (per track, by start, longest first), and yield a batch at a
+    time every slice's parent, depth, innermost enclosing op (and op depth), innermost enclosing collective call
+    and step by time, at its position in this order (`nest`); for each op, its position and the position after
+    the last event nested in it go to `write_spans` (its subtree is the positions between).
 
-    An event that starts inside the top of the stack but ends after it (a partial overlap: clock jitter) is not
-    its child. Python ints in the loop, a batch at a time: memory holds one batch and the stack."""
-    step_ts, step_end, step_no = steps["ts"], steps["end_ts"], steps["step"]
-    # (end, slice_id, pos, op for children, op depth for children, call for children, is op)
-    stack: list[tuple] = []
-    spans: list[tuple] = []  # (op's slice_id, its position, the position after its subtree)
-    previous_track, lane, pos = None, -1, 0
+    What a stack of open events walked in this order gives (an event that starts inside the top of the stack but
+    ends after it, a partial overlap from clock jitter, is not its child and closes it), computed with numpy a
+    batch at a time: an event stays open until the first later event of its track that ends after it, so its
+    parent is the nearest earlier event of its track that ends no earlier. The events still open at the end of a
+    batch (the stack) go before the next one. Memory holds one batch and the stack."""
+    open_ = {name: np.zeros(0, dtype) for name, dtype in _OPEN_DTYPES}  # the stack, bottom first
+    open_track, pos = None, 0
     for batch in order:
         n = batch.num_rows
-        ts, end = to_numpy(batch["ts"]), to_numpy(batch["end_ts"])
-        # a number per track, counted up where the track changes (rows are sorted by track)
-        track = batch["track"]
-        codes = to_numpy(pc.dictionary_encode(track).indices, fill=-1)
-        changed = np.empty(n, bool)
-        changed[0] = pos == 0 or track[0].as_py() != previous_track
-        changed[1:] = codes[1:] != codes[:-1]
-        previous_track = track[n - 1].as_py()
-        parent, depth, enc_op, op_depth, enc_call = [], [], [], [], []
-        for s, ln, t, e, is_op, is_call in zip(to_numpy(batch["slice_id"]).tolist(),
-                                              (lane + np.cumsum(changed)).tolist(), ts.tolist(), end.tolist(),
-                                              to_numpy(batch["is_op"]).tolist(), to_numpy(batch["is_call"]).tolist()):
-            while stack:
-                top = stack[-1]
-                te = top[0]
-                if ln != lane or (te <= t and not (te == t == e)) or te < e:
-                    stack.pop()
-                    if top[6]:
-                        spans.append((top[1], top[2], pos))
-                else:
-                    break
-            lane = ln
-            if stack:
-                top = stack[-1]
-                p, d, o, od, c = top[1], len(stack), top[3], top[4], top[5]
-            else:
-                p, d, o, od, c = -1, 0, -1, 0, -1
-            parent.append(p)
-            depth.append(d)
-            enc_op.append(o)
-            op_depth.append(od)
-            enc_call.append(c)
-            stack.append((e, s, pos, s if is_op else o, od + is_op, s if is_call else c, is_op))
-            pos += 1
-        k = np.searchsorted(step_ts, ts, side="right") - 1
+        if not n:
+            continue
+        m = len(open_["pos"])
+        codes = to_numpy(pc.dictionary_encode(batch["track"]).indices, fill=-1)
+        same = m and batch["track"][0].as_py() == open_track  # the open events' track goes on in this batch
+        track = np.concatenate([np.full(m, codes[0] if same else -2), codes])
+        rows = {"pos": np.concatenate([open_["pos"], pos + np.arange(n)]),
+                **{name: np.concatenate([open_[name], to_numpy(batch[name])])
+                   for name in ("slice_id", "end_ts", "is_op", "is_call")}}
+        up, close, depth, op_depth = _stack_walk(track, rows["end_ts"], rows["is_op"])
+        new = slice(m, m + n)
+        ts = to_numpy(batch["ts"])
+        k = np.searchsorted(steps["ts"], ts, side="right") - 1
         step = np.full(n, -1, np.int64)
-        if len(step_ts):
-            inside = (k >= 0) & (ts < step_end[np.maximum(k, 0)])
-            step[inside] = step_no[k[inside]]
+        if len(steps["ts"]):
+            inside = (k >= 0) & (ts < steps["end_ts"][np.maximum(k, 0)])
+            step[inside] = steps["step"][k[inside]]
+        sid = rows["slice_id"]
         yield pa.record_batch([
-            batch["slice_id"], array(np.arange(pos - n, pos)), _ids(parent), array(np.array(depth, np.int32)),
-            _ids(enc_op), array(np.array(op_depth, np.int32)), _ids(enc_call), batch["is_call"],
+            batch["slice_id"], array(rows["pos"][new]), _ids(sid, up[new]), array(depth[new].astype(np.int32)),
+            _ids(sid, _nearest(up, rows["is_op"])[new]), array(op_depth[new].astype(np.int32)),
+            _ids(sid, _nearest(up, rows["is_call"])[new]), batch["is_call"],
             array(step.astype(np.int32), pa.int32(), step < 0), batch["dur"], batch["self_time_child"],
             batch["device_time"],
         ], schema=NEST_SCHEMA)
-        if spans:
-            write_spans(_spans(spans))
-    spans += [(top[1], top[2], pos) for top in stack if top[6]]
-    if spans:
-        write_spans(_spans(spans))
+        pos += n
+        closed_ops = np.flatnonzero(rows["is_op"] & (close < m + n))
+        if len(closed_ops):
+            write_spans(pa.record_batch([array(sid[closed_ops]), array(rows["pos"][closed_ops]),
+                                         array(rows["pos"][close[closed_ops]])], SPAN_SCHEMA))
+        still = close == m + n  # open at the end of the batch: all of the last track's (the others have ended)
+        open_ = {name: rows[name][still] for name, _ in _OPEN_DTYPES}
+        open_track = batch["track"][n - 1].as_py()
+    ops = np.flatnonzero(open_["is_op"])
+    if len(ops):
+        write_spans(pa.record_batch([array(open_["slice_id"][ops]), array(open_["pos"][ops]),
+                                     array(np.full(len(ops), pos))], SPAN_SCHEMA))
 
 
-def _spans(spans: list[tuple]) -> pa.RecordBatch:
-    """The op spans gathered so far, as a batch (the list is emptied)."""
-    batch = pa.record_batch([array(c) for c in np.array(spans, np.int64).T], SPAN_SCHEMA)
-    spans.clear()
-    return batch
+_OPEN_DTYPES = (("pos", np.int64), ("slice_id", np.int64), ("end_ts", np.int64), ("is_op", bool), ("is_call", bool))
 
 
-def _ids(values: list[int]) -> pa.Array:
-    """Slice ids with -1 for none -> an int64 column with nulls."""
-    ids = np.array(values, np.int64)
-    return array(ids, pa.int64(), ids < 0)
+def _stack_walk(track: np.ndarray, end: np.ndarray, is_op: np.ndarray):
+    """For rows sorted by track (numbers) then start, each row's parent (row, -1: none), where it closes (the row
+    that closes it, or its track's end), depth and op depth: by pointer jumping, a few rounds rather than a loop
+    per row."""
+    n = len(end)
+    at = np.arange(n)
+    first = np.empty(n, bool)
+    first[0], first[1:] = True, track[1:] != track[:-1]
+    starts = np.flatnonzero(first)
+    track_end = np.repeat(np.append(starts[1:], n), np.diff(np.append(starts, n)))
+    # The parent: the nearest earlier row of the track that ends no earlier. `up` is a candidate such that every
+    # row between it and the row ends earlier than the row; when the candidate ends earlier too, so do the rows
+    # between it and its own candidate, so the row may jump there.
+    up = at - 1
+    up[first] = -1
+    todo = np.flatnonzero(up >= 0)
+    while len(todo):
+        todo = todo[end[up[todo]] < end[todo]]
+        up[todo] = up[up[todo]]
+        todo = todo[up[todo] >= 0]
+    # Where each row closes: the first later row of its track that ends after it, by the same jumping.
+    close = at + 1
+    todo = np.flatnonzero(close < track_end)
+    while len(todo):
+        todo = todo[end[close[todo]] <= end[todo]]
+        close[todo] = close[close[todo]]
+        todo = todo[close[todo] < track_end[todo]]
+    # open rows before each row: the earlier rows less those closed by then (a row closes after itself)
+    depth = at - np.cumsum(np.bincount(close, minlength=n + 1)[:n])
+    op_depth = np.cumsum(is_op) - is_op - np.cumsum(np.bincount(close[is_op], minlength=n + 1)[:n])
+    return up, close, depth, op_depth
+
+
+def _nearest(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Each row's nearest ancestor (by `parent`, -1: none) whose `flag` is set, or -1: by pointer jumping."""
+    up = parent.copy()
+    todo = np.flatnonzero(up >= 0)
+    while len(todo):
+        todo = todo[~flag[up[todo]]]
+        up[todo] = up[up[todo]]
+        todo = todo[up[todo] >= 0]
+    return up
+
+
+def _ids(slice_id: np.ndarray, rows: np.ndarray) -> pa.Array:
+    """The slice ids of `rows` (-1: none, a null)."""
+    return array(slice_id[rows], pa.int64(), rows < 0)
 
 
 # Host ops that are communication calls: record_param_comms that carry collective metadata; when a trace has
@@ -510,35 +536,46 @@ FROM rows r LEFT JOIN only_group g ON true CROSS JOIN host_calls h
 ORDER BY COALESCE(r.cpu_ts, r.device_ts), r.collective_id
 """
 
+
+def _with_arg_strings(rows: str, fields: dict[str, str]) -> str:
+    """`rows` (a FROM clause) with a column per field (column -> JSON path in `args`) holding what
+    json_extract_string(args, path) gives, from one parse of `args` (a call per path parses it once per path)."""
+    paths = ", ".join(f"'{path}'" for path in fields.values())
+    items = ", ".join(f"arg_strings[{i}] AS {column}" for i, column in enumerate(fields, 1))
+    return f"(SELECT *, {items} FROM (SELECT *, json_extract_string(args, [{paths}]) AS arg_strings FROM {rows}))"
+
+
+MEMORY_ARGS = {"allocator": "$.allocator_name", "allocation_bytes": "$.allocation_bytes",
+               "device_type_arg": '$."Device Type"', "device_id_arg": '$."Device Id"',
+               "index_on_host": "$.index_on_host", "addr_upper": "$.Addr", "addr_lower": "$.addr",
+               "bytes_arg": "$.Bytes", "total_allocated": '$."Total Allocated"', "bytes_allocated": "$.bytes_allocated",
+               "total_reserved": '$."Total Reserved"', "bytes_reserved": "$.bytes_reserved",
+               "peak_bytes_in_use": "$.peak_bytes_in_use", "requested_bytes": "$.requested_bytes",
+               "fragmentation": "$.fragmentation", "tf_op": "$.tf_op"}
 # PyTorch's [memory] events and XPlane's allocator events (TSL: MemoryAllocation / MemoryDeallocation with the
 # allocator's totals after the event; GPU allocators are named GPU_<n>_bfc, the TPU runtime's give index_on_host)
-MEMORY_SQL = """
+MEMORY_SQL = f"""
 WITH events AS (
-    SELECT *, json_extract_string(args, '$.allocator_name') AS allocator,
-        TRY_CAST(json_extract_string(args, '$.allocation_bytes') AS BIGINT) AS xla_bytes
-    FROM slices WHERE kind = 'memory'
+    SELECT *, TRY_CAST(allocation_bytes AS BIGINT) AS xla_bytes
+    FROM {_with_arg_strings("slices WHERE kind = 'memory'", MEMORY_ARGS)}
 )
 SELECT run_id, rank, slice_id AS memory_id, ts,
     CASE WHEN regexp_matches(allocator, '^GPU_') THEN 'gpu'
          WHEN allocator IS NULL AND contains(args, '"index_on_host"') THEN 'tpu'
-         ELSE CASE TRY_CAST(json_extract_string(args, '$."Device Type"') AS INTEGER)
-                  WHEN 0 THEN 'cpu' WHEN 1 THEN 'gpu' ELSE 'other' END
+         ELSE CASE TRY_CAST(device_type_arg AS INTEGER) WHEN 0 THEN 'cpu' WHEN 1 THEN 'gpu' ELSE 'other' END
     END AS device_type,
-    COALESCE(TRY_CAST(json_extract_string(args, '$."Device Id"') AS INTEGER),
-             TRY_CAST(regexp_extract(allocator, '^GPU_(\\d+)_', 1) AS INTEGER),
-             TRY_CAST(json_extract_string(args, '$.index_on_host') AS INTEGER)) AS device_id,
-    TRY_CAST(COALESCE(json_extract_string(args, '$.Addr'), json_extract_string(args, '$.addr')) AS BIGINT) AS addr,
-    COALESCE(TRY_CAST(json_extract_string(args, '$.Bytes') AS BIGINT),
-             CASE name WHEN 'MemoryDeallocation' THEN -xla_bytes ELSE xla_bytes END) AS bytes,
-    TRY_CAST(COALESCE(json_extract_string(args, '$."Total Allocated"'),
-                      json_extract_string(args, '$.bytes_allocated')) AS BIGINT) AS total_allocated_bytes,
-    TRY_CAST(COALESCE(json_extract_string(args, '$."Total Reserved"'),
-                      json_extract_string(args, '$.bytes_reserved')) AS BIGINT) AS total_reserved_bytes,
+    COALESCE(TRY_CAST(device_id_arg AS INTEGER), TRY_CAST(regexp_extract(allocator, '^GPU_(\\d+)_', 1) AS INTEGER),
+             TRY_CAST(index_on_host AS INTEGER)) AS device_id,
+    TRY_CAST(COALESCE(addr_upper, addr_lower) AS BIGINT) AS addr,
+    COALESCE(TRY_CAST(bytes_arg AS BIGINT), CASE name WHEN 'MemoryDeallocation' THEN -xla_bytes ELSE xla_bytes END)
+        AS bytes,
+    TRY_CAST(COALESCE(total_allocated, bytes_allocated) AS BIGINT) AS total_allocated_bytes,
+    TRY_CAST(COALESCE(total_reserved, bytes_reserved) AS BIGINT) AS total_reserved_bytes,
     pid, tid, op_id, step, allocator,
-    TRY_CAST(json_extract_string(args, '$.peak_bytes_in_use') AS BIGINT) AS peak_allocated_bytes,
-    TRY_CAST(json_extract_string(args, '$.requested_bytes') AS BIGINT) AS requested_bytes,
-    TRY_CAST(json_extract_string(args, '$.fragmentation') AS DOUBLE) AS fragmentation,
-    NULLIF(NULLIF(json_extract_string(args, '$.tf_op'), '(null)'), '') AS op_name
+    TRY_CAST(peak_bytes_in_use AS BIGINT) AS peak_allocated_bytes,
+    TRY_CAST(requested_bytes AS BIGINT) AS requested_bytes,
+    TRY_CAST(fragmentation AS DOUBLE) AS fragmentation,
+    NULLIF(NULLIF(tf_op, '(null)'), '') AS op_name
 FROM events
 ORDER BY ts, slice_id
 """

@@ -27,6 +27,7 @@ parameter has one; a value given outside them is refused before the query runs, 
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from .schema import DEVICE_TIME_KINDS
 
 _PARAM = re.compile(r"^--\s+(\w+)\s*=\s*('(?:[^']|'')*'|\S+)\s+(.*)$")
 _COLUMN = re.compile(r"^--\s+(\w+)\s+([A-Z][A-Z0-9_]*(?:\[\])*)\s+(.*)$")
+_RESULTS = itertools.count()  # names of the result tables of `run`
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RULE = re.compile(r"^(one of [^:]+|list of [^:]+|(?:integer|number)(?: (?:>=|>|<=|<) -?[\d.e]+)?|device key|text):")
 _COMPARE = {">=": float.__ge__, ">": float.__gt__, "<=": float.__le__, "<": float.__lt__}
@@ -202,7 +204,11 @@ def run(con, query: Query, params: dict | None = None):
         raise TraceError(query.path, "the file has no SQL statement")
     for st in statements[:-1]:
         con.execute(st.query).fetchall()
-    return con.sql(statements[-1].query)
+    # computed once into a temporary table: a relation over the query itself binds it twice (to make the relation,
+    # then to run it), and binding the cost model's formulas (mfu, roofline) takes longer than running them
+    table = f"tracesql_result_{next(_RESULTS)}"
+    con.execute(f"CREATE TEMP TABLE {table} AS {statements[-1].query}")
+    return con.table(table)
 
 
 def _explains_device_time(query: Query) -> bool:

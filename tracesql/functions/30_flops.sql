@@ -1034,19 +1034,30 @@ CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS 
 -- XLA ops (family 'xla') take their FLOPs and bytes from `ops.flops` / `ops.bytes_accessed` (xla_ops) and are
 -- always counted: one row per execution of an HLO op, none inside another.
 CREATE OR REPLACE MACRO op_costs(attention_convention := 'flash') AS TABLE
-WITH costed AS (
-    SELECT run_id, rank, op_id, name, step, pid, tid, ts, dur, op_depth, input_dims, input_types,
-        device_total_ns, profiler_flops,
-        -- XLA ops (program_id set) carry XLA's own FLOPs and bytes (cost analysis, or counted from the HLO)
-        CASE WHEN program_id IS NOT NULL THEN 'xla' ELSE k.family END AS family,
-        CASE WHEN program_id IS NOT NULL THEN profiler_flops
-             ELSE typed_op_flops(k, input_dims, input_types, concrete_inputs, a, attention_convention) END AS op_flops,
-        CASE WHEN program_id IS NOT NULL THEN bytes_accessed
-             ELSE typed_op_bytes(k, input_dims, input_types, concrete_inputs, a) END AS op_bytes,
+WITH signatures AS (
+    -- the formulas once per distinct call (name, shapes, dtypes, scalar arguments: a few hundred in a run of
+    -- millions of ops), joined back to the ops below
+    SELECT name, input_dims, input_types, concrete_inputs, k.family,
+        typed_op_flops(k, input_dims, input_types, concrete_inputs, a, attention_convention) AS op_flops,
+        typed_op_bytes(k, input_dims, input_types, concrete_inputs, a) AS op_bytes,
         op_dtype(input_types) AS dtype
     FROM (SELECT *, op_kind(name, base, family0, a) AS k
           FROM (SELECT *, op_base_family(name, base) AS family0, op_args(input_dims, input_types, concrete_inputs) AS a
-                FROM (SELECT *, flops AS profiler_flops, op_base_name(name) AS base FROM ops)))
+                FROM (SELECT *, op_base_name(name) AS base
+                      FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs FROM ops
+                            WHERE program_id IS NULL))))
+), costed AS (
+    SELECT o.run_id, o.rank, o.op_id, o.name, o.step, o.pid, o.tid, o.ts, o.dur, o.op_depth, o.input_dims,
+        o.input_types, o.device_total_ns, o.flops AS profiler_flops,
+        -- XLA ops (program_id set) carry XLA's own FLOPs and bytes (cost analysis, or counted from the HLO)
+        CASE WHEN o.program_id IS NOT NULL THEN 'xla' ELSE s.family END AS family,
+        CASE WHEN o.program_id IS NOT NULL THEN o.flops ELSE s.op_flops END AS op_flops,
+        CASE WHEN o.program_id IS NOT NULL THEN o.bytes_accessed ELSE s.op_bytes END AS op_bytes,
+        CASE WHEN o.program_id IS NOT NULL THEN op_dtype(o.input_types) ELSE s.dtype END AS dtype
+    FROM ops o
+    LEFT JOIN signatures s ON o.program_id IS NULL AND s.name IS NOT DISTINCT FROM o.name
+     AND s.input_dims IS NOT DISTINCT FROM o.input_dims AND s.input_types IS NOT DISTINCT FROM o.input_types
+     AND s.concrete_inputs IS NOT DISTINCT FROM o.concrete_inputs
 ), formula AS (
     SELECT * FROM costed WHERE op_flops IS NOT NULL AND family NOT IN ('xla', 'view')  -- XLA ops never nest
 ), links AS (

@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import limits
 from ..errors import TraceError, env_number
 
 #: Names a reader looks up by id (string tables, kernel symbols, interned names, track names) are cut to this
@@ -222,21 +223,53 @@ class FileMapping:
 HEAD_BYTES = 1 << 16
 
 
-def read_bytes(path: Path) -> bytes:
-    """The file's content, gunzipped when it is gzip (by magic number, not by name)."""
+def read_bytes(path: Path, most: int | None = None, what: str = "its content") -> bytes:
+    """The file's content, gunzipped when it is gzip (by magic number, not by name). With `most`: content beyond
+    `most` bytes is refused in one line naming the file and --memory-limit (a gzip is inflated a chunk at a time
+    and refused as soon as it passes `most`, so a decompression bomb costs at most `most`)."""
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            gzipped = f.read(2) == b"\x1f\x8b"
+            size = os.fstat(f.fileno()).st_size
+            if most is not None and not gzipped and size > most:
+                raise too_large_to_read_whole(path, what, size, most)
+            f.seek(0)
+            raw = f.read() if most is None or not gzipped else b""
     except OSError as e:
         raise TraceError(path, f"cannot read: {e.strerror or e}") from None
-    if not raw:
+    if not size:
         raise TraceError(path, "empty file")
-    if raw[:2] == b"\x1f\x8b":
-        try:
+    if not gzipped:
+        return raw
+    try:
+        if most is None:
             return gzip.decompress(raw)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-            problem = "truncated gzip" if isinstance(e, EOFError) else f"damaged gzip ({e})"
-            raise TraceError(path, problem) from None
-    return raw
+        out = bytearray()
+        with gzip.open(path, "rb") as src:
+            while chunk := src.read(_INFLATE_CHUNK):
+                out += chunk
+                if len(out) > most:
+                    raise too_large_to_read_whole(path, f"{what} (gzip, inflated so far)", len(out), most)
+        return bytes(out)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        problem = "truncated gzip" if isinstance(e, EOFError) else f"damaged gzip ({e})"
+        raise TraceError(path, problem) from None
+
+
+def whole_read_bytes(ratio: float) -> int:
+    """The most content a reader may read into memory whole when holding it takes `ratio` times its size (the
+    worst case, measured): --memory-limit / ratio."""
+    return int(limits.current().memory_bytes / ratio)
+
+
+class TooLarge(TraceError):
+    """A file refused because holding it would go beyond --memory-limit."""
+
+
+def too_large_to_read_whole(path: Path, what: str, size: int, most: int) -> TooLarge:
+    return TooLarge(path, f"{what} ({size / 2**20:,.1f} MiB) is more than --memory-limit {limits.current().memory} "
+                            f"allows this reader to hold ({most / 2**20:,.1f} MiB; a larger --memory-limit reads "
+                            "more): refused")
 
 
 #: A gzip may always inflate to INFLATE_FREE_BYTES; beyond that, to at most MAX_INFLATE_RATIO times its own size

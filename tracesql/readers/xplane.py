@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import base64
 import json
+from array import array
 import math
 import re
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from ..errors import TraceError
 from . import hlo
+from .common import MAX_NAME_CHARS
 from .proto import messages
 
 FORMAT = "xplane"
@@ -49,6 +52,204 @@ def parse(path: Path, data: bytes):
     except DecodeError as e:
         raise TraceError(path, f"not a valid XPlane protobuf ({e})") from None
     return space
+
+
+#: Holding a parsed XPlane message takes up to HELD_RATIO times its encoded size (measured: 5-6x for real
+#: profiles, up to ~30x for messages of empty events or stats: upb allocates each message whole). Everything the
+#: reader holds for the whole file (the messages but the events: metadata, HLO modules, plane and line headers;
+#: where the events are; the XLA ops and launches it resolves) is charged against --memory-limit, beyond which
+#: the file is refused in one line; the events are parsed a chunk at a time (CHUNK_EVENTS or CHUNK_BYTES).
+HELD_RATIO = 32
+CHUNK_EVENTS = 8192
+CHUNK_BYTES = 1 << 20
+RECORD_BYTES = 512  # a line's or plane's Python objects
+RANGE_BYTES = 64  # a recorded (start, end) of header fields or of a chunk of events
+OP_ROW_BYTES = 4096  # an `xla_ops` row (a dict of ~25 values, its HLO text)
+LAUNCH_BYTES = 24  # a launch's correlation id and XLA op, in arrays and their sorted copies
+
+
+class _Invalid(Exception):
+    pass
+
+
+class _Budget:
+    """What the reader holds for the whole file, charged as it grows: refused beyond --memory-limit."""
+
+    def __init__(self, path: Path):
+        from .. import limits
+
+        self.path, self.most, self.held = path, limits.current().memory_bytes, 0
+
+    def take(self, n: int, what: str = "what an XPlane reader holds for the whole file (metadata, HLO modules, "
+                                       "XLA ops, plane and line headers, kernel launches)") -> None:
+        self.check(n, what)
+        self.held += n
+
+    def check(self, n: int, what: str) -> None:
+        """Refuse what would take `n` bytes more than is held."""
+        from .common import too_large_to_read_whole
+
+        if self.held + n > self.most:
+            raise too_large_to_read_whole(self.path, what, self.held + n, self.most)
+
+
+def _varint(buf, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        result |= (b & 0x7F) << shift
+        pos += 1
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise _Invalid("varint too long")
+
+
+def _field(buf, pos: int, end: int) -> tuple[int, int, int, int]:
+    """(field number, wire type, start of the value, end of the field) of the protobuf field at buf[pos]."""
+    tag, pos = _varint(buf, pos)
+    number, wire = tag >> 3, tag & 7
+    if wire == 0:
+        _, stop = _varint(buf, pos)
+    elif wire == 2:
+        n, pos = _varint(buf, pos)
+        stop = pos + n
+    elif wire in (1, 5):
+        stop = pos + (8 if wire == 1 else 4)
+    else:
+        raise _Invalid(f"wire type {wire}")
+    if number == 0 or stop > end:
+        raise _Invalid("truncated message" if stop > end else "field number 0")
+    return number, wire, pos, stop
+
+
+class _Header:
+    """The fields of a message but its repeated children (a plane's lines, a line's events), as ranges of `buf`
+    (adjacent fields merged), parsed once all is charged."""
+
+    def __init__(self, buf, budget: _Budget):
+        self.buf, self.budget, self.ranges = buf, budget, []
+
+    def add(self, start: int, stop: int) -> None:
+        if self.ranges and self.ranges[-1][1] == start:
+            self.ranges[-1] = (self.ranges[-1][0], stop)
+            self.budget.take((stop - start) * HELD_RATIO)
+        else:
+            self.ranges.append((start, stop))
+            self.budget.take((stop - start) * HELD_RATIO + RANGE_BYTES)
+
+    def parse(self, message):
+        message.ParseFromString(b"".join(self.buf[a:b] for a, b in self.ranges))
+        return message
+
+
+class _Line:
+    """A line's header (the XLine message without its events) and where its events are, in chunks of at most
+    CHUNK_EVENTS events or CHUNK_BYTES (one bigger event alone), parsed a chunk at a time."""
+
+    __slots__ = ("header", "chunks", "_buf", "_path")
+
+    def __init__(self, path: Path, buf, pos: int, end: int, budget: _Budget):
+        self._path, self._buf = path, buf
+        budget.take(RECORD_BYTES)
+        header, chunks, first, count = _Header(buf, budget), [], None, 0
+        while pos < end:
+            if buf[pos] == 0x22:  # field 4 (events), length-delimited: the fast path of nearly every field
+                n = buf[pos + 1]
+                value = pos + 2
+                if n >= 0x80:
+                    n, value = _varint(buf, pos + 1)
+                start, pos = pos, value + n
+                if pos > end:
+                    raise _Invalid("truncated message")
+            else:
+                start = pos
+                number, wire, _, pos = _field(buf, pos, end)
+                if (number, wire) != (4, 2):
+                    header.add(start, pos)
+                    continue
+            if first is None:
+                first = start
+            elif count >= CHUNK_EVENTS or pos - first > CHUNK_BYTES:
+                chunks.append((first, start))
+                budget.take(RANGE_BYTES)
+                first, count = start, 0
+            count += 1
+        if first is not None:
+            chunks.append((first, end))  # header fields among the events are parsed with them, and ignored there
+        chunk = max((b - a for a, b in chunks), default=0)
+        if chunk > CHUNK_BYTES:  # one event bigger than a chunk: parsed alone
+            budget.check(chunk * HELD_RATIO, "one XPlane event, with what the reader holds for the whole file")
+        self.chunks = chunks
+        self.header = header
+
+    def parse(self) -> None:
+        self.header = self.header.parse(messages()["XSpace"]().planes.add().lines.add())
+
+    def __getattr__(self, name):
+        return getattr(self.header, name)
+
+    def event_chunks(self):
+        """The line's events, a chunk at a time (each chunk valid until the next is asked for)."""
+        line = messages()["XSpace"]().planes.add().lines.add()
+        for start, end in self.chunks:
+            try:
+                line.ParseFromString(self._buf[start:end])
+            except DecodeError as e:
+                raise TraceError(self._path, f"not a valid XPlane protobuf ({e})") from None
+            yield line.events
+
+
+class _Plane:
+    """A plane's header (the XPlane message without its lines: metadata, stats) and its lines."""
+
+    __slots__ = ("header", "lines")
+
+    def __init__(self, path: Path, buf, pos: int, end: int, budget: _Budget):
+        budget.take(RECORD_BYTES)
+        self.header, self.lines = _Header(buf, budget), []
+        while pos < end:
+            start = pos
+            number, wire, value, pos = _field(buf, pos, end)
+            if (number, wire) == (3, 2):
+                self.lines.append(_Line(path, buf, value, pos, budget))
+            else:
+                self.header.add(start, pos)
+
+    def parse(self) -> None:
+        self.header = self.header.parse(messages()["XSpace"]().planes.add())
+        for line in self.lines:
+            line.parse()
+
+    def __getattr__(self, name):
+        return getattr(self.header, name)
+
+
+class _Space:
+    """An XSpace read without holding its events: its header (hostnames, errors, warnings) and its planes, each
+    with its metadata parsed and its lines' events left where they are in `buf` (the file, memory-mapped).
+    What is held is charged to `budget` before it is parsed."""
+
+    def __init__(self, path: Path, buf, budget: _Budget):
+        header, self.planes = _Header(buf, budget), []
+        try:
+            pos, end = 0, len(buf)
+            while pos < end:
+                start = pos
+                number, wire, value, pos = _field(buf, pos, end)
+                if (number, wire) == (1, 2):
+                    self.planes.append(_Plane(path, buf, value, pos, budget))
+                else:
+                    header.add(start, pos)
+            self.header = header.parse(messages()["XSpace"]())
+            for plane in self.planes:
+                plane.parse()
+        except (_Invalid, IndexError, DecodeError) as e:
+            raise TraceError(path, f"not a valid XPlane protobuf ({e or 'truncated message'})") from None
+
+    def __getattr__(self, name):
+        return getattr(self.header, name)
 
 
 def _stat_value(plane, stat):
@@ -139,32 +340,37 @@ def _programs(space) -> dict[str, object]:
 
 
 def read(path: Path, threads: int | None = None):
-    from .common import TraceData, mapped_slices, read_bytes
+    from .common import TraceData, mapped_content, mapped_slices
 
-    space = parse(path, read_bytes(path))
-    environment = {p.name: _stats(p, p.stats) for p in space.planes if not p.lines and p.stats}
-    start = environment.get("Task Environment", {}).get("profile_start_time")
-    # A profiler session stores line timestamps relative to its start (profile_start_time, epoch ns); XPlanes
-    # written by other tools hold epoch ns already. Relative ones are far below any epoch-ns start.
-    line_starts = [line.timestamp_ns for p in space.planes for line in p.lines]
-    base = start if isinstance(start, int) and line_starts and max(line_starts) < start else 0
+    budget = _Budget(path)
+    with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch, mapped_content(path, Path(scratch)) as buf:
+        space = _Space(path, buf, budget)
+        environment = {p.name: _stats(p, p.stats) for p in space.planes if not p.lines and p.stats}
+        start = environment.get("Task Environment", {}).get("profile_start_time")
+        # A profiler session stores line timestamps relative to its start (profile_start_time, epoch ns); XPlanes
+        # written by other tools hold epoch ns already. Relative ones are far below any epoch-ns start.
+        line_starts = [line.timestamp_ns for p in space.planes for line in p.lines]
+        base = start if isinstance(start, int) and line_starts and max(line_starts) < start else 0
 
-    programs = _programs(space)
-    op_costs: dict[str, dict] = {}  # program -> op name -> the profile's per-op stats (TPU)
-    for plane in space.planes:
-        if ACCELERATOR_PLANE.match(plane.name):
-            for meta in plane.event_metadata.values():
-                stats = _stats(plane, meta.stats)
-                program = program_key(stats.get("program_id"))
-                if program is not None and "hlo_category" in stats:
-                    op_costs.setdefault(program, {}).setdefault(
-                        meta.display_name or meta.name, {**stats, "long_name": meta.name})
-    op_rows = [row for program, module in programs.items()
-               for row in hlo.op_rows(module, program, op_costs.get(program))]
-    categories = {(r["program_id"], r["name"]): r["category"] for r in op_rows}
+        programs = _programs(space)
+        op_costs: dict[str, dict] = {}  # program -> op name -> the profile's per-op stats (TPU)
+        for plane in space.planes:
+            if ACCELERATOR_PLANE.match(plane.name):
+                for meta in plane.event_metadata.values():
+                    stats = _stats(plane, meta.stats)
+                    program = program_key(stats.get("program_id"))
+                    if program is not None and "hlo_category" in stats:
+                        op_costs.setdefault(program, {}).setdefault(
+                            meta.display_name or meta.name, {**stats, "long_name": meta.name})
+        op_rows = []
+        for program, module in programs.items():
+            rows = hlo.op_rows(module, program, op_costs.get(program))
+            budget.take(len(rows) * OP_ROW_BYTES)
+            op_rows += rows
+        del programs
+        categories = {(r["program_id"], r["name"]): r["category"] for r in op_rows}
 
-    state = _Events(base, categories)
-    with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
+        state = _Events(base, categories, budget)
         # the slices go to a memory-mapped scratch file a batch at a time (it stays mapped once the folder is gone)
         slices = mapped_slices(Path(scratch) / "slices.arrows", state.batches(space))
     if state.total == 0:
@@ -215,19 +421,23 @@ def _json(stats: dict) -> str:
 
 
 class _Events:
-    """The slices of an XSpace's events, as record batches of BATCH rows. An event's row is resolved from its
+    """The slices of an XSpace's events, as record batches of at most BATCH rows and BATCH_TEXT characters of
+    text (names, tracks, args: a row repeats its metadata's, so a batch is cut by their size, not only by its
+    rows). An event's row is resolved from its
     line, its metadata and its own stats; events without stats of their own (most) take the row resolved for
     the first event of their line with the same metadata (and zero or not duration, which a host event's kind
     depends on): each metadata's stats are decoded and written as JSON once per line, not once per event."""
 
     BATCH = 1 << 16
+    BATCH_TEXT = 16 << 20
+    #: a resolved row: these columns, then the characters of its text
     COLUMNS = ("kind", "category", "name", "pid", "tid", "device_id", "stream", "track", "correlation", "args")
 
-    def __init__(self, base: int, categories: dict):
-        self.base, self.categories = base, categories
+    def __init__(self, base: int, categories: dict, budget: _Budget):
+        self.base, self.categories, self.budget = base, categories, budget
         self.total = self.aggregated = 0
         self.devices: list[dict] = []
-        self.launched_op: dict[int, tuple] = {}  # correlation id -> (program, op) of launches that name one
+        self.launches = _Launches()
         self.rows = 0
 
     def batches(self, space):
@@ -237,18 +447,29 @@ class _Events:
 
         from .common import READER_SLICE_TYPES
 
-        resolved, ts, dur = [], [], []
+        resolved, ts, dur, text = [], [], [], 0
         for plane in sorted(space.planes, key=lambda p: p.name != HOST_PLANE):
-            for line, line_resolved, line_ts, line_dur in self._plane(plane):
-                resolved += line_resolved
-                ts += line_ts
-                dur += line_dur
-                while len(ts) >= self.BATCH:
-                    yield self._batch(pa, READER_SLICE_TYPES, resolved[:self.BATCH], ts[:self.BATCH],
-                                      dur[:self.BATCH])
-                    del resolved[:self.BATCH], ts[:self.BATCH], dur[:self.BATCH]
+            for chunk_resolved, chunk_ts, chunk_dur, chunk_text in self._plane(plane):
+                resolved += chunk_resolved
+                ts += chunk_ts
+                dur += chunk_dur
+                text += chunk_text
+                while len(ts) >= self.BATCH or text >= self.BATCH_TEXT:
+                    n, n_text = self._cut(resolved)
+                    yield self._batch(pa, READER_SLICE_TYPES, resolved[:n], ts[:n], dur[:n])
+                    del resolved[:n], ts[:n], dur[:n]
+                    text -= n_text
         if ts:
             yield self._batch(pa, READER_SLICE_TYPES, resolved, ts, dur)
+
+    def _cut(self, resolved) -> tuple[int, int]:
+        """How many of the first rows make a batch (at least one), and their characters of text."""
+        text = 0
+        for n, row in enumerate(resolved[:self.BATCH]):
+            if n and text + row[-1] > self.BATCH_TEXT:
+                return n, text
+            text += row[-1]
+        return min(len(resolved), self.BATCH), text
 
     def _batch(self, pa, types, resolved, ts, dur):
         n = len(ts)
@@ -274,81 +495,124 @@ class _Events:
         metadata = {k: _metadata(plane, m, accelerator is not None, names) for k, m in plane.event_metadata.items()}
         pid = device_id if accelerator else plane_stats.get("process_id", plane.id)
         is_host = plane.name == HOST_PLANE
-        base, categories, launched_op = self.base, self.categories, self.launched_op
+        base, categories, launches = self.base, self.categories, self.launches
+        plane_name = plane.name[:MAX_NAME_CHARS]
         for line in plane.lines:
-            stream_match = STREAM_LINE.match(line.name)
-            family = _LINE_SUFFIX.sub("", line.name)
+            line_name = line.name[:MAX_NAME_CHARS]
+            stream_match = STREAM_LINE.match(line_name)
+            family = _LINE_SUFFIX.sub("", line_name)
             if accelerator:
                 stream = int(stream_match.group(1)) if stream_match else line.id
-                track = f"device {device_id} / " + (f"stream {stream}" if stream_match else line.name)
+                track = f"device {device_id} / " + (f"stream {stream}" if stream_match else line_name)
                 # 'XLA Ops' is the device's op timeline on TPU; on GPU it is derived from the stream kernels,
                 # which are already counted, so it is an annotation there
-                line_kind = "kernel" if stream_match or (line.name == XLA_OPS_LINE and not has_streams) \
+                line_kind = "kernel" if stream_match or (line_name == XLA_OPS_LINE and not has_streams) \
                     else "gpu_annotation"
             else:
-                track = f"{plane.name} / {line.name}"
+                track = f"{plane_name} / {line_name}"
             tid = line.id
             start = base + line.timestamp_ns
             cache: dict[tuple, tuple] = {}
-            rows, ts, dur = [], [], []
-            for event in line.events:
-                if event.WhichOneof("data") == "num_occurrences":
-                    self.aggregated += 1
-                    continue
-                metadata_id, duration_ps = event.metadata_id, event.duration_ps
-                ts.append(start + event.offset_ps // 1000)  # ps -> ns, floored
-                dur.append(duration_ps // 1000)
-                if not event.stats:
-                    key = (metadata_id, duration_ps == 0)
-                    row = cache.get(key)
-                    if row is not None:
-                        rows.append(row)
+            for events in line.event_chunks():
+                rows, ts, dur = [], [], []
+                for event in events:
+                    if event.WhichOneof("data") == "num_occurrences":
+                        self.aggregated += 1
                         continue
-                    own = None
-                else:
-                    key, own = None, _stats(plane, event.stats, names)
-                name, meta_stats, meta_json = metadata.get(metadata_id, (str(metadata_id), {}, None))
-                stats = {**meta_stats, **own} if own else meta_stats
-                event_device, event_stream = (device_id, stream) if accelerator else (None, None)
-                if accelerator:
-                    kind = next((k for s, k in _COPY_STATS.items() if s in stats), line_kind) \
-                        if stream_match else line_kind
-                elif is_host:
-                    kind = _host_kind(name, stats, duration_ps)
-                    if kind == "kernel":
-                        event_device, event_stream = stats["device_ordinal"], line.id
-                else:
-                    kind = "other"
-                step = stats.get("step_num")
-                if kind == "user_annotation" and isinstance(step, int):
-                    # jax.profiler.StepTraceAnnotation: the name normalize recognizes as a step (the
-                    # annotation's own name, 'train', stays in args)
-                    stats = {**stats, "annotation": name}
-                    name, own = f"ProfilerStep#{step}", True
-                correlation = stats.get("correlation_id")
-                correlation = correlation if isinstance(correlation, int) else None
-                op = (program_key(stats.get("program_id")), stats["hlo_op"]) if "hlo_op" in stats \
-                    and kind not in ("gpu_annotation",) else None
-                if op is None and kind == "kernel" and correlation is not None:
-                    op = launched_op.get(correlation)
-                    if op is not None:
-                        stats, own = {**stats, "hlo_op": op[1], "program_id": op[0]}, True
-                elif op is not None:
-                    if kind == "runtime" and correlation is not None:
-                        launched_op[correlation] = op
-                    if stats.get("program_id") != op[0]:
-                        stats, own = {**stats, "program_id": op[0]}, True
-                row = (kind, categories.get(op) or stats.get("hlo_category") or family, name, pid, tid,
-                       event_device, event_stream,
-                       f"device {event_device} / stream {event_stream}" if kind == "kernel" and not accelerator
-                       else track,
-                       correlation,
-                       (_json(stats) if stats else None) if own else meta_json)
-                rows.append(row)
-                if key is not None and correlation is None:  # a launch's correlation is its own: not shared
-                    cache[key] = row
-            self.total += len(line.events)
-            yield line, rows, ts, dur
+                    metadata_id, duration_ps = event.metadata_id, event.duration_ps
+                    ts.append(start + event.offset_ps // 1000)  # ps -> ns, floored
+                    dur.append(duration_ps // 1000)
+                    if not event.stats:
+                        key = (metadata_id, duration_ps == 0)
+                        row = cache.get(key)
+                        if row is not None:
+                            rows.append(row)
+                            continue
+                        own = None
+                    else:
+                        key, own = None, _stats(plane, event.stats, names)
+                    name, meta_stats, meta_json = metadata.get(metadata_id, (str(metadata_id), {}, None))
+                    stats = {**meta_stats, **own} if own else meta_stats
+                    event_device, event_stream = (device_id, stream) if accelerator else (None, None)
+                    if accelerator:
+                        kind = next((k for s, k in _COPY_STATS.items() if s in stats), line_kind) \
+                            if stream_match else line_kind
+                    elif is_host:
+                        kind = _host_kind(name, stats, duration_ps)
+                        if kind == "kernel":
+                            event_device, event_stream = stats["device_ordinal"], line.id
+                    else:
+                        kind = "other"
+                    step = stats.get("step_num")
+                    if kind == "user_annotation" and isinstance(step, int):
+                        # jax.profiler.StepTraceAnnotation: the name normalize recognizes as a step (the
+                        # annotation's own name, 'train', stays in args)
+                        stats = {**stats, "annotation": name}
+                        name, own = f"ProfilerStep#{step}", True
+                    correlation = stats.get("correlation_id")
+                    correlation = correlation if isinstance(correlation, int) else None
+                    op = (program_key(stats.get("program_id")), stats["hlo_op"]) if "hlo_op" in stats \
+                        and kind not in ("gpu_annotation",) else None
+                    if op is None and kind == "kernel" and correlation is not None:
+                        op = launches.get(correlation)
+                        if op is not None:
+                            stats, own = {**stats, "hlo_op": op[1], "program_id": op[0]}, True
+                    elif op is not None:
+                        if kind == "runtime" and correlation is not None:
+                            launches.add(correlation, op)
+                        if stats.get("program_id") != op[0]:
+                            stats, own = {**stats, "program_id": op[0]}, True
+                    category = categories.get(op) or stats.get("hlo_category") or family
+                    row_track = f"device {event_device} / stream {event_stream}" \
+                        if kind == "kernel" and not accelerator else track
+                    args = (_json(stats) if stats else None) if own else meta_json
+                    row = (kind, category, name, pid, tid, event_device, event_stream, row_track, correlation, args,
+                           len(str(category)) + len(name) + len(row_track) + (len(args) if args else 0))
+                    rows.append(row)
+                    if key is not None and correlation is None:  # a launch's correlation is its own: not shared
+                        cache[key] = row
+                self.total += len(events)
+                self.budget.take(launches.added() * LAUNCH_BYTES)
+                yield rows, ts, dur, sum(row[-1] for row in rows)
+
+
+class _Launches:
+    """The XLA op that each kernel launch names (correlation id -> (program, op); the last launch of an id wins),
+    for the kernels whose own stats do not name theirs: in arrays, LAUNCH_BYTES a launch, and the distinct ops."""
+
+    def __init__(self):
+        self._ids, self._ops = array("q"), array("i")
+        self._index: dict[tuple, int] = {}
+        self._distinct: list[tuple] = []
+        self._sorted = None
+        self._counted = 0
+
+    def add(self, correlation: int, op: tuple) -> None:
+        if not -2**63 <= correlation < 2**63:
+            return  # no BIGINT holds it: the launch's row fails to convert anyway
+        i = self._index.get(op)
+        if i is None:
+            i = self._index[op] = len(self._distinct)
+            self._distinct.append(op)
+        self._ids.append(correlation)
+        self._ops.append(i)
+        self._sorted = None
+
+    def get(self, correlation: int) -> tuple | None:
+        if not self._ids or not -2**63 <= correlation < 2**63:
+            return None
+        if self._sorted is None:
+            ids = np.array(self._ids, dtype=np.int64)
+            order = np.argsort(ids, kind="stable")
+            self._sorted = ids[order], np.array(self._ops, dtype=np.int32)[order]
+        ids, ops = self._sorted
+        at = int(np.searchsorted(ids, correlation, side="right")) - 1
+        return self._distinct[ops[at]] if at >= 0 and ids[at] == correlation else None
+
+    def added(self) -> int:
+        """Launches added since the last call."""
+        n, self._counted = len(self._ids) - self._counted, len(self._ids)
+        return n
 
 
 def _metadata(plane, meta, on_device: bool, names: dict | None = None) -> tuple[str, dict, str | None]:
@@ -356,10 +620,10 @@ def _metadata(plane, meta, on_device: bool, names: dict | None = None) -> tuple[
     and displays the op's name: the event takes the short name (the text is in `xla_ops.hlo_text`), its
     program and op name go to args, and the op's own stats stay with the op in `xla_ops`."""
     stats = _stats(plane, meta.stats, names)
-    name = meta.name
+    name = meta.name[:MAX_NAME_CHARS]
     if on_device and meta.display_name and "program_id" in stats:
-        name = meta.display_name
-        stats = {"hlo_op": name, "program_id": program_key(stats["program_id"]),
+        name = meta.display_name[:MAX_NAME_CHARS]
+        stats = {"hlo_op": meta.display_name, "program_id": program_key(stats["program_id"]),
                  **{k: v for k, v in stats.items() if k not in _OP_STATS and k != "program_id"}}
     return name, stats, json.dumps(stats) if stats else None
 
