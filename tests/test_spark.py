@@ -39,19 +39,13 @@ CORPUS_RUNS = {
     "mtia_inference": "hta/tests/data/mtia_inference_trace/mtia_inference_rank_0.json.gz",
     "rocprof_mi350": "tracelens/tests/rocprof/908_results.json.gz",
 }
-# Spark 4.1's optimizer (RemoveRedundantAliases) makes an invalid plan of the range_launches macro (annotations,
-# phases, modules): PLAN_VALIDATION_FAILED_RULE_IN_BATCH. Known, not yet worked around: strict xfail, so the test
-# says when a rewrite of the macro (or a Spark release) fixes it.
-_SPARK_PLAN_BUG = pytest.mark.xfail(strict=True, reason="Spark 4.1 RemoveRedundantAliases: invalid plan for "
-                                                        "range_launches (PLAN_VALIDATION_FAILED_RULE_IN_BATCH)")
-RANGE_QUERIES = ("annotations", "phases", "modules")
-CATALOGUE = [pytest.param(q.name, marks=_SPARK_PLAN_BUG) if q.name in RANGE_QUERIES else q.name
-             for q in queries.catalogue()]
+CATALOGUE = [q.name for q in queries.catalogue()]
 # the code paths that parameters switch on (and that the defaults leave out), each once
 VARIANTS = [
     ("overlap", {"per": "process_group"}),
     ("temporal_breakdown", {"per": "step", "class_scheme": "hta", "analysis_window": "hta", "time_unit_ns": 1000}),
     ("bubbles", {"scope": "device"}),
+    ("bubbles_largest", {"class_scheme": "hta", "analysis_window": "hta", "time_unit_ns": 1000}),
     ("hotspots", {"levels": "kernel_family,op_args", "top": 5}),
     ("memory_ops", {"op_level": "top"}),
     ("memory_curve", {"points": 7}),
@@ -140,9 +134,7 @@ def test_every_query_same_on_spark(spark, fleet, name):
     assert _parity(spark, fleet, name, {}) > 0
 
 
-@pytest.mark.parametrize("name,params", [
-    pytest.param(n, p, id=f"{n}-{'-'.join(p)}", marks=_SPARK_PLAN_BUG if n in RANGE_QUERIES else ())
-    for n, p in VARIANTS])
+@pytest.mark.parametrize("name,params", [pytest.param(n, p, id=f"{n}-{'-'.join(p)}") for n, p in VARIANTS])
 def test_parameter_variants_same_on_spark(spark, fleet, name, params):
     assert _parity(spark, fleet, name, params) > 0
 
@@ -196,6 +188,23 @@ def test_duckdb_semantics_on_spark(spark, expression):
     got = tsp.sql(spark, sql).collect()[0][0]
     got = got.asDict() if hasattr(got, "asDict") else got
     assert _same(_value(duck), _value(got)), f"{expression}: DuckDB {duck!r}, Spark {got!r}"
+
+
+def test_window_over_a_union_of_aliased_columns(spark):
+    """The shape of range_launches (annotations, phases, modules) reduced: a running max_by over a UNION ALL whose
+    sides and select lists carry `t.x AS x` aliases, as qualify() writes them. Spark 4.1's RemoveRedundantAliases
+    made an invalid plan of it (PLAN_VALIDATION_FAILED_RULE_IN_BATCH); the transpiler leaves such aliases out."""
+    sql = ("WITH p AS (SELECT l.a AS a, l.t AS t, 1 AS o, CAST(NULL AS BIGINT) AS r FROM x l UNION ALL "
+           "SELECT h.a AS a, h.t AS t, 0 AS o, h.id AS r FROM x h), w AS (SELECT p.a AS a, p.t AS t, p.o AS o, "
+           "p.r AS r, max_by(p.r, CASE WHEN p.o = 0 THEN p.t END) OVER (PARTITION BY p.a ORDER BY p.t, p.o ROWS UNBOUNDED PRECEDING) AS m "
+           "FROM p) SELECT w.a AS a, w.t AS t, w.m AS m FROM w WHERE w.o = 1 ORDER BY t")
+    rows = [(1, 10, 100), (1, 20, 200), (2, 5, 300)]
+    con = db.connect()
+    con.execute("CREATE TABLE x (a BIGINT, t BIGINT, id BIGINT)")
+    con.executemany("INSERT INTO x VALUES (?, ?, ?)", rows)
+    spark.createDataFrame(rows, "a BIGINT, t BIGINT, id BIGINT").createOrReplaceTempView("x")
+    assert con.sql(sql).fetchall() == [(2, 5, 300), (1, 10, 100), (1, 20, 200)]
+    assert [tuple(r) for r in tsp.sql(spark, sql).collect()] == con.sql(sql).fetchall()
 
 
 def test_untranspilable_query_named_with_reason(spark, fleet, tmp_path):
@@ -290,3 +299,56 @@ def test_cli_ingest_engine_spark(spark, tmp_path):
     assert result.exit_code == 0, result.output
     assert "2 file(s) ingested" in result.output and "2 rank(s)" in result.output
     assert len(tracesql.query("steps", out)) > 0
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> Path:
+    return tracesql.ingest([DATASETS / "torch_gloo_2rank"], tmp_path_factory.mktemp("small") / "run").run
+
+
+@pytest.mark.parametrize("folder", ["exp[1]", "a*", "what?"])
+def test_spark_reads_exactly_the_runs_own_files(spark, small_run, tmp_path, folder):
+    """Runs under glob characters are read, by path and by URI, and only their own files: not the sibling run
+    that `a*` or `what?` would match, nor the files of the `exp1` that `exp[1]` would."""
+    _views_of.clear()
+    run = tmp_path / folder / "run"
+    shutil.copytree(small_run, run)
+    for sibling in ("ab", "whatX", "exp1"):
+        shutil.copytree(small_run, tmp_path / sibling / "run")
+        (tmp_path / sibling / "run" / "slices" / "rank00000-sibling.parquet").write_bytes(b"not parquet")
+    want = engine.connect(run).execute("SELECT count(*), count(DISTINCT run_id) FROM slices").fetchone()
+    assert want == (12103, 1)
+    for target in (run, f"file://{run}", f"file://{tmp_path / folder}"):
+        session = tsp.connect(target, spark=spark)
+        assert tuple(session.sql("SELECT count(*), count(DISTINCT run_id) FROM slices").first()) == want, target
+        assert len(session.table("slices").inputFiles()) == 2, target
+
+
+@pytest.mark.parametrize("damage", ["missing", "extra", "resized"])
+def test_spark_refuses_a_run_whose_parts_are_not_the_manifests(spark, small_run, tmp_path, damage):
+    """The DuckDB engine's check and one-line message, for a local run and (the same problem) a run named by a
+    URI, listed through Spark's file system."""
+    _views_of.clear()
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    part = sorted((run / "slices").glob("*.parquet"))[0]
+    if damage == "missing":
+        part.unlink()
+    elif damage == "extra":
+        shutil.copy(part, run / "slices" / "rank00000-foreign.parquet")
+    else:
+        part.write_bytes(part.read_bytes() + b"\0")
+    with pytest.raises(TraceError) as duck:
+        engine.connect(run)
+    with pytest.raises(TraceError) as local:
+        tsp.connect(run, spark=spark)
+    assert str(local.value) == str(duck.value)
+    with pytest.raises(TraceError) as uri:
+        tsp.connect(f"file://{tmp_path}", spark=spark)  # a fleet of the one run
+    assert (uri.value.path, uri.value.problem) == (f"file://{duck.value.path}", duck.value.problem)
+    expected = {"missing": "missing: the run's manifest lists it", "extra": "not part of the run",
+                "resized": "changed: "}[damage]
+    assert duck.value.problem.startswith(expected)
+    assert duck.value.path == str(run / "slices" / ("rank00000-foreign.parquet" if damage == "extra" else part.name))
+    result = CliRunner().invoke(main, ["query", "steps", str(run), "--engine", "spark"])
+    assert (result.exit_code, result.output) == (1, f"Error: {duck.value}\n")

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from .errors import TraceError
 
@@ -75,54 +77,105 @@ def _is_uri(target) -> bool:
     return "://" in str(target)
 
 
-def find_runs(spark, target) -> list[str]:
-    """The run folders at `target` (a run, or a folder of runs) on any file system Spark reads (s3a://, hdfs://,
-    file://), each checked for its schema version."""
-    from pyspark.errors import AnalysisException
+_HADOOP_GLOB = re.compile(r"([\\*?\[\]{}])")
 
+
+def exact_path(path: str) -> str:
+    """`path` as Spark reads exactly that file: Spark expands Hadoop glob patterns (`*`, `?`, `[...]`, `{a,b}`)
+    in the paths it is given, so each such character (and the escape, `\\`) is escaped with a backslash. (Spark's
+    internal switch that turns globbing off reads each file twice when two files of one folder are named, in
+    Spark 4.1.4.)"""
+    return _HADOOP_GLOB.sub(r"\\\1", path)
+
+
+def _hadoop_files(spark, target: str) -> dict[str, int]:
+    """Every file under the folder `target` (a URI), relative to it, with its size: one recursive listing by
+    Spark's file system (on object storage a LIST request per thousand files), never a glob. Hidden folders (an
+    ingest's staging) are left out, as the DuckDB engine leaves them out."""
+    jvm = spark._jvm
+    folder = jvm.org.apache.hadoop.fs.Path(target)
+    fs = folder.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(folder):
+        return {}
+    base = fs.makeQualified(folder).toUri().getPath().rstrip("/") + "/"
+    found, files = {}, fs.listFiles(folder, True)
+    while files.hasNext():
+        status = files.next()
+        rel = status.getPath().toUri().getPath()[len(base):]
+        if not any(part.startswith(".") for part in rel.split("/")):
+            found[rel] = status.getLen()
+    return found
+
+
+def find_runs(spark, target) -> dict[str, list[str]]:
+    """The runs at `target` (a run, or a folder of runs; a URI on any file system Spark reads: s3a://, hdfs://,
+    file://), each checked for its schema version and for holding exactly the Parquet files its manifest lists
+    (the check `tracesql.connect` makes, with its messages): run -> its files, `table/file.parquet`."""
     target = str(target).rstrip("/")
-    for pattern in (f"{target}/{store.MANIFEST}", f"{target}/*/{store.MANIFEST}"):
-        try:
-            rows = (spark.read.text(pattern, wholetext=True)
-                    .selectExpr("_metadata.file_path AS path", "value").collect())
-        except AnalysisException:
-            continue
-        if rows:
-            runs = []
-            for row in sorted(rows, key=lambda r: r.path):
-                run = row.path.rsplit("/", 1)[0]
-                store.check_manifest(_parse_manifest(run, row.value), run)
-                runs.append(run)
-            return runs
-    raise TraceError(target, f"no tracesql run here ({store.MANIFEST} in it or in its subfolders)")
+    listing = _hadoop_files(spark, target)
+    if store.MANIFEST in listing:
+        found = {"": listing}
+    else:
+        found = {}
+        for rel, size in listing.items():
+            run, _, inside = rel.partition("/")
+            found.setdefault(run, {})[inside] = size
+        found = {run: files for run, files in found.items() if store.MANIFEST in files}
+    if not found:
+        raise TraceError(target, f"no tracesql run here ({store.MANIFEST} in it or in its subfolders)")
+    runs = {run: f"{target}/{run}" if run else target for run in sorted(found)}
+    manifests = {}
+    for row in (spark.read.text([exact_path(f"{r}/{store.MANIFEST}") for r in runs.values()], wholetext=True)
+                .selectExpr("_metadata.file_path AS path", "value").collect()):
+        manifests[unquote(urlparse(row.path).path).rsplit("/", 2)[-2]] = row.value  # the run's folder name
+    out = {}
+    for run, uri in runs.items():
+        name = uri.rsplit("/", 1)[-1]
+        if name not in manifests:  # removed since the listing
+            raise TraceError(f"{uri}/{store.MANIFEST}", "missing: the run's manifest vanished while it was read")
+        manifest = store.check_manifest(_parse_manifest(uri, manifests[name]), uri)
+        tables = {rel: size for rel, size in found[run].items()
+                  if rel.split("/")[0] in schema.TABLES and rel.count("/") == 1 and rel.endswith(".parquet")}
+        out[uri] = store.files_of(uri, manifest, tables)
+    return out
 
 
 def _parse_manifest(run: str, text: str) -> dict:
     try:
-        return json.loads(text)
+        manifest = json.loads(text)
+        if not isinstance(manifest, dict):
+            raise ValueError("the manifest is not a JSON object")
     except ValueError as e:
         raise TraceError(run, f"not a readable tracesql run ({e})") from None
+    return manifest
 
 
-def run_paths(spark, target) -> list[str]:
-    """Where the runs of `target` are, as paths Spark reads: URIs as they are; local runs, fleets and raw traces
-    (ingested into the cache) as DuckDB resolves them."""
+def run_files(spark, target) -> dict[str, list[str]]:
+    """The runs of `target` and the Parquet files of each (`table/file.parquet`), as their manifests list them
+    and after checking that the folders hold exactly those files: URIs through Spark's file system; local runs,
+    fleets and raw traces (ingested into the cache) as `tracesql.connect` opens them, with its one-line errors.
+    A run is a URI, or a local path as a `file://` URI."""
     if isinstance(target, (list, tuple)):  # several targets read as one fleet (as `tracesql diff` does)
-        return list(dict.fromkeys(run for t in target for run in run_paths(spark, t)))
+        return {run: files for t in target for run, files in run_files(spark, t).items()}
     if _is_uri(target):
         return find_runs(spark, target)
-    runs = engine.resolve(target)
-    for run in runs:
-        store.load_manifest(run)
-    return [run.absolute().as_uri() for run in runs]
+    out = {}
+    for run in engine.resolve(target):
+        run = run.absolute()
+        out[f"file://{run}"] = store.files_of(run, store.load_manifest(run))
+    return out
 
 
-def register_tables(spark, runs: list[str]) -> None:
-    """Each table of `runs` as a temporary view over its Parquet files, typed by the schema (so that every run
-    and every part reads alike), plus kernel_classes and device_peaks from functions/."""
+def register_tables(spark, runs: dict[str, list[str]]) -> None:
+    """Each table of `runs` (run -> its files, as `run_files` gives them) as a temporary view over exactly those
+    Parquet files, typed by the schema (so that every run and every part reads alike, and a column that an older
+    run lacks reads as NULL), plus kernel_classes and device_peaks from functions/."""
     for name, table in schema.TABLES.items():
         ddl = table_ddl({c.name: c.type for c in table.columns})
-        spark.read.schema(ddl).parquet(*[f"{run}/{name}" for run in runs]).createOrReplaceTempView(name)
+        paths = [exact_path(f"{run}/{rel}") for run, files in runs.items() for rel in files
+                 if rel.split("/")[0] == name]
+        df = spark.read.schema(ddl).parquet(*paths) if paths else spark.createDataFrame([], ddl)
+        df.createOrReplaceTempView(name)
     con = db.connect()
     for name, columns in transpile.data_tables().items():
         con.execute(functions.csv_table_sql(functions.HERE / f"{name}.csv")).fetchall()
@@ -179,7 +232,7 @@ def connect(target, *, spark=None, master: str | None = None):
     spark = spark or session(master)
     # DuckDB semantics: a failed cast or a division by zero is NULL, not an error
     spark.conf.set("spark.sql.ansi.enabled", "false")
-    register_tables(spark, run_paths(spark, target))
+    register_tables(spark, run_files(spark, target))
     register_functions(spark)
     return spark
 

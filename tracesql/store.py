@@ -260,30 +260,36 @@ def describe_files(run: Path, known: dict | None = None) -> dict[str, dict]:
     return files
 
 
-def files_of(run: Path, manifest: dict) -> list[str]:
+def files_of(run, manifest: dict, found: dict[str, int] | None = None) -> list[str]:
     """The run's Parquet files (`table/file.parquet`) as its manifest lists them, after checking that the folder
     holds exactly those, each of its recorded size: otherwise a TraceError naming the first file that differs.
-    A run written before manifests listed files gets its files as found."""
+    A run written before manifests listed files gets its files as found. `found`: the Parquet files in the run's
+    table folders with their sizes, as another file system listed them (Spark's, for a run named by a URI);
+    by default the local folder `run` is listed."""
     listed = manifest.get("files")
-    found = parquet_files(run)
+    if found is None:
+        found = {}
+        for rel in parquet_files(run):
+            with contextlib.suppress(FileNotFoundError):  # gone since the listing: missing, as if never there
+                found[rel] = (run / rel).stat().st_size
     if listed is None:
-        return found
+        return sorted(found)
     if not isinstance(listed, dict):
-        raise TraceError(run / MANIFEST, "damaged manifest: 'files' is not an object; re-ingest the traces")
+        raise TraceError(f"{run}/{MANIFEST}", "damaged manifest: 'files' is not an object; re-ingest the traces")
     for rel in sorted(listed):
         entry = listed[rel]
-        path = run / rel
-        if not path.is_file():
+        path = f"{run}/{rel}"  # a local path or a URI
+        if rel not in found:
             raise TraceError(path, "missing: the run's manifest lists it (a damaged run: re-ingest the traces)")
         size = entry.get("size") if isinstance(entry, dict) else None
-        if path.stat().st_size != size:
-            raise TraceError(path, f"changed: {path.stat().st_size:,} bytes where the run's manifest records "
+        if found[rel] != size:
+            raise TraceError(path, f"changed: {found[rel]:,} bytes where the run's manifest records "
                                    f"{size:,} (a damaged run: re-ingest the traces)" if isinstance(size, int) else
                                    "damaged manifest entry (re-ingest the traces)")
     extra = sorted(set(found) - set(listed))
     if extra:
-        raise TraceError(run / extra[0], "not part of the run: its manifest does not list it (remove it, or "
-                                         "re-ingest the traces)")
+        raise TraceError(f"{run}/{extra[0]}", "not part of the run: its manifest does not list it (remove it, or "
+                                              "re-ingest the traces)")
     return sorted(listed)
 
 

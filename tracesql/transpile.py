@@ -445,6 +445,20 @@ def _positional_names(union: exp.Union) -> None:
                   [exp.alias_(e.unalias(), name) for e, name in zip(right.expressions, left.named_selects)])
 
 
+def _drop_redundant_aliases(tree: exp.Expr) -> exp.Expr:
+    """`t.x AS x` becomes `t.x` (the same column name). qualify() writes the alias on every column; Spark 4.1's
+    optimizer (RemoveRedundantAliases) then makes an invalid plan of a window over a UNION ALL whose sides and
+    select lists all carry such aliases — PLAN_VALIDATION_FAILED_RULE_IN_BATCH for range_launches, as small as
+    `WITH p AS (SELECT l.a AS a, l.t AS t, 1 AS o, CAST(NULL AS BIGINT) AS r FROM x l UNION ALL SELECT h.a AS a,
+    h.t AS t, 0 AS o, h.id AS r FROM x h), w AS (SELECT p.a AS a, p.t AS t, p.o AS o, p.r AS r, max_by(p.r, p.t)
+    OVER (PARTITION BY p.a ORDER BY p.t ROWS UNBOUNDED PRECEDING) AS m FROM p) SELECT w.a AS a, w.m AS m FROM w
+    WHERE w.o = 1`."""
+    for alias in list(tree.find_all(exp.Alias)):
+        if isinstance(alias.this, exp.Column) and alias.this.name == alias.alias and isinstance(alias.parent, exp.Select):
+            alias.replace(alias.this)
+    return tree
+
+
 def _nested_explode(node: exp.Explode) -> exp.Expr | None:
     """f(unnest(xs)) in a select list: Spark only takes a generator at the top, so f goes inside:
     unnest(transform(xs, x -> f(x)))."""
@@ -655,6 +669,6 @@ def to_spark(sql: str, variables: dict[str, str] | None = None) -> list[str]:
         with _quiet_sqlglot():  # it logs a warning for each UNPIVOT it cannot look into; the star stays for Spark
             tree = qualify(tree, schema=table_schema(), dialect=READ, validate_qualify_columns=False,
                            quote_identifiers=False, identify=False)
-        tree = spark_semantics(tree)
+        tree = _drop_redundant_aliases(spark_semantics(tree))
         out.append(tree.sql(WRITE, comments=False))
     return out
