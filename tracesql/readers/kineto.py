@@ -237,7 +237,9 @@ _Trailing = object  # fields after the array (Kineto: a list of log lines; Chrom
 def whole_read_bytes() -> int:
     """The largest document read into memory whole (when the streaming path cannot read it): reading it takes
     about twice its size, so half of --memory-limit (at least 16 MiB)."""
-    return max(16 << 20, limits.current().memory_bytes // 2)
+    from . import common
+
+    return max(16 << 20, common.whole_read_bytes(2))
 
 
 def _too_large_to_read_whole(path: Path, size: int, why: str) -> TraceError:

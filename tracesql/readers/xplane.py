@@ -124,6 +124,17 @@ def _field(buf, pos: int, end: int) -> tuple[int, int, int, int]:
     return number, wire, pos, stop
 
 
+def _submessages(buf, pos: int, end: int, number: int, header):
+    """(start, end) of each length-delimited field `number` in buf[pos:end]; every other field goes to `header`."""
+    while pos < end:
+        start = pos
+        found, wire, value, pos = _field(buf, pos, end)
+        if (found, wire) == (number, 2):
+            yield value, pos
+        else:
+            header.add(start, pos)
+
+
 class _Header:
     """The fields of a message but its repeated children (a plane's lines, a line's events), as ranges of `buf`
     (adjacent fields merged), parsed once all is charged."""
@@ -208,14 +219,8 @@ class _Plane:
 
     def __init__(self, path: Path, buf, pos: int, end: int, budget: _Budget):
         budget.take(RECORD_BYTES)
-        self.header, self.lines = _Header(buf, budget), []
-        while pos < end:
-            start = pos
-            number, wire, value, pos = _field(buf, pos, end)
-            if (number, wire) == (3, 2):
-                self.lines.append(_Line(path, buf, value, pos, budget))
-            else:
-                self.header.add(start, pos)
+        self.header = _Header(buf, budget)
+        self.lines = [_Line(path, buf, a, b, budget) for a, b in _submessages(buf, pos, end, 3, self.header)]
 
     def parse(self) -> None:
         self.header = self.header.parse(messages()["XSpace"]().planes.add())
@@ -232,16 +237,9 @@ class _Space:
     What is held is charged to `budget` before it is parsed."""
 
     def __init__(self, path: Path, buf, budget: _Budget):
-        header, self.planes = _Header(buf, budget), []
+        header = _Header(buf, budget)
         try:
-            pos, end = 0, len(buf)
-            while pos < end:
-                start = pos
-                number, wire, value, pos = _field(buf, pos, end)
-                if (number, wire) == (1, 2):
-                    self.planes.append(_Plane(path, buf, value, pos, budget))
-                else:
-                    header.add(start, pos)
+            self.planes = [_Plane(path, buf, a, b, budget) for a, b in _submessages(buf, 0, len(buf), 1, header)]
             self.header = header.parse(messages()["XSpace"]())
             for plane in self.planes:
                 plane.parse()
