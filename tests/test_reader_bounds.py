@@ -129,9 +129,9 @@ def test_xplane_metadata_beyond_the_limit_is_refused(tmp_path):
 def test_ascend_streams_a_trace_far_beyond_what_it_could_hold(tmp_path):
     """A 104 MiB trace_view.json (200,000 tasks named by 150 characters, each with its torch_to_npu flow, and a
     malformed event every 1,000 tasks) is read an event at a time in two walks: at --memory-limit 256MB it ingests
-    within the bound (before: refused beyond 7 MiB at this limit, and read whole it took ~1.3 GB), every task and
-    its launch a slice, the malformed events counted; what it holds for the whole file (the flows: ~51 MB charged)
-    is refused in one line when the limit is below it."""
+    within the bound (before: refused beyond 6.8 MiB at this limit), every task and its launch a slice, the
+    malformed events counted; what it holds for the whole file (the flows: 98 MiB charged) is refused in one line
+    when the limit is below it."""
     trace = ascend_trace(tmp_path / "rank0_ascend_pt", 200_000, huge=150, flows=True, malformed=1000)
     assert trace.stat().st_size > 100 << 20
     m = peak_ingest_memory(trace, tmp_path / "run", f"{LIMIT_MB}MB")

@@ -25,6 +25,9 @@ kernels on the HCCL stream (their hardware and plane tasks as `gpu_annotation`: 
 the group, size and dtype from communication.json; Overlap Analysis lanes as kind 'other' (kept to compare with,
 not device work). `kernel_details.csv` adds each task's shapes, formats and core type to its args;
 `step_trace_time.csv` is kept in `ranks.metadata` (torch_npu's own per-step overlap figures).
+
+trace_view.json is streamed (`read`): memory does not grow with its size, only with what is held for the whole
+file (names, flows, companions), which is charged against --memory-limit.
 """
 
 from __future__ import annotations
