@@ -410,22 +410,22 @@ def _table(con, name: str, sql: str, params: dict | None = None) -> pa.Table:
 OPS_SQL = f"""
 SELECT s.run_id, s.rank, s.slice_id AS op_id, s.name, s.ts, s.dur, x.self_dur, s.pid, s.tid,
     s.op_id AS parent_op_id, x.op_depth, s.step, s.external_id,
-    TRY_CAST(json_extract_string(s.args, '$."Sequence number"') AS BIGINT) AS sequence_number,
-    TRY_CAST(json_extract_string(s.args, '$."Fwd thread id"') AS BIGINT) AS fwd_thread_id,
+    TRY_CAST(s.a[1] ->> '$' AS BIGINT) AS sequence_number, TRY_CAST(s.a[2] ->> '$' AS BIGINT) AS fwd_thread_id,
     fl.fwd_slice_id AS fwd_op_id,
-    list_transform(TRY_CAST(json_extract(s.args, '$."Input Dims"') AS JSON[]),
-                   lambda d: TRY_CAST(d AS BIGINT[])) AS input_dims,
-    TRY_CAST(json_extract(s.args, '$."Input type"') AS VARCHAR[]) AS input_types,
-    list_transform(TRY_CAST(json_extract(s.args, '$."Input Strides"') AS JSON[]),
-                   lambda d: TRY_CAST(d AS BIGINT[])) AS input_strides,
-    TRY_CAST(json_extract(s.args, '$."Concrete Inputs"') AS VARCHAR[]) AS concrete_inputs,
-    TRY_CAST(json_extract_string(s.args, '$.flops') AS DOUBLE) AS flops,
+    list_transform(TRY_CAST(s.a[3] AS JSON[]), lambda d: TRY_CAST(d AS BIGINT[])) AS input_dims,
+    TRY_CAST(s.a[4] AS VARCHAR[]) AS input_types,
+    list_transform(TRY_CAST(s.a[5] AS JSON[]), lambda d: TRY_CAST(d AS BIGINT[])) AS input_strides,
+    TRY_CAST(s.a[6] AS VARCHAR[]) AS concrete_inputs,
+    TRY_CAST(s.a[7] ->> '$' AS DOUBLE) AS flops,
     NULL AS bytes_accessed, NULL AS program_id,
     x.kernel_count, x.device_self_ns, x.kernel_count_total, x.device_total_ns
-FROM slices s
+FROM (  -- the op's args fields, from one parse of them
+    SELECT *, json_extract(args, ['$."Sequence number"', '$."Fwd thread id"', '$."Input Dims"', '$."Input type"',
+                                  '$."Input Strides"', '$."Concrete Inputs"', '$.flops']) AS a
+    FROM slices WHERE kind = 'cpu_op'
+) s
 JOIN extra x USING (slice_id)  -- (an op's own op_id is the op enclosing it)
 LEFT JOIN fwd_links fl ON fl.slice_id = s.slice_id
-WHERE s.kind = 'cpu_op'
 UNION ALL BY NAME
 -- XLA ops: one row per execution (xla_exec), with its HLO op's operands and costs from xla_ops
 SELECT s.run_id, s.rank, e.op_id, e.name, e.ts, e.dur, e.dur AS self_dur, s.pid, s.tid, NULL AS parent_op_id,
