@@ -573,6 +573,11 @@ CREATE OR REPLACE MACRO thread_label(p, t) AS
 -- µs as double -> integer ns, rounding the fraction on its own so epoch-scale values keep the ns
 CREATE OR REPLACE MACRO us_to_ns(us) AS
     CAST(floor(us) AS BIGINT) * 1000 + CAST(round_even((us - floor(us)) * 1000, 0) AS BIGINT);
+-- each distinct (pid, tid) of the kept events once, not each event: its lane ids and its name as a host track
+CREATE OR REPLACE TABLE kept_lanes AS
+    SELECT pid, tid, pid_id, tid_id, process_label(pid_id) || ' / ' || thread_label(pid_id, tid_id) AS host_track
+    FROM (SELECT pid, tid, lane_id(pid, 'pid_label_id') AS pid_id, lane_id(tid, 'tid_label_id') AS tid_id
+          FROM (SELECT DISTINCT pid, tid FROM kept));
 """
 _DIALECT = f"""
 SELECT CASE
@@ -606,8 +611,9 @@ CASE WHEN e.name = '[memory]' THEN 'memory'
          ELSE 'user_annotation' END
      ELSE COALESCE(getvariable('category_kind')[lower(e.cat)], 'user_annotation')
 END"""
-# One pass over the kept events with no join and no sort, so the result streams out in batches: the small lookups
-# are maps held in variables. Rows may come out of order; slice_id (the event's index in traceEvents) says which.
+# One pass over the kept events with no sort, so the result streams out in batches: the small lookups are maps
+# held in variables, or the small table of lanes (joined, on its side of a hash join). Rows may come out of
+# order; slice_id (the event's index in traceEvents) says which.
 # Kineto puts a device event's device in pid and its stream in tid, unless args say otherwise.
 _SLICES = f"""
 SELECT t.idx AS slice_id, t.kind, t.cat AS category,
@@ -620,7 +626,7 @@ SELECT t.idx AS slice_id, t.kind, t.cat AS category,
     CASE WHEN t.on_device THEN COALESCE(TRY_CAST(t.lane_device AS INTEGER), -2147483648) END AS device_id,
     CASE WHEN t.on_device THEN t.lane_stream END AS stream,
     CASE WHEN t.on_device THEN 'device ' || t.lane_device || ' / stream ' || t.lane_stream
-         ELSE process_label(t.pid_id) || ' / ' || thread_label(t.pid_id, t.tid_id) END AS track,
+         ELSE t.host_track END AS track,
     COALESCE(TRY_CAST(t.links[3] AS BIGINT), TRY_CAST(t.links[5] AS BIGINT)) AS correlation,
     TRY_CAST(t.links[4] AS BIGINT) AS external_id,
     CASE WHEN t.step_num IS NOT NULL THEN json_merge_patch(t.args, json_object('annotation', t.name))
@@ -635,10 +641,10 @@ FROM (
   FROM (
     SELECT *, {_KIND} AS kind
     FROM (
-      SELECT k.*, lane_id(k.pid, 'pid_label_id') AS pid_id, lane_id(k.tid, 'tid_label_id') AS tid_id,
+      SELECT k.*, l.pid_id, l.tid_id, l.host_track,
           json_extract_string(k.args, ['$.device', '$.stream', '$.correlation', '$."External id"',
                                        '$.correlation_id', '$.device_ordinal', '$.step_num']) AS links
-      FROM kept k
+      FROM kept k JOIN kept_lanes l ON k.pid IS NOT DISTINCT FROM l.pid AND k.tid IS NOT DISTINCT FROM l.tid
     ) e
   )
 ) t
