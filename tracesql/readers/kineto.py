@@ -520,17 +520,21 @@ _device_kinds = sql_list(DEVICE_KINDS)
 # appearance; process/thread names come from the first process_name/thread_name metadata event.
 _LOOKUPS = f"""
 CREATE OR REPLACE VIEW kept AS SELECT * FROM events WHERE {_KEEP} UNION ALL BY NAME SELECT * FROM paired;
-CREATE OR REPLACE VIEW lanes AS
-    SELECT idx, pid, tid FROM kept
-    UNION ALL SELECT idx, pid, tid FROM events WHERE NOT malformed AND ph = '{COUNTER_PHASE}' AND {_ts_ok};
+-- each distinct (pid, tid) of the events with a lane (kept ones and counters): where it first appears, and
+-- whether kept events have it; the lookups below read these few rows, not the events
+CREATE OR REPLACE TABLE lanes AS
+    SELECT pid, tid, min(idx) AS first, bool_or(kept) AS kept
+    FROM (SELECT idx, pid, tid, true AS kept FROM kept
+          UNION ALL SELECT idx, pid, tid, false FROM events WHERE NOT malformed AND ph = '{COUNTER_PHASE}' AND {_ts_ok})
+    GROUP BY pid, tid;
 CREATE OR REPLACE TABLE category_kinds AS SELECT * FROM (VALUES {_category_kinds}) t(cat, kind);
 CREATE OR REPLACE TABLE name_kinds AS SELECT * FROM (VALUES {_name_kinds}) t(cat, name, kind);
 CREATE OR REPLACE TABLE labels AS
     WITH firsts AS (
-        SELECT 0 AS col, COALESCE(json_extract_string(pid, '$'), 'None') AS label, min(idx) AS first
+        SELECT 0 AS col, COALESCE(json_extract_string(pid, '$'), 'None') AS label, min(first) AS first
         FROM lanes WHERE TRY_CAST(pid AS BIGINT) IS NULL GROUP BY 2
         UNION ALL
-        SELECT 1, COALESCE(json_extract_string(tid, '$'), 'None'), min(idx)
+        SELECT 1, COALESCE(json_extract_string(tid, '$'), 'None'), min(first)
         FROM lanes WHERE TRY_CAST(tid AS BIGINT) IS NULL GROUP BY 2
     )
     SELECT col, label, -row_number() OVER (ORDER BY col, first) AS id FROM firsts;
@@ -573,11 +577,11 @@ CREATE OR REPLACE MACRO thread_label(p, t) AS
 -- µs as double -> integer ns, rounding the fraction on its own so epoch-scale values keep the ns
 CREATE OR REPLACE MACRO us_to_ns(us) AS
     CAST(floor(us) AS BIGINT) * 1000 + CAST(round_even((us - floor(us)) * 1000, 0) AS BIGINT);
--- each distinct (pid, tid) of the kept events once, not each event: its lane ids and its name as a host track
+-- the kept events' lanes, each once (not each event): its lane ids and its name as a host track
 CREATE OR REPLACE TABLE kept_lanes AS
     SELECT pid, tid, pid_id, tid_id, process_label(pid_id) || ' / ' || thread_label(pid_id, tid_id) AS host_track
     FROM (SELECT pid, tid, lane_id(pid, 'pid_label_id') AS pid_id, lane_id(tid, 'tid_label_id') AS tid_id
-          FROM (SELECT DISTINCT pid, tid FROM kept));
+          FROM lanes WHERE kept);
 """
 _DIALECT = f"""
 SELECT CASE
