@@ -253,10 +253,10 @@ WITH work AS (
     FROM read_slices d JOIN links l USING (slice_id)
     WHERE d.kind IN ({sql_list(DEVICE_TIME_KINDS)})  -- work (GPU annotations are ranges around it: by time)
 ), around AS (
-    SELECT *,
-        max(CASE WHEN launched THEN n END) OVER (PARTITION BY device_id, stream ORDER BY n
+    SELECT *,  -- (n grows along the stream: the nearest launched row before or after, without a max over frames)
+        last_value(CASE WHEN launched THEN n END IGNORE NULLS) OVER (PARTITION BY device_id, stream ORDER BY n
             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_n,
-        min(CASE WHEN launched THEN n END) OVER (PARTITION BY device_id, stream ORDER BY n
+        first_value(CASE WHEN launched THEN n END IGNORE NULLS) OVER (PARTITION BY device_id, stream ORDER BY n
             ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_n
     FROM work
 ), first_step AS (
