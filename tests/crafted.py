@@ -172,19 +172,29 @@ def xplane_trace(path: Path, events: int, huge: int = HUGE) -> Path:
     return path
 
 
-def ascend_trace(folder: Path, events: int, huge: int = 10) -> Path:
+def ascend_trace(folder: Path, events: int, huge: int = 10, flows: bool = False, malformed: int = 0) -> Path:
     """A torch_npu export's ASCEND_PROFILER_OUTPUT/trace_view.json: `events` AI_CORE tasks on one NPU stream, each
-    named by `huge` characters (JSON repeats a name in every event), written streaming."""
+    named by `huge` characters (JSON repeats a name in every event), written streaming; with `flows`, each task's
+    torch_to_npu flow from a Python thread (its start, then its end); every `malformed`-th task (when not 0) is
+    followed by an event whose pid is text."""
     path = folder / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    pid = 3096504 << 10 | 1 << 5  # host pid << 10 | sort index << 5 | device 0
+    host, pid = 3096504, 3096504 << 10 | 1 << 5  # device: host pid << 10 | sort index << 5 | device 0
     with open(path, "w") as f:
         f.write(json.dumps([{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                             "args": {"name": "Ascend Hardware"}}])[:-1])
+                             "args": {"name": "Ascend Hardware"}},
+                            {"ph": "M", "name": "process_name", "pid": host, "tid": 0, "args": {"name": "Python"}}])[:-1])
         name = "k" * huge
         for i in range(events):
-            f.write(f',{{"ph":"X","name":"{name}","pid":{pid},"tid":7,"ts":"{1736408883688177 + i}.930",'
+            ts = f"{1736408883688177 + i}.930"
+            if flows:
+                f.write(f',{{"ph":"s","cat":"async_npu","name":"torch_to_npu","id":{i},"pid":{host},"tid":{host},'
+                        f'"ts":"{1736408883688177 + i}.100"}},{{"ph":"f","cat":"async_npu","name":"torch_to_npu",'
+                        f'"id":{i},"pid":{pid},"tid":7,"ts":"{ts}","bp":"e"}}')
+            f.write(f',{{"ph":"X","name":"{name}","pid":{pid},"tid":7,"ts":"{ts}",'
                     f'"dur":0.5,"args":{{"Task Type":"AI_CORE","Physic Stream Id":7,"Task Id":{i}}}}}')
+            if malformed and i % malformed == 0:
+                f.write(',{"ph":"X","pid":"abc","tid":7}')
         f.write("]")
     return path
 

@@ -13,4 +13,4 @@ def test_bench_readers_smoke_runs():
                           "--memory-limit", "256MB"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert [row.split("|")[1].strip() for row in rows] == ["nsys", "rocprof", "perfetto", "xplane"]
+    assert [row.split("|")[1].strip() for row in rows] == ["nsys", "rocprof", "perfetto", "xplane", "ascend"]

@@ -79,6 +79,7 @@ def test_nsys_non_integer_times_are_skipped_and_counted(tmp_path):
 @pytest.mark.parametrize("suffix, make, padding", [
     (".perfetto-trace.gz", lambda p: perfetto_trace(p, 10, huge=10), b"\x0a\x00"),  # empty packets
     ("_results.json.gz", lambda p: rocprof_trace(p, 10, huge=10), b" "),  # whitespace after the document
+    ("trace_view.json.gz", lambda p: ascend_trace(p.parent / "plain_ascend_pt", 10), b" "),
 ])
 def test_decompression_bomb_is_refused(suffix, make, padding, tmp_path, monkeypatch):
     """A gzip that inflates beyond the cap (1 GiB or 100x its size; lowered here) is refused in one line before
@@ -125,41 +126,34 @@ def test_xplane_metadata_beyond_the_limit_is_refused(tmp_path):
         (20, readers.MAX_NAME_CHARS)]
 
 
-def _minimal_events(folder, mib: int):
-    """trace_view.json of `{"ph":"X"}` events: the most Python objects per byte of JSON a reader can be given."""
-    path = folder / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"[" + b'{"ph":"X"},' * (mib * 2**20 // 11) + b'{"ph":"X"}]')
-    return path
-
-
-def _whitespace_gzip(folder, mib: int):
-    path = folder / "ASCEND_PROFILER_OUTPUT" / "trace_view.json.gz"
-    path.parent.mkdir(parents=True)
-    with gzip.open(path, "wb", compresslevel=1) as f:
-        f.write(b"[")
-        for _ in range(mib):
-            f.write(b" " * 2**20)
-        f.write(b"]")
-    return path
-
-
-@pytest.mark.parametrize("make", [_minimal_events, _whitespace_gzip])
-def test_ascend_beyond_the_limit_is_refused_within_it(make, tmp_path):
-    """trace_view.json is read whole: one whose content is more than --memory-limit allows holding (a 30 MiB
-    document of minimal events, a gzip of 300 MiB of whitespace) is refused in one line, a gzip as soon as it
-    inflates past it (before: read and decoded whole, 800 MB and 600 MB of heap at this limit)."""
-    trace = make(tmp_path / "rank0_ascend_pt", 30 if make is _minimal_events else 300)
-    m = peak_ingest_memory(trace, tmp_path / "run", f"{LIMIT_MB}MB")
-    _one_line_refusal(m, trace, "the trace")
-    assert m["peak_anon_mb"] < LIMIT_MB + FIXED_OVERHEAD_MB, m
-
-
-def test_ascend_within_the_limit_is_read(tmp_path):
-    """3,000 tasks named by 2,000 characters (6 MiB of JSON: under --memory-limit / ascend.HELD_RATIO)."""
-    trace = ascend_trace(tmp_path / "rank0_ascend_pt", 3000, huge=NAME)
+def test_ascend_streams_a_trace_far_beyond_what_it_could_hold(tmp_path):
+    """A 104 MiB trace_view.json (200,000 tasks named by 150 characters, each with its torch_to_npu flow, and a
+    malformed event every 1,000 tasks) is read an event at a time in two walks: at --memory-limit 256MB it ingests
+    within the bound (before: refused beyond 6.8 MiB at this limit), every task and its launch a slice, the
+    malformed events counted; what it holds for the whole file (the flows: 98 MiB charged) is refused in one line
+    when the limit is below it."""
+    trace = ascend_trace(tmp_path / "rank0_ascend_pt", 200_000, huge=150, flows=True, malformed=1000)
+    assert trace.stat().st_size > 100 << 20
     m = peak_ingest_memory(trace, tmp_path / "run", f"{LIMIT_MB}MB")
     assert m["exit"] == 0, m["stderr"]
     assert m["peak_anon_mb"] < LIMIT_MB + FIXED_OVERHEAD_MB, m
-    assert run_sql(tmp_path / "run", "SELECT count(*), max(length(name)), count(DISTINCT device_id) FROM slices "
-                                     "WHERE kind = 'kernel'") == [(3000, NAME, 1)]
+    assert run_sql(tmp_path / "run", "SELECT count(*) FILTER (kind = 'kernel'), count(*) FILTER (name = 'torch_to_npu'), "
+                                     "count(*), max(length(name)) FROM slices") == [(200_000, 200_000, 400_000, 150)]
+    assert run_sql(tmp_path / "run", "SELECT event_count FROM warnings WHERE message LIKE '%malformed event%'") == [
+        (200,)]
+    m = peak_ingest_memory(trace, tmp_path / "run2", "32MB")
+    lines = m["stderr"].strip().splitlines()
+    assert m["exit"] == 1 and len(lines) == 1 and "Traceback" not in m["stderr"], m
+    assert lines[0].startswith(f"Error: {trace}: what the torch_npu reader holds for the whole file") and \
+        "--memory-limit 32MB" in lines[0], lines
+
+
+def test_ascend_one_event_beyond_the_limit_is_refused(tmp_path):
+    """An event is held whole while it is parsed: one of 8 MiB (a name) is refused in one line at --memory-limit
+    256MB (it may take 36 bytes a character), within the bound; the events around it do not matter."""
+    path = tmp_path / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'[' + b'{"ph":"X","ts":1,"dur":1},' * 1000 + b'{"ph":"X","name":"' + b"n" * (8 << 20) + b'"}]')
+    m = peak_ingest_memory(path, tmp_path / "run", f"{LIMIT_MB}MB")
+    _one_line_refusal(m, path, "one event of the trace")
+    assert m["peak_anon_mb"] < LIMIT_MB + FIXED_OVERHEAD_MB, m

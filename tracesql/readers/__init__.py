@@ -22,7 +22,7 @@ from ..errors import TraceError
 from . import ascend, kineto, nsys, perfetto, rocprof, xplane
 from .common import (  # noqa: F401  (the readers' shared helpers, also reachable as tracesql.readers.X)
     MAX_NAME_CHARS, OUT_BATCH_ROWS, READER_SLICE_TYPES, READER_SLICE_COLUMNS, DICTIONARY_COLUMNS, READER_SLICE_SCHEMA,
-    slices_from_columns, as_reader_slices, mapped_slices, SliceColumns, READER_COUNTER_TYPES, counters_from_columns,
+    slices_from_columns, as_reader_slices, mapped_slices, RowBatches, Budget, READER_COUNTER_TYPES,
     TraceData, FileMapping, HEAD_BYTES, read_bytes, INFLATE_FREE_BYTES, MAX_INFLATE_RATIO,
     max_inflate_ratio, inflated, mapped_content, read_head, BAD_DEVICE_ID, fit_device_ids,
 )

@@ -25,18 +25,27 @@ kernels on the HCCL stream (their hardware and plane tasks as `gpu_annotation`: 
 the group, size and dtype from communication.json; Overlap Analysis lanes as kind 'other' (kept to compare with,
 not device work). `kernel_details.csv` adds each task's shapes, formats and core type to its args;
 `step_trace_time.csv` is kept in `ranks.metadata` (torch_npu's own per-step overlap figures).
+
+trace_view.json is streamed (`read`): memory does not grow with its size, only with what is held for the whole
+file (names, flows, companions), which is charged against --memory-limit.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import math
 import re
+import tempfile
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+import pyarrow as pa
+
 from ..errors import TraceError
+from .common import (READER_COUNTER_TYPES, READER_SLICE_TYPES, Budget, FileMapping, RowBatches, TooLarge, TraceData,
+                     mapped_content, mapped_slices, read_bytes)
 
 FORMAT = "torch_npu"
 SUFFIXES = ("trace_view.json", "trace_view.json.gz")
@@ -92,34 +101,347 @@ def _listed(text, numbers: bool):
     return parts
 
 
-#: What holding a trace_view.json's events takes, at most, per byte of JSON: json.loads' objects, each event
-#: cleaned in place, the lists and dictionaries built over them (measured: 7-11x for real events, up to 33x for
-#: a document of minimal events `{"ph":"X"}`). The files read whole share --memory-limit / HELD_RATIO bytes.
+#: What an element of trace_view.json takes to hold, at most, per character of JSON while it is parsed and read
+#: (json's objects; measured up to 33x for minimal events `{"ph":"X"}`, 7-11x for real ones): one event, and the
+#: other members of a `{"traceEvents": ...}` document, are held whole; beyond --memory-limit the file is refused.
+#: Also what a companion file (read whole) is charged per byte.
 HELD_RATIO = 36
+#: Bytes of content decoded to text at a time; what is parsed is dropped, so the text held is about this much.
+CHUNK_BYTES = 1 << 20
+#: What a torch_to_npu flow's start or end, or an HCCL (process, stream), takes in the reader's maps (measured:
+#: ~480 bytes for a flow's start, its end and its launch, dictionaries grown).
+ENTRY_BYTES = 256
+#: What the reader holds for the whole file is charged every CHARGE_EVENTS events (and for each metadata event).
+CHARGE_EVENTS = 4096
+#: An error this far before the end of the text read so far is not the text ending mid-value (a literal, a
+#: number or an escape cut by the chunk's end): the document is not valid JSON.
+_LOOKAHEAD = 64
+_WS = re.compile(r"[ \t\n\r]*")
+_COMMA = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+_HELD = "what the torch_npu reader holds for the whole file (process and thread names, torch_to_npu flows, " \
+        "HCCL streams, companion files)"
 
 
-def _reader(path: Path):
-    """A function reading a file of the export whole (the trace, then its companions): together they may hold at
-    most whole_read_bytes(HELD_RATIO) bytes of content; what goes beyond is refused in one line."""
-    from .common import read_bytes, whole_read_bytes
+class _Document:
+    """trace_view.json (its content, memory-mapped) read as text CHUNK_BYTES at a time, and the elements of its list
+    of events parsed one at a time with json's own decoder (the values json.loads gives, in its encodings; an
+    element is held whole, charged to `budget`): the list at the top, or an object's "traceEvents" list (the last
+    one, as json.loads keeps the last of a repeated key). Walking it again gives the same elements."""
 
-    left = whole_read_bytes(HELD_RATIO)
+    def __init__(self, path: Path, buf, budget):
+        self.path, self.buf, self.budget = path, buf, budget
+        self._decoder = codecs.getincrementaldecoder(json.detect_encoding(buf[:4]))("surrogatepass")
+        self.s, self.pos, self.read = "", 0, 0  # the text held, where parsing is in it, bytes of content decoded
+        self.start, self.lines, self.newline = 0, 0, -1  # before s: characters, newlines, where the last one is
+        self.lists = 0  # "traceEvents" lists begun
+        self.listed = False  # whether the document's list of events (the last "traceEvents") is a list
+        self.size = 0  # characters of the last value parsed
 
-    def read(file: Path) -> bytes:
-        nonlocal left
-        data = read_bytes(file, max(left, 0), "the trace" if file == path else f"with its companion {file.name}, the"
-                                                                               " export")
-        left -= len(data)
-        return data
+    def elements(self):
+        """Each element of each list of events; at the end, the whole document has been checked as JSON."""
+        c = self._ws()
+        if c == "[":
+            self.lists, self.listed = 1, True
+            yield from self._list()
+        elif c == "{":
+            self.pos += 1
+            c = self._ws()
+            while c != "}":
+                if c != '"':
+                    raise self._invalid("Expecting property name enclosed in double quotes", self.pos)
+                key = self._value()
+                if self._ws() != ":":
+                    raise self._invalid("Expecting ':' delimiter", self.pos)
+                self.pos += 1
+                c = self._ws()
+                if key == "traceEvents":
+                    self.listed = c == "["
+                if key == "traceEvents" and self.listed:
+                    self.lists += 1
+                    yield from self._list()
+                else:
+                    self._value()
+                c = self._ws()
+                if c == ",":
+                    self.pos += 1
+                    c = self._ws()
+                    if c == "}":
+                        raise self._invalid("Expecting property name enclosed in double quotes", self.pos)
+                elif c != "}":
+                    raise self._invalid("Expecting ',' delimiter", self.pos)
+            self.pos += 1
+        else:
+            self._value()
+        if self._ws():
+            raise self._invalid("Extra data", self.pos)
 
-    return read
+    def _list(self):
+        self.pos += 1
+        if self._ws() == "]":
+            self.pos += 1
+            return
+        comma = _COMMA.match
+        while True:
+            yield self._value()
+            m = comma(self.s, self.pos)
+            if m and m.end() < len(self.s):  # the usual case: `, ` and the next element's start in the text held
+                self.pos = m.end()
+                continue
+            c = self._ws()
+            if c == "]":
+                self.pos += 1
+                return
+            if c != ",":
+                raise self._invalid("Expecting ',' delimiter", self.pos)
+            self.pos += 1
+            self._ws()
+
+    def _value(self):
+        """The JSON value at pos, whole (pos after it); what is held to parse it is charged to the budget."""
+        while True:
+            s = self.s
+            try:
+                value, end = _DECODER.raw_decode(s, self.pos)
+                if end < len(s) or self.read == len(self.buf):  # a value at the text's end may go on after it
+                    self.size, self.pos = end - self.pos, end
+                    return value
+            except json.JSONDecodeError as e:
+                if self.read == len(self.buf) or (not e.msg.startswith("Unterminated string")
+                                                  and e.pos < len(s) - _LOOKAHEAD):
+                    raise self._invalid(e.msg, e.pos) from None
+            held = len(s) - self.pos
+            self.budget.check(2 * held * HELD_RATIO, f"one event of the trace, with {_HELD},")
+            while len(self.s) - self.pos < 2 * held and self._more():  # doubling: each value parsed O(1) times
+                pass
+
+    def _ws(self) -> str:
+        """The next character that is not whitespace ('' at the end), pos at it."""
+        while True:
+            self.pos = _WS.match(self.s, self.pos).end()
+            if self.pos < len(self.s):
+                return self.s[self.pos]
+            if not self._more():
+                return ""
+
+    def _more(self) -> bool:
+        """The text before pos dropped, the next CHUNK_BYTES of content added to it; False at the end."""
+        if self.read == len(self.buf):
+            return False
+        s, pos = self.s, self.pos
+        newlines = s.count("\n", 0, pos)
+        if newlines:
+            self.lines += newlines
+            self.newline = self.start + s.rfind("\n", 0, pos)
+        self.start += pos
+        chunk = self.buf[self.read:self.read + CHUNK_BYTES]
+        pending = len(getattr(self._decoder, "buffer", b""))
+        try:
+            text = self._decoder.decode(chunk, final=self.read + len(chunk) == len(self.buf))
+        except UnicodeDecodeError as e:  # json.loads' message, at the position in the whole content
+            at, bad = self.read - pending + e.start, e.object[e.start:e.end]
+            where = f"byte 0x{bad[0]:02x} in position {at}" if len(bad) == 1 else \
+                f"bytes in position {at}-{at + len(bad) - 1}"
+            raise TraceError(self.path, f"not valid JSON: '{e.encoding}' codec can't decode {where}: {e.reason}") \
+                from None
+        self.read += len(chunk)
+        self.s, self.pos = s[pos:] + text, 0
+        return True
+
+    def _invalid(self, message: str, pos: int) -> TraceError:
+        """json.loads' message for an error at `pos` of the text held, placed in the whole document."""
+        at, newlines = self.start + pos, self.s.count("\n", 0, pos)
+        newline = self.start + self.s.rfind("\n", 0, pos) if newlines else self.newline
+        return TraceError(self.path, f"not valid JSON: {message}: line {self.lines + newlines + 1} column "
+                                     f"{at - newline} (char {at})")
 
 
-def _read_json(path: Path, read_bytes):
-    try:
-        return json.loads(read_bytes(path))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TraceError(path, f"not valid JSON: {e}") from None
+class _Scan:
+    """What the first walk gathers from a list of events for the second: process and thread names and labels,
+    the (process, stream id) of the events that have one (HCCL's, once the process names are known), the
+    torch_to_npu flows, the events counted and the malformed ones. Charged to the budget as it grows."""
+
+    def __init__(self, budget):
+        self.budget, self.charged = budget, 0
+        self.process, self.threads, self.process_label = {}, {}, {}
+        self.streams: set[tuple] = set()
+        self.flow_end, self.flow_start = {}, {}  # the device task (process, thread, start) -> the flow id; its start
+        self.events = self.malformed = 0
+        self.example = None
+
+    def add(self, e, size: int) -> None:
+        """One element, `size` characters of JSON."""
+        if not _clean(e):
+            self.malformed += 1
+            self.example = self.example or repr(e)[:300]
+            return
+        self.events += 1
+        ph = e["ph"]
+        if ph == "M":
+            self.budget.take(size * HELD_RATIO)
+            args = e.get("args") or {}
+            if e.get("name") == "process_name":
+                self.process[e.get("pid")] = args.get("name")
+            elif e.get("name") == "thread_name":
+                self.threads[(e.get("pid"), e.get("tid"))] = args.get("name")
+            elif e.get("name") == "process_labels":
+                self.process_label[e.get("pid")] = args.get("labels")
+        elif ph == "X":
+            stream = _int(e["args"].get("stream id"))
+            if stream is not None:
+                self.streams.add((e["pid"], stream))
+        elif ph in ("s", "f") and e.get("cat") == "async_npu":
+            ts = _ns(e.get("ts"))
+            if ts is not None and abs(ts) < MAX_NS and _int(e.get("id")) is not None:
+                key = (e["pid"], e["tid"], ts)
+                if ph == "f":
+                    self.flow_end[key] = _int(e["id"])
+                else:
+                    self.flow_start[_int(e["id"])] = key
+        if self.events % CHARGE_EVENTS == 0:
+            self.charge()
+
+    def charge(self) -> None:
+        held = (len(self.streams) + len(self.flow_end) + len(self.flow_start)) * ENTRY_BYTES
+        self.budget.take(held - self.charged)
+        self.charged = held
+
+
+class _Rows:
+    """The second walk: each event's slice row or counter samples, with what the first gathered."""
+
+    def __init__(self, scan: _Scan, groups: dict, op_groups: dict, details: dict):
+        self.scan, self.groups, self.op_groups, self.details = scan, groups, op_groups, details
+        hccl_streams = {(pid, stream) for pid, stream in scan.streams if scan.process.get(pid) == "HCCL"}
+        self.hccl_stream_of: dict[int, set] = {}
+        for pid, stream in hccl_streams:
+            self.hccl_stream_of.setdefault(pid, set()).add(stream)
+        self.comm_streams = {(pid & 31, s) for pid, s in hccl_streams}
+        self.skipped: dict[str, int] = {"malformed event": scan.malformed} if scan.malformed else {}
+        self.examples: dict[str, str] = {"malformed event": scan.example} if scan.malformed else {}
+        self.devices: set[int] = set()
+        self.launched: set[int] = set()  # the flows whose device task was read (held: ENTRY_BYTES covers them)
+
+    def skip(self, reason: str, e) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.examples.setdefault(reason, repr(e)[:300])
+
+    def label(self, pid, tid) -> str:
+        return f"{self.scan.process.get(pid) or pid} / {self.scan.threads.get((pid, tid)) or f'thread {tid}'}"
+
+    def batches(self, doc: _Document, lists: int, out, counters, counters_out):
+        """The slices of list `lists` of `doc`, as record batches of `out` (RowBatches); counter samples go to
+        `counters`, their batches written to `counters_out`."""
+        scan, details, skip = self.scan, self.details, self.skip
+        process, threads_, process_label = scan.process, scan.threads, scan.process_label
+        flow_end, flow_start = scan.flow_end, scan.flow_start
+        for e in doc.elements():
+            if doc.lists != lists or not _clean(e):  # malformed events were counted by the first walk
+                continue
+            ph = e["ph"]
+            if ph in ("M", "s", "f", "t"):
+                continue
+            pid, tid, name = e.get("pid"), e.get("tid"), e.get("name")
+            ts = _ns(e.get("ts"))
+            if ts is None:
+                skip("missing or non-numeric ts", e)
+                continue
+            if abs(ts) >= MAX_NS:
+                skip("time out of range", e)
+                continue
+            proc = process.get(pid)
+            args = e.get("args") or {}
+            if ph == "C":
+                device = pid & 31 if isinstance(pid, int) and process_label.get(pid) == "NPU" else None
+                for series, value in args.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        track = proc or str(pid)
+                        batch = counters.add(dict(name=name, series=series, track=track, device_id=device, ts=ts,
+                                                  value=float(value)), len(name or "") + len(series) + len(track))
+                        if batch is not None:
+                            counters_out.write_batch(batch)
+                continue
+            if ph != "X":
+                skip("unsupported phase", e)
+                continue
+            dur = _ns(e.get("dur"))
+            if dur is None or dur < 0:
+                skip("missing dur" if dur is None else "end before start", e)
+                continue
+            if dur >= MAX_NS:
+                skip("time out of range", e)
+                continue
+            row = dict(name=name, ts=ts, dur=dur, pid=pid, tid=tid, track=self.label(pid, tid))
+            if proc in _DEVICE_PROCESSES:
+                device = pid & 31
+                self.devices.add(device)
+                row.update(device_id=device)
+                flow = flow_end.get((pid, tid, ts))
+                if flow is not None and flow in flow_start:
+                    self.launched.add(flow)
+                link = flow if flow is not None and flow in flow_start else args.get("connection_id")
+                thread = str(threads_.get((pid, tid)) or "")
+                if proc == "Ascend Hardware":
+                    task = args.get("Task Type")
+                    stream = _int(args.get("Physic Stream Id"))
+                    stream = tid if stream is None else stream
+                    if (device, stream) in self.comm_streams:  # the hardware tasks of an HCCL operation: its detail
+                        kind, category = "gpu_annotation", "hccl_task"
+                    elif task in _COMPUTE_TASKS:
+                        kind, category = "kernel", "ascend_hardware"
+                    elif task in _COPY_TASKS or name in _COPY_TASKS:
+                        kind, category = "memcpy", "ascend_hardware"
+                    else:
+                        kind, category = "sync", "ascend_hardware"
+                    extra = details.get((stream, args.get("Task Id"), ts))
+                    if extra:
+                        args = {**args, **extra}
+                    row.update(kind=kind, category=category, stream=stream, correlation=_int(link),
+                               track=f"NPU {device} / stream {stream}")
+                elif thread.endswith("Communication") or args.get("alg_type") is not None:  # an HCCL operation
+                    streams = self.hccl_stream_of.get(pid, set())
+                    stream = next(iter(streams)) if len(streams) == 1 else 10_000 + tid
+                    group = self.op_groups.get(name)
+                    args = {**args, "Collective name": name, "dtype": args.get("data_type"),
+                            "In msg nelems": args.get("count"), "Out msg nelems": args.get("count")}
+                    if group:
+                        args.update({"Process Group Name": group, "Group size": self.groups[group]["group_size"]})
+                    row.update(kind="kernel", category="hccl", stream=stream, correlation=_int(link),
+                               track=f"NPU {device} / {thread or 'HCCL'}")
+                else:  # an HCCL plane task: detail of the operation above it
+                    stream = _int(args.get("stream id"))
+                    stream = 10_000 + tid if stream is None else stream
+                    row.update(kind="gpu_annotation", category="hccl_task", stream=stream,
+                               track=f"NPU {device} / HCCL {thread or tid}")
+            elif proc == "CANN":
+                row.update(kind="runtime", category=f"cann_{args.get('level') or 'api'}",
+                           correlation=_int(args.get("connection_id")))
+            elif proc == "Overlap Analysis":
+                row.update(kind="other", category="overlap_analysis")
+            else:
+                cat = e.get("cat")
+                row.update(kind=_KINDS.get(cat, "other" if cat else "user_annotation"), category=cat)
+                if "Input Dims" in args or "Input type" in args:
+                    args = dict(args)
+                    if "Input Dims" in args:
+                        args["Input Dims"] = _listed(args["Input Dims"], numbers=True)
+                    if "Input type" in args:
+                        args["Input type"] = _listed(args["Input type"], numbers=False)
+            row["args"] = text = _json(args)
+            batch = out.add(row, len(name or "") + len(row["track"]) + len(text or ""))
+            if batch is not None:
+                yield batch
+
+        # the framework op each task came from: a zero-length launch where its torch_to_npu flow starts
+        for flow in sorted(self.launched, key=lambda f: flow_start[f][2]):
+            pid, tid, ts = flow_start[flow]
+            track = self.label(pid, tid)
+            batch = out.add(dict(kind="runtime", category="async_npu", name="torch_to_npu", ts=ts, dur=0, pid=pid,
+                                 tid=tid, track=track, correlation=_int(flow)), len(track))
+            if batch is not None:
+                yield batch
+        yield out.take()
+        counters_out.write_batch(counters.take())
 
 
 def _companion(output: Path, *names: str) -> Path | None:
@@ -131,179 +453,52 @@ def _companion(output: Path, *names: str) -> Path | None:
 
 
 def read(path: Path, threads: int | None = None):
-    from .common import SliceColumns, TraceData, counters_from_columns
+    """Two walks of trace_view.json, an event at a time: the first gathers what every event's row needs (names,
+    flows, HCCL streams), the second writes the rows, a batch at a time, to memory-mapped scratch files."""
+    budget = Budget(path, _HELD)
 
-    read_bytes = _reader(path)
-    doc = _read_json(path, read_bytes)
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
-    del doc
-    if not isinstance(events, list):
-        raise TraceError(path, "not a torch_npu trace_view.json: no list of events")
-    readable = [_clean(e) for e in events]
-    malformed = [e for e, ok in zip(events, readable) if not ok]
-    events = [e for e, ok in zip(events, readable) if ok] if malformed else events
-    del readable
-    output = path.parent
-    root = output.parent if output.name == "ASCEND_PROFILER_OUTPUT" else output
-    info = _profiler_info(root, read_bytes)
-    groups, op_groups = _communication(output, read_bytes)
-    details = _kernel_details(output, read_bytes)
+    def read_whole(file: Path) -> bytes:  # a companion: held whole, charged HELD_RATIO a byte
+        data = read_bytes(file, max(budget.left // HELD_RATIO, 0), f"with its companion {file.name}, the export")
+        budget.take(len(data) * HELD_RATIO)
+        return data
 
-    process, threads_, process_label = {}, {}, {}
-    for e in events:
-        if isinstance(e, dict) and e.get("ph") == "M":
-            args = e.get("args") or {}
-            if e.get("name") == "process_name":
-                process[e.get("pid")] = args.get("name")
-            elif e.get("name") == "thread_name":
-                threads_[(e.get("pid"), e.get("tid"))] = args.get("name")
-            elif e.get("name") == "process_labels":
-                process_label[e.get("pid")] = args.get("labels")
-    hccl_streams = {(e["pid"], _int(e["args"].get("stream id"))) for e in events
-                    if e["ph"] == "X" and process.get(e["pid"]) == "HCCL" and _int(e["args"].get("stream id")) is not None}
-    hccl_stream_of = {}
-    for pid, stream in hccl_streams:
-        hccl_stream_of.setdefault(pid, set()).add(stream)
-    comm_streams = {(pid & 31, s) for pid, s in hccl_streams}
+    with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch, mapped_content(path, Path(scratch)) as buf:
+        doc, scan, lists = _Document(path, buf, budget), None, 0
+        for e in doc.elements():
+            if doc.lists != lists:  # a later "traceEvents" list replaces an earlier one
+                scan, lists = _Scan(budget), doc.lists
+            scan.add(e, doc.size)
+        if not doc.listed:
+            raise TraceError(path, "not a torch_npu trace_view.json: no list of events")
+        if doc.lists != lists:  # the list is empty
+            scan, lists = _Scan(budget), doc.lists
+        scan.charge()
+        output = path.parent
+        root = output.parent if output.name == "ASCEND_PROFILER_OUTPUT" else output
+        info = _profiler_info(root, read_whole)
+        groups, op_groups = _communication(output, read_whole)
+        details = _kernel_details(output, read_whole)
 
-    # torch_to_npu flows: the device task (by process, thread, start) -> the flow id, and where each flow starts
-    flow_end, flow_start = {}, {}
-    for e in events:
-        ts = _ns(e.get("ts")) if e.get("cat") == "async_npu" and e["ph"] in ("s", "f") else None
-        if ts is not None and abs(ts) < MAX_NS and _int(e.get("id")) is not None:
-            key = (e["pid"], e["tid"], ts)
-            if e["ph"] == "f":
-                flow_end[key] = _int(e["id"])
-            else:
-                flow_start[_int(e["id"])] = key
-
-    out = SliceColumns()
-    counters = {"name": [], "series": [], "track": [], "device_id": [], "ts": [], "value": []}
-    skipped: dict[str, int] = {}
-    examples: dict[str, str] = {}
-    devices: set[int] = set()
-    launched_flows = set()
-
-    def skip(reason, e):
-        skipped[reason] = skipped.get(reason, 0) + 1
-        examples.setdefault(reason, repr(e)[:300])
-
-    for e in malformed:
-        skip("malformed event", e)
-
-    def label(pid, tid):
-        return f"{process.get(pid) or pid} / {threads_.get((pid, tid)) or f'thread {tid}'}"
-
-    for e in events:
-        ph = e["ph"]
-        if ph in ("M", "s", "f", "t"):
-            continue
-        pid, tid, name = e.get("pid"), e.get("tid"), e.get("name")
-        ts = _ns(e.get("ts"))
-        if ts is None:
-            skip("missing or non-numeric ts", e)
-            continue
-        if abs(ts) >= MAX_NS:
-            skip("time out of range", e)
-            continue
-        proc = process.get(pid)
-        args = e.get("args") or {}
-        if ph == "C":
-            device = pid & 31 if isinstance(pid, int) and process_label.get(pid) == "NPU" else None
-            for series, value in args.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    counters["name"].append(name)
-                    counters["series"].append(series)
-                    counters["track"].append(proc or str(pid))
-                    counters["device_id"].append(device)
-                    counters["ts"].append(ts)
-                    counters["value"].append(float(value))
-            continue
-        if ph != "X":
-            skip("unsupported phase", e)
-            continue
-        dur = _ns(e.get("dur"))
-        if dur is None or dur < 0:
-            skip("missing dur" if dur is None else "end before start", e)
-            continue
-        if dur >= MAX_NS:
-            skip("time out of range", e)
-            continue
-        row = dict(name=name, ts=ts, dur=dur, pid=pid, tid=tid, track=label(pid, tid))
-        if proc in _DEVICE_PROCESSES:
-            device = pid & 31
-            devices.add(device)
-            row.update(device_id=device)
-            flow = flow_end.get((pid, tid, ts))
-            if flow is not None and flow in flow_start:
-                launched_flows.add(flow)
-            link = flow if flow is not None and flow in flow_start else args.get("connection_id")
-            thread = str(threads_.get((pid, tid)) or "")
-            if proc == "Ascend Hardware":
-                task = args.get("Task Type")
-                stream = _int(args.get("Physic Stream Id"))
-                stream = tid if stream is None else stream
-                if (device, stream) in comm_streams:  # the hardware tasks of an HCCL operation: its detail
-                    kind, category = "gpu_annotation", "hccl_task"
-                elif task in _COMPUTE_TASKS:
-                    kind, category = "kernel", "ascend_hardware"
-                elif task in _COPY_TASKS or name in _COPY_TASKS:
-                    kind, category = "memcpy", "ascend_hardware"
-                else:
-                    kind, category = "sync", "ascend_hardware"
-                extra = details.get((stream, args.get("Task Id"), ts))
-                if extra:
-                    args = {**args, **extra}
-                row.update(kind=kind, category=category, stream=stream, correlation=_int(link),
-                           track=f"NPU {device} / stream {stream}")
-            elif thread.endswith("Communication") or args.get("alg_type") is not None:  # an HCCL operation
-                streams = hccl_stream_of.get(pid, set())
-                stream = next(iter(streams)) if len(streams) == 1 else 10_000 + tid
-                group = op_groups.get(name)
-                args = {**args, "Collective name": name, "dtype": args.get("data_type"),
-                        "In msg nelems": args.get("count"), "Out msg nelems": args.get("count")}
-                if group:
-                    args.update({"Process Group Name": group, "Group size": groups[group]["group_size"]})
-                row.update(kind="kernel", category="hccl", stream=stream, correlation=_int(link),
-                           track=f"NPU {device} / {thread or 'HCCL'}")
-            else:  # an HCCL plane task: detail of the operation above it
-                stream = _int(args.get("stream id"))
-                stream = 10_000 + tid if stream is None else stream
-                row.update(kind="gpu_annotation", category="hccl_task", stream=stream,
-                           track=f"NPU {device} / HCCL {thread or tid}")
-        elif proc == "CANN":
-            row.update(kind="runtime", category=f"cann_{args.get('level') or 'api'}",
-                       correlation=_int(args.get("connection_id")))
-        elif proc == "Overlap Analysis":
-            row.update(kind="other", category="overlap_analysis")
-        else:
-            cat = e.get("cat")
-            row.update(kind=_KINDS.get(cat, "other" if cat else "user_annotation"), category=cat)
-            if "Input Dims" in args or "Input type" in args:
-                args = dict(args)
-                if "Input Dims" in args:
-                    args["Input Dims"] = _listed(args["Input Dims"], numbers=True)
-                if "Input type" in args:
-                    args["Input type"] = _listed(args["Input type"], numbers=False)
-        row["args"] = _json(args)
-        out.add(**row)
-
-    # the framework op each task came from: a zero-length launch where its torch_to_npu flow starts
-    for flow in sorted(launched_flows, key=lambda f: flow_start[f][2]):
-        pid, tid, ts = flow_start[flow]
-        out.add(kind="runtime", category="async_npu", name="torch_to_npu", ts=ts, dur=0, pid=pid, tid=tid,
-                track=label(pid, tid), correlation=_int(flow))
+        rows = _Rows(scan, groups, op_groups, details)
+        counters = RowBatches(pa.schema(READER_COUNTER_TYPES))
+        with pa.ipc.new_stream(str(Path(scratch) / "counters.arrows"), counters.schema) as counters_out:
+            # the slices go to a memory-mapped scratch file a batch at a time (it stays mapped once the folder is
+            # gone), the counter samples to another as they come
+            slices = mapped_slices(Path(scratch) / "slices.arrows", rows.batches(
+                _Document(path, buf, budget), lists, RowBatches(pa.schema(READER_SLICE_TYPES), numbered="slice_id"), counters,
+                counters_out))
+        mappings = [slices] + ([FileMapping(Path(scratch) / "counters.arrows")] if counters.rows else [])
 
     rank = info.get("rank_id")
-    metadata = {"profiler_info": info.get("config"), "step_trace_time": _step_trace_time(output, read_bytes)}
+    metadata = {"profiler_info": info.get("config"), "step_trace_time": _step_trace_time(output, read_whole)}
     return TraceData(
-        format=FORMAT, slices=out.table(), rank=rank if isinstance(rank, int) and rank >= 0 else None,
-        backend="hccl" if groups or any(p == "HCCL" for p in process.values()) else None,
-        event_count=len(events), skipped=skipped, examples=examples, metadata=metadata,
+        format=FORMAT, slices=slices.table(), rank=rank if isinstance(rank, int) and rank >= 0 else None,
+        backend="hccl" if groups or any(p == "HCCL" for p in scan.process.values()) else None,
+        event_count=scan.events, skipped=rows.skipped, examples=rows.examples, metadata=metadata,
         devices=[{"device_id": d, "properties": {"vendor": "Huawei", "type": "NPU", "source": "torch_npu"}}
-                 for d in sorted(devices)],
+                 for d in sorted(rows.devices)],
         process_groups=[{"pg_name": g, "pg_desc": None, "backend": "hccl", **v} for g, v in sorted(groups.items())],
-        counters=counters_from_columns(counters) if counters["ts"] else None,
+        counters=mappings[1].table() if len(mappings) > 1 else None, mappings=mappings,
     )
 
 
@@ -353,8 +548,6 @@ def _finite(value):
 
 def _profiler_info(root: Path, read_bytes) -> dict:
     """profiler_info_<rank>.json: the rank and the profiler's configuration (none when it cannot be read)."""
-    from .common import TooLarge
-
     for p in sorted(root.glob("profiler_info*.json")):
         try:
             return json.loads(read_bytes(p))

@@ -89,41 +89,11 @@ def mapped_slices(path: Path, batches) -> FileMapping:
     return FileMapping.of_batches(path, READER_SLICE_SCHEMA, (as_reader_slices(b) for b in batches if b.num_rows))
 
 
-class SliceColumns:
-    """A reader's slices built an event at a time, without holding a Python object per event for the whole file:
-    the values pile up in lists of BATCH rows, which become Arrow (a few bytes per value) as they fill."""
-
-    BATCH = 1 << 16
-    COLUMNS = ("kind", "category", "name", "ts", "dur", "pid", "tid", "device_id", "stream", "track",
-               "correlation", "external_id", "args")
-
-    def __init__(self):
-        self._lists = {c: [] for c in self.COLUMNS}
-        self._tables: list[pa.Table] = []
-        self._rows = 0
-
-    def add(self, **values) -> None:
-        """One event: a value per column named in COLUMNS (a column left out is NULL)."""
-        lists = self._lists
-        for column in self.COLUMNS:
-            lists[column].append(values.get(column))
-        if len(lists["ts"]) >= self.BATCH:
-            self._flush()
-
-    def _flush(self) -> None:
-        n = len(self._lists["ts"])
-        if n:
-            columns = {c: v for c, v in self._lists.items()}
-            columns["slice_id"] = range(self._rows, self._rows + n)
-            self._tables.append(slices_from_columns(columns))
-            self._rows += n
-            self._lists = {c: [] for c in self.COLUMNS}
-
-    def table(self) -> pa.Table:
-        self._flush()
-        if not self._tables:
-            return slices_from_columns({c: [] for c in self.COLUMNS})
-        return pa.concat_tables(self._tables)
+#: Columns of a reader's `counters` table (normalize adds run_id and rank).
+READER_COUNTER_TYPES = {
+    "name": pa.string(), "series": pa.string(), "track": pa.string(), "device_id": pa.int32(),
+    "ts": pa.int64(), "value": pa.float64(),
+}
 
 
 #: Columns of a reader's `counters` table (normalize adds run_id and rank).
@@ -133,11 +103,73 @@ READER_COUNTER_TYPES = {
 }
 
 
-def counters_from_columns(columns: dict[str, list]) -> pa.Table:
-    """A reader's counter samples from Python lists, one per column (a column left out is all NULL)."""
-    n = len(columns["ts"])
-    return pa.table({name: pa.array(columns[name], type_) if name in columns else pa.nulls(n, type_)
-                     for name, type_ in READER_COUNTER_TYPES.items()})
+class RowBatches:
+    """Rows added a value per column at a time (Python lists), taken as Arrow record batches of `types` (column ->
+    type) once BATCH rows or BATCH_TEXT characters of text are held: a reader streams them out without holding a
+    Python object per event for the whole file, and a few huge values cannot make one batch huge. `numbered`: a
+    column numbering the rows from 0 (`slice_id`)."""
+
+    BATCH = 1 << 16
+    BATCH_TEXT = 16 << 20
+
+    def __init__(self, types: dict[str, pa.DataType], numbered: str | None = None):
+        self.schema, self.numbered = pa.schema(types), numbered
+        self._lists = {c: [] for c in types if c != numbered}
+        self.rows = self._text = 0
+
+    def add(self, **values) -> pa.RecordBatch | None:
+        """One row (a column left out is NULL); the rows so far as a batch when they fill one."""
+        lists = self._lists
+        for column, held in lists.items():
+            held.append(values.get(column))
+        self._text += sum(len(v) for v in values.values() if type(v) is str)
+        if len(held) >= self.BATCH or self._text >= self.BATCH_TEXT:
+            return self.take()
+        return None
+
+    def take(self) -> pa.RecordBatch:
+        """The rows added since the last batch, as one."""
+        n = len(next(iter(self._lists.values())))
+        columns = {c: pa.array(v, self.schema.field(c).type) for c, v in self._lists.items()}
+        if self.numbered:
+            columns[self.numbered] = pa.array(range(self.rows, self.rows + n), self.schema.field(self.numbered).type)
+        self.rows += n
+        self._lists = {c: [] for c in self._lists}
+        self._text = 0
+        return pa.record_batch([columns[name] for name in self.schema.names], schema=self.schema)
+
+
+class RowBatches:
+    """Rows added one at a time (a dict each), taken as Arrow record batches of `schema` once BATCH rows or
+    BATCH_TEXT characters of text are held: a reader streams them out without holding a Python object per event
+    for the whole file, and a few huge values cannot make one batch huge. `numbered`: a column numbering the rows
+    from 0 (`slice_id`)."""
+
+    BATCH = 1 << 16
+    BATCH_TEXT = 16 << 20
+
+    def __init__(self, schema: pa.Schema, numbered: str | None = None):
+        self.schema, self.numbered = schema, numbered
+        self._rows: list[dict] = []
+        self.rows = self._text = 0
+
+    def add(self, row: dict, text: int) -> pa.RecordBatch | None:
+        """One row (a column it lacks is NULL) holding `text` characters of text; the rows so far as a batch when
+        they fill one."""
+        self._rows.append(row)
+        self._text += text
+        if len(self._rows) >= self.BATCH or self._text >= self.BATCH_TEXT:
+            return self.take()
+        return None
+
+    def take(self) -> pa.RecordBatch:
+        """The rows added since the last batch, as one."""
+        rows, n = self._rows, len(self._rows)
+        columns = [pa.array(range(self.rows, self.rows + n) if name == self.numbered else [r.get(name) for r in rows],
+                            type_) for name, type_ in zip(self.schema.names, self.schema.types)]
+        self.rows += n
+        self._rows, self._text = [], 0
+        return pa.record_batch(columns, schema=self.schema)
 
 
 @dataclass
@@ -270,6 +302,27 @@ def too_large_to_read_whole(path: Path, what: str, size: int, most: int) -> TooL
     return TooLarge(path, f"{what} ({size / 2**20:,.1f} MiB) is more than --memory-limit {limits.current().memory} "
                             f"allows this reader to hold ({most / 2**20:,.1f} MiB; a larger --memory-limit reads "
                             "more): refused")
+
+
+class Budget:
+    """What a reader holds for the whole file (`what`, for the message), charged as it grows: beyond
+    --memory-limit the file is refused in one line naming it and the limit."""
+
+    def __init__(self, path: Path, what: str):
+        self.path, self.what, self.most, self.held = path, what, limits.current().memory_bytes, 0
+
+    @property
+    def left(self) -> int:
+        return self.most - self.held
+
+    def take(self, n: int, what: str | None = None) -> None:
+        self.check(n, what or self.what)
+        self.held += n
+
+    def check(self, n: int, what: str) -> None:
+        """Refuse what would take `n` bytes more than is held."""
+        if self.held + n > self.most:
+            raise too_large_to_read_whole(self.path, what, self.held + n, self.most)
 
 
 #: A gzip may always inflate to INFLATE_FREE_BYTES; beyond that, to at most MAX_INFLATE_RATIO times its own size

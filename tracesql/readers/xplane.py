@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError
 
 from ..errors import TraceError
 from . import hlo
-from .common import MAX_NAME_CHARS
+from .common import MAX_NAME_CHARS, Budget
 from .proto import messages
 
 FORMAT = "xplane"
@@ -70,27 +70,6 @@ LAUNCH_BYTES = 24  # a launch's correlation id and XLA op, in arrays and their s
 
 class _Invalid(Exception):
     pass
-
-
-class _Budget:
-    """What the reader holds for the whole file, charged as it grows: refused beyond --memory-limit."""
-
-    def __init__(self, path: Path):
-        from .. import limits
-
-        self.path, self.most, self.held = path, limits.current().memory_bytes, 0
-
-    def take(self, n: int, what: str = "what an XPlane reader holds for the whole file (metadata, HLO modules, "
-                                       "XLA ops, plane and line headers, kernel launches)") -> None:
-        self.check(n, what)
-        self.held += n
-
-    def check(self, n: int, what: str) -> None:
-        """Refuse what would take `n` bytes more than is held."""
-        from .common import too_large_to_read_whole
-
-        if self.held + n > self.most:
-            raise too_large_to_read_whole(self.path, what, self.held + n, self.most)
 
 
 def _varint(buf, pos: int) -> tuple[int, int]:
@@ -139,7 +118,7 @@ class _Header:
     """The fields of a message but its repeated children (a plane's lines, a line's events), as ranges of `buf`
     (adjacent fields merged), parsed once all is charged."""
 
-    def __init__(self, buf, budget: _Budget):
+    def __init__(self, buf, budget: Budget):
         self.buf, self.budget, self.ranges = buf, budget, []
 
     def add(self, start: int, stop: int) -> None:
@@ -161,7 +140,7 @@ class _Line:
 
     __slots__ = ("header", "chunks", "_buf", "_path")
 
-    def __init__(self, path: Path, buf, pos: int, end: int, budget: _Budget):
+    def __init__(self, path: Path, buf, pos: int, end: int, budget: Budget):
         self._path, self._buf = path, buf
         budget.take(RECORD_BYTES)
         header, chunks, first, count = _Header(buf, budget), [], None, 0
@@ -217,7 +196,7 @@ class _Plane:
 
     __slots__ = ("header", "lines")
 
-    def __init__(self, path: Path, buf, pos: int, end: int, budget: _Budget):
+    def __init__(self, path: Path, buf, pos: int, end: int, budget: Budget):
         budget.take(RECORD_BYTES)
         self.header = _Header(buf, budget)
         self.lines = [_Line(path, buf, a, b, budget) for a, b in _submessages(buf, pos, end, 3, self.header)]
@@ -236,7 +215,7 @@ class _Space:
     with its metadata parsed and its lines' events left where they are in `buf` (the file, memory-mapped).
     What is held is charged to `budget` before it is parsed."""
 
-    def __init__(self, path: Path, buf, budget: _Budget):
+    def __init__(self, path: Path, buf, budget: Budget):
         header = _Header(buf, budget)
         try:
             self.planes = [_Plane(path, buf, a, b, budget) for a, b in _submessages(buf, 0, len(buf), 1, header)]
@@ -340,7 +319,8 @@ def _programs(space) -> dict[str, object]:
 def read(path: Path, threads: int | None = None):
     from .common import TraceData, mapped_content, mapped_slices
 
-    budget = _Budget(path)
+    budget = Budget(path, "what an XPlane reader holds for the whole file (metadata, HLO modules, XLA ops, "
+                          "plane and line headers, kernel launches)")
     with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch, mapped_content(path, Path(scratch)) as buf:
         space = _Space(path, buf, budget)
         environment = {p.name: _stats(p, p.stats) for p in space.planes if not p.lines and p.stats}
@@ -431,7 +411,7 @@ class _Events:
     #: a resolved row: these columns, then the characters of its text
     COLUMNS = ("kind", "category", "name", "pid", "tid", "device_id", "stream", "track", "correlation", "args")
 
-    def __init__(self, base: int, categories: dict, budget: _Budget):
+    def __init__(self, base: int, categories: dict, budget: Budget):
         self.base, self.categories, self.budget = base, categories, budget
         self.total = self.aggregated = 0
         self.devices: list[dict] = []
