@@ -219,6 +219,12 @@ def tracesql_command(args) -> tuple[list[str] | None, str]:
     return None, "skipped: tracesql not installed (no `tracesql` on PATH, no `python -m tracesql`)"
 
 
+def byte_compile(checkout: str, python: str) -> None:
+    """Write the bytecode of the checkout's tracesql, as installing a package does: without it (a fresh checkout
+    with PYTHONDONTWRITEBYTECODE set, as here) every measured run would first compile the sources (~0.15 s)."""
+    subprocess.run([python, "-m", "compileall", "-q", os.path.join(checkout, "tracesql")], capture_output=True)
+
+
 def _git_rev() -> str | None:
     """Commit of the checkout holding this script (+ '-dirty'), to date tracesql numbers."""
     try:
@@ -507,6 +513,10 @@ def main(argv=None) -> int:
 
     hta_version = hta_available(args.python) if "hta" in args.only else None
     ts_cmd, ts_desc = (tracesql_command(args) if "tracesql" in args.only else (None, "not requested"))
+    if ts_cmd and ts_cmd[1:3] == ["-m", "tracesql"]:
+        byte_compile(os.path.dirname(HERE), args.python)
+    if args.base and "base" in args.only:
+        byte_compile(args.base, args.python)
     env = {
         "python": sys.version.split()[0], "platform": platform.platform(),
         "cpus": os.cpu_count(), "mem_limit_gb": round(mem_limit / 2**30, 1),

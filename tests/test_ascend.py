@@ -179,3 +179,14 @@ def test_a_minimal_export(tmp_path):
     assert op == [("aten::mm", [[8, 16], [16, 4]], 20_250)]
     launch = tracesql.query("launch", run)
     assert launch.delay_max_ns.iloc[0] == 1_100_500 - 1_010_000  # from the op's dispatch to the task's start
+
+
+def test_a_lone_surrogate_is_replaced_not_a_traceback(tmp_path):
+    """JSON may escape a lone UTF-16 surrogate ("\\ud800"), which no UTF-8 text holds: it becomes U+FFFD (before:
+    a UnicodeEncodeError traceback); a pair stays the character it encodes."""
+    out = tmp_path / "r_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    (out / "trace_view.json").write_text('[{"ph":"X","pid":1,"tid":1,"ts":1,"dur":1,"name":"a\\ud800b \\ud834\\udd1e"}]')
+    run = tmp_path / "run"
+    tracesql.ingest([tmp_path], run, rank=0)
+    assert tracesql.connect(run).sql("SELECT name FROM slices").fetchall() == [("a\ufffdb \U0001d11e",)]

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import tracesql
 from conftest import DATASETS, raw_events
-from tracesql import normalize, store
+from tracesql import db, normalize, store
 from tracesql.arrays import array
 from tracesql.cli import main
 from tracesql.readers import kineto, read_trace
@@ -109,6 +109,23 @@ def test_linking_in_a_scratch_database_gives_the_same_run(tmp_path, ingested, mo
     monkeypatch.setattr(normalize, "ON_DISK_ROWS", 0)
     monkeypatch.setattr(normalize, "NEST_BATCH", 1000)
     tracesql.ingest([NCCL], tmp_path / "run", memory_limit="64MB", jobs=1)
+    _same_tables(tmp_path / "run", ingested(NCCL))
+
+
+def test_event_table_in_a_scratch_database_gives_the_same_run(tmp_path, ingested, monkeypatch):
+    """The path events JSON over half of --memory-limit takes (DuckDB's event table in a database file), forced
+    on a small trace."""
+    databases = []
+    connect = db.connect
+
+    def recording(*args, database=None, **kwargs):
+        databases.append(database)
+        return connect(*args, database=database, **kwargs)
+
+    monkeypatch.setattr(kineto, "_ON_DISK_SHARE", 0)
+    monkeypatch.setattr(db, "connect", recording)
+    tracesql.ingest([NCCL], tmp_path / "run", memory_limit="64MB", jobs=1)
+    assert any(d is not None and d.name == "events.duckdb" for d in databases), databases
     _same_tables(tmp_path / "run", ingested(NCCL))
 
 

@@ -253,10 +253,10 @@ WITH work AS (
     FROM read_slices d JOIN links l USING (slice_id)
     WHERE d.kind IN ({sql_list(DEVICE_TIME_KINDS)})  -- work (GPU annotations are ranges around it: by time)
 ), around AS (
-    SELECT *,
-        max(CASE WHEN launched THEN n END) OVER (PARTITION BY device_id, stream ORDER BY n
+    SELECT *,  -- (n grows along the stream: the nearest launched row before or after, without a max over frames)
+        last_value(CASE WHEN launched THEN n END IGNORE NULLS) OVER (PARTITION BY device_id, stream ORDER BY n
             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_n,
-        min(CASE WHEN launched THEN n END) OVER (PARTITION BY device_id, stream ORDER BY n
+        first_value(CASE WHEN launched THEN n END IGNORE NULLS) OVER (PARTITION BY device_id, stream ORDER BY n
             ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_n
     FROM work
 ), first_step AS (
@@ -468,7 +468,9 @@ WITH comm_kernels AS (
     FROM comm_kernels WHERE collective_call IS NOT NULL GROUP BY collective_call
 ), calls AS (
     SELECT s.run_id, s.rank, s.slice_id AS collective_id, s.args, s.step, s.ts AS cpu_ts, s.dur AS cpu_dur,
-        COALESCE(json_extract_string(s.args, '$."Collective name"'), s.name) AS source_name,
+        -- (with x in it, the filter on the name below runs after the join: not on every slice's args)
+        CASE WHEN x.is_collective_call THEN COALESCE(json_extract_string(s.args, '$."Collective name"'), s.name)
+        END AS source_name,
         k.kernel_count, k.device_id, k.stream, k.device_ts, k.device_dur, k.kernel_dur, k.kernel_dtype,
         k.kernel_in_nelems, k.kernel_out_nelems, k.kernel_pg_name
     FROM slices s JOIN extra x USING (slice_id) LEFT JOIN per_call k ON k.collective_call = s.slice_id

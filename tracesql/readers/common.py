@@ -10,6 +10,7 @@ import contextlib
 import gzip
 import mmap
 import os
+import re
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -165,11 +166,22 @@ class RowBatches:
     def take(self) -> pa.RecordBatch:
         """The rows added since the last batch, as one."""
         rows, n = self._rows, len(self._rows)
-        columns = [pa.array(range(self.rows, self.rows + n) if name == self.numbered else [r.get(name) for r in rows],
-                            type_) for name, type_ in zip(self.schema.names, self.schema.types)]
+        columns = [_array(range(self.rows, self.rows + n) if name == self.numbered else [r.get(name) for r in rows],
+                          type_) for name, type_ in zip(self.schema.names, self.schema.types)]
         self.rows += n
         self._rows, self._text = [], 0
         return pa.record_batch(columns, schema=self.schema)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _array(values: list, type_: pa.DataType) -> pa.Array:
+    """pa.array, a text's lone surrogates (JSON may escape one: "\\ud800"; UTF-8 has none) replaced by U+FFFD."""
+    try:
+        return pa.array(values, type_)
+    except UnicodeEncodeError:
+        return pa.array([_SURROGATE.sub("\ufffd", v) if type(v) is str else v for v in values], type_)
 
 
 @dataclass

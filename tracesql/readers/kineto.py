@@ -171,7 +171,9 @@ def _load_events(con, path: Path, events_file: Path, notes: list[str], max_event
 _UTF8_NOTE = "invalid UTF-8 in names replaced by U+FFFD"
 _CHUNK = 16 << 20
 _WINDOW = 64 << 20  # how far into the file the `traceEvents` key is looked for
-_ON_DISK_BYTES = 256 << 20  # events JSON above this: DuckDB's event table on disk
+# events JSON above this share of --memory-limit: DuckDB's event table in a database file, else in memory (twice
+# as fast to load: no compression; past the limit it spills to disk too)
+_ON_DISK_SHARE = 0.5
 _TAIL = 1 << 16  # how far from its end the array's end is: the scalar fields after it are short
 
 
@@ -314,7 +316,7 @@ def read(path: Path, threads: int | None = None):
         events_file, meta, located = _events_file(path, scratch)
         # a big trace's events live in a database file in the scratch folder (DuckDB holds at most its memory
         # limit of them); a small one's in memory, which is faster
-        on_disk = events_file.stat().st_size > _ON_DISK_BYTES
+        on_disk = events_file.stat().st_size > lim.memory_bytes * _ON_DISK_SHARE
         con = db.connect(threads, lim.memory, database=scratch / "events.duckdb" if on_disk else None)
         try:
             _load_events(con, path, events_file, notes, lim.max_events)
@@ -520,17 +522,21 @@ _device_kinds = sql_list(DEVICE_KINDS)
 # appearance; process/thread names come from the first process_name/thread_name metadata event.
 _LOOKUPS = f"""
 CREATE OR REPLACE VIEW kept AS SELECT * FROM events WHERE {_KEEP} UNION ALL BY NAME SELECT * FROM paired;
-CREATE OR REPLACE VIEW lanes AS
-    SELECT idx, pid, tid FROM kept
-    UNION ALL SELECT idx, pid, tid FROM events WHERE NOT malformed AND ph = '{COUNTER_PHASE}' AND {_ts_ok};
+-- each distinct (pid, tid) of the events with a lane (kept ones and counters): where it first appears, and
+-- whether kept events have it; the lookups below read these few rows, not the events
+CREATE OR REPLACE TABLE lanes AS
+    SELECT pid, tid, min(idx) AS first, bool_or(kept) AS kept
+    FROM (SELECT idx, pid, tid, true AS kept FROM kept
+          UNION ALL SELECT idx, pid, tid, false FROM events WHERE NOT malformed AND ph = '{COUNTER_PHASE}' AND {_ts_ok})
+    GROUP BY pid, tid;
 CREATE OR REPLACE TABLE category_kinds AS SELECT * FROM (VALUES {_category_kinds}) t(cat, kind);
 CREATE OR REPLACE TABLE name_kinds AS SELECT * FROM (VALUES {_name_kinds}) t(cat, name, kind);
 CREATE OR REPLACE TABLE labels AS
     WITH firsts AS (
-        SELECT 0 AS col, COALESCE(json_extract_string(pid, '$'), 'None') AS label, min(idx) AS first
+        SELECT 0 AS col, COALESCE(json_extract_string(pid, '$'), 'None') AS label, min(first) AS first
         FROM lanes WHERE TRY_CAST(pid AS BIGINT) IS NULL GROUP BY 2
         UNION ALL
-        SELECT 1, COALESCE(json_extract_string(tid, '$'), 'None'), min(idx)
+        SELECT 1, COALESCE(json_extract_string(tid, '$'), 'None'), min(first)
         FROM lanes WHERE TRY_CAST(tid AS BIGINT) IS NULL GROUP BY 2
     )
     SELECT col, label, -row_number() OVER (ORDER BY col, first) AS id FROM firsts;
@@ -573,6 +579,11 @@ CREATE OR REPLACE MACRO thread_label(p, t) AS
 -- µs as double -> integer ns, rounding the fraction on its own so epoch-scale values keep the ns
 CREATE OR REPLACE MACRO us_to_ns(us) AS
     CAST(floor(us) AS BIGINT) * 1000 + CAST(round_even((us - floor(us)) * 1000, 0) AS BIGINT);
+-- the kept events' lanes, each once (not each event): its lane ids and its name as a host track
+CREATE OR REPLACE TABLE kept_lanes AS
+    SELECT pid, tid, pid_id, tid_id, process_label(pid_id) || ' / ' || thread_label(pid_id, tid_id) AS host_track
+    FROM (SELECT pid, tid, lane_id(pid, 'pid_label_id') AS pid_id, lane_id(tid, 'tid_label_id') AS tid_id
+          FROM lanes WHERE kept);
 """
 _DIALECT = f"""
 SELECT CASE
@@ -606,8 +617,9 @@ CASE WHEN e.name = '[memory]' THEN 'memory'
          ELSE 'user_annotation' END
      ELSE COALESCE(getvariable('category_kind')[lower(e.cat)], 'user_annotation')
 END"""
-# One pass over the kept events with no join and no sort, so the result streams out in batches: the small lookups
-# are maps held in variables. Rows may come out of order; slice_id (the event's index in traceEvents) says which.
+# One pass over the kept events with no sort, so the result streams out in batches: the small lookups are maps
+# held in variables, or the small table of lanes (joined, on its side of a hash join). Rows may come out of
+# order; slice_id (the event's index in traceEvents) says which.
 # Kineto puts a device event's device in pid and its stream in tid, unless args say otherwise.
 _SLICES = f"""
 SELECT t.idx AS slice_id, t.kind, t.cat AS category,
@@ -620,7 +632,7 @@ SELECT t.idx AS slice_id, t.kind, t.cat AS category,
     CASE WHEN t.on_device THEN COALESCE(TRY_CAST(t.lane_device AS INTEGER), -2147483648) END AS device_id,
     CASE WHEN t.on_device THEN t.lane_stream END AS stream,
     CASE WHEN t.on_device THEN 'device ' || t.lane_device || ' / stream ' || t.lane_stream
-         ELSE process_label(t.pid_id) || ' / ' || thread_label(t.pid_id, t.tid_id) END AS track,
+         ELSE t.host_track END AS track,
     COALESCE(TRY_CAST(t.links[3] AS BIGINT), TRY_CAST(t.links[5] AS BIGINT)) AS correlation,
     TRY_CAST(t.links[4] AS BIGINT) AS external_id,
     CASE WHEN t.step_num IS NOT NULL THEN json_merge_patch(t.args, json_object('annotation', t.name))
@@ -635,10 +647,10 @@ FROM (
   FROM (
     SELECT *, {_KIND} AS kind
     FROM (
-      SELECT k.*, lane_id(k.pid, 'pid_label_id') AS pid_id, lane_id(k.tid, 'tid_label_id') AS tid_id,
+      SELECT k.*, l.pid_id, l.tid_id, l.host_track,
           json_extract_string(k.args, ['$.device', '$.stream', '$.correlation', '$."External id"',
                                        '$.correlation_id', '$.device_ordinal', '$.step_num']) AS links
-      FROM kept k
+      FROM kept k JOIN kept_lanes l ON k.pid IS NOT DISTINCT FROM l.pid AND k.tid IS NOT DISTINCT FROM l.tid
     ) e
   )
 ) t
