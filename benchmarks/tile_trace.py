@@ -12,6 +12,8 @@ for OUT to reach --min-bytes (uncompressed). Copy i (i = 0 .. k-1):
   `args["Python parent id"]` and the `id` of flow events (`ph` in s/f/t) are offset by
   i * (max id + 1), one max over all of these fields (so correlation == flow id
   stays true within each copy);
+* has its steps renumbered: `ProfilerStep#N` becomes `ProfilerStep#<N + i * (max N + 1)>`, as in one longer
+  recording (copies that repeat step numbers would each get the device window of every copy's step N);
 * omits the `ph: "M"` metadata events (process/thread names, sort indices): they are
   written once, with copy 0.
 
@@ -32,6 +34,7 @@ import gzip
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -53,6 +56,7 @@ except ImportError:  # pragma: no cover - fallback, slower
 
 
 ID_ARG_KEYS = ("correlation", "External id", "Python id", "Python parent id")
+STEP = re.compile(r"ProfilerStep#(\d+)")
 FLOW_PHASES = ("s", "f", "t")
 BATCH = 20_000
 
@@ -67,14 +71,19 @@ def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def analyse(events: list) -> tuple[float, float, int]:
-    """Return (min ts, max end, max id) over the non-metadata events."""
+def analyse(events: list) -> tuple[float, float, int, int]:
+    """Return (min ts, max end, max id, max step number) over the non-metadata events."""
     t_min = math.inf
     t_max = -math.inf
     max_id = -1
+    max_step = -1
     for e in events:
         if e.get("ph") == "M":
             continue
+        name = e.get("name")
+        step = STEP.fullmatch(name) if isinstance(name, str) and name.startswith("ProfilerStep#") else None
+        if step:
+            max_step = max(max_step, int(step[1]))
         ts = e.get("ts")
         if _is_num(ts):
             t_min = min(t_min, ts)
@@ -93,15 +102,19 @@ def analyse(events: list) -> tuple[float, float, int]:
                 max_id = max(max_id, v)
     if t_min is math.inf:
         t_min = t_max = 0
-    return t_min, t_max, max_id
+    return t_min, t_max, max_id, max_step
 
 
-def shifted(e: dict, dt: int, did: int) -> dict:
-    """A copy of event e with ts shifted by dt and ids offset by did (e is not modified)."""
+def shifted(e: dict, dt: int, did: int, dstep: int = 0) -> dict:
+    """A copy of event e with ts shifted by dt, ids offset by did and step numbers by dstep (e is not modified)."""
     e2 = dict(e)
     ts = e2.get("ts")
     if _is_num(ts):
         e2["ts"] = ts + dt
+    name = e2.get("name")
+    step = STEP.fullmatch(name) if dstep and isinstance(name, str) and name.startswith("ProfilerStep#") else None
+    if step:
+        e2["name"] = f"ProfilerStep#{int(step[1]) + dstep}"
     if did:
         if e2.get("ph") in FLOW_PHASES:
             v = e2.get("id")
@@ -146,7 +159,7 @@ def tile(inp: str, out: str, min_bytes: float, gap_us: float = 1000.0,
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise SystemExit(f"{inp}: not a Kineto trace (no traceEvents list)")
     events = trace["traceEvents"]
-    t_min, t_max, max_id = analyse(events)
+    t_min, t_max, max_id, max_step = analyse(events)
     span = t_max - t_min
     dt_step = int(math.ceil(span + gap_us))
     did_step = max_id + 1
@@ -176,10 +189,10 @@ def tile(inp: str, out: str, min_bytes: float, gap_us: float = 1000.0,
             while copies < max_copies:
                 i = copies
                 src = events if i == 0 else non_meta
-                dt, did = i * dt_step, i * did_step
+                dt, did, dstep = i * dt_step, i * did_step, i * (max_step + 1)
                 buf = []
                 for e in src:
-                    buf.append(_dumps(shifted(e, dt, did) if i else e))
+                    buf.append(_dumps(shifted(e, dt, did, dstep) if i else e))
                     if len(buf) >= BATCH:
                         w.write((b"" if first else b",\n") + b",\n".join(buf))
                         first = False

@@ -42,19 +42,18 @@
 --   optimizer_kernels            BIGINT   device events labelled optimizer
 --   busy_share                   DOUBLE   1 - idle_ns / window_ns
 WITH named_phases AS (
-    -- range_phase once per distinct range name (its regexes per range row cost more than the rest of the query)
+    -- range_phase once per distinct range name (its regexes per range row cost more than the rest of the query);
+    -- names of no phase kept (priority 5), as a filter here would be pushed below the DISTINCT, to every row
     SELECT name, range_phase(name) AS phase,
-        CASE range_phase(name) WHEN 'backward' THEN 1 WHEN 'optimizer' THEN 2 WHEN 'data_loading' THEN 3 ELSE 4
-        END AS priority
+        CASE range_phase(name) WHEN 'backward' THEN 1 WHEN 'optimizer' THEN 2 WHEN 'data_loading' THEN 3
+            WHEN 'forward' THEN 4 ELSE 5 END AS priority
     FROM (SELECT DISTINCT name FROM slices WHERE kind IN ('user_annotation', 'python_function', 'cpu_op'))
-    WHERE range_phase(name) IS NOT NULL
 ), labelled AS (
     -- per launched device event: the first phase (backward, optimizer, data_loading, forward) of the phase ranges
-    -- of its launching thread that hold its launch
+    -- of its launching thread that hold its launch (NULL: none of them has a phase)
     SELECT r.run_id, r.rank, r.event_id, arg_min(n.phase, n.priority) AS phase
     FROM range_launches(ranges := 'phases', projection := 'thread') r
-    JOIN slices h ON h.run_id = r.run_id AND h.rank = r.rank AND h.slice_id = r.slice_id
-    JOIN named_phases n ON n.name = h.name
+    JOIN named_phases n ON n.name = r.name
     GROUP BY r.run_id, r.rank, r.event_id
 ), threads AS (
     -- autograd threads: backward ops and no top-level forward op
@@ -90,10 +89,14 @@ WITH named_phases AS (
     FROM slices s LEFT JOIN (SELECT DISTINCT run_id, rank FROM steps) st ON st.run_id = s.run_id AND st.rank = s.rank
     WHERE s.kind IN ('kernel', 'memcpy', 'memset') AND st.rank IS NULL
     GROUP BY s.run_id, s.rank
+), window_ids AS (
+    -- one number per (run, rank, step): the sweep below sorts by it, several times faster than by the run's name
+    SELECT run_id, rank, step, ts, te, dense_rank() OVER (ORDER BY run_id, rank, step) AS wid
+    FROM windows
 ), edges AS (
     -- each event clipped to each window it overlaps: +1 at its start and -1 at its end, in its phase's column;
     -- the window's own bounds as edges that change nothing (so the segments cover the whole window)
-    SELECT w.run_id, w.rank, w.step,
+    SELECT w.wid,
         CASE e.edge WHEN 1 THEN greatest(v.ts, w.ts) WHEN -1 THEN least(v.te, w.te) WHEN 0 THEN w.ts ELSE w.te END AS t,
         sum(CASE WHEN v.phase = 'forward' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS fwd,
         sum(CASE WHEN v.phase = 'backward' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS bwd,
@@ -104,33 +107,37 @@ WITH named_phases AS (
         count(*) FILTER (WHERE e.edge = 1 AND v.phase = 'forward') AS fwd_n,
         count(*) FILTER (WHERE e.edge = 1 AND v.phase = 'backward') AS bwd_n,
         count(*) FILTER (WHERE e.edge = 1 AND v.phase = 'optimizer') AS opt_n
-    FROM windows w
+    FROM window_ids w
     JOIN events v ON v.run_id = w.run_id AND v.rank = w.rank AND v.ts < w.te AND v.te > w.ts
     CROSS JOIN (VALUES (1), (-1), (0), (2)) e(edge)
     GROUP BY ALL
 ), segments AS (
-    SELECT run_id, rank, step, t,
-        lead(t) OVER (PARTITION BY run_id, rank, step ORDER BY t) - t AS dur,
+    SELECT wid, t, CASE WHEN lead(wid) OVER o = wid THEN lead(t) OVER o - t END AS dur,
         sum(fwd) OVER w AS fwd, sum(bwd) OVER w AS bwd, sum(opt) OVER w AS opt, sum(data) OVER w AS data,
         sum(oth) OVER w AS oth, sum(comm) OVER w AS comm, fwd_n, bwd_n, opt_n
     FROM edges
     -- every event adds +1 and -1 inside one window, so each window's running sums start from 0 and one running
     -- sum over all windows in order equals the per-window one (DuckDB runs it ~10x faster than one partitioned
     -- by window when one partition is much larger than the others)
-    WINDOW w AS (ORDER BY run_id, rank, step, t ROWS UNBOUNDED PRECEDING)
+    WINDOW o AS (ORDER BY wid, t), w AS (ORDER BY wid, t ROWS UNBOUNDED PRECEDING)
 ), per_window AS (
-    SELECT run_id, rank, step, max(t) - min(t) AS window_ns,
-        COALESCE(sum(dur) FILTER (WHERE fwd > 0), 0) AS forward_ns,
-        COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd > 0), 0) AS backward_ns,
-        COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt > 0), 0) AS optimizer_ns,
-        COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt = 0 AND data > 0), 0) AS data_loading_ns,
-        COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth = 0 AND comm > 0), 0) AS exposed_communication_ns,
-        COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt = 0 AND data = 0 AND oth > 0), 0) AS other_ns,
-        COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth + comm = 0), 0) AS idle_ns,
-        COALESCE(sum(dur) FILTER (WHERE comm > 0), 0) AS communication_ns,
-        sum(fwd_n) AS forward_kernels, sum(bwd_n) AS backward_kernels, sum(opt_n) AS optimizer_kernels
-    FROM segments
-    GROUP BY run_id, rank, step
+    SELECT i.run_id, i.rank, i.step, s.*
+    FROM (
+        SELECT wid, max(t) - min(t) AS window_ns,
+            COALESCE(sum(dur) FILTER (WHERE fwd > 0), 0) AS forward_ns,
+            COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd > 0), 0) AS backward_ns,
+            COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt > 0), 0) AS optimizer_ns,
+            COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt = 0 AND data > 0), 0) AS data_loading_ns,
+            COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth = 0 AND comm > 0), 0)
+                AS exposed_communication_ns,
+            COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt = 0 AND data = 0 AND oth > 0), 0) AS other_ns,
+            COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth + comm = 0), 0) AS idle_ns,
+            COALESCE(sum(dur) FILTER (WHERE comm > 0), 0) AS communication_ns,
+            sum(fwd_n) AS forward_kernels, sum(bwd_n) AS backward_kernels, sum(opt_n) AS optimizer_kernels
+        FROM segments
+        GROUP BY wid
+    ) s
+    JOIN (SELECT DISTINCT wid, run_id, rank, step FROM window_ids) i ON i.wid = s.wid
 ), data_host AS (
     SELECT run_id, rank, step, sum(dur) AS data_loading_host_ns
     FROM slices

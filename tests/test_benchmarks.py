@@ -57,6 +57,21 @@ def test_tile_trace(tmp_path):
     assert "copies of" in out and (tmp_path / "tiled.json").stat().st_size >= 2e5
 
 
+def test_tile_trace_renumbers_steps(tmp_path):
+    """Each copy's steps are steps of their own (one longer recording), each with its own device window."""
+    import gzip
+
+    import tracesql
+
+    source = REPO / "datasets" / "hta_trace_filter" / "sampled_rank-0.json.gz"  # ProfilerStep#551, #552
+    size = len(gzip.decompress(source.read_bytes()))
+    bench("tile_trace.py", source, tmp_path / "tiled.json", "--min-bytes", str(2.5 * size), tmp_path=tmp_path)
+    tracesql.ingest([tmp_path / "tiled.json"], tmp_path / "run")
+    steps = tracesql.connect(tmp_path / "run").execute(
+        "SELECT list(step ORDER BY step), count(DISTINCT device_ts) FROM steps").fetchall()
+    assert steps == [([551, 552, 1104, 1105, 1657, 1658], 6)]
+
+
 def test_compare_outputs(tmp_path):
     for snap in ("a", "b"):
         bench("compare_outputs.py", "snapshot", tmp_path / snap, "--only", "nodejs_async", tmp_path=tmp_path)

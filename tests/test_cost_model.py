@@ -220,6 +220,26 @@ def test_counted_ops_when_ops_nest(tmp_path):
                        (530, "aten::bmm"), (810, "aten::addmm")]
 
 
+def test_counted_ops_across_a_long_op_and_threads(tmp_path):
+    """op_costs compares an op only with the ops spanning its start's time bucket (about one op apart): a long
+    linear holding 40 addmm in its second half (each with its bias copy, the last one zero-length at the linear's
+    very end) still holds every one of them, and copies on another thread at the same times are nobody's."""
+    gemm = ([[48], [64, 32], [32, 48], [], []], [F, F, F, "Scalar", "Scalar"])
+    copy = ([[64, 48], [48], []], [F, F, "Scalar"])
+    events = [_op("aten::linear", 0, 40_000, [[64, 32], [48, 32], [48]], [F, F, F])]
+    for i in range(40):
+        ts, dur = (40_000, 0) if i == 39 else (20_000 + 500 * i, 20)  # none in the linear's first half
+        events += [_op("aten::addmm", ts, dur, *gemm), _op("aten::copy_", ts, dur, *copy),
+                   {**_op("aten::copy_", ts, 5, *copy), "tid": 2}]
+    run = tmp_path / "run"
+    tracesql.ingest([write_trace(tmp_path / "t.json", events)], run)
+    rows = tracesql.connect(run).execute(
+        "SELECT c.name, o.tid, count(*) FILTER (WHERE c.counted), count(*) FROM op_costs() c "
+        "JOIN ops o USING (run_id, rank, op_id) GROUP BY ALL ORDER BY ALL").fetchall()
+    assert rows == [("aten::addmm", 1, 40, 40), ("aten::copy_", 1, 0, 40), ("aten::copy_", 2, 40, 40),
+                    ("aten::linear", 1, 0, 1)]
+
+
 # --- against TraceLens' golden per-op numbers -----------------------------------------------------------------
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "tracelens_golden.json").read_text())["rows"]

@@ -120,3 +120,17 @@ def test_checked_parameters_still_run(ingested):
     df = tracesql.query("hotspots", run, levels="kernel,kernel_family", top="3")
     assert set(df.level) == {"kernel", "kernel_family"}
     assert len(tracesql.query("overlap", run, time_unit_ns="1000", class_scheme="hta")) == 2
+
+
+def test_a_connection_keeps_only_its_latest_result(ingested):
+    """A report runs dozens of queries on one connection: each `run` frees the previous result's table, and the
+    rows of each result are those a fresh connection gives."""
+    run = ingested(DATASETS / "hta_trace_filter")
+    con = tracesql.connect(run)
+    results = "SELECT count(*) FROM duckdb_tables() WHERE temporary AND starts_with(table_name, 'tracesql_result_')"
+    for name in ("overlap", "hotspots", "overlap"):
+        rows = queries.run(con, queries.find(name)).fetchall()
+        assert rows and rows == queries.run(tracesql.connect(run), queries.find(name)).fetchall()
+        assert con.execute(results).fetchall() == [(1,)]
+    queries.drop_results(con)
+    assert con.execute(results).fetchall() == [(0,)]

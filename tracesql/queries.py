@@ -196,7 +196,8 @@ def variables(query: Query, params: dict | None = None) -> dict[str, str]:
 
 
 def run(con, query: Query, params: dict | None = None):
-    """Run `query` on `con` with `params` (name -> value). Returns a DuckDB relation of the last statement."""
+    """Run `query` on `con` with `params` (name -> value). Returns a DuckDB relation of the last statement, readable
+    until the next `run` on `con` (or `drop_results`)."""
     for name, value in variables(query, params).items():
         con.execute(f"SET VARIABLE {name} = {value}").fetchall()
     statements = con.extract_statements(query.sql)
@@ -205,10 +206,20 @@ def run(con, query: Query, params: dict | None = None):
     for st in statements[:-1]:
         con.execute(st.query).fetchall()
     # computed once into a temporary table: a relation over the query itself binds it twice (to make the relation,
-    # then to run it), and binding the cost model's formulas (mfu, roofline) takes longer than running them
+    # then to run it), and binding the cost model's formulas (mfu, roofline) takes longer than running them.
+    # The previous result's table on this connection goes first: a report runs dozens of queries on one connection,
+    # and each result would otherwise stay in memory until it closes (so a result is read before the next `run`).
+    drop_results(con)
     table = f"tracesql_result_{next(_RESULTS)}"
     con.execute(f"CREATE TEMP TABLE {table} AS {statements[-1].query}")
     return con.table(table)
+
+
+def drop_results(con) -> None:
+    """Free the result tables `run` made on `con` (their relations can no longer be read)."""
+    for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary AND "
+                                "starts_with(table_name, 'tracesql_result_')").fetchall():
+        con.execute(f"DROP TABLE temp.{table}")
 
 
 def _explains_device_time(query: Query) -> bool:

@@ -1060,13 +1060,26 @@ WITH signatures AS (
      AND s.concrete_inputs IS NOT DISTINCT FROM o.concrete_inputs
 ), formula AS (
     SELECT * FROM costed WHERE op_flops IS NOT NULL AND family NOT IN ('xla', 'view')  -- XLA ops never nest
+), lanes AS (
+    -- each thread's time cut into buckets about one op apart (its formula ops' span over their count) ...
+    SELECT run_id, rank, pid, tid, min(ts) AS t0, greatest((max(ts + dur) - min(ts)) // count(*), 1) AS width
+    FROM formula
+    GROUP BY run_id, rank, pid, tid
+), placed AS (
+    SELECT f.run_id, f.rank, f.pid, f.tid, f.op_id, f.family, f.ts, f.ts + f.dur AS te, f.op_depth,
+        (f.ts - l.t0) // l.width AS first_bucket, (f.ts + f.dur - l.t0) // l.width AS last_bucket
+    FROM formula f
+    JOIN lanes l ON l.run_id = f.run_id AND l.rank = f.rank AND l.pid = f.pid AND l.tid = f.tid
 ), links AS (
-    -- (outer, inner) pairs of ops with a formula where the outer one encloses the inner one
+    -- (outer, inner) pairs of ops with a formula where the outer one encloses the inner one: ... and an op
+    -- compared only with the ops that span its start's bucket (an op with every op of its thread would grow with
+    -- the square of the trace); the inner one starts inside the outer one, so the pair meets in exactly one bucket
     SELECT i.run_id, i.rank, i.op_id AS inner_id, i.family AS inner_family,
         o.op_id AS outer_id, o.family AS outer_family
-    FROM formula i JOIN formula o
-      ON o.run_id = i.run_id AND o.rank = i.rank AND o.pid = i.pid AND o.tid = i.tid
-     AND o.ts <= i.ts AND o.ts + o.dur >= i.ts + i.dur AND o.op_depth < i.op_depth
+    FROM placed i
+    JOIN (SELECT p.*, b.bucket FROM placed p, range(p.first_bucket, p.last_bucket + 1) b(bucket)) o
+      ON o.run_id = i.run_id AND o.rank = i.rank AND o.pid = i.pid AND o.tid = i.tid AND o.bucket = i.first_bucket
+     AND o.ts <= i.ts AND o.te >= i.te AND o.op_depth < i.op_depth
 ), math_inside AS (  -- ops with a GEMM/conv/attention op nested in them
     SELECT DISTINCT run_id, rank, outer_id AS op_id FROM links WHERE inner_family IN ('gemm', 'conv', 'attention')
 ), shadowed AS (

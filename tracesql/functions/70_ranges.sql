@@ -34,32 +34,47 @@ CREATE OR REPLACE MACRO range_phase(name) AS (
 -- autograd thread, so '## backward ##' on the main thread holds the kernels the autograd thread launched while
 -- it was open); 'thread': only launches from the range's own thread (the NVTX-style rule).
 -- Ranges of one thread nest, so at each nesting depth a launch has at most one enclosing range: the latest one
--- of that depth to start before it, if it has not ended. Each launch is matched against every (thread, depth) of
--- its process's ranges ('thread': of its own thread's) by a running arg_max over one sorted stream of range
--- starts and launches (an ASOF lookup written as a window, which Spark runs too): no range join.
--- innermost: no deeper range of the same thread holds the launch (its time is the range's self time; else it
+-- of that depth to start before it (of two starting together, the longer), if it has not ended. Each launch is
+-- matched against every (thread, depth) of its process's ranges ('thread': of its own thread's) by one sorted
+-- stream of range starts and launches, ordered by (thread, depth, time): the running count of range starts
+-- up to a launch is the number (in that order) of the range it looks up (an ASOF lookup written as a window,
+-- which Spark runs too; one unpartitioned running sum, as DuckDB's partitioned running windows are several
+-- times slower when one partition is much larger than the others): no range join.
+-- name: the range's. innermost: no deeper range of the same thread holds the launch (its time is the range's self time; else it
 -- is its child ranges' too). own_thread: the launch came from the range's thread.
 CREATE OR REPLACE MACRO range_launches(ranges := 'annotations', projection := 'process') AS TABLE
-WITH probes AS (
-    SELECT k.run_id, k.rank, k.pid, k.tid, k.depth, l.ts AS ts, 1 AS ord, NULL::BIGINT AS range_id,
-        NULL::BIGINT AS range_te, d.slice_id AS event_id, l.tid AS launch_tid, d.ts AS event_ts, d.dur AS event_dur
+WITH hosts AS (
+    SELECT * FROM host_ranges(ranges := ranges)
+), keys AS (
+    -- one number per (thread, depth): the stream is sorted by it, several times faster than by the run's name
+    SELECT run_id, rank, pid, tid, depth, row_number() OVER (ORDER BY run_id, rank, pid, tid, depth) AS kid
+    FROM (SELECT DISTINCT run_id, rank, pid, tid, depth FROM hosts)
+), found AS (
+    SELECT k.kid, h.ts, h.te, h.slice_id, h.name, row_number() OVER (ORDER BY k.kid, h.ts, h.te, h.slice_id) AS n
+    FROM hosts h
+    JOIN keys k ON k.run_id = h.run_id AND k.rank = h.rank AND k.pid IS NOT DISTINCT FROM h.pid
+     AND k.tid IS NOT DISTINCT FROM h.tid AND k.depth IS NOT DISTINCT FROM h.depth
+), probes AS (
+    SELECT k.kid, l.ts AS ts, 1 AS ord, k.run_id, k.rank, k.tid, k.depth, d.slice_id AS event_id,
+        l.tid AS launch_tid, d.ts AS event_ts, d.dur AS event_dur
     FROM slices d
     JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
-    JOIN (SELECT DISTINCT run_id, rank, pid, tid, depth FROM host_ranges(ranges := ranges)) k
-      ON k.run_id = l.run_id AND k.rank = l.rank AND k.pid = l.pid AND (projection = 'process' OR k.tid = l.tid)
+    JOIN keys k ON k.run_id = l.run_id AND k.rank = l.rank AND k.pid = l.pid AND (projection = 'process' OR k.tid = l.tid)
     WHERE d.kind IN ('kernel', 'memcpy', 'memset')
     UNION ALL
-    SELECT run_id, rank, pid, tid, depth, ts, 0, slice_id, te, NULL, NULL, NULL, NULL
-    FROM host_ranges(ranges := ranges)
+    SELECT kid, ts, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    FROM found
 ), swept AS (
-    SELECT *,
-        arg_max(range_id, CASE WHEN ord = 0 THEN ts END) OVER w AS owner,
-        arg_max(range_te, CASE WHEN ord = 0 THEN ts END) OVER w AS owner_te
+    SELECT *, CAST(sum(1 - ord) OVER (ORDER BY kid, ts, ord ROWS UNBOUNDED PRECEDING) AS BIGINT) AS n
     FROM probes
-    WINDOW w AS (PARTITION BY run_id, rank, pid, tid, depth ORDER BY ts, ord ROWS UNBOUNDED PRECEDING)
+), held AS (
+    SELECT p.run_id, p.rank, r.slice_id, r.name, p.tid, p.depth, p.event_id, p.event_ts AS ts, p.event_dur AS dur,
+        p.ts AS launch_ts, p.launch_tid, p.launch_tid = p.tid AS own_thread
+    FROM swept p
+    JOIN found r ON r.kid = p.kid AND r.n = p.n
+    WHERE p.ord = 1 AND p.ts < r.te
 )
-SELECT run_id, rank, owner AS slice_id, tid, depth, event_id, event_ts AS ts, event_dur AS dur, ts AS launch_ts,
-    launch_tid, launch_tid = tid AS own_thread,
-    depth = max(depth) OVER (PARTITION BY run_id, rank, event_id, tid) AS innermost
-FROM swept
-WHERE ord = 1 AND owner IS NOT NULL AND ts < owner_te;
+SELECT h.*, h.depth = i.depth AS innermost
+FROM held h
+JOIN (SELECT run_id, rank, event_id, tid, max(depth) AS depth FROM held GROUP BY run_id, rank, event_id, tid) i
+  ON i.run_id = h.run_id AND i.rank = h.rank AND i.event_id = h.event_id AND i.tid IS NOT DISTINCT FROM h.tid;
