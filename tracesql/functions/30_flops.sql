@@ -923,8 +923,8 @@ CREATE OR REPLACE MACRO op_kind(name, base, family, a) AS (
 -- UDFs of op_flops / op_bytes on (k.name, d, t, c) (tracesql/transpile.py): the same formulas.
 CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
     CAST(CASE k.family
-        WHEN 'gemm' THEN 2 * gemm_mkn(k.base, d).batch * gemm_mkn(k.base, d).m * gemm_mkn(k.base, d).k
-                           * gemm_mkn(k.base, d).n
+        -- gemm_mkn (a macro: expanded, bound and optimized at each use) once, as a lambda's argument
+        WHEN 'gemm' THEN list_transform([gemm_mkn(k.base, d)], lambda g: 2 * g.batch * g.m * g.k * g.n)[1]
         WHEN 'conv' THEN conv_flops(k.base, d, c)
         WHEN 'attention' THEN attention_flops(k.base, d, c, attention_convention)
         WHEN 'view' THEN 0
@@ -944,15 +944,15 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
     CAST(CASE k.family
         WHEN 'gemm' THEN
             -- only the operands (and bias): an `out=` tensor recorded after them is the output, counted below
-            CASE WHEN gemm_mkn(k.base, d) IS NOT NULL THEN
+            list_transform([gemm_mkn(k.base, d)], lambda g: CASE WHEN g IS NOT NULL THEN
                 input_bytes(d[1:gemm_operands(k.base)], t[1:gemm_operands(k.base)])
-                + gemm_mkn(k.base, d).batch * gemm_mkn(k.base, d).m * gemm_mkn(k.base, d).n
+                + g.batch * g.m * g.n
                   * CASE WHEN k.base = 'aten::_scaled_mm'
                          THEN coalesce(scalar_type_bytes(c[7]), 2)  -- out_dtype, else bf16
                          -- the output has the dtype of the first matrix
                          ELSE dtype_bytes(t[CASE WHEN k.base IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END])
                     END
-            END
+            END)[1]
         WHEN 'conv' THEN conv_bytes(k.base, d, t, c)
         WHEN 'attention' THEN attention_bytes(k.base, d, t)
         WHEN 'view' THEN 0
