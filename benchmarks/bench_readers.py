@@ -87,7 +87,8 @@ def bench(fmt: str, path: Path, memory_limit: str, repeat: int, base: Path | Non
         with_base = {"base_memory_limit": base_memory_limit or memory_limit, "base_failed": b["failed"] or None,
                      "base_cpu_s": round(b["cpu_s"], 3), "base_wall_s": round(b["wall_s"], 3),
                      "base_peak_rss_mb": round(b["peak_rss_mb"]), "base_peak_anon_mb": round(b["peak_anon_mb"])}
-    return with_base | {"format": fmt, "file": path.name, "bytes": path.stat().st_size, "content_bytes": int(raw["output"][0]),
+    return with_base | {"format": fmt, "file": path.name, "bytes": path.stat().st_size,
+                        "content_bytes": int(raw["output"][0]),
             "events": events, "slices": slices, "memory_limit": memory_limit,
             "raw_wall_s": round(raw["wall_s"], 3), "raw_cpu_s": round(raw["cpu_s"], 3),
             "reader_wall_s": round(reader["wall_s"], 3), "reader_cpu_s": round(reader["cpu_s"], 3),

@@ -99,3 +99,22 @@ def test_rocprof_records_of_an_unread_domain_that_are_not_a_list(tmp_path):
     with pytest.raises(tracesql.TraceError) as err:
         ingest()
     assert str(err.value) == f"{path}: unreadable page_migration records (Expected `array`, got `str`)"
+
+
+def test_torch_npu_damaged_values_are_per_event(tmp_path):
+    """What the fuzzer found in torch_npu's trace_view.json (each a traceback before): a ts of Infinity or beyond
+    Decimal's exponent, a category that is a list or a number, a lone surrogate escaped in args (DuckDB refused
+    the args JSON). Each is counted on its event, or its value kept as text."""
+    out = tmp_path / "r_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    ok = '"ph":"X","pid":1,"tid":1,"dur":1'
+    (out / "trace_view.json").write_text(
+        f'[{{{ok},"ts":Infinity}},{{{ok},"ts":"1e999999"}},{{{ok},"ts":"-1e500"}},{{{ok},"ts":1,"cat":[1]}},'
+        f'{{{ok},"ts":2,"cat":2.5}},{{{ok},"ts":3,"args":{{"a":"x\\ud800","b":"\\ud834\\udd1e"}}}}]')
+    tracesql.ingest([tmp_path], tmp_path / "run", rank=0)
+    con = tracesql.connect(tmp_path / "run")
+    assert con.sql("SELECT category, args FROM slices ORDER BY ts").fetchall() == [
+        ("[1]", None), ("2.5", None), (None, '{"a": "x\\ufffd", "b": "\\ud834\\udd1e"}')]
+    assert sorted(con.sql("SELECT message, event_count FROM warnings").fetchall()) == [
+        ("1 event(s) skipped: missing or non-numeric ts", 1),  # 1e999999 µs: beyond Decimal
+        ("2 event(s) skipped: time out of range", 2)]  # Infinity, -1e500

@@ -137,8 +137,9 @@ def test_ascend_streams_a_trace_far_beyond_what_it_could_hold(tmp_path):
     m = peak_ingest_memory(trace, tmp_path / "run", f"{LIMIT_MB}MB")
     assert m["exit"] == 0, m["stderr"]
     assert m["peak_anon_mb"] < LIMIT_MB + FIXED_OVERHEAD_MB, m
-    assert run_sql(tmp_path / "run", "SELECT count(*) FILTER (kind = 'kernel'), count(*) FILTER (name = 'torch_to_npu'), "
-                                     "count(*), max(length(name)) FROM slices") == [(200_000, 200_000, 400_000, 150)]
+    assert run_sql(tmp_path / "run", "SELECT count(*) FILTER (kind = 'kernel'), count(*) FILTER (name = "
+                                     "'torch_to_npu'), count(*), max(length(name)) FROM slices") == [
+        (200_000, 200_000, 400_000, 150)]
     assert run_sql(tmp_path / "run", "SELECT event_count FROM warnings WHERE message LIKE '%malformed event%'") == [
         (200,)]
     m = peak_ingest_memory(trace, tmp_path / "run2", "32MB")

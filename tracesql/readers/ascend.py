@@ -38,14 +38,14 @@ import json
 import math
 import re
 import tempfile
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
 
 from ..errors import TraceError
-from .common import (READER_COUNTER_TYPES, READER_SLICE_TYPES, Budget, FileMapping, RowBatches, TooLarge, TraceData,
-                     mapped_content, mapped_slices, read_bytes)
+from .common import (LONE_SURROGATE, READER_COUNTER_TYPES, READER_SLICE_TYPES, Budget, FileMapping, RowBatches,
+                     TooLarge, TraceData, mapped_content, mapped_slices, read_bytes)
 
 FORMAT = "torch_npu"
 SUFFIXES = ("trace_view.json", "trace_view.json.gz")
@@ -86,8 +86,13 @@ def _ns(value) -> int | None:
     if value is None:
         return None
     try:
-        return int((Decimal(value if isinstance(value, str) else repr(value)) * 1000).to_integral_value())
-    except (InvalidOperation, ValueError):
+        ns = Decimal(value if isinstance(value, str) else repr(value)) * 1000
+        if ns.is_nan():
+            return None
+        if abs(ns) >= MAX_NS:  # out of range (Infinity too): no integer of a million digits is built from "1e999999"
+            return MAX_NS if ns > 0 else -MAX_NS
+        return int(ns.to_integral_value())
+    except (ArithmeticError, ValueError):  # not a number; an exponent beyond Decimal's
         return None
 
 
@@ -420,6 +425,7 @@ class _Rows:
                 row.update(kind="other", category="overlap_analysis")
             else:
                 cat = e.get("cat")
+                cat = cat if cat is None or isinstance(cat, str) else str(cat)
                 row.update(kind=_KINDS.get(cat, "other" if cat else "user_annotation"), category=cat)
                 if "Input Dims" in args or "Input type" in args:
                     args = dict(args)
@@ -485,8 +491,8 @@ def read(path: Path, threads: int | None = None):
             # the slices go to a memory-mapped scratch file a batch at a time (it stays mapped once the folder is
             # gone), the counter samples to another as they come
             slices = mapped_slices(Path(scratch) / "slices.arrows", rows.batches(
-                _Document(path, buf, budget), lists, RowBatches(pa.schema(READER_SLICE_TYPES), numbered="slice_id"), counters,
-                counters_out))
+                _Document(path, buf, budget), lists, RowBatches(pa.schema(READER_SLICE_TYPES), numbered="slice_id"),
+                counters, counters_out))
         mappings = [slices] + ([FileMapping(Path(scratch) / "counters.arrows")] if counters.rows else [])
 
     rank = info.get("rank_id")
@@ -527,23 +533,34 @@ def _clean(e) -> bool:
 
 
 def _json(args: dict) -> str | None:
-    """args as JSON text (non-finite numbers, which JSON has no word for, as null)."""
+    """args as JSON text (non-finite numbers, which JSON has no word for, as null; a lone UTF-16 surrogate, which
+    JSON may escape but no reader of it accepts, as U+FFFD)."""
     if not args:
         return None
     try:
-        return json.dumps(args, allow_nan=False, default=str)
+        text = json.dumps(args, allow_nan=False, default=str)
     except ValueError:
+        text = None
+    if text is None or "\\ud" in text and _ESCAPED_SURROGATE.search(text):
         return json.dumps(_finite(args), default=str)
+    return text
+
+
+#: json.dumps' escape of a lone surrogate: a high one not followed by a low one, a low one not after a high one
+_ESCAPED_SURROGATE = re.compile(r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f])|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}")
 
 
 def _finite(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value)
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {_finite(k) if isinstance(k, str) else k: _finite(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
+
 
 
 def _profiler_info(root: Path, read_bytes) -> dict:

@@ -173,7 +173,8 @@ class RowBatches:
         return pa.record_batch(columns, schema=self.schema)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+#: A lone UTF-16 surrogate in a str (json joins each escaped pair into one character; a lone one stays)
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _array(values: list, type_: pa.DataType) -> pa.Array:
@@ -181,7 +182,7 @@ def _array(values: list, type_: pa.DataType) -> pa.Array:
     try:
         return pa.array(values, type_)
     except UnicodeEncodeError:
-        return pa.array([_SURROGATE.sub("\ufffd", v) if type(v) is str else v for v in values], type_)
+        return pa.array([LONE_SURROGATE.sub("\ufffd", v) if type(v) is str else v for v in values], type_)
 
 
 @dataclass
