@@ -161,21 +161,23 @@ CREATE OR REPLACE MACRO conv_is_transposed(name, concrete_inputs) AS (
 -- NULL when those arguments were not recorded.
 CREATE OR REPLACE MACRO conv_out_spatial(name, x, w, concrete_inputs) AS (
     CASE WHEN len(x) >= 3 AND len(w) = len(x) THEN
+    -- the layout and whether it is transposed once (a lambda's argument), not expanded at each use
+    list_transform([{'l': conv_layout(name), 'transposed': conv_is_transposed(name, concrete_inputs)}], lambda s:
     list_transform(range(1, len(x) - 1), lambda j:
         CASE
-            WHEN lower(trim(concrete_inputs[conv_layout(name).padding], '''" ')) = 'same' THEN x[j + 2]
-            WHEN conv_is_transposed(name, concrete_inputs) THEN
-                (x[j + 2] - 1) * concrete_int(concrete_inputs, conv_layout(name).stride, j)
-                - 2 * concrete_int(concrete_inputs, conv_layout(name).padding, j)
-                + concrete_int(concrete_inputs, conv_layout(name).dilation, j) * (w[j + 2] - 1)
-                + coalesce(concrete_int(concrete_inputs, conv_layout(name).output_padding, j), 0) + 1
+            WHEN lower(trim(concrete_inputs[s.l.padding], '''" ')) = 'same' THEN x[j + 2]
+            WHEN s.transposed THEN
+                (x[j + 2] - 1) * concrete_int(concrete_inputs, s.l.stride, j)
+                - 2 * concrete_int(concrete_inputs, s.l.padding, j)
+                + concrete_int(concrete_inputs, s.l.dilation, j) * (w[j + 2] - 1)
+                + coalesce(concrete_int(concrete_inputs, s.l.output_padding, j), 0) + 1
             ELSE
                 (x[j + 2]
-                 + 2 * CASE WHEN lower(trim(concrete_inputs[conv_layout(name).padding], '''" ')) = 'valid' THEN 0
-                            ELSE concrete_int(concrete_inputs, conv_layout(name).padding, j) END
-                 - concrete_int(concrete_inputs, conv_layout(name).dilation, j) * (w[j + 2] - 1) - 1)
-                // concrete_int(concrete_inputs, conv_layout(name).stride, j) + 1
-        END)
+                 + 2 * CASE WHEN lower(trim(concrete_inputs[s.l.padding], '''" ')) = 'valid' THEN 0
+                            ELSE concrete_int(concrete_inputs, s.l.padding, j) END
+                 - concrete_int(concrete_inputs, s.l.dilation, j) * (w[j + 2] - 1) - 1)
+                // concrete_int(concrete_inputs, s.l.stride, j) + 1
+        END))[1]
     END
 );
 
