@@ -97,49 +97,6 @@ READER_COUNTER_TYPES = {
 }
 
 
-#: Columns of a reader's `counters` table (normalize adds run_id and rank).
-READER_COUNTER_TYPES = {
-    "name": pa.string(), "series": pa.string(), "track": pa.string(), "device_id": pa.int32(),
-    "ts": pa.int64(), "value": pa.float64(),
-}
-
-
-class RowBatches:
-    """Rows added a value per column at a time (Python lists), taken as Arrow record batches of `types` (column ->
-    type) once BATCH rows or BATCH_TEXT characters of text are held: a reader streams them out without holding a
-    Python object per event for the whole file, and a few huge values cannot make one batch huge. `numbered`: a
-    column numbering the rows from 0 (`slice_id`)."""
-
-    BATCH = 1 << 16
-    BATCH_TEXT = 16 << 20
-
-    def __init__(self, types: dict[str, pa.DataType], numbered: str | None = None):
-        self.schema, self.numbered = pa.schema(types), numbered
-        self._lists = {c: [] for c in types if c != numbered}
-        self.rows = self._text = 0
-
-    def add(self, **values) -> pa.RecordBatch | None:
-        """One row (a column left out is NULL); the rows so far as a batch when they fill one."""
-        lists = self._lists
-        for column, held in lists.items():
-            held.append(values.get(column))
-        self._text += sum(len(v) for v in values.values() if type(v) is str)
-        if len(held) >= self.BATCH or self._text >= self.BATCH_TEXT:
-            return self.take()
-        return None
-
-    def take(self) -> pa.RecordBatch:
-        """The rows added since the last batch, as one."""
-        n = len(next(iter(self._lists.values())))
-        columns = {c: pa.array(v, self.schema.field(c).type) for c, v in self._lists.items()}
-        if self.numbered:
-            columns[self.numbered] = pa.array(range(self.rows, self.rows + n), self.schema.field(self.numbered).type)
-        self.rows += n
-        self._lists = {c: [] for c in self._lists}
-        self._text = 0
-        return pa.record_batch([columns[name] for name in self.schema.names], schema=self.schema)
-
-
 class RowBatches:
     """Rows added one at a time (a dict each), taken as Arrow record batches of `schema` once BATCH rows or
     BATCH_TEXT characters of text are held: a reader streams them out without holding a Python object per event
