@@ -34,10 +34,10 @@ CREATE OR REPLACE MACRO shape_numel(dims) AS (
     CASE WHEN len(dims) > 0 THEN list_product(dims) END
 );
 
--- Bytes of every tensor argument of an op, read once.
-CREATE OR REPLACE MACRO input_bytes(input_dims, input_types) AS (
-    list_sum(list_transform(range(1, len(input_dims) + 1), lambda i:
-        coalesce(shape_numel(input_dims[i]) * dtype_bytes(input_types[i]), 0)))
+-- Bytes of every tensor argument with dimensions in `args` (op_args(), or a slice of it), read once (a 0-dim tensor,
+-- a non-tensor or a missing argument: 0).
+CREATE OR REPLACE MACRO args_bytes(args) AS (
+    list_sum(list_transform(args, lambda x: CASE WHEN x.ndim > 0 THEN coalesce(x.numel * x.bpe, 0) ELSE 0 END))
 );
 
 -- Bytes per element of the op's first tensor argument.
@@ -212,24 +212,24 @@ CREATE OR REPLACE MACRO conv_flops(name, d, concrete_inputs) AS (
     END
 );
 
-CREATE OR REPLACE MACRO conv_bytes(name, d, t, concrete_inputs) AS (
+CREATE OR REPLACE MACRO conv_bytes(name, d, a, concrete_inputs) AS (
     CASE
         -- reads grad_output, input, weight; writes grad_input and grad_weight when asked for
         WHEN name = 'aten::convolution_backward' AND len(d[1]) >= 3 AND len(d[3]) = len(d[1]) THEN
-            input_bytes(d[1:3], t[1:3])
+            args_bytes(a[1:3])
             + (CASE WHEN coalesce(TRY_CAST(concrete_inputs[11] AS BOOLEAN[])[1], true) THEN shape_numel(d[2])
                     ELSE 0 END
                + CASE WHEN coalesce(TRY_CAST(concrete_inputs[11] AS BOOLEAN[])[2], true) THEN shape_numel(d[3])
                       ELSE 0 END)
-              * dtype_bytes(t[1])
+              * a[1].bpe
         WHEN len(d[1]) < 3 OR len(d[2]) <> len(d[1]) THEN NULL
         ELSE list_transform([conv_call(name, concrete_inputs)], lambda cv: CASE WHEN cv.l IS NOT NULL THEN
-            input_bytes(d, t)
+            args_bytes(a)
             + d[1][1]
               * CASE WHEN cv.transposed
                      THEN d[2][2] * coalesce(TRY_CAST(concrete_inputs[cv.l.groups] AS BIGINT), 1)
                      ELSE d[2][1] END
-              * list_product(conv_out_spatial(cv, d[1], d[2])) * dtype_bytes(t[1])
+              * list_product(conv_out_spatial(cv, d[1], d[2])) * a[1].bpe
         END)[1]
     END
 );
@@ -269,12 +269,12 @@ CREATE OR REPLACE MACRO attention_flops(name, d, concrete_inputs, attention_conv
 
 -- Forward: reads q, k, v (and mask), writes the output [B, Hq, Sq, d_v]. Backward: reads its tensor arguments,
 -- writes dq, dk, dv.
-CREATE OR REPLACE MACRO attention_bytes(name, d, t) AS (
+CREATE OR REPLACE MACRO attention_bytes(name, d, a) AS (
     list_transform([attention_layout(name)], lambda al:
     CASE WHEN al IS NOT NULL AND len(d[al.q]) = 4 AND len(d[al.q + 2]) = 4 THEN
-        input_bytes(d, t)
-        + CASE WHEN al.backward THEN input_bytes(d[2:4], t[2:4])
-               ELSE list_product(d[1][1:3]) * d[3][4] * dtype_bytes(t[1]) END
+        args_bytes(a)
+        + CASE WHEN al.backward THEN args_bytes(a[2:4])
+               ELSE list_product(d[1][1:3]) * d[3][4] * a[1].bpe END
     END)[1]
 );
 
@@ -365,15 +365,18 @@ CREATE OR REPLACE MACRO broadcast_numel(d, positions) AS (
 -- the first present (float16 with bfloat16: float32), or for Python numbers the default dtype (float32, int64,
 -- complex64). See op_args' rank.
 CREATE OR REPLACE MACRO promoted_bytes(a, positions) AS (
-    list_transform([list_max(list_transform(positions, lambda i: a[i].rank))], lambda top: CASE
+    -- the positions, the top rank and the arguments of that rank each once (lambdas' arguments)
+    list_transform([positions], lambda ps:
+    list_transform([list_max(list_transform(ps, lambda i: a[i].rank))], lambda top:
+    list_transform([list_filter(ps, lambda i: a[i].rank = top)], lambda tops: CASE
         WHEN top IS NULL THEN NULL
         WHEN top % 3 = 0 THEN CASE top // 3 WHEN 0 THEN 1 WHEN 1 THEN 8 WHEN 2 THEN 4 ELSE 8 END
-        WHEN list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].bpe)) = 2
-             AND list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].half)) = 1
-             AND list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].bf16)) = 1
+        WHEN list_max(list_transform(tops, lambda i: a[i].bpe)) = 2
+             AND list_max(list_transform(tops, lambda i: a[i].half)) = 1
+             AND list_max(list_transform(tops, lambda i: a[i].bf16)) = 1
             THEN 4
-        ELSE list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].bpe))
-    END)[1]
+        ELSE list_max(list_transform(tops, lambda i: a[i].bpe))
+    END)[1])[1])[1]
 );
 
 -- Does the op write an `out=` tensor given as its last argument: its name says so (overload 'out' or '*_out'),
@@ -966,16 +969,16 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
         WHEN 'gemm' THEN
             -- only the operands (and bias): an `out=` tensor recorded after them is the output, counted below
             list_transform([gemm_mkn(k.base, d)], lambda g: CASE WHEN g IS NOT NULL THEN
-                input_bytes(d[1:gemm_operands(k.base)], t[1:gemm_operands(k.base)])
+                args_bytes(a[1:gemm_operands(k.base)])
                 + g.batch * g.m * g.n
                   * CASE WHEN k.base = 'aten::_scaled_mm'
                          THEN coalesce(scalar_type_bytes(c[7]), 2)  -- out_dtype, else bf16
                          -- the output has the dtype of the first matrix
-                         ELSE dtype_bytes(t[CASE WHEN k.base IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END])
+                         ELSE a[CASE WHEN k.base IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END].bpe
                     END
             END)[1]
-        WHEN 'conv' THEN conv_bytes(k.base, d, t, c)
-        WHEN 'attention' THEN attention_bytes(k.base, d, t)
+        WHEN 'conv' THEN conv_bytes(k.base, d, a, c)
+        WHEN 'attention' THEN attention_bytes(k.base, d, a)
         WHEN 'view' THEN 0
         WHEN 'elementwise' THEN elementwise_bytes(k, d, a)
         WHEN 'reduction' THEN reduction_bytes(k, d, a, c)
