@@ -923,8 +923,8 @@ CREATE OR REPLACE MACRO op_flop_family(name) AS (
 CREATE OR REPLACE MACRO op_kind(name, base, family, a) AS (
     list_transform([{'core': op_core_name(base), 'inplace': op_is_inplace(base),
                      'pair': base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL}], lambda ok:
-    list_transform([CASE WHEN ok.pair THEN elementwise_spec('aten::maximum')
-                         WHEN family = 'elementwise' THEN elementwise_spec(ok.core) END], lambda ew:
+    list_transform([elementwise_spec(CASE WHEN ok.pair THEN 'aten::maximum'
+                                          WHEN family = 'elementwise' THEN ok.core END)], lambda ew:
     {'name': name, 'base': base,
      'core': CASE WHEN ok.pair THEN 'aten::maximum' ELSE ok.core END,
      'family': CASE WHEN ok.pair THEN 'elementwise' ELSE family END,
