@@ -45,11 +45,11 @@ WITH segments AS (
     JOIN lanes l ON CASE WHEN l.bit = 0 THEN s.classes = 0 ELSE (s.classes & l.bit) <> 0 END
     JOIN windows w ON w.run_id = s.run_id AND w.rank = s.rank AND w.device_id = s.device_id
 ), starts AS (
+    -- a lane's segments are disjoint, so the one before ends last of all before
     SELECT *,
-        CASE WHEN ts - max(te) OVER earlier <= resolution_ns THEN 0 ELSE 1 END AS starts_interval
+        CASE WHEN ts - lag(te) OVER (PARTITION BY run_id, rank, device_id, lane ORDER BY ts) <= resolution_ns
+             THEN 0 ELSE 1 END AS starts_interval
     FROM in_lane
-    WINDOW earlier AS (PARTITION BY run_id, rank, device_id, lane ORDER BY ts
-                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
 ), numbered AS (
     SELECT *, sum(starts_interval) OVER (PARTITION BY run_id, rank, device_id, lane ORDER BY ts
                                          ROWS UNBOUNDED PRECEDING) AS interval_no

@@ -50,10 +50,9 @@ SELECT s.* REPLACE (
         (s.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS ts,
         greatest((s.ts + s.dur) // time_unit_ns * time_unit_ns
                  - (s.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns, 0) AS dur),
-    c.class, l.ts AS launch_ts
+    c.class
 FROM slices s
 JOIN classes c ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
-LEFT JOIN slices l ON l.run_id = s.run_id AND l.rank = s.rank AND l.slice_id = s.launch_id
 LEFT JOIN filtered_runs f ON f.run_id = s.run_id
 LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
 LEFT JOIN hta_launch h ON h.run_id = s.run_id AND h.rank = s.rank AND h.correlation = s.correlation
