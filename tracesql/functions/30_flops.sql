@@ -34,10 +34,10 @@ CREATE OR REPLACE MACRO shape_numel(dims) AS (
     CASE WHEN len(dims) > 0 THEN list_product(dims) END
 );
 
--- Bytes of every tensor argument of an op, read once.
-CREATE OR REPLACE MACRO input_bytes(input_dims, input_types) AS (
-    list_sum(list_transform(range(1, len(input_dims) + 1), lambda i:
-        coalesce(shape_numel(input_dims[i]) * dtype_bytes(input_types[i]), 0)))
+-- Bytes of every tensor argument with dimensions in `args` (op_args(), or a slice of it), read once (a 0-dim tensor,
+-- a non-tensor or a missing argument: 0).
+CREATE OR REPLACE MACRO args_bytes(args) AS (
+    list_sum(list_transform(args, lambda x: CASE WHEN x.ndim > 0 THEN coalesce(x.numel * x.bpe, 0) ELSE 0 END))
 );
 
 -- Bytes per element of the op's first tensor argument.
@@ -143,41 +143,46 @@ CREATE OR REPLACE MACRO conv_layout(name) AS (
               groups INTEGER, is_transposed BOOLEAN))
 );
 
--- The i-th value of an int-list argument such as '[2, 2]'; a one-element list applies to every spatial dim.
-CREATE OR REPLACE MACRO concrete_int(concrete_inputs, pos, i) AS (
-    CASE WHEN len(TRY_CAST(concrete_inputs[pos] AS BIGINT[])) = 1 THEN TRY_CAST(concrete_inputs[pos] AS BIGINT[])[1]
-         ELSE TRY_CAST(concrete_inputs[pos] AS BIGINT[])[i] END
+-- The i-th value of an int-list argument (ints = '[2, 2]' as BIGINT[]); a one-element list applies to every
+-- spatial dim.
+CREATE OR REPLACE MACRO concrete_int(ints, i) AS (
+    CASE WHEN len(ints) = 1 THEN ints[1] ELSE ints[i] END
 );
 
--- Is the convolution transposed: by its name, else by its `transposed` argument (NULL if not recorded).
-CREATE OR REPLACE MACRO conv_is_transposed(name, concrete_inputs) AS (
-    coalesce(conv_layout(name).is_transposed,
-             TRY_CAST(concrete_inputs[conv_layout(name).transposed] AS BOOLEAN))
+-- What the formulas read of one convolution call: its layout (l = conv_layout(name), NULL when the op is none),
+-- whether it is transposed (by its name, else by its `transposed` argument; NULL if not recorded), its stride,
+-- padding, dilation and output_padding as int lists and its padding as text ('same', 'valid'). The formulas take
+-- it once per call as a lambda's argument: a macro is expanded, bound and optimized at each of its uses.
+CREATE OR REPLACE MACRO conv_call(name, concrete_inputs) AS (
+    list_transform([conv_layout(name)], lambda l:
+        {'l': l, 'transposed': coalesce(l.is_transposed, TRY_CAST(concrete_inputs[l.transposed] AS BOOLEAN)),
+         'stride': TRY_CAST(concrete_inputs[l.stride] AS BIGINT[]),
+         'padding': TRY_CAST(concrete_inputs[l.padding] AS BIGINT[]),
+         'padding_text': lower(trim(concrete_inputs[l.padding], '''" ')),
+         'dilation': TRY_CAST(concrete_inputs[l.dilation] AS BIGINT[]),
+         'output_padding': TRY_CAST(concrete_inputs[l.output_padding] AS BIGINT[])})[1]
 );
 
 -- Output spatial sizes of a convolution (x = input shape, w = weight shape), from stride/padding/dilation:
 -- out = floor((in + 2·pad − dil·(k − 1) − 1) / stride) + 1, or for a transposed one
 -- out = (in − 1)·stride − 2·pad + dil·(k − 1) + output_padding + 1. padding 'valid' is 0; 'same' keeps the size.
--- NULL when those arguments were not recorded.
-CREATE OR REPLACE MACRO conv_out_spatial(name, x, w, concrete_inputs) AS (
+-- NULL when those arguments were not recorded. s = conv_call().
+CREATE OR REPLACE MACRO conv_out_spatial(s, x, w) AS (
     CASE WHEN len(x) >= 3 AND len(w) = len(x) THEN
-    -- the layout and whether it is transposed once (a lambda's argument), not expanded at each use
-    list_transform([{'l': conv_layout(name), 'transposed': conv_is_transposed(name, concrete_inputs)}], lambda s:
     list_transform(range(1, len(x) - 1), lambda j:
         CASE
-            WHEN lower(trim(concrete_inputs[s.l.padding], '''" ')) = 'same' THEN x[j + 2]
+            WHEN s.padding_text = 'same' THEN x[j + 2]
             WHEN s.transposed THEN
-                (x[j + 2] - 1) * concrete_int(concrete_inputs, s.l.stride, j)
-                - 2 * concrete_int(concrete_inputs, s.l.padding, j)
-                + concrete_int(concrete_inputs, s.l.dilation, j) * (w[j + 2] - 1)
-                + coalesce(concrete_int(concrete_inputs, s.l.output_padding, j), 0) + 1
+                (x[j + 2] - 1) * concrete_int(s.stride, j)
+                - 2 * concrete_int(s.padding, j)
+                + concrete_int(s.dilation, j) * (w[j + 2] - 1)
+                + coalesce(concrete_int(s.output_padding, j), 0) + 1
             ELSE
                 (x[j + 2]
-                 + 2 * CASE WHEN lower(trim(concrete_inputs[s.l.padding], '''" ')) = 'valid' THEN 0
-                            ELSE concrete_int(concrete_inputs, s.l.padding, j) END
-                 - concrete_int(concrete_inputs, s.l.dilation, j) * (w[j + 2] - 1) - 1)
-                // concrete_int(concrete_inputs, s.l.stride, j) + 1
-        END))[1]
+                 + 2 * CASE WHEN s.padding_text = 'valid' THEN 0 ELSE concrete_int(s.padding, j) END
+                 - concrete_int(s.dilation, j) * (w[j + 2] - 1) - 1)
+                // concrete_int(s.stride, j) + 1
+        END)
     END
 );
 
@@ -197,30 +202,35 @@ CREATE OR REPLACE MACRO conv_flops(name, d, concrete_inputs) AS (
                 CASE WHEN coalesce(TRY_CAST(concrete_inputs[8] AS BOOLEAN), false) THEN d[2][3:] ELSE d[1][3:] END)
             * coalesce(list_sum(list_transform(TRY_CAST(concrete_inputs[11] AS BOOLEAN[])[1:2],
                                                lambda m: CASE WHEN m THEN 1 ELSE 0 END)), 2)
-        WHEN conv_layout(name) IS NULL OR len(d[1]) < 3 OR len(d[2]) <> len(d[1]) THEN NULL
-        WHEN conv_is_transposed(name, concrete_inputs) THEN conv_forward_flops(d[1][1], d[2], d[1][3:])
-        WHEN NOT conv_is_transposed(name, concrete_inputs) THEN
-            conv_forward_flops(d[1][1], d[2], conv_out_spatial(name, d[1], d[2], concrete_inputs))
+        WHEN len(d[1]) < 3 OR len(d[2]) <> len(d[1]) THEN NULL
+        ELSE list_transform([conv_call(name, concrete_inputs)], lambda cv: CASE
+            WHEN cv.l IS NULL THEN NULL
+            WHEN cv.transposed THEN conv_forward_flops(d[1][1], d[2], d[1][3:])
+            WHEN NOT cv.transposed THEN
+                conv_forward_flops(d[1][1], d[2], conv_out_spatial(cv, d[1], d[2]))
+        END)[1]
     END
 );
 
-CREATE OR REPLACE MACRO conv_bytes(name, d, t, concrete_inputs) AS (
+CREATE OR REPLACE MACRO conv_bytes(name, d, a, concrete_inputs) AS (
     CASE
         -- reads grad_output, input, weight; writes grad_input and grad_weight when asked for
         WHEN name = 'aten::convolution_backward' AND len(d[1]) >= 3 AND len(d[3]) = len(d[1]) THEN
-            input_bytes(d[1:3], t[1:3])
+            args_bytes(a[1:3])
             + (CASE WHEN coalesce(TRY_CAST(concrete_inputs[11] AS BOOLEAN[])[1], true) THEN shape_numel(d[2])
                     ELSE 0 END
                + CASE WHEN coalesce(TRY_CAST(concrete_inputs[11] AS BOOLEAN[])[2], true) THEN shape_numel(d[3])
                       ELSE 0 END)
-              * dtype_bytes(t[1])
-        WHEN conv_layout(name) IS NULL OR len(d[1]) < 3 OR len(d[2]) <> len(d[1]) THEN NULL
-        ELSE input_bytes(d, t)
-             + d[1][1]
-               * CASE WHEN conv_is_transposed(name, concrete_inputs)
-                      THEN d[2][2] * coalesce(TRY_CAST(concrete_inputs[conv_layout(name).groups] AS BIGINT), 1)
-                      ELSE d[2][1] END
-               * list_product(conv_out_spatial(name, d[1], d[2], concrete_inputs)) * dtype_bytes(t[1])
+              * a[1].bpe
+        WHEN len(d[1]) < 3 OR len(d[2]) <> len(d[1]) THEN NULL
+        ELSE list_transform([conv_call(name, concrete_inputs)], lambda cv: CASE WHEN cv.l IS NOT NULL THEN
+            args_bytes(a)
+            + d[1][1]
+              * CASE WHEN cv.transposed
+                     THEN d[2][2] * coalesce(TRY_CAST(concrete_inputs[cv.l.groups] AS BIGINT), 1)
+                     ELSE d[2][1] END
+              * list_product(conv_out_spatial(cv, d[1], d[2])) * a[1].bpe
+        END)[1]
     END
 );
 
@@ -245,30 +255,27 @@ CREATE OR REPLACE MACRO attention_layout(name) AS (
     AS STRUCT(q INTEGER, is_causal INTEGER, backward BOOLEAN))
 );
 
+-- The layout once per call (a lambda's argument), not expanded at each of its uses.
 CREATE OR REPLACE MACRO attention_flops(name, d, concrete_inputs, attention_convention) AS (
-    CASE WHEN attention_layout(name) IS NOT NULL
-              AND len(d[attention_layout(name).q]) = 4 AND len(d[attention_layout(name).q + 2]) = 4 THEN
+    list_transform([attention_layout(name)], lambda al:
+    CASE WHEN al IS NOT NULL AND len(d[al.q]) = 4 AND len(d[al.q + 2]) = 4 THEN
         -- 2·B·Hq·Sq·Skv per unit of head_dim, times the head dims the matmuls contract over
-        2 * d[attention_layout(name).q][1] * d[attention_layout(name).q][2] * d[attention_layout(name).q][3]
-          * d[attention_layout(name).q + 1][3]
-          * CASE WHEN attention_layout(name).backward
-                 THEN 3 * d[attention_layout(name).q][4] + 2 * d[attention_layout(name).q + 2][4]
-                 ELSE d[attention_layout(name).q][4] + d[attention_layout(name).q + 2][4] END
-          * CASE WHEN attention_convention = 'flash'
-                      AND lower(concrete_inputs[attention_layout(name).is_causal]) = 'true' THEN 0.5 ELSE 1 END
-    END
+        2 * d[al.q][1] * d[al.q][2] * d[al.q][3] * d[al.q + 1][3]
+          * CASE WHEN al.backward THEN 3 * d[al.q][4] + 2 * d[al.q + 2][4] ELSE d[al.q][4] + d[al.q + 2][4] END
+          * CASE WHEN attention_convention = 'flash' AND lower(concrete_inputs[al.is_causal]) = 'true' THEN 0.5
+                 ELSE 1 END
+    END)[1]
 );
 
 -- Forward: reads q, k, v (and mask), writes the output [B, Hq, Sq, d_v]. Backward: reads its tensor arguments,
 -- writes dq, dk, dv.
-CREATE OR REPLACE MACRO attention_bytes(name, d, t) AS (
-    CASE WHEN attention_layout(name) IS NOT NULL
-              AND len(d[attention_layout(name).q]) = 4 AND len(d[attention_layout(name).q + 2]) = 4 THEN
-        input_bytes(d, t)
-        + CASE WHEN attention_layout(name).backward
-               THEN input_bytes(d[2:4], t[2:4])
-               ELSE list_product(d[1][1:3]) * d[3][4] * dtype_bytes(t[1]) END
-    END
+CREATE OR REPLACE MACRO attention_bytes(name, d, a) AS (
+    list_transform([attention_layout(name)], lambda al:
+    CASE WHEN al IS NOT NULL AND len(d[al.q]) = 4 AND len(d[al.q + 2]) = 4 THEN
+        args_bytes(a)
+        + CASE WHEN al.backward THEN args_bytes(a[2:4])
+               ELSE list_product(d[1][1:3]) * d[3][4] * a[1].bpe END
+    END)[1]
 );
 
 -- ---------------------------------------------------------------------------------------------------------
@@ -308,20 +315,21 @@ CREATE OR REPLACE MACRO dtype_category(dtype) AS (
 -- tensor, as Kineto records a Python number passed for a tensor); half / bf16: 1 when float16 / bfloat16.
 -- op_costs() makes it once per op.
 CREATE OR REPLACE MACRO op_args(d, t, c) AS (
-    list_transform(range(1, coalesce(len(d), 0) + 1), lambda i: {
-        'numel': CASE WHEN d[i] IS NOT NULL AND dtype_bytes(t[i]) IS NOT NULL
-                      THEN coalesce(list_product(d[i]), 1) END,
-        'bpe': dtype_bytes(t[i]),
-        'cat': dtype_category(t[i]),
+    list_transform(range(1, coalesce(len(d), 0) + 1), lambda i:
+    -- the dtype's bytes and category once per argument (a lambda's argument)
+    list_transform([{'bpe': dtype_bytes(t[i]), 'cat': dtype_category(t[i])}], lambda ty: {
+        'numel': CASE WHEN d[i] IS NOT NULL AND ty.bpe IS NOT NULL THEN coalesce(list_product(d[i]), 1) END,
+        'bpe': ty.bpe,
+        'cat': ty.cat,
         'ndim': len(d[i]),
         'type': t[i],
         'value': c[i],
         'rank': CASE
             WHEN d[i] IS NULL THEN NULL
-            WHEN dtype_bytes(t[i]) IS NOT NULL AND len(d[i]) > 0 THEN 3 * dtype_category(t[i]) + 2
+            WHEN ty.bpe IS NOT NULL AND len(d[i]) > 0 THEN 3 * ty.cat + 2
             WHEN t[i] = 'double' THEN 6
             WHEN t[i] = 'long int' THEN 3
-            WHEN dtype_bytes(t[i]) IS NOT NULL THEN 3 * dtype_category(t[i]) + 1
+            WHEN ty.bpe IS NOT NULL THEN 3 * ty.cat + 1
             WHEN t[i] = 'Scalar' AND coalesce(c[i], '') <> '' THEN CASE
                 WHEN c[i] IN ('True', 'False') THEN 0
                 WHEN regexp_matches(c[i], '^-?[0-9]+$') THEN 3
@@ -329,7 +337,7 @@ CREATE OR REPLACE MACRO op_args(d, t, c) AS (
             END,
         'half': CASE WHEN regexp_matches(lower(coalesce(t[i], '')), 'half|float16|fp16|^f16$')
                           AND NOT regexp_matches(lower(t[i]), 'bfloat16') THEN 1 ELSE 0 END,
-        'bf16': CASE WHEN regexp_matches(lower(coalesce(t[i], '')), 'bfloat16|bf16') THEN 1 ELSE 0 END})
+        'bf16': CASE WHEN regexp_matches(lower(coalesce(t[i], '')), 'bfloat16|bf16') THEN 1 ELSE 0 END})[1])
 );
 
 -- The positions (1-based) of the tensor arguments among the first n.
@@ -344,11 +352,11 @@ CREATE OR REPLACE MACRO read_bytes(a, positions) AS (
 
 -- Elements of the broadcast of the tensors at `positions` (shapes aligned from the right, as torch does).
 CREATE OR REPLACE MACRO broadcast_numel(d, positions) AS (
-    coalesce(list_product(list_transform(
-        range(1, coalesce(list_max(list_transform(positions, lambda i: len(d[i]))), 0) + 1),
+    list_transform([positions], lambda ps: coalesce(list_product(list_transform(
+        range(1, coalesce(list_max(list_transform(ps, lambda i: len(d[i]))), 0) + 1),
         lambda j: CASE
-            WHEN list_min(list_transform(positions, lambda i: coalesce(list_reverse(d[i])[j], 1))) = 0 THEN 0
-            ELSE list_max(list_transform(positions, lambda i: coalesce(list_reverse(d[i])[j], 1))) END)), 1)
+            WHEN list_min(list_transform(ps, lambda i: coalesce(list_reverse(d[i])[j], 1))) = 0 THEN 0
+            ELSE list_max(list_transform(ps, lambda i: coalesce(list_reverse(d[i])[j], 1))) END)), 1))[1]
 );
 
 -- Bytes per element of the result of an op over the arguments at `positions`, by PyTorch's type promotion
@@ -357,15 +365,18 @@ CREATE OR REPLACE MACRO broadcast_numel(d, positions) AS (
 -- the first present (float16 with bfloat16: float32), or for Python numbers the default dtype (float32, int64,
 -- complex64). See op_args' rank.
 CREATE OR REPLACE MACRO promoted_bytes(a, positions) AS (
-    list_transform([list_max(list_transform(positions, lambda i: a[i].rank))], lambda top: CASE
+    -- the positions, the top rank and the arguments of that rank each once (lambdas' arguments)
+    list_transform([positions], lambda ps:
+    list_transform([list_max(list_transform(ps, lambda i: a[i].rank))], lambda top:
+    list_transform([list_filter(ps, lambda i: a[i].rank = top)], lambda tops: CASE
         WHEN top IS NULL THEN NULL
         WHEN top % 3 = 0 THEN CASE top // 3 WHEN 0 THEN 1 WHEN 1 THEN 8 WHEN 2 THEN 4 ELSE 8 END
-        WHEN list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].bpe)) = 2
-             AND list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].half)) = 1
-             AND list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].bf16)) = 1
+        WHEN list_max(list_transform(tops, lambda i: a[i].bpe)) = 2
+             AND list_max(list_transform(tops, lambda i: a[i].half)) = 1
+             AND list_max(list_transform(tops, lambda i: a[i].bf16)) = 1
             THEN 4
-        ELSE list_max(list_transform(list_filter(positions, lambda i: a[i].rank = top), lambda i: a[i].bpe))
-    END)[1]
+        ELSE list_max(list_transform(tops, lambda i: a[i].bpe))
+    END)[1])[1])[1]
 );
 
 -- Does the op write an `out=` tensor given as its last argument: its name says so (overload 'out' or '*_out'),
@@ -507,18 +518,17 @@ CREATE OR REPLACE MACRO reduced_dims(dim_value, ndim) AS (
 );
 
 -- Elements a reduction writes per output: the input's with the reduced dims removed (keepdim keeps them as 1:
--- the same count); 1 for a full reduction; the input's for a scan.
+-- the same count); 1 for a full reduction; the input's for a scan. The reduced dims once (a lambda's argument).
 CREATE OR REPLACE MACRO reduction_out_numel(r, d, c) AS (
-    CASE
+    list_transform([reduced_dims(c[r.dim], len(d[1]))], lambda dims: CASE
         WHEN r.result = 'scan' THEN coalesce(list_product(d[1]), 1)
         -- the dim argument exists but Concrete Inputs were not recorded (older traces): unknown
         WHEN c IS NULL AND len(d) >= r.dim AND len(d[1]) > 1 THEN NULL
-        WHEN len(reduced_dims(c[r.dim], len(d[1]))) = 0 THEN 1
+        WHEN len(dims) = 0 THEN 1
         ELSE coalesce(list_product(list_transform(
-                 list_filter(range(1, len(d[1]) + 1), lambda j:
-                     NOT list_contains(reduced_dims(c[r.dim], len(d[1])), j - 1)),
+                 list_filter(range(1, len(d[1]) + 1), lambda j: NOT list_contains(dims, j - 1)),
                  lambda j: d[1][j])), 1)
-    END
+    END)[1]
 );
 
 -- Bytes per element of a reduction's result.
@@ -536,12 +546,11 @@ CREATE OR REPLACE MACRO reduction_out_bpe(r, a, c) AS (
 -- with a second tensor are the elementwise maximum/minimum.
 CREATE OR REPLACE MACRO reduction_bytes(k, d, a, c) AS (
     CASE WHEN a[1].numel IS NOT NULL THEN
+        list_transform([reduction_out_numel(k.red, d, c)], lambda outputs:
         a[1].numel * a[1].bpe
-        + reduction_out_numel(k.red, d, c) * k.red.outputs
-          * CASE WHEN k.out THEN a[-1].bpe ELSE reduction_out_bpe(k.red, a, c) END
+        + outputs * k.red.outputs * CASE WHEN k.out THEN a[-1].bpe ELSE reduction_out_bpe(k.red, a, c) END
         -- max/min over a dim also write their indices
-        + CASE WHEN k.red.indices AND len(reduced_dims(c[2], len(d[1]))) > 0
-               THEN reduction_out_numel(k.red, d, c) * 8 ELSE 0 END
+        + CASE WHEN k.red.indices AND len(reduced_dims(c[2], len(d[1]))) > 0 THEN outputs * 8 ELSE 0 END)[1]
     END
 );
 
@@ -601,52 +610,62 @@ CREATE OR REPLACE MACRO norm_training(nl, c) AS (
          ELSE lower(c[nl.training]) = 'true' END  -- NULL when not recorded
 );
 
--- Backward: which gradients (input, weight, bias) are computed, from output_mask (all when not recorded).
-CREATE OR REPLACE MACRO norm_mask(nl, c, k) AS (
-    coalesce(TRY_CAST(c[nl.mask] AS BOOLEAN[])[k], true)
+-- Backward: is the k-th gradient (input, weight, bias) computed, by output_mask (mask = norm_call().mask; all
+-- when not recorded).
+CREATE OR REPLACE MACRO norm_mask(mask, k) AS (
+    coalesce(mask[k], true)
+);
+
+-- What the norm formulas read of one call, worked out once (a lambda's argument: a macro is expanded, bound and
+-- optimized at each of its uses): norm_training, the statistics' groups (forward) and output_mask.
+CREATE OR REPLACE MACRO norm_call(nl, d, c) AS (
+    {'training': norm_training(nl, c), 'groups': CASE WHEN NOT nl.backward THEN norm_stat_groups(nl, d, c) END,
+     'mask': TRY_CAST(c[nl.mask] AS BOOLEAN[])}
 );
 
 -- FLOPs per element of the input: forward 5 (mean, variance, normalize, scale, shift; RMS norm 4: square,
 -- accumulate, normalize, scale; batch norm with running statistics 2: scale and shift); backward 8 for
 -- grad_input, 2 for grad_weight, 1 for grad_bias, as output_mask asks.
 CREATE OR REPLACE MACRO norm_flops(nl, d, c) AS (
+    list_transform([norm_call(nl, d, c)], lambda nc:
     list_product(d[nl.x])
     * CASE
-        WHEN norm_training(nl, c) IS NULL THEN NULL
+        WHEN nc.training IS NULL THEN NULL
         WHEN NOT nl.backward THEN
-            CASE WHEN nl.kind = 'rms' THEN 4 WHEN NOT norm_training(nl, c) THEN 2 ELSE 5 END
-        ELSE 8 * CASE WHEN norm_mask(nl, c, 1) THEN 1 ELSE 0 END
-             + 2 * CASE WHEN norm_mask(nl, c, 2) AND nl.weight IS NOT NULL THEN 1 ELSE 0 END
-             + CASE WHEN norm_mask(nl, c, 3) AND nl.kind <> 'rms' THEN 1 ELSE 0 END
-      END
+            CASE WHEN nl.kind = 'rms' THEN 4 WHEN NOT nc.training THEN 2 ELSE 5 END
+        ELSE 8 * CASE WHEN norm_mask(nc.mask, 1) THEN 1 ELSE 0 END
+             + 2 * CASE WHEN norm_mask(nc.mask, 2) AND nl.weight IS NOT NULL THEN 1 ELSE 0 END
+             + CASE WHEN norm_mask(nc.mask, 3) AND nl.kind <> 'rms' THEN 1 ELSE 0 END
+      END)[1]
 );
 
 -- Forward: reads the input, weight and bias (batch norm: the running statistics too, which training also
 -- writes), writes the output (the input's dtype) and the statistics (float32). Backward: reads grad_output, the
 -- input, the saved statistics and the weight; writes the gradients output_mask asks for.
 CREATE OR REPLACE MACRO norm_bytes(nl, d, a, c) AS (
-    CASE WHEN a[nl.x].numel IS NOT NULL AND norm_training(nl, c) IS NOT NULL THEN
+    list_transform([norm_call(nl, d, c)], lambda nc:
+    CASE WHEN a[nl.x].numel IS NOT NULL AND nc.training IS NOT NULL THEN
     CASE WHEN NOT nl.backward THEN
         read_bytes(a, [nl.x, nl.weight, nl.bias])
         + a[nl.x].numel * a[nl.x].bpe
         + CASE WHEN nl.kind = 'batch' THEN
                    coalesce(read_bytes(a, [nl.running, nl.running + 1]), 0)
-                   * CASE WHEN norm_training(nl, c) THEN 2 ELSE 1 END
-                   + CASE WHEN norm_training(nl, c) THEN 2 * 4 * norm_stat_groups(nl, d, c) ELSE 0 END
-               ELSE CASE WHEN nl.kind = 'rms' THEN 1 ELSE 2 END * 4 * norm_stat_groups(nl, d, c)
+                   * CASE WHEN nc.training THEN 2 ELSE 1 END
+                   + CASE WHEN nc.training THEN 2 * 4 * nc.groups ELSE 0 END
+               ELSE CASE WHEN nl.kind = 'rms' THEN 1 ELSE 2 END * 4 * nc.groups
           END
     ELSE
         read_bytes(a, [nl.grad, nl.x, nl.weight])
         + read_bytes(a, CASE WHEN nl.kind = 'rms' THEN [nl.stats]
-                             WHEN nl.kind = 'batch' AND NOT norm_training(nl, c)
+                             WHEN nl.kind = 'batch' AND NOT nc.training
                                  THEN [nl.running, nl.running + 1]
                              ELSE [nl.stats, nl.stats + 1] END)
-        + CASE WHEN norm_mask(nl, c, 1) THEN a[nl.x].numel * a[nl.x].bpe ELSE 0 END
+        + CASE WHEN norm_mask(nc.mask, 1) THEN a[nl.x].numel * a[nl.x].bpe ELSE 0 END
         -- grad_weight and grad_bias have the weight's shape (batch/group norm: one per channel)
-        + (CASE WHEN norm_mask(nl, c, 2) THEN 1 ELSE 0 END
-           + CASE WHEN norm_mask(nl, c, 3) AND nl.kind <> 'rms' THEN 1 ELSE 0 END)
+        + (CASE WHEN norm_mask(nc.mask, 2) THEN 1 ELSE 0 END
+           + CASE WHEN norm_mask(nc.mask, 3) AND nl.kind <> 'rms' THEN 1 ELSE 0 END)
           * coalesce(a[nl.weight].numel * a[nl.weight].bpe, 0)
-    END END
+    END END)[1]
 );
 
 -- ---------------------------------------------------------------------------------------------------------
@@ -779,27 +798,29 @@ CREATE OR REPLACE MACRO index_accumulates(core, c) AS (
     OR (core IN ('aten::index_put', 'aten::_index_put_impl') AND lower(c[4]) = 'true')
 );
 
+-- NULL when index_numel is (the elements moved: once per call, a lambda's argument).
 CREATE OR REPLACE MACRO index_flops(core, d, a, c) AS (
-    CASE WHEN index_accumulates(core, c) THEN index_numel(core, d, a, c) ELSE 0 END
+    list_transform([index_numel(core, d, a, c)], lambda moved:
+        CASE WHEN moved IS NOT NULL THEN CASE WHEN index_accumulates(core, c) THEN moved ELSE 0 END END)[1]
 );
 
 CREATE OR REPLACE MACRO index_bytes(k, core, d, a, c) AS (
-    CASE
-        WHEN core = 'aten::embedding' THEN read_bytes(a, [2]) + 2 * index_numel(core, d, a, c) * a[1].bpe
+    list_transform([index_numel(core, d, a, c)], lambda moved: CASE
+        WHEN moved IS NULL THEN NULL
+        WHEN core = 'aten::embedding' THEN read_bytes(a, [2]) + 2 * moved * a[1].bpe
         WHEN core IN ('aten::index_select', 'aten::gather') THEN
-            read_bytes(a, [3]) + index_numel(core, d, a, c) * a[1].bpe
-            + index_numel(core, d, a, c) * CASE WHEN k.out THEN a[-1].bpe ELSE a[1].bpe END
+            read_bytes(a, [3]) + moved * a[1].bpe + moved * CASE WHEN k.out THEN a[-1].bpe ELSE a[1].bpe END
         WHEN core = 'aten::embedding_dense_backward' THEN
             read_bytes(a, [1, 2]) + TRY_CAST(c[3] AS BIGINT) * coalesce(list_product(d[1][len(d[2]) + 1:]), 1) * a[1].bpe
         ELSE
             -- the index (not for index_put), the source elements, the writes (accumulating: reads them too)
             CASE WHEN core IN ('aten::index_put', 'aten::_index_put_impl') THEN 0 ELSE read_bytes(a, [3]) END
-            + index_numel(core, d, a, c)
+            + moved
               * (coalesce(a[CASE WHEN core IN ('aten::index_add', 'aten::index_copy') THEN 4 ELSE 3 + CASE WHEN core IN ('aten::index_put', 'aten::_index_put_impl') THEN 0 ELSE 1 END END].bpe, 0)
                  + a[1].bpe * CASE WHEN index_accumulates(core, c) THEN 2 ELSE 1 END)
             -- out of place: the copy of self
             + CASE WHEN k.inplace THEN 0 ELSE 2 * a[1].numel * a[1].bpe END
-    END
+    END)[1]
 );
 
 -- ---------------------------------------------------------------------------------------------------------
@@ -854,7 +875,7 @@ CREATE OR REPLACE MACRO op_is_view(core) AS (
 -- 'elementwise', 'reduction', 'norm', 'softmax', 'copy', 'upsample', 'index', 'fused' (memory-bound work),
 -- 'view' (views and allocations: nothing moved); NULL when tracesql has no formula for it.
 CREATE OR REPLACE MACRO op_base_family(name, base) AS (
-    CASE
+    list_transform([op_core_name(base)], lambda fc: CASE
         WHEN base IN ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm', 'aten::linear',
                                     'aten::matmul', 'aten::_scaled_mm') THEN 'gemm'
         WHEN base IN ('aten::conv1d', 'aten::conv2d', 'aten::conv3d', 'aten::convolution',
@@ -864,13 +885,13 @@ CREATE OR REPLACE MACRO op_base_family(name, base) AS (
                                     'aten::miopen_convolution', 'aten::miopen_convolution_transpose',
                                     'aten::convolution_backward') THEN 'conv'
         WHEN attention_layout(base) IS NOT NULL THEN 'attention'
-        WHEN op_is_view(op_core_name(base)) THEN 'view'
+        WHEN op_is_view(fc) THEN 'view'
         WHEN base IN ('aten::copy_', 'aten::_copy_from', 'aten::_to_copy', 'aten::clone',
                                     'aten::lift_fresh_copy', 'aten::fill_', 'aten::zero_', 'aten::constant_pad_nd',
                                     'aten::pad', 'aten::reflection_pad1d', 'aten::reflection_pad2d',
                                     'aten::reflection_pad3d', 'aten::replication_pad1d', 'aten::replication_pad2d',
                                     'aten::replication_pad3d') THEN 'copy'
-        WHEN elementwise_spec(op_core_name(base)) IS NOT NULL THEN 'elementwise'
+        WHEN elementwise_spec(fc) IS NOT NULL THEN 'elementwise'
         WHEN reduction_spec(base) IS NOT NULL THEN 'reduction'
         WHEN norm_layout(base) IS NOT NULL THEN 'norm'
         WHEN base IN ('aten::softmax', 'aten::_softmax', 'aten::_safe_softmax', 'aten::log_softmax',
@@ -878,15 +899,14 @@ CREATE OR REPLACE MACRO op_base_family(name, base) AS (
                                     'aten::_log_softmax_backward_data') THEN 'softmax'
         WHEN regexp_matches(base, '^aten::_?upsample_[a-z_]+[123]d(_aa)?(_backward)?$')
              AND upsample_taps(base) IS NOT NULL THEN 'upsample'
-        WHEN op_core_name(base) IN ('aten::embedding', 'aten::index_select', 'aten::gather',
-                                                  'aten::scatter', 'aten::scatter_add', 'aten::scatter_reduce',
-                                                  'aten::index_add', 'aten::index_copy', 'aten::index_put',
-                                                  'aten::_index_put_impl', 'aten::embedding_dense_backward')
+        WHEN fc IN ('aten::embedding', 'aten::index_select', 'aten::gather', 'aten::scatter', 'aten::scatter_add',
+                    'aten::scatter_reduce', 'aten::index_add', 'aten::index_copy', 'aten::index_put',
+                    'aten::_index_put_impl', 'aten::embedding_dense_backward')
             THEN 'index'
         WHEN name IN ('_C::rms_norm', '_C::fused_add_rms_norm', '_C::silu_and_mul', '_C::gelu_and_mul',
                       '_C::gelu_tanh_and_mul', '_C::static_scaled_fp8_quant', '_C::dynamic_scaled_fp8_quant',
                       '_C::rotary_embedding') THEN 'fused'
-    END
+    END)[1]
 );
 
 CREATE OR REPLACE MACRO op_flop_family(name) AS (
@@ -898,26 +918,28 @@ CREATE OR REPLACE MACRO op_flop_family(name) AS (
 -- minimum), whether it is in place, whether its last argument is an `out=` tensor (has_out_arg, with the
 -- arity of the functional form: elementwise per op; reductions, softmax, gather, index_select by schema), and
 -- its family's spec (elementwise_spec, reduction_spec, norm_layout). a = op_args(); base = op_base_name(name).
+-- (The core name, whether the op is in place, whether it is max/min of two tensors and the elementwise spec are
+-- lambdas' arguments: worked out once, not expanded, bound and optimized at each use as a macro is.)
 CREATE OR REPLACE MACRO op_kind(name, base, family, a) AS (
+    list_transform([{'core': op_core_name(base), 'inplace': op_is_inplace(base),
+                     'pair': base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL}], lambda ok:
+    list_transform([elementwise_spec(CASE WHEN ok.pair THEN 'aten::maximum'
+                                          WHEN family = 'elementwise' THEN ok.core END)], lambda ew:
     {'name': name, 'base': base,
-     'core': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 'aten::maximum'
-                  ELSE op_core_name(base) END,
-     'family': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 'elementwise'
-                    ELSE family END,
-     'inplace': op_is_inplace(base),
-     'out': NOT op_is_inplace(base) AND has_out_arg(name, a, CASE
-         WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL THEN 2
-         WHEN family = 'elementwise' THEN elementwise_spec(op_core_name(base)).arity
+     'core': CASE WHEN ok.pair THEN 'aten::maximum' ELSE ok.core END,
+     'family': CASE WHEN ok.pair THEN 'elementwise' ELSE family END,
+     'inplace': ok.inplace,
+     'out': NOT ok.inplace AND has_out_arg(name, a, CASE
+         WHEN ok.pair THEN 2
+         WHEN family = 'elementwise' THEN ew.arity
          WHEN family = 'reduction' THEN 1
          WHEN family = 'softmax' THEN CASE WHEN base LIKE '%backward%' THEN 4 ELSE 3 END
          WHEN base = 'aten::gather' THEN 4
          WHEN base = 'aten::index_select' THEN 3
          ELSE 99 END),
-     'ew': CASE WHEN base IN ('aten::max', 'aten::min') AND a[2].numel IS NOT NULL
-                    THEN elementwise_spec('aten::maximum')
-                WHEN family = 'elementwise' THEN elementwise_spec(op_core_name(base)) END,
+     'ew': ew,
      'red': CASE WHEN family = 'reduction' THEN reduction_spec(base) END,
-     'nl': CASE WHEN family = 'norm' THEN norm_layout(base) END}
+     'nl': CASE WHEN family = 'norm' THEN norm_layout(base) END})[1])[1]
 );
 
 -- The formula of the op's family, over its arguments as the `ops` columns type them (d = input_dims, t =
@@ -937,7 +959,7 @@ CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
         WHEN 'softmax' THEN 5 * a[1].numel
         WHEN 'copy' THEN CASE WHEN copy_bytes(k.base, d, a, c) IS NOT NULL THEN 0 END
         WHEN 'upsample' THEN upsample_flops(k.base, d, c)
-        WHEN 'index' THEN CASE WHEN index_numel(k.core, d, a, c) IS NOT NULL THEN index_flops(k.core, d, a, c) END
+        WHEN 'index' THEN index_flops(k.core, d, a, c)
         WHEN 'fused' THEN fused_flops(k.name, a)
     END AS DOUBLE)
 );
@@ -947,16 +969,16 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
         WHEN 'gemm' THEN
             -- only the operands (and bias): an `out=` tensor recorded after them is the output, counted below
             list_transform([gemm_mkn(k.base, d)], lambda g: CASE WHEN g IS NOT NULL THEN
-                input_bytes(d[1:gemm_operands(k.base)], t[1:gemm_operands(k.base)])
+                args_bytes(a[1:gemm_operands(k.base)])
                 + g.batch * g.m * g.n
                   * CASE WHEN k.base = 'aten::_scaled_mm'
                          THEN coalesce(scalar_type_bytes(c[7]), 2)  -- out_dtype, else bf16
                          -- the output has the dtype of the first matrix
-                         ELSE dtype_bytes(t[CASE WHEN k.base IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END])
+                         ELSE a[CASE WHEN k.base IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END].bpe
                     END
             END)[1]
-        WHEN 'conv' THEN conv_bytes(k.base, d, t, c)
-        WHEN 'attention' THEN attention_bytes(k.base, d, t)
+        WHEN 'conv' THEN conv_bytes(k.base, d, a, c)
+        WHEN 'attention' THEN attention_bytes(k.base, d, a)
         WHEN 'view' THEN 0
         WHEN 'elementwise' THEN elementwise_bytes(k, d, a)
         WHEN 'reduction' THEN reduction_bytes(k, d, a, c)
@@ -964,7 +986,7 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
         WHEN 'softmax' THEN softmax_bytes(k, a, c)
         WHEN 'copy' THEN copy_bytes(k.base, d, a, c)
         WHEN 'upsample' THEN upsample_bytes(k.base, d, a, c)
-        WHEN 'index' THEN CASE WHEN index_numel(k.core, d, a, c) IS NOT NULL THEN index_bytes(k, k.core, d, a, c) END
+        WHEN 'index' THEN index_bytes(k, k.core, d, a, c)
         WHEN 'fused' THEN fused_bytes(k.name, d, a)
     END AS DOUBLE)
 );
