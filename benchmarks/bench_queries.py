@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Query benchmark: every curated query (and the parameter variants that take other paths) on runs of 1×, 6×
-and 24× a real trace, with each query's growth exponent.
+and 24× a real trace, with each query's growth exponent; with --base, another checkout's queries alongside.
 
 Each trace is tiled k times (benchmarks/tile_trace.py: copies one after another in time, ids made unique) for k in
 --tiles, and each tile ingested once into a scratch run under --scratch. Each query then runs --repeat times on a
-fresh connection (in this process: no interpreter start), the best time kept. `slope` is the exponent b of
-time ∝ events^b between the smallest and the largest tile: 1 is linear, 2 quadratic (a query that is still at its
-fixed cost shows less than 1). The targets (issue 15): under 1 s on the largest tile, and no slope well above 1.
+fresh connection, in a worker process that imported tracesql once (no interpreter start in the time), the best
+kept: process CPU seconds (all of DuckDB's threads) and wall seconds. `slope` is the exponent b of
+CPU time ∝ events^b between the smallest and the largest tile: 1 is linear, 2 quadratic (a query that is still at
+its fixed cost shows less than 1). The targets (issue 15): under 1 s on the largest tile, and no slope well above 1.
+
+--base CHECKOUT runs every measurement in a second worker that imports tracesql from CHECKOUT (main before a
+change), alternating base and this checkout on each repeat, on the same runs (ingested by this checkout), and
+prints before / after.
 
 Default traces: HTA's df_index_resolver (216k events, NCCL all-reduces, no shapes) from the corpus, and TraceLens's
 B200 eager trace (bundled: recorded with shapes, so op_costs' ops-within-ops join, mfu and roofline have work).
@@ -14,21 +19,18 @@ B200 eager trace (bundled: recorded with shapes, so op_costs' ops-within-ops joi
 Usage:
     python benchmarks/bench_queries.py                              # 1×, 6×, 24× of the two default traces
     python benchmarks/bench_queries.py some/trace.json.gz --tiles 1,4 --repeat 1
+    python benchmarks/bench_queries.py --base ../main-before --only phases,bubbles --repeat 2
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
-
-import tracesql
-from tracesql import queries
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tile_trace import tile  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("TRACESQL_CORPUS", REPO.parent / "shared" / "corpus"))
@@ -51,19 +53,55 @@ def variants(query) -> list[dict]:
     return [{}] + [v for v in VARIANTS.get(query.name, []) if set(v) <= set(query.params)]
 
 
-def best_of(repeat: int, run: Path, query, params: dict) -> tuple[float, int]:
-    times, rows = [], 0
-    for _ in range(repeat):
-        con = tracesql.connect(run)
-        start = time.perf_counter()
-        rows = len(queries.run(con, query, params).fetchall())
-        times.append(time.perf_counter() - start)
+def serve() -> None:
+    """Worker: one JSON request a line on stdin ({run, query, params}), one answer a line on stdout: the query's
+    process CPU and wall seconds and its row count, or `skip` when this checkout has no such query or parameter."""
+    import tracesql
+    from tracesql import queries
+
+    known = {q.name: q for q in queries.catalogue()}
+    for line in sys.stdin:
+        ask = json.loads(line)
+        query = known.get(ask["query"])
+        if query is None or not set(ask["params"]) <= set(query.params):
+            print(json.dumps({"skip": True}), flush=True)
+            continue
+        con = tracesql.connect(Path(ask["run"]))
+        cpu, wall = time.process_time(), time.perf_counter()
+        rows = len(queries.run(con, query, ask["params"]).fetchall())
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         con.close()
-    return min(times), rows
+        print(json.dumps({"cpu": cpu, "wall": wall, "rows": rows}), flush=True)
+
+
+class Worker:
+    """A `serve` process importing tracesql from `checkout`."""
+
+    def __init__(self, checkout: Path):
+        env = {**os.environ, "PYTHONPATH": str(checkout)}
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def time(self, run: Path, query: str, params: dict) -> dict:
+        self.proc.stdin.write(json.dumps({"run": str(run), "query": query, "params": params}) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            sys.exit(f"bench_queries.py: the worker died running {query} on {run}")
+        return json.loads(answer)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def tiled_runs(trace: Path, tiles: list[int], scratch: Path) -> list[tuple[int, Path, int]]:
     """(copies, run folder, slices) per tile of `trace`, ingested once (kept between benchmark runs)."""
+    import tracesql
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from tile_trace import tile
+
     out = []
     for k in tiles:
         name = trace.name.split(".")[0]
@@ -74,38 +112,77 @@ def tiled_runs(trace: Path, tiles: list[int], scratch: Path) -> list[tuple[int, 
         start = time.perf_counter()
         result = tracesql.ingest([tiled], run)
         note = f"ingested in {time.perf_counter() - start:.1f} s" if result.changed else "already ingested"
-        slices = tracesql.connect(run).sql("SELECT count(*) FROM slices").fetchall()[0][0]
+        con = tracesql.connect(run)
+        slices = con.sql("SELECT count(*) FROM slices").fetchall()[0][0]
+        con.close()
         print(f"{name} ×{k}: {slices:,} slices, {note}", flush=True)
         out.append((k, run, slices))
     return out
 
 
+def slope(seconds: list[float], growth: float) -> str:
+    return f"{math.log(max(seconds[-1], 1e-4) / max(seconds[0], 1e-4)) / growth:.2f}" if growth else "–"
+
+
+def column(best: list[list], tile: int, field: int) -> str:
+    """One table cell: each worker's best CPU (field 0) or wall (1) seconds on a tile, '–' where it skipped."""
+    return " / ".join(f"{b[tile][field]:.3f}" if b[tile] else "–" for b in best)
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--serve"]:
+        return serve()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path, default=DEFAULT_TRACES)
     parser.add_argument("--tiles", default="1,6,24", help="copies per tile, comma-separated (default 1,6,24)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", help="comma-separated query names (default: all)")
+    parser.add_argument("--base", type=Path, help="another checkout (main before a change): its queries are timed "
+                        "too, alternating with this checkout's, and shown as before / after")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/tracesql-bench/queries"))
     args = parser.parse_args()
+    if args.base and not (args.base / "tracesql" / "__init__.py").is_file():
+        sys.exit(f"bench_queries.py: --base {args.base} is not a tracesql checkout")
     tiles = sorted(int(k) for k in args.tiles.split(","))
     args.scratch.mkdir(parents=True, exist_ok=True)
-    catalogue = [q for q in queries.catalogue() if not args.only or q.name in args.only.split(",")]
+    from tracesql import queries
 
-    print(f"{os.cpu_count()} CPUs; best of {args.repeat}, in-process, seconds\n")
+    only = set(args.only.split(",")) if args.only else None
+    catalogue = [q for q in queries.catalogue() if only is None or q.name in only]
+    workers = ([Worker(args.base)] if args.base else []) + [Worker(REPO)]
+
+    print(f"{os.cpu_count()} CPUs; best of {args.repeat}, in a worker process, process CPU seconds"
+          + (f"; before = {args.base}, after = {REPO}, alternating" if args.base else "") + "\n")
     for trace in args.traces:
         runs = tiled_runs(trace, tiles, args.scratch)
         growth = math.log(runs[-1][2] / runs[0][2]) if len(runs) > 1 and runs[-1][2] > runs[0][2] else 0
-        print(f"\n| query | parameters | rows ×{tiles[0]} | " + " | ".join(f"×{k} (s)" for k in tiles)
-              + " | slope |\n|---|---|---|" + "---|" * len(tiles) + "---|")
+        both = " before / after" if args.base else ""
+        print(f"\n| query | parameters | rows ×{tiles[0]} | " + " | ".join(f"×{k} CPU s{both}" for k in tiles)
+              + f" | ×{tiles[-1]} wall s{both} | slope{both} |\n|---|---|---|" + "---|" * (len(tiles) + 2))
         for query in catalogue:
             for params in variants(query):
-                timings = [best_of(args.repeat, run, query, params) for _, run, _ in runs]
-                seconds = [t for t, _ in timings]
-                slope = f"{math.log(max(seconds[-1], 1e-4) / max(seconds[0], 1e-4)) / growth:.2f}" if growth else "–"
+                # best[w][tile] = (cpu, wall, rows) of worker w
+                best = [[None] * len(runs) for _ in workers]
+                for i, (_, run, _) in enumerate(runs):
+                    for _ in range(args.repeat):
+                        for w, worker in enumerate(workers):
+                            got = worker.time(run, query.name, params)
+                            if "skip" in got:
+                                continue
+                            kept = best[w][i]
+                            best[w][i] = (min(got["cpu"], kept[0]) if kept else got["cpu"],
+                                          min(got["wall"], kept[1]) if kept else got["wall"], got["rows"])
+                cells = [column(best, i, 0) for i in range(len(runs))]
+                slopes = " / ".join(slope([t[0] for t in b], growth) if all(b) else "–" for b in best)
+                # one row count when the checkouts agree on every tile
+                counts = {tuple(t[2] for t in b) for b in best if all(b)}
+                rows = (str(counts.pop()[0]) if len(counts) == 1
+                        else "differ: " + " / ".join(map(str, counts)) if counts else "–")
                 shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "defaults"
-                print(f"| `{query.name}` | {shown} | {timings[0][1]} | " + " | ".join(f"{t:.3f}" for t in seconds)
-                      + f" | {slope} |", flush=True)
+                print(f"| `{query.name}` | {shown} | {rows} | " + " | ".join(cells) + f" | {column(best, -1, 1)} | {slopes} |",
+                      flush=True)
+    for worker in workers:
+        worker.close()
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@
 --   macro_idle_ns   BIGINT    total duration of the macro gaps
 --   histogram       BIGINT[]  gaps per decade: <1 µs, 1–10 µs, 10–100 µs, 0.1–1 ms, 1–10 ms, ≥10 ms
 WITH gaps AS (
-    SELECT *, least(greatest(floor(log10(dur))::INTEGER - 2, 0), 5) AS decade
+    -- the columns used, not *: this CTE is read twice, so it is materialized with all it selects
+    SELECT run_id, rank, device_id, stream, category, dur, least(greatest(floor(log10(dur))::INTEGER - 2, 0), 5) AS decade
     FROM idle_gaps(
         scope := COALESCE(getvariable('scope'), 'stream'),
         class_scheme := COALESCE(getvariable('class_scheme'), 'default'),

@@ -39,6 +39,12 @@ WITH names AS (
     SELECT run_id, rank, correlation, min(ts) AS ts FROM slices
     WHERE analysis_window = 'hta' AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL
     GROUP BY run_id, rank, correlation
+), streamless AS (
+    -- MTIA DMA requests whose event names no stream (the reader gives them their thread as stream; HTA gives -1
+    -- and analyses only events on a stream): looked for among that category's rows, so that `args` is read
+    -- for them alone, not for every device event
+    SELECT run_id, rank, slice_id FROM slices
+    WHERE analysis_window = 'hta' AND category = 'mtia_ccp_events' AND json_extract_string(args, '$.stream') IS NULL
 )
 SELECT s.* REPLACE (
         (s.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS ts,
@@ -51,10 +57,9 @@ LEFT JOIN slices l ON l.run_id = s.run_id AND l.rank = s.rank AND l.slice_id = s
 LEFT JOIN filtered_runs f ON f.run_id = s.run_id
 LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
 LEFT JOIN hta_launch h ON h.run_id = s.run_id AND h.rank = s.rank AND h.correlation = s.correlation
+LEFT JOIN streamless x ON x.run_id = s.run_id AND x.rank = s.rank AND x.slice_id = s.slice_id
 WHERE analysis_window = 'all'
-   -- (an MTIA DMA request whose event names no stream gets its thread as stream from the reader; HTA gives it -1)
-   OR (analysis_window = 'hta'
-       AND NOT (s.category = 'mtia_ccp_events' AND json_extract_string(s.args, '$.stream') IS NULL) AND (
+   OR (analysis_window = 'hta' AND x.slice_id IS NULL AND (
           f.run_id IS NULL  -- fewer than two step names: no filter
        OR (s.correlation IS NULL AND s.ts < b.last_start)
        OR h.ts < b.last_start));
