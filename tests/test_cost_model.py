@@ -154,6 +154,23 @@ CASES = {
     "embedding_backward": ("aten::embedding_dense_backward", [[3, 5, 8], [3, 5], [], [], []],
                            [F, L, "Scalar", "Scalar", "Scalar"], ["", "", "50", "-1", "False"],
                            ("index", 120, 480 + 120 + 50 * 8 * 4)),
+    # --- convolutions whose output size comes from padding text or a transposed layout -----------------------
+    # padding='same' keeps 9×9: 2·N·C_out·C_in·k²·out = 2·2·6·4·9·81; reads x and w, writes [2, 6, 9, 9]
+    "conv2d_padding_same": ("aten::conv2d", [[2, 4, 9, 9], [6, 4, 3, 3], [], [], [], [], []],
+                            [F, F, "", "ScalarList", "", "ScalarList", "Scalar"],
+                            ["", "", "", "[1, 1]", "'same'", "[1, 1]", "1"],
+                            ("conv", 69_984, 2592 + 864 + 2 * 6 * 81 * 4)),
+    # padding='valid', stride 2: (20 - 2 - 1) // 2 + 1 = 9 outputs
+    "conv1d_padding_valid": ("aten::conv1d", [[3, 4, 20], [5, 4, 3], [], [], [], [], []],
+                             [F, F, "", "ScalarList", "", "ScalarList", "Scalar"],
+                             ["", "", "", "[2]", "'valid'", "[1]", "1"],
+                             ("conv", 2 * 3 * 5 * 4 * 3 * 9, 960 + 240 + 3 * 5 * 9 * 4)),
+    # transposed, groups 2: weight [C_in, C_out/groups, 3, 3] -> C_out 6; out (7-1)·2 - 2·1 + 2 + 1 + 1 = 14;
+    # FLOPs over the input's 7×7 positions
+    "conv_transpose2d_groups": ("aten::conv_transpose2d", [[2, 4, 7, 7], [4, 3, 3, 3], [6], [], [], [], [], []],
+                                [F, F, F, "ScalarList", "ScalarList", "ScalarList", "Scalar", "ScalarList"],
+                                ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "2", "[1, 1]"],
+                                ("conv", 2 * 2 * 4 * 3 * 9 * 49, 1568 + 432 + 24 + 2 * 6 * 196 * 4)),
     # --- fused kernels and views ----------------------------------------------------------------------------
     "vllm_fused_add_rms_norm": ("_C::fused_add_rms_norm", [[888, 2880], [888, 2880], [2880], []],
                                 [B, B, B, "Scalar"], ["", "", "", "1e-05"],

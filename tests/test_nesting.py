@@ -74,3 +74,32 @@ def test_nesting_matches_a_stack_walk(seed):
         partial_overlaps += sum(1 for i in range(1, len(got)) if rows["track"][i] == rows["track"][i - 1]
                                 and rows["ts"][i] < rows["end_ts"][i - 1] < rows["end_ts"][i])
     assert partial_overlaps > 100  # the case the stack's rule is for is exercised
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_child_time_is_the_union_of_the_childrens_intervals(seed):
+    """_child_time (a running maximum, a batch at a time) against merging each parent's intervals: overlapping
+    and nested siblings, equal starts, zero-length children, parents whose children span batches."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    parent = np.sort(rng.integers(0, 40, n))
+    ts = rng.integers(0, 1000, n) + (1 << 60)  # epoch-scale times
+    te = ts + rng.choice([0, 1, 5, 50, 300], n)
+    order = np.lexsort((te, ts, parent))
+    parent, ts, te = parent[order], ts[order], te[order]
+    expected = {}
+    for p in np.unique(parent):
+        covered, reach = 0, None
+        for a, b in zip(ts[parent == p].tolist(), te[parent == p].tolist()):  # by start: merge into the union
+            covered += max(b - max(a, reach), 0) if reach is not None else b - a
+            reach = b if reach is None else max(reach, b)
+        expected[int(p)] = covered
+    batch = int(rng.integers(3, 30))
+    batches = [pa.record_batch({"parent_id": parent[i:i + batch], "ts": ts[i:i + batch], "te": te[i:i + batch]})
+               for i in range(0, n, batch)]
+    got = {}
+    for out in normalize._child_time(batches):
+        for p, ns in zip(out["slice_id"].to_pylist(), out["ns"].to_pylist()):
+            got[p] = got.get(p, 0) + ns  # a parent split across batches: a row per batch
+    assert got == expected
+    assert sum(expected.values()) > 0

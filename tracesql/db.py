@@ -25,6 +25,20 @@ def connect(threads: int | None = None, memory_limit: str | None = None,
     return con
 
 
+def on_cursor(con, views: dict, work):
+    """`work(cursor)` on a cursor of `con`, for queries that run beside others on `con` (DuckDB runs one query
+    at a time per connection): the cursor shares the database (its tables, macros, settings and memory limit),
+    not the Arrow tables registered on `con`, so `views` (name -> table) are registered on it."""
+    cur = con.cursor()
+    try:
+        cur.execute("SET enable_progress_bar = false")
+        for name, table in views.items():
+            cur.register(name, table)
+        return work(cur)
+    finally:
+        cur.close()
+
+
 def sql_list(values) -> str:
     """Constant strings as the inside of a SQL `IN (...)`: ('a', 'b') -> "'a', 'b'"."""
     return ", ".join(f"'{v}'" for v in values)

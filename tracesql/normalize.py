@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,6 @@ SELF_TIME_CHILD_KINDS = ("cpu_op", "user_annotation")
 NEST_BATCH = 1 << 16
 SCAN_BATCH = 1 << 17
 ON_DISK_ROWS = 1 << 21  # traces with more slices link in a scratch database file instead of in memory
-# the functions the derived tables use (all of them take a fifth of a second to create)
-INGEST_FUNCTIONS = ("kernel_classes.csv", "10_sizes.sql", "20_activity.sql")
 
 
 def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 1,
@@ -43,21 +42,25 @@ def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 
         on_disk = slices.num_rows > ON_DISK_ROWS
         con = db.connect(threads, limits.current().memory, database=scratch / "link.duckdb" if on_disk else None)
         try:
-            con.register("read_slices", slices)
-            links, checks = _link(con, slices, scratch, run_id, rank, data.mappings, step_pattern, data.notes)
-            for name in links.column_names:
-                slices = slices.append_column(name, links[name])
-            checks = quality.skipped_rows(data.skipped, data.examples) + checks
-            return _derive(con, slices, checks, data, run_id, rank, on_table)
+            # queries that do not wait for each other run on a second thread (on a cursor): both cores work
+            with ThreadPoolExecutor(1, thread_name_prefix="tracesql-normalize") as beside:
+                con.register("read_slices", slices)
+                links, checks, extra = _link(con, beside, slices, scratch, run_id, rank, data.mappings, step_pattern,
+                                             data.notes)
+                for name in links.column_names:
+                    slices = slices.append_column(name, links[name])
+                checks = quality.skipped_rows(data.skipped, data.examples) + checks
+                return _derive(con, beside, extra, slices, checks, data, run_id, rank, on_table)
         finally:
             con.close()
 
 
-def _link(con, slices: pa.Table, scratch: Path, run_id: str, rank: int, mappings: list, step_pattern: str | None = None,
-          notes: list | None = None) -> tuple[pa.Table, list[dict]]:
+def _link(con, beside: ThreadPoolExecutor, slices: pa.Table, scratch: Path, run_id: str, rank: int, mappings: list,
+          step_pattern: str | None = None, notes: list | None = None) -> tuple[pa.Table, list[dict], Future]:
     """The columns normalize adds to the slices (parent, depth, launch, op, step, run and rank), in the order
-    of the reader's rows and memory-mapped, plus the quality checks on those links. Leaves table `extra` (per slice: op
-    depth, self time, the device time it caused, its collective call) for the derived tables."""
+    of the reader's rows and memory-mapped, plus the quality checks on those links, and the future (on `beside`)
+    of table `extra` (per slice: op depth, self time, the device time it caused, its collective call), which the
+    derived tables read."""
     step_ranges = step_rules.find(con, "read_slices", step_pattern, notes)
     con.register("step_ranges", step_ranges)  # the steps table's rows (STEPS_SQL)
     steps = step_rules.as_numpy(step_ranges)
@@ -71,18 +74,23 @@ def _link(con, slices: pa.Table, scratch: Path, run_id: str, rank: int, mappings
     order = con.sql(NEST_ORDER_SQL.format(is_call=is_call)).to_arrow_reader(NEST_BATCH)
     with pa.ipc.new_stream(str(scratch / "op_spans.arrows"), SPAN_SCHEMA) as spans:
         nest = FileMapping.of_batches(scratch / "nest.arrows", NEST_SCHEMA, _nest(order, steps, spans.write_batch))
-    con.register("nest", kept(nest))
-    con.register("op_spans", kept(FileMapping(scratch / "op_spans.arrows")))
+    views = {"read_slices": slices, "nest": kept(nest), "op_spans": kept(FileMapping(scratch / "op_spans.arrows"))}
+    for name in ("nest", "op_spans"):
+        con.register(name, views[name])
     con.register("slice_rows", kept(FileMapping.of_batches(scratch / "rows.arrows", ROW_SCHEMA, _row_numbers(slices))))
     con.execute(LINK_SQL)
     con.execute(XLA_EXEC_SQL)
+    children = con.sql(CHILDREN_SQL).to_arrow_reader(SCAN_BATCH)
+    views["child_time"] = kept(FileMapping.of_batches(scratch / "child_time.arrows", CHILD_TIME_SCHEMA,
+                                                      _child_time(children)))
+    extra = beside.submit(db.on_cursor, con, views, lambda cur: cur.execute(EXTRA_SQL))
     checks = quality.link_checks(con, steps)
     columns = con.sql(LINK_COLUMNS_SQL, params={"run_id": run_id, "rank": rank}).to_arrow_reader(SCAN_BATCH)
     links = kept(FileMapping.of_batches(scratch / "links.arrows", columns.schema, columns))
-    con.execute(EXTRA_SQL)
     for name in ("nest", "op_spans", "slice_rows"):
         con.unregister(name)
-    return links, checks
+    return links, checks, extra
+
 
 
 def _row_numbers(slices: pa.Table):
@@ -313,23 +321,51 @@ SELECT k.slice_id, o.op_id, o.program_id, o.hlo_op, true
 FROM links k JOIN launch_ops o ON o.slice_id = k.launch_id
 WHERE k.slice_id NOT IN (SELECT slice_id FROM named) AND k.device_time
 """
+# Ops' and annotations' children in (parent, start) order (_child_time)
+CHILDREN_SQL = """
+SELECT l.parent_id, s.ts, s.ts + s.dur AS te FROM links l JOIN read_slices s USING (slice_id)
+WHERE l.self_time_child AND l.parent_id IS NOT NULL
+ORDER BY l.parent_id, s.ts, te, l.slice_id
+"""
+CHILD_TIME_SCHEMA = pa.schema([("slice_id", pa.int64()), ("ns", pa.int64())])
+
+
+def _child_time(batches):
+    """For the parents of ops and annotations, the time those children cover: the union of their intervals
+    (siblings can overlap: a child that starts inside another and ends after it is not its child, and the
+    overlapping time is the parent's only once). `batches`: the children in (parent, start, end) order; each adds
+    what it reaches past the latest end of its earlier siblings. Yields (parent slice_id, ns) a batch at a time,
+    a parent whose children span batches in a row per batch (summed by EXTRA_SQL)."""
+    last_parent, reach = None, 0  # the previous batch's last parent, and the latest end of its children so far
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        parent, ts, te = (to_numpy(batch[name]) for name in ("parent_id", "ts", "te"))
+        carried = parent[0] == last_parent  # prepended as a child from `reach` to `reach`: it adds nothing
+        if carried:
+            parent, ts, te = np.r_[last_parent, parent], np.r_[reach, ts], np.r_[reach, te]
+        n = len(parent)
+        first = np.ones(n, bool)
+        first[1:] = parent[1:] != parent[:-1]
+        # the latest end of the earlier siblings: one running maximum over (sibling group, rank of the end)
+        ends, rank = np.unique(te, return_inverse=True)
+        key = (np.cumsum(first) << 32) | rank
+        running = np.maximum.accumulate(key)
+        earlier = ends[running[np.maximum(np.arange(n) - 1, 0)] & 0xFFFFFFFF]
+        covered = np.maximum(te - np.where(first, ts, np.maximum(ts, earlier)), 0)
+        starts = np.flatnonzero(first)
+        yield pa.record_batch([array(parent[starts]), array(np.add.reduceat(covered, starts))], CHILD_TIME_SCHEMA)
+        last_parent, reach = parent[-1], ends[running[-1] & 0xFFFFFFFF]
+
+
 # Per slice: its time outside nested ops and annotations (duration minus the union of those children), and for an op the device time (and kernels) it caused
 # directly and through the ops nested in it. An op's subtree is a range of positions in the nesting order, so its
 # total is a difference of running sums over the positions where device work is attributed (the launch call's,
 # or the work's own when nothing launched it).
 EXTRA_SQL = """
 CREATE OR REPLACE TABLE extra AS
-WITH children AS (
-    SELECT l.parent_id, l.slice_id, s.ts, s.ts + s.dur AS te FROM links l JOIN read_slices s USING (slice_id)
-    WHERE l.self_time_child AND l.parent_id IS NOT NULL
-), child AS (
-    -- the union of the children's intervals: siblings can overlap (a child that starts inside another and ends
-    -- after it is not its child), and overlapping time is the parent's only once
-    SELECT parent_id AS slice_id, sum(greatest(te - greatest(ts, COALESCE(reach, ts)), 0)) AS child_ns
-    FROM (SELECT *, max(te) OVER (PARTITION BY parent_id ORDER BY ts, te, slice_id
-                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
-          FROM children)
-    GROUP BY parent_id
+WITH child AS (  -- _child_time's partial sums
+    SELECT slice_id, sum(ns) AS child_ns FROM child_time GROUP BY slice_id
 ), work AS (
     SELECT op_id, COALESCE(launch_id, slice_id) AS at, dur FROM links WHERE device_time AND op_id IS NOT NULL
 ), own AS (
@@ -350,31 +386,47 @@ FROM links f LEFT JOIN child c USING (slice_id) LEFT JOIN own o USING (slice_id)
 """
 
 
-def _derive(con, slices: pa.Table, checks: list[dict], data: TraceData, run_id: str, rank: int, on_table):
+def _derive(con, beside: ThreadPoolExecutor, extra: Future, slices: pa.Table, checks: list[dict], data: TraceData,
+            run_id: str, rank: int, on_table):
     rows: dict[str, int] = {}
+    views: dict[str, pa.Table] = {}  # the Arrow tables registered on `con`, by name
 
     def emit(name: str, table):
         rows[name] = on_table(name, table)
         return table
 
+    def view(name: str, table: pa.Table) -> pa.Table:
+        con.register(name, table)
+        views[name] = table
+        return table
+
+    def derived(name: str, sql: str) -> Future:
+        """Table `name` computed and written on `beside`, with the views registered so far."""
+        return beside.submit(db.on_cursor, con, dict(views),
+                             lambda cur: on_table(name, cur.sql(f"SELECT {schema.select_list(name)} FROM ({sql})")))
+
     slices = emit("slices", schema.conform("slices", slices))
     # in batches (zero-copy views) so that DuckDB scans them on every thread
-    con.register("slices", pa.Table.from_batches(slices.to_batches(max_chunksize=SCAN_BATCH), slices.schema))
-    con.register("steps", emit("steps", _table(con, "steps", STEPS_SQL)))
-    functions.install(con, INGEST_FUNCTIONS)
+    view("slices", pa.Table.from_batches(slices.to_batches(max_chunksize=SCAN_BATCH), slices.schema))
+    late = {"memory": derived("memory", MEMORY_SQL)}  # (queued after `extra`)
+    view("steps", emit("steps", _table(con, "steps", STEPS_SQL)))
+    functions.install(con, names=functions.words(OPS_SQL + COLLECTIVES_SQL + MEMORY_SQL))  # only what they use
     metadata = _metadata_tables(con, data, run_id, rank)
     for name, table in metadata.items():
         emit(name, table)
     emit("counters", _counters(data.counters, run_id, rank))
     emit("warnings", _from_rows(con, "warnings", [{"run_id": run_id, "rank": rank, "source_path": None, **c}
                                                   for c in checks]))
-    con.register("groups", metadata["process_groups"])  # used by the collectives query
+    view("groups", metadata["process_groups"])  # used by the collectives query
     # forward->backward links: the reader's (Kineto's fwdbwd flows), else from autograd sequence numbers
-    con.register("fwd_links", data.fwd_links if data.fwd_links is not None else con.sql(SEQUENCE_LINKS_SQL).to_arrow_table())
-    con.register("xla_ops", emit("xla_ops", _from_rows(con, "xla_ops", [{"run_id": run_id, "rank": rank, **r}
-                                                                       for r in data.xla_ops])))
-    for name, sql in (("ops", OPS_SQL), ("collectives", COLLECTIVES_SQL), ("memory", MEMORY_SQL)):
-        emit(name, con.sql(f"SELECT {schema.select_list(name)} FROM ({sql})"))
+    view("fwd_links", data.fwd_links if data.fwd_links is not None else con.sql(SEQUENCE_LINKS_SQL).to_arrow_table())
+    view("xla_ops", emit("xla_ops", _from_rows(con, "xla_ops", [{"run_id": run_id, "rank": rank, **r}
+                                                                for r in data.xla_ops])))
+    extra.result()
+    late["collectives"] = derived("collectives", COLLECTIVES_SQL)
+    emit("ops", con.sql(f"SELECT {schema.select_list('ops')} FROM ({OPS_SQL})"))
+    for name in ("collectives", "memory"):
+        rows[name] = late[name].result()
     return rows
 
 

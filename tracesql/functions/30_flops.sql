@@ -476,34 +476,33 @@ CREATE OR REPLACE MACRO elementwise_bytes(k, d, a) AS (
 -- 'sum' (as input, but integer and bool inputs sum to int64), 'index' (int64), 'bool', 'scan' (the input's
 -- shape: cumsum). max/min with a dim also write int64 indices (`indices`).
 CREATE OR REPLACE MACRO reduction_spec(core) AS (
-    CAST(CASE core
-        WHEN 'aten::sum' THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'sum', 'indices': false}
-        WHEN 'aten::nansum' THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'sum', 'indices': false}
-        WHEN 'aten::prod' THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'sum', 'indices': false}
-        WHEN 'aten::mean' THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': false}
-        WHEN 'aten::nanmean' THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': false}
-        WHEN 'aten::amax' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': false}
-        WHEN 'aten::amin' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': false}
-        WHEN 'aten::aminmax' THEN {'dim': 2, 'dtype': NULL, 'flops': 2, 'outputs': 2, 'result': 'input', 'indices': false}
-        WHEN 'aten::max' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': true}
-        WHEN 'aten::min' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': true}
-        WHEN 'aten::argmax' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'index', 'indices': false}
-        WHEN 'aten::argmin' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'index', 'indices': false}
-        WHEN 'aten::all' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'bool', 'indices': false}
-        WHEN 'aten::any' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'bool', 'indices': false}
-        WHEN 'aten::count_nonzero' THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'index', 'indices': false}
-        WHEN 'aten::var' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 1, 'result': 'input', 'indices': false}
-        WHEN 'aten::std' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 1, 'result': 'input', 'indices': false}
-        WHEN 'aten::var_mean' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 2, 'result': 'input', 'indices': false}
-        WHEN 'aten::std_mean' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 2, 'result': 'input', 'indices': false}
-        WHEN 'aten::norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
-        WHEN 'aten::linalg_norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
-        WHEN 'aten::linalg_vector_norm' THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
-        WHEN 'aten::logsumexp' THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 1, 'result': 'input', 'indices': false}
-        WHEN 'aten::cumsum' THEN {'dim': 2, 'dtype': 3, 'flops': 1, 'outputs': 1, 'result': 'scan', 'indices': false}
-        WHEN 'aten::cumprod' THEN {'dim': 2, 'dtype': 3, 'flops': 1, 'outputs': 1, 'result': 'scan', 'indices': false}
+    -- ops with the same spec share a branch: each branch is bound and optimized where the macro is used
+    CAST(CASE
+        WHEN core IN ('aten::sum', 'aten::nansum', 'aten::prod')
+            THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'sum', 'indices': false}
+        WHEN core IN ('aten::mean', 'aten::nanmean')
+            THEN {'dim': 2, 'dtype': 4, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN core IN ('aten::amax', 'aten::amin')
+            THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN core = 'aten::aminmax'
+            THEN {'dim': 2, 'dtype': NULL, 'flops': 2, 'outputs': 2, 'result': 'input', 'indices': false}
+        WHEN core IN ('aten::max', 'aten::min')
+            THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'input', 'indices': true}
+        WHEN core IN ('aten::argmax', 'aten::argmin', 'aten::count_nonzero')
+            THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'index', 'indices': false}
+        WHEN core IN ('aten::all', 'aten::any')
+            THEN {'dim': 2, 'dtype': NULL, 'flops': 1, 'outputs': 1, 'result': 'bool', 'indices': false}
+        WHEN core IN ('aten::var', 'aten::std', 'aten::logsumexp')
+            THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN core IN ('aten::var_mean', 'aten::std_mean')
+            THEN {'dim': 2, 'dtype': NULL, 'flops': 3, 'outputs': 2, 'result': 'input', 'indices': false}
+        WHEN core IN ('aten::norm', 'aten::linalg_norm', 'aten::linalg_vector_norm')
+            THEN {'dim': 3, 'dtype': 5, 'flops': 2, 'outputs': 1, 'result': 'input', 'indices': false}
+        WHEN core IN ('aten::cumsum', 'aten::cumprod')
+            THEN {'dim': 2, 'dtype': 3, 'flops': 1, 'outputs': 1, 'result': 'scan', 'indices': false}
     END AS STRUCT(dim INTEGER, dtype INTEGER, flops INTEGER, outputs INTEGER, result VARCHAR, indices BOOLEAN))
 );
+
 
 -- The dims a reduction's `dim` argument names ('[1]', '1', '[-1, -2]'), 0-based and non-negative for an input of
 -- `ndim` dims; [] when it names none (a full reduction: '', '[]', None).

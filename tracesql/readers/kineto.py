@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import os
+from concurrent.futures import ThreadPoolExecutor
 import re
 import tempfile
 from pathlib import Path
@@ -171,6 +172,7 @@ def _load_events(con, path: Path, events_file: Path, notes: list[str], max_event
 _UTF8_NOTE = "invalid UTF-8 in names replaced by U+FFFD"
 _CHUNK = 16 << 20
 _WINDOW = 64 << 20  # how far into the file the `traceEvents` key is looked for
+_FIRST_WINDOW = 1 << 20  # (first this far)
 # events JSON above this share of --memory-limit: DuckDB's event table in a database file, else in memory (twice
 # as fast to load: no compression; past the limit it spills to disk too)
 _ON_DISK_SHARE = 0.5
@@ -195,24 +197,15 @@ def _locate(f, size: int) -> tuple[int, int, dict] | None:
     scalars and lists of them), or is damaged: the caller then reads it whole. A list closing the document after the array can
     be taken for its end: then what DuckDB is given is no JSON array, it says so, and the caller reads the
     document whole (so a wrong range is never read as events)."""
-    f.seek(0)
-    head = f.read(min(size, _WINDOW))
-    start = None
-    for m in re.finditer(rb'"traceEvents"\s*:\s*\[', head):
-        before = head[:m.start()].strip()
-        try:  # the key is at the top level iff what precedes it closes into an object
-            if before == b"{":
-                meta = {}
-            elif before.endswith(b","):
-                meta = msgspec.json.decode(before[:-1] + b"}", type=dict)
-            else:
-                continue
-        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
-            continue
-        start = m.end() - 1
-        break
-    if start is None:
+    found = None
+    for window in (_FIRST_WINDOW, _WINDOW):  # profilers write the key near the start: most files need no more
+        f.seek(0)
+        found = _array_start(f.read(min(size, window)))
+        if found or window >= size:
+            break
+    if found is None:
         return None
+    start, meta = found
     f.seek(max(start, size - _TAIL))
     tail_at = f.tell()
     tail = f.read()
@@ -230,6 +223,20 @@ def _locate(f, size: int) -> tuple[int, int, dict] | None:
         closes_events = q >= 0 and (tail[q] == ord("}") or tail[q] == ord("[") and tail_at + q == start)
         if after is not None and closes_events:
             return start, tail_at + pos + 1, {**meta, **after}
+    return None
+
+
+def _array_start(head: bytes) -> tuple[int, dict] | None:
+    """(offset of the `traceEvents` array's '[', the top-level fields before it) when `head` holds them."""
+    for m in re.finditer(rb'"traceEvents"\s*:\s*\[', head):
+        before = head[:m.start()].strip()
+        try:  # the key is at the top level iff what precedes it closes into an object
+            if before == b"{":
+                return m.end() - 1, {}
+            if before.endswith(b","):
+                return m.end() - 1, msgspec.json.decode(before[:-1] + b"}", type=dict)
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            pass
     return None
 
 
@@ -343,27 +350,17 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
     if isinstance(base_time_ns, bool) or not isinstance(base_time_ns, int) or not 0 <= base_time_ns < 2**61:
         notes.append(f"baseTimeNanoseconds {str(base_time_ns)[:40]!r} is not a time in ns: ignored")
         base_time_ns = 0
-    counts = con.execute(_COUNTS).fetchone()
-    n_reasons = len(_SKIP_REASONS)
-    total = counts[0]
-    skipped = {reason: n for reason, n in zip(_SKIP_REASONS, counts[1:1 + n_reasons]) if n}
-    firsts = {reason: idx for reason, idx in zip(_SKIP_REASONS, counts[1 + n_reasons:1 + 2 * n_reasons])
-              if idx is not None}
-    shown = dict(con.execute(_EXAMPLES, {"idx": list(set(firsts.values()))}).fetchall()) if firsts else {}
-    examples = {reason: shown[idx] for reason, idx in firsts.items()}
-    if not total:
-        raise TraceError(path, "empty trace: 'traceEvents' has no events")
-    if max_events and total == max_events:
-        notes.append(f"read only the first {max_events:,} events (--max-events)")
-    if total == sum(skipped.values()) + counts[-1]:
-        if skipped.get("time out of range"):
-            example = examples.get("time out of range", "")
-            raise TraceError(path, f"no usable timed events: {skipped['time out of range']:,} have times out of "
-                                   f"range (e.g. {example}); Chrome trace times are microseconds, and these look "
-                                   "like nanoseconds: divide ts and dur by 1000")
-        raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
-    skipped.update(_pair(con))
-    con.execute(_LOOKUPS)
+    # the counts scan the events on a cursor while the next steps run (a trace they refuse raises after them)
+    with ThreadPoolExecutor(1, thread_name_prefix="tracesql-counts") as beside:
+        counting = beside.submit(db.on_cursor, con, {}, lambda cur: cur.execute(_COUNTS).fetchone())
+        try:
+            paired = _pair(con)
+            con.execute(_LOOKUPS)
+        except duckdb.Error:
+            _check_counts(con, path, counting.result(), max_events, notes)
+            raise
+    skipped, examples, total = _check_counts(con, path, counting.result(), max_events, notes)
+    skipped.update(paired)
     dialect = con.execute(_DIALECT, {"kineto_keys": any(k in meta for k in KINETO_KEYS)}).fetchone()[0]
     con.execute("SET VARIABLE dialect = $d", {"d": dialect})
     # Batch by batch into an Arrow file in the scratch folder, which is then memory-mapped: the slices (their
@@ -403,6 +400,30 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
         fwd_links=fwd_links,
         mappings=[mapping],
     )
+
+
+def _check_counts(con, path: Path, counts: tuple, max_events: int | None, notes: list[str]):
+    """(skipped: reason -> count, examples: reason -> the first such event shown, total events) from the
+    `_COUNTS` row; a trace with no events or no usable ones is refused here."""
+    n_reasons = len(_SKIP_REASONS)
+    total = counts[0]
+    skipped = {reason: n for reason, n in zip(_SKIP_REASONS, counts[1:1 + n_reasons]) if n}
+    firsts = {reason: idx for reason, idx in zip(_SKIP_REASONS, counts[1 + n_reasons:1 + 2 * n_reasons])
+              if idx is not None}
+    shown = dict(con.execute(_EXAMPLES, {"idx": list(set(firsts.values()))}).fetchall()) if firsts else {}
+    examples = {reason: shown[idx] for reason, idx in firsts.items()}
+    if not total:
+        raise TraceError(path, "empty trace: 'traceEvents' has no events")
+    if max_events and total == max_events:
+        notes.append(f"read only the first {max_events:,} events (--max-events)")
+    if total == sum(skipped.values()) + counts[-1]:
+        if skipped.get("time out of range"):
+            example = examples.get("time out of range", "")
+            raise TraceError(path, f"no usable timed events: {skipped['time out of range']:,} have times out of "
+                                   f"range (e.g. {example}); Chrome trace times are microseconds, and these look "
+                                   "like nanoseconds: divide ts and dur by 1000")
+        raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
+    return skipped, examples, total
 
 
 def _pair(con) -> dict[str, int]:
