@@ -40,6 +40,15 @@ def test_bench_queries(tmp_path):
     assert "| `overlap` | per=step |" in out and "| `hotspots` | defaults |" in out
 
 
+def test_bench_queries_against_a_base_checkout(tmp_path):
+    """--base times another checkout's queries (here this one's) in a second worker, shown as before / after."""
+    out = bench("bench_queries.py", SMALL, "--tiles", "1,2", "--repeat", "1", "--only", "bubbles",
+                "--base", REPO, "--scratch", tmp_path / "q", tmp_path=tmp_path)
+    assert "| ×1 CPU s before / after |" in out
+    row = next(line for line in out.splitlines() if line.startswith("| `bubbles` | scope=device |"))
+    assert len(row.split("|")[4].split(" / ")) == 2  # a before and an after time on the ×1 tile
+
+
 def test_bench_report(tmp_path):
     out = bench("bench_report.py", REPO / "datasets" / "hta_trace_filter", "--runs", "3", "--ranks", "3",
                 "--scratch", tmp_path / "r", tmp_path=tmp_path)
