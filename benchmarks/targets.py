@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import shlex
 import sys
