@@ -86,8 +86,10 @@ WITH events AS (
 ), ordered AS (
     SELECT *,
         max(te) OVER w AS gap_start,
-        -- of the events that end last, the one with the highest slice_id (a unique pick)
-        arg_max(slice_id, (te, slice_id)) OVER w AS prev_slice_id,
+        -- of the events that end last, the one with the highest slice_id (a unique pick): the largest
+        -- end × 10^19 + slice_id (0 <= slice_id < 10^19, and DECIMAL(38, 0) holds it for any end), as DuckDB
+        -- runs a max over this frame several times faster than arg_max(slice_id, (te, slice_id))
+        max(CAST(te AS DECIMAL(38, 0)) * 10000000000000000000 + slice_id) OVER w AS prev_key,
         arg_max(name, (te, slice_id)) OVER w AS prev_name
     FROM events
     WINDOW w AS (PARTITION BY run_id, rank, device_id, stream ORDER BY ts, te, slice_id
@@ -97,7 +99,8 @@ WITH events AS (
         CASE WHEN launch_ts > gap_start THEN 'host_wait'
              WHEN ts - gap_start < kernel_wait_ns THEN 'kernel_wait'
              ELSE 'other' END AS category,
-        prev_slice_id, prev_name, slice_id AS next_slice_id, name AS next_name, launch_ts AS next_launch_ts
+        CAST(prev_key - CAST(gap_start AS DECIMAL(38, 0)) * 10000000000000000000 AS BIGINT) AS prev_slice_id,
+        prev_name, slice_id AS next_slice_id, name AS next_name, launch_ts AS next_launch_ts
     FROM ordered
     WHERE ts > gap_start
 ), buckets AS (
