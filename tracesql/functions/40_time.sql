@@ -56,7 +56,7 @@ FROM firsts;
 CREATE OR REPLACE MACRO step_window_buckets(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
 SELECT w.run_id, w.rank, w.device_id, w.step, w.ts, w.te, w.width, b.bucket
 FROM (
-    SELECT *, CAST(greatest(sum(te - ts) OVER () // NULLIF(2 * count(*) FILTER (WHERE te > ts) OVER (), 0), 1)
+    SELECT *, CAST(greatest(sum(te - ts) OVER () // NULLIF(2 * count(CASE WHEN te > ts THEN 1 END) OVER (), 0), 1)
                    AS BIGINT) AS width
     FROM step_windows(class_scheme := class_scheme, analysis_window := analysis_window, time_unit_ns := time_unit_ns)
 ) w, range(w.ts // w.width, greatest(w.te - 1, w.ts) // w.width + 1) b(bucket);
