@@ -60,18 +60,11 @@ def timed(cmd: list[str], env: dict) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("dataset", nargs="?", type=Path, default=DEFAULT_DATASET,
-                        help="trace file or folder to ingest as the run (default: the bundled hta_trace_filter)")
-    parser.add_argument("--repeat", type=int, default=15, help="rounds (default 15)")
-    parser.add_argument("--compare", type=Path, metavar="OLD", help="another checkout to time alongside")
-    parser.add_argument("--scratch", type=Path, help="folder for the run and the cache (default: a temporary one)")
-    args = parser.parse_args()
-
-    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="tracesql-bench-cli-"))
+def measure(dataset: Path, repeat: int, scratch: Path, compare: Path | None = None) -> dict[str, tuple[float, float]]:
+    """Every command's median (wall s, CPU s) over `repeat` interleaved rounds, by name, in the order run: `python
+    -c pass`, then per checkout (this one, and `compare` as "(old)") --help, query overlap and the query alone."""
     scratch.mkdir(parents=True, exist_ok=True)
-    checkouts = {"new": REPO} | ({"old": args.compare.resolve()} if args.compare else {})
+    checkouts = {"new": REPO} | ({"old": compare.resolve()} if compare else {})
     base_env = {**os.environ, "COLUMNS": "100"}
 
     def env_of(root: Path | None) -> dict:  # each checkout its own cache (runs of its own schema version)
@@ -82,7 +75,7 @@ def main() -> None:
     for label, root in checkouts.items():  # each checkout reads a run it wrote (its schema version)
         env = env_of(root)
         runs[label] = scratch / f"run-{label}"
-        subprocess.run([sys.executable, "-m", "tracesql", "ingest", str(args.dataset), "-o", str(runs[label]), "-q"],
+        subprocess.run([sys.executable, "-m", "tracesql", "ingest", str(dataset), "-o", str(runs[label]), "-q"],
                        env=env, check=True)
     commands = [("python -c pass", None, [sys.executable, "-c", "pass"])]
     for label, root in checkouts.items():
@@ -93,25 +86,41 @@ def main() -> None:
             ("query overlap RUN -f csv" + tag, root,
              [sys.executable, "-m", "tracesql", "query", "overlap", str(runs[label]), "-f", "csv"]),
             ("query overlap TRACES" + tag, root,  # raw traces, already in the cache: only checked for changes
-             [sys.executable, "-m", "tracesql", "query", "overlap", str(args.dataset)]),
+             [sys.executable, "-m", "tracesql", "query", "overlap", str(dataset)]),
             ("in-process query overlap" + tag, root, [sys.executable, "-c", IN_PROCESS, str(runs[label])]),
         ]
     for _, root, cmd in commands:  # warm the page cache and the raw-trace cache once
         timed(cmd, env_of(root))
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in commands}
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         for name, root, cmd in commands:
             samples[name].append(timed(cmd, env_of(root)))
+    return {name: (statistics.median(x[0] for x in xs), statistics.median(x[1] for x in xs))
+            for name, xs in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dataset", nargs="?", type=Path, default=DEFAULT_DATASET,
+                        help="trace file or folder to ingest as the run (default: the bundled hta_trace_filter)")
+    parser.add_argument("--repeat", type=int, default=15, help="rounds (default 15)")
+    parser.add_argument("--compare", type=Path, metavar="OLD", help="another checkout to time alongside")
+    parser.add_argument("--scratch", type=Path, help="folder for the run and the cache (default: a temporary one)")
+    args = parser.parse_args()
+
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="tracesql-bench-cli-"))
+    medians = measure(args.dataset, args.repeat, scratch, args.compare)
+    checkouts = ["new"] + (["old"] if args.compare else [])
 
     def median(name: str, i: int) -> float:
-        return statistics.median(x[i] for x in samples[name])
+        return medians[name][i]
 
     base = median("python -c pass", 0)
     print(f"CLI fixed cost: {args.dataset.name}, median of {args.repeat} interleaved rounds, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     print("| command | wall s | CPU s | × python -c pass | target (idle machine) |")
     print("|---|---:|---:|---:|---|")
-    for name, _, _ in commands:
+    for name in medians:
         if name.startswith("in-process"):
             continue
         target = next((f"≤ {t} s" for key, t in TARGETS.items() if name.startswith(key) and "csv" not in name), "")
@@ -124,8 +133,8 @@ def main() -> None:
         print(f"| {label} | {alone:.3f} | {median('query overlap RUN' + tag, 0) - alone:.3f} |")
     if len(checkouts) > 1:
         print("\n| command | new ÷ old, wall | new ÷ old, CPU |\n|---|---:|---:|")
-        for name, root, _ in commands:
-            if root == REPO and not name.startswith("in-process"):
+        for name in medians:
+            if name.endswith("(new)") and not name.startswith("in-process"):
                 old = name.replace("(new)", "(old)")
                 print(f"| `{name.replace(' (new)', '')}` | {median(name, 0) / median(old, 0):.2f} | "
                       f"{median(name, 1) / median(old, 1):.2f} |")

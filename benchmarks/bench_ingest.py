@@ -10,6 +10,8 @@ For each trace file, and each of
                 ``python -m tracesql``, or --tracesql-cmd)
   (d) base      with --base CHECKOUT: ``python -m tracesql ingest`` of that checkout (e.g. main's
                 worktree), to compare two versions of tracesql in the same run
+  (e) floor     gunzip (isal's igzip if installed) + the fastest JSON parser installed (pysimdjson, else
+                orjson, else ``json``): the parse floor of issue 15, what any reader of every byte pays
 
 it runs the measurement in a FRESH child process, ``--repeat`` times, and records
 
@@ -67,7 +69,7 @@ BIG_TRACES = [
     ("df_index_resolver_1GB.json", DEFAULT_TRACES[0], 1e9),
     ("df_index_resolver_2GB.json", DEFAULT_TRACES[0], 2e9),
 ]
-MODES = ("json", "hta", "tracesql", "base")
+MODES = ("json", "hta", "tracesql", "base", "floor")
 
 
 # --------------------------------------------------------------------------- child side
@@ -104,11 +106,45 @@ def _child(argv: list[str]) -> int:
         t2 = time.perf_counter()
         rows = {str(r): int(len(df)) for r, df in a.t.traces.items()}
         res = {"import_s": t1 - t0, "load_s": t2 - t1, "df_rows": rows}
+    elif mode == "floor":
+        t0 = time.perf_counter()
+        try:  # ISA-L's inflate, ~2x zlib's
+            from isal import igzip as gz
+        except ImportError:
+            import gzip as gz
+        with open(trace, "rb") as fh:
+            raw = fh.read()
+        if trace.endswith(".gz"):
+            raw = gz.decompress(raw)
+        t1 = time.perf_counter()
+        parser, parse = fast_json()
+        obj = parse(raw)
+        events = len(obj["traceEvents"])
+        t2 = time.perf_counter()
+        res = {"read_s": t1 - t0, "json_s": t2 - t0, "loads_s": t2 - t1, "events": events,
+               "parser": f"{gz.__name__.split('.')[-1]} + {parser}"}
     else:
         raise SystemExit(f"unknown child mode {mode}")
     with open(result_path, "w") as fh:
         json.dump(res, fh)
     return 0
+
+
+def fast_json():
+    """(name, parse) of the fastest JSON parser installed: a SIMD parse (the document stays on the parser's
+    tape, as a reader that walks it would use it), else orjson, else the standard library."""
+    try:
+        import simdjson
+
+        return "simdjson", simdjson.Parser().parse
+    except ImportError:
+        pass
+    try:
+        import orjson
+
+        return "orjson", orjson.loads
+    except ImportError:
+        return "json", json.loads
 
 
 # --------------------------------------------------------------------------- parent side
@@ -299,8 +335,8 @@ def bench_trace(path: str, args, hta_version, ts_cmd, mem_limit: int) -> dict:
         r: dict = {"runs": []}
         info["results"][mode] = r
         cmd = None
-        if mode == "json":
-            cmd = [args.python, os.path.abspath(__file__), "_child", "json", info["trace"]]
+        if mode in ("json", "floor"):
+            cmd = [args.python, os.path.abspath(__file__), "_child", mode, info["trace"]]
         elif mode == "hta":
             if hta_version is None:
                 r["status"] = "skipped: HTA not installed (pip install HolisticTraceAnalysis psutil)"
@@ -369,7 +405,7 @@ def bench_trace(path: str, args, hta_version, ts_cmd, mem_limit: int) -> dict:
                 r["status"] = f"failed: {why}"
                 r["log_tail"] = _tail(log_path)
                 break
-            if mode == "json" and info["events"] is None:
+            if mode in ("json", "floor") and info["events"] is None:
                 info["events"] = m.get("events")
         ok = [x for x in r["runs"] if not x["killed"] and x["returncode"] == 0]
         if ok:
@@ -382,6 +418,8 @@ def bench_trace(path: str, args, hta_version, ts_cmd, mem_limit: int) -> dict:
                 vals = [x[k] for x in ok if x.get(k) is not None]
                 if vals:
                     r[k] = min(vals)
+            if best.get("parser"):
+                r["parser"] = best["parser"]
         elif r["runs"]:
             # keep what the failed run got to (e.g. peak RSS before the kill)
             x = r["runs"][-1]
@@ -395,6 +433,7 @@ def bench_trace(path: str, args, hta_version, ts_cmd, mem_limit: int) -> dict:
         "hta_over_tracesql_time": (get("hta", "wall_s") / ts_wall) if ts_wall and get("hta", "wall_s") else None,
         "tracesql_over_json_time": (ts_wall / get("json", "wall_s")) if ts_wall and get("json", "wall_s") else None,
         "tracesql_over_base_time": (ts_wall / get("base", "wall_s")) if ts_wall and get("base", "wall_s") else None,
+        "tracesql_over_floor_time": (ts_wall / get("floor", "wall_s")) if ts_wall and get("floor", "wall_s") else None,
         "tracesql_rss_over_json_bytes": (ts_rss * 2**20 / info["json_bytes"]) if ts_rss else None,
     }
     return info
@@ -424,12 +463,13 @@ def markdown(results: list[dict]) -> str:
            "(a) json s", "(a) json-only s", "(a) RSS MB",
            "(b) HTA s", "(b) HTA load s", "(b) HTA RSS MB",
            "(c) tracesql s", "(c) tracesql RSS MB", "(c) output MB", "(c) CPU s / M events",
-           "(d) base s", "(d) base RSS MB", "(d) CPU s / M events",
-           "HTA/tracesql time", "tracesql/(a) time", "tracesql/base time", "tracesql RSS/JSON size"]
+           "(d) base s", "(d) base RSS MB", "(d) CPU s / M events", "(e) floor s", "(e) floor parser",
+           "HTA/tracesql time", "tracesql/(a) time", "tracesql/base time", "tracesql/(e) time",
+           "tracesql RSS/JSON size"]
     lines = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
     for t in results:
         R = t["results"]
-        a, b, c, d = R.get("json"), R.get("hta"), R.get("tracesql"), R.get("base")
+        a, b, c, d, e = R.get("json"), R.get("hta"), R.get("tracesql"), R.get("base"), R.get("floor")
         ra = t["ratios"]
         per_m = lambda r: r["cpu_s"] / t["events"] * 1e6 if r and "cpu_s" in r and t["events"] else None  # noqa: E731
         row = [t["name"], _f(t["gz_bytes"] and t["gz_bytes"] / 1e6, "{:.1f}"),
@@ -439,8 +479,9 @@ def markdown(results: list[dict]) -> str:
                _cell(c, "wall_s", "{:.2f}"), _cell(c, "rss_mb", "{:.0f}"),
                _f(c.get("output_bytes") / 1e6 if c and c.get("output_bytes") is not None else None, "{:.1f}"),
                _f(per_m(c), "{:.2f}"), _cell(d, "wall_s", "{:.2f}"), _cell(d, "rss_mb", "{:.0f}"), _f(per_m(d), "{:.2f}"),
+               _cell(e, "wall_s", "{:.2f}"), (e or {}).get("parser", "–"),
                _f(ra["hta_over_tracesql_time"], "{:.1f}×"), _f(ra["tracesql_over_json_time"], "{:.2f}×"),
-               _f(ra["tracesql_over_base_time"], "{:.2f}×"),
+               _f(ra["tracesql_over_base_time"], "{:.2f}×"), _f(ra["tracesql_over_floor_time"], "{:.2f}×"),
                _f(ra["tracesql_rss_over_json_bytes"], "{:.2f}")]
         lines.append("| " + " | ".join(row) + " |")
     notes = []
@@ -456,10 +497,7 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "") + "\n"
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "_child":
-        return _child(argv[1:])
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("Usage:")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -469,7 +507,7 @@ def main(argv=None) -> int:
                         "--scratch with tile_trace.py if missing")
     p.add_argument("--scratch", default=DEFAULT_SCRATCH, help=f"scratch dir (default {DEFAULT_SCRATCH})")
     p.add_argument("--only", default=",".join(MODES),
-                   help="comma-separated subset of json,hta,tracesql,base (default all; base needs --base)")
+                   help="comma-separated subset of json,hta,tracesql,base,floor (default all; base needs --base)")
     p.add_argument("--repeat", type=int, default=3, help="runs per measurement, best time kept (default 3)")
     p.add_argument("--big-repeat", type=int, default=1,
                    help="runs per measurement for traces of >= --big-threshold bytes (default 1)")
@@ -488,24 +526,41 @@ def main(argv=None) -> int:
     p.add_argument("--python", default=sys.executable, help="interpreter for the (a)/(b) children")
     p.add_argument("--keep-output", action="store_true", help="keep tracesql's output dir in --scratch/work/")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
+    return p
+
+
+def parse_args(argv: list[str]):
+    """The command line, checked; `only` as a list (benchmarks/targets.py builds its settings here too)."""
+    p = build_parser()
     args = p.parse_args(argv)
     args.only = [m.strip() for m in args.only.split(",") if m.strip()]
     bad = [m for m in args.only if m not in MODES]
     if bad:
         p.error(f"unknown mode(s) {bad}; choose from {MODES}")
-    os.makedirs(args.scratch, exist_ok=True)
+    return args
 
+
+def memory_guard(args) -> int:
+    """Bytes of process-tree RSS beyond which a run is killed: --mem-limit-gb, else 85 % of MemAvailable."""
     if args.mem_limit_gb:
-        mem_limit = int(args.mem_limit_gb * 2**30)
-    else:
-        mem_limit = 0
-        try:
-            with open("/proc/meminfo") as fh:
-                for line in fh:
-                    if line.startswith("MemAvailable:"):
-                        mem_limit = int(int(line.split()[1]) * 1024 * 0.85)
-        except OSError:
-            pass
+        return int(args.mem_limit_gb * 2**30)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(int(line.split()[1]) * 1024 * 0.85)
+    except OSError:
+        pass
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_child":
+        return _child(argv[1:])
+    args = parse_args(argv)
+    os.makedirs(args.scratch, exist_ok=True)
+    mem_limit = memory_guard(args)
 
     traces = list(args.traces) or list(DEFAULT_TRACES)
     if args.big:

@@ -54,21 +54,23 @@ def variants(query) -> list[dict]:
 
 
 def serve() -> None:
-    """Worker: one JSON request a line on stdin ({run, query, params}), one answer a line on stdout: the query's
-    process CPU and wall seconds and its row count, or `skip` when this checkout has no such query or parameter."""
+    """Worker: one JSON request a line on stdin ({run, query, params}, or {run, sql} for plain SQL), one answer a
+    line on stdout: the query's process CPU and wall seconds and its row count, or `skip` when this checkout has no
+    such query or parameter."""
     import tracesql
     from tracesql import queries
 
     known = {q.name: q for q in queries.catalogue()}
     for line in sys.stdin:
         ask = json.loads(line)
-        query = known.get(ask["query"])
-        if query is None or not set(ask["params"]) <= set(query.params):
+        query = known.get(ask.get("query"))
+        if "sql" not in ask and (query is None or not set(ask["params"]) <= set(query.params)):
             print(json.dumps({"skip": True}), flush=True)
             continue
         con = tracesql.connect(Path(ask["run"]))
         cpu, wall = time.process_time(), time.perf_counter()
-        rows = len(queries.run(con, query, ask["params"]).fetchall())
+        result = con.sql(ask["sql"]) if "sql" in ask else queries.run(con, query, ask["params"])
+        rows = len(result.fetchall())
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         con.close()
         print(json.dumps({"cpu": cpu, "wall": wall, "rows": rows}), flush=True)
@@ -83,11 +85,17 @@ class Worker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def time(self, run: Path, query: str, params: dict) -> dict:
-        self.proc.stdin.write(json.dumps({"run": str(run), "query": query, "params": params}) + "\n")
+        return self._ask({"run": str(run), "query": query, "params": params})
+
+    def time_sql(self, run: Path, sql: str) -> dict:
+        return self._ask({"run": str(run), "sql": sql})
+
+    def _ask(self, ask: dict) -> dict:
+        self.proc.stdin.write(json.dumps(ask) + "\n")
         self.proc.stdin.flush()
         answer = self.proc.stdout.readline()
         if not answer:
-            sys.exit(f"bench_queries.py: the worker died running {query} on {run}")
+            sys.exit(f"bench_queries.py: the worker died running {ask.get('query') or ask['sql']} on {ask['run']}")
         return json.loads(answer)
 
     def close(self) -> None:
@@ -95,20 +103,26 @@ class Worker:
         self.proc.wait()
 
 
+def tiled_trace(trace: Path, k: int, scratch: Path) -> Path:
+    """`trace` tiled k times in `scratch` (made once, kept between benchmark runs)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from tile_trace import tile
+
+    tiled = scratch / f"{trace.name.split('.')[0]}-x{k}.json"
+    if not tiled.exists():
+        tile(str(trace), str(tiled), math.inf, max_copies=k, quiet=True)
+    return tiled
+
+
 def tiled_runs(trace: Path, tiles: list[int], scratch: Path) -> list[tuple[int, Path, int]]:
     """(copies, run folder, slices) per tile of `trace`, ingested once (kept between benchmark runs)."""
     import tracesql
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tile_trace import tile
-
     out = []
     for k in tiles:
         name = trace.name.split(".")[0]
-        tiled = scratch / f"{name}-x{k}.json"
+        tiled = tiled_trace(trace, k, scratch)
         run = scratch / f"{name}-x{k}-run"
-        if not tiled.exists():
-            tile(str(trace), str(tiled), math.inf, max_copies=k, quiet=True)
         start = time.perf_counter()
         result = tracesql.ingest([tiled], run)
         note = f"ingested in {time.perf_counter() - start:.1f} s" if result.changed else "already ingested"
@@ -120,8 +134,37 @@ def tiled_runs(trace: Path, tiles: list[int], scratch: Path) -> list[tuple[int, 
     return out
 
 
+def exponent(seconds: list[float], growth: float) -> float | None:
+    """b of seconds ∝ events^b between the first and the last tile (growth: log of their events' ratio)."""
+    return math.log(max(seconds[-1], 1e-4) / max(seconds[0], 1e-4)) / growth if growth else None
+
+
 def slope(seconds: list[float], growth: float) -> str:
-    return f"{math.log(max(seconds[-1], 1e-4) / max(seconds[0], 1e-4)) / growth:.2f}" if growth else "–"
+    b = exponent(seconds, growth)
+    return "–" if b is None else f"{b:.2f}"
+
+
+def growth_of(runs: list[tuple[int, Path, int]]) -> float:
+    """log of the slices' ratio between the largest and the smallest tile (0: one tile, nothing to fit)."""
+    return math.log(runs[-1][2] / runs[0][2]) if len(runs) > 1 and runs[-1][2] > runs[0][2] else 0
+
+
+def measure(workers: list[Worker], runs: list[tuple[int, Path, int]], catalogue, repeat: int):
+    """(query, params, best) for every query and variant, best[w][tile] = (CPU s, wall s, rows) of worker w, the
+    best of `repeat` (None where that worker's checkout lacks the query or parameter); the workers alternate."""
+    for query in catalogue:
+        for params in variants(query):
+            best = [[None] * len(runs) for _ in workers]
+            for i, (_, run, _) in enumerate(runs):
+                for _ in range(repeat):
+                    for w, worker in enumerate(workers):
+                        got = worker.time(run, query.name, params)
+                        if "skip" in got:
+                            continue
+                        kept = best[w][i]
+                        best[w][i] = (min(got["cpu"], kept[0]) if kept else got["cpu"],
+                                      min(got["wall"], kept[1]) if kept else got["wall"], got["rows"])
+            yield query, params, best
 
 
 def column(best: list[list], tile: int, field: int) -> str:
@@ -155,32 +198,20 @@ def main() -> None:
           + (f"; before = {args.base}, after = {REPO}, alternating" if args.base else "") + "\n")
     for trace in args.traces:
         runs = tiled_runs(trace, tiles, args.scratch)
-        growth = math.log(runs[-1][2] / runs[0][2]) if len(runs) > 1 and runs[-1][2] > runs[0][2] else 0
+        growth = growth_of(runs)
         both = " before / after" if args.base else ""
         print(f"\n| query | parameters | rows ×{tiles[0]} | " + " | ".join(f"×{k} CPU s{both}" for k in tiles)
               + f" | ×{tiles[-1]} wall s{both} | slope{both} |\n|---|---|---|" + "---|" * (len(tiles) + 2))
-        for query in catalogue:
-            for params in variants(query):
-                # best[w][tile] = (cpu, wall, rows) of worker w
-                best = [[None] * len(runs) for _ in workers]
-                for i, (_, run, _) in enumerate(runs):
-                    for _ in range(args.repeat):
-                        for w, worker in enumerate(workers):
-                            got = worker.time(run, query.name, params)
-                            if "skip" in got:
-                                continue
-                            kept = best[w][i]
-                            best[w][i] = (min(got["cpu"], kept[0]) if kept else got["cpu"],
-                                          min(got["wall"], kept[1]) if kept else got["wall"], got["rows"])
-                cells = [column(best, i, 0) for i in range(len(runs))]
-                slopes = " / ".join(slope([t[0] for t in b], growth) if all(b) else "–" for b in best)
-                # one row count when the checkouts agree on every tile
-                counts = {tuple(t[2] for t in b) for b in best if all(b)}
-                rows = (str(counts.pop()[0]) if len(counts) == 1
-                        else "differ: " + " / ".join(map(str, counts)) if counts else "–")
-                shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "defaults"
-                print(f"| `{query.name}` | {shown} | {rows} | " + " | ".join(cells) + f" | {column(best, -1, 1)} | {slopes} |",
-                      flush=True)
+        for query, params, best in measure(workers, runs, catalogue, args.repeat):
+            cells = [column(best, i, 0) for i in range(len(runs))]
+            slopes = " / ".join(slope([t[0] for t in b], growth) if all(b) else "–" for b in best)
+            # one row count when the checkouts agree on every tile
+            counts = {tuple(t[2] for t in b) for b in best if all(b)}
+            rows = (str(counts.pop()[0]) if len(counts) == 1
+                    else "differ: " + " / ".join(map(str, counts)) if counts else "–")
+            shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "defaults"
+            print(f"| `{query.name}` | {shown} | {rows} | " + " | ".join(cells)
+                  + f" | {column(best, -1, 1)} | {slopes} |", flush=True)
     for worker in workers:
         worker.close()
 

@@ -55,6 +55,31 @@ def measured(cmd: list[str], log: Path) -> dict:
     return result
 
 
+def bench(source: Path, runs: int, ranks: int, scratch: Path) -> tuple[list[tuple[str, dict]], dict]:
+    """The fleet (made, or reused), then (a), (b) and (c), each measured in a fresh process: ([(name, measured)],
+    (b)'s metrics.json)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    source = source.resolve()
+    fleet, built = fleet_for(source, runs, ranks, scratch)
+    files = sum(1 for _ in fleet.rglob("*.parquet"))
+    print(f"fleet {fleet}: {runs} runs × {ranks} ranks of {source.name}, {files:,} Parquet files, "
+          + (f"made in {built:.1f} s" if built is not None else "reused") + f" ({os.cpu_count()} CPUs)\n",
+          flush=True)
+    first, last = sorted(p for p in fleet.iterdir() if p.is_dir())[0], sorted(p for p in fleet.iterdir()
+                                                                                if p.is_dir())[-1]
+    tool = [sys.executable, "-m", "tracesql"]
+    rows = [
+        (f"(a) report over one run × {ranks} ranks",
+         measured(tool + ["report", str(first), "-o", str(scratch / "report-one")], scratch / "a.log")),
+        (f"(b) report over {runs} runs × {ranks} ranks",
+         measured(tool + ["report", str(fleet), "-o", str(scratch / "report-fleet"), "--baseline", str(first),
+                          "--fail-on", "step_time_p50>+5%", "--fail-on", "overlap<-10pp"], scratch / "b.log")),
+        (f"(c) diff of two runs × {ranks} ranks",
+         measured(tool + ["diff", str(first), str(last)], scratch / "c.log")),
+    ]
+    return rows, json.loads((scratch / "report-fleet" / "metrics.json").read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", nargs="?", type=Path, default=DEFAULT_SOURCE,
@@ -63,26 +88,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/tracesql-bench/report"))
     args = parser.parse_args()
-    args.scratch.mkdir(parents=True, exist_ok=True)
-    source = args.source.resolve()
-
-    fleet, built = fleet_for(source, args.runs, args.ranks, args.scratch)
-    files = sum(1 for _ in fleet.rglob("*.parquet"))
-    print(f"fleet {fleet}: {args.runs} runs × {args.ranks} ranks of {source.name}, {files:,} Parquet files, "
-          + (f"made in {built:.1f} s" if built is not None else "reused") + f" ({os.cpu_count()} CPUs)\n")
-    first, last = sorted(p for p in fleet.iterdir() if p.is_dir())[0], sorted(p for p in fleet.iterdir()
-                                                                                if p.is_dir())[-1]
-    tool = [sys.executable, "-m", "tracesql"]
-    rows = [
-        (f"(a) report over one run × {args.ranks} ranks",
-         measured(tool + ["report", str(first), "-o", str(args.scratch / "report-one")], args.scratch / "a.log")),
-        (f"(b) report over {args.runs} runs × {args.ranks} ranks",
-         measured(tool + ["report", str(fleet), "-o", str(args.scratch / "report-fleet"), "--baseline", str(first),
-                          "--fail-on", "step_time_p50>+5%", "--fail-on", "overlap<-10pp"], args.scratch / "b.log")),
-        (f"(c) diff of two runs × {args.ranks} ranks",
-         measured(tool + ["diff", str(first), str(last)], args.scratch / "c.log")),
-    ]
-    report = json.loads((args.scratch / "report-fleet" / "metrics.json").read_text())
+    rows, report = bench(args.source, args.runs, args.ranks, args.scratch)
     base_cpu = rows[0][1]["cpu_s"]
     print("| command | wall s | CPU s | peak RSS MiB | CPU ratio to (a) |\n|---|---:|---:|---:|---:|")
     for name, r in rows:

@@ -125,6 +125,17 @@ def test_damaged_events_are_skipped_with_a_count(tmp_path):
     assert not (tmp_path / "strict").exists()
 
 
+def test_an_event_is_skipped_for_one_reason(tmp_path):
+    """A dur of -1e500 (-inf) is missing, not also an end before start: counted twice, the three skips added up to
+    the three events and the trace was refused as having no timed events, though one is fine."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "inf", "ts": 1.0, "dur": "-1e500", "pid": 1, "tid": 1},
+              {"ph": "X", "cat": "cpu_op", "name": "negative", "ts": 2.0, "dur": -3.0, "pid": 1, "tid": 1},
+              {"ph": "X", "cat": "cpu_op", "name": "fine", "ts": 2.0, "dur": 3.0, "pid": 1, "tid": 1}]
+    result = tracesql.ingest([write_trace(tmp_path / "t.json", events)], tmp_path / "run")
+    assert result.warnings[0].endswith("skipped damaged events: 1 missing dur, 1 end before start")
+    assert run_sql(tmp_path / "run", "SELECT name FROM slices") == [("fine",)]
+
+
 def test_invalid_utf8_names_are_replaced(tmp_path):
     data = b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k\xff\xfe", "ts": 1, "dur": 2, "pid": 0, ' \
            b'"tid": 7, "args": {"correlation": 1}}]}'

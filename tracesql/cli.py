@@ -77,6 +77,9 @@ class _OneLineErrors(click.Group):
             raise _Interrupted() from None
 
     def main(self, args=None, prog_name=None, **extra):
+        # numpy's OpenBLAS starts a thread per core at import, which spins a while (0.04 CPU s of each command
+        # that imports numpy); tracesql does no linear algebra. Set before any command imports numpy.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         try:
             code = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.exceptions.Exit as e:
