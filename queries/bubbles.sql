@@ -44,7 +44,8 @@ WITH gaps AS (
         class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
         analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
         time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1),
-        kernel_wait_ns := COALESCE(getvariable('kernel_wait_ns'), 30000))
+        kernel_wait_ns := COALESCE(getvariable('kernel_wait_ns'), 30000),
+        with_step := false)
 ), summary AS (
     SELECT run_id, rank, device_id, stream, category,
         count(*) AS gaps, CAST(sum(dur) AS BIGINT) AS idle_ns,

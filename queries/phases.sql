@@ -94,32 +94,37 @@ WITH named_phases AS (
     SELECT run_id, rank, step, ts, te, dense_rank() OVER (ORDER BY run_id, rank, step) AS wid
     FROM windows
 ), edges AS (
-    -- each event clipped to each window it overlaps: +1 at its start and -1 at its end, in its phase's column;
-    -- the window's own bounds as edges that change nothing (so the segments cover the whole window)
-    SELECT w.wid,
-        CASE e.edge WHEN 1 THEN greatest(v.ts, w.ts) WHEN -1 THEN least(v.te, w.te) WHEN 0 THEN w.ts ELSE w.te END AS t,
-        sum(CASE WHEN v.phase = 'forward' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS fwd,
-        sum(CASE WHEN v.phase = 'backward' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS bwd,
-        sum(CASE WHEN v.phase = 'optimizer' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS opt,
-        sum(CASE WHEN v.phase = 'data_loading' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS data,
-        sum(CASE WHEN v.phase = 'other' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS oth,
-        sum(CASE WHEN v.phase = 'communication' AND e.edge IN (1, -1) THEN e.edge ELSE 0 END) AS comm,
-        count(*) FILTER (WHERE e.edge = 1 AND v.phase = 'forward') AS fwd_n,
-        count(*) FILTER (WHERE e.edge = 1 AND v.phase = 'backward') AS bwd_n,
-        count(*) FILTER (WHERE e.edge = 1 AND v.phase = 'optimizer') AS opt_n
+    -- each event clipped to each window it overlaps: +1 at its start and -1 at its end, in its phase's column.
+    -- A row per edge, not per instant: the sweep below gives every row of an instant the state after all of them
+    -- (its frame takes in its peers) and all but one of them no duration, so no GROUP BY makes instants unique
+    SELECT w.wid, CASE e.edge WHEN 1 THEN greatest(v.ts, w.ts) ELSE least(v.te, w.te) END AS t,
+        CASE WHEN v.phase = 'forward' THEN e.edge ELSE 0 END AS fwd,
+        CASE WHEN v.phase = 'backward' THEN e.edge ELSE 0 END AS bwd,
+        CASE WHEN v.phase = 'optimizer' THEN e.edge ELSE 0 END AS opt,
+        CASE WHEN v.phase = 'data_loading' THEN e.edge ELSE 0 END AS data,
+        CASE WHEN v.phase = 'other' THEN e.edge ELSE 0 END AS oth,
+        CASE WHEN v.phase = 'communication' THEN e.edge ELSE 0 END AS comm,
+        CASE WHEN e.edge = 1 AND v.phase = 'forward' THEN 1 ELSE 0 END AS fwd_n,
+        CASE WHEN e.edge = 1 AND v.phase = 'backward' THEN 1 ELSE 0 END AS bwd_n,
+        CASE WHEN e.edge = 1 AND v.phase = 'optimizer' THEN 1 ELSE 0 END AS opt_n,
+        CASE WHEN e.edge = 1 THEN 1 ELSE 0 END AS events
     FROM window_ids w
     JOIN events v ON v.run_id = w.run_id AND v.rank = w.rank AND v.ts < w.te AND v.te > w.ts
-    CROSS JOIN (VALUES (1), (-1), (0), (2)) e(edge)
-    GROUP BY ALL
+    CROSS JOIN (VALUES (1), (-1)) e(edge)
+    UNION ALL
+    -- the window's own bounds, edges that change nothing (so that the segments cover the whole window; a window
+    -- that no event overlaps has no row below)
+    SELECT wid, CASE b.edge WHEN 0 THEN ts ELSE te END, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
+    FROM window_ids CROSS JOIN (VALUES (0), (2)) b(edge)
 ), segments AS (
     SELECT wid, t, CASE WHEN lead(wid) OVER o = wid THEN lead(t) OVER o - t END AS dur,
-        sum(fwd) OVER w AS fwd, sum(bwd) OVER w AS bwd, sum(opt) OVER w AS opt, sum(data) OVER w AS data,
-        sum(oth) OVER w AS oth, sum(comm) OVER w AS comm, fwd_n, bwd_n, opt_n
+        sum(fwd) OVER o AS fwd, sum(bwd) OVER o AS bwd, sum(opt) OVER o AS opt, sum(data) OVER o AS data,
+        sum(oth) OVER o AS oth, sum(comm) OVER o AS comm, fwd_n, bwd_n, opt_n, events
     FROM edges
     -- every event adds +1 and -1 inside one window, so each window's running sums start from 0 and one running
     -- sum over all windows in order equals the per-window one (DuckDB runs it ~10x faster than one partitioned
     -- by window when one partition is much larger than the others)
-    WINDOW o AS (ORDER BY wid, t), w AS (ORDER BY wid, t ROWS UNBOUNDED PRECEDING)
+    WINDOW o AS (ORDER BY wid, t)
 ), per_window AS (
     SELECT i.run_id, i.rank, i.step, s.*
     FROM (
@@ -136,6 +141,7 @@ WITH named_phases AS (
             sum(fwd_n) AS forward_kernels, sum(bwd_n) AS backward_kernels, sum(opt_n) AS optimizer_kernels
         FROM segments
         GROUP BY wid
+        HAVING sum(events) > 0
     ) s
     JOIN (SELECT DISTINCT wid, run_id, rank, step FROM window_ids) i ON i.wid = s.wid
 ), data_host AS (

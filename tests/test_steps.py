@@ -120,6 +120,20 @@ SELECT rank, device_id, sum(dur), sum(dur) FILTER (WHERE classes & 1 = 1), sum(d
 FROM t GROUP BY ALL ORDER BY ALL
 """
 HTA = {"class_scheme": "hta", "analysis_window": "hta", "time_unit_ns": 1000}
+# step_timeline and idle_gaps' step by their definitions: range joins of segments and gaps with the windows
+CLIPPED = """
+SELECT t.run_id, t.rank, t.device_id, w.step, greatest(t.ts, w.ts), least(t.ts + t.dur, w.te) - greatest(t.ts, w.ts),
+    t.classes
+FROM device_timeline({args}) t JOIN step_windows({args}) w USING (run_id, rank, device_id)
+WHERE t.ts < w.te AND t.ts + t.dur > w.ts
+"""
+GAP_STEPS = """
+SELECT g.* EXCLUDE (step, prev_slice_id, prev_name, next_slice_id, next_name, next_launch_ts), w.step,
+    g.prev_slice_id, g.prev_name, g.next_slice_id, g.next_name, g.next_launch_ts
+FROM idle_gaps({args}{sep}with_step := false) g
+LEFT JOIN step_windows({args}) w
+  ON w.run_id = g.run_id AND w.rank = g.rank AND w.device_id = g.device_id AND g.ts >= w.ts AND g.ts < w.te
+"""
 
 
 @pytest.mark.corpus
@@ -152,6 +166,12 @@ def test_per_step_sums_equal_the_run_totals(trace, tmp_path):
             o = overlap[(overlap["rank"] == key[0]) & (overlap.device_id == key[1])]
             assert [int(o.comm_ns.sum()), int(o.overlap_ns.sum())] == expected[key][5:], (key, params)
             assert (o.overlap_ns <= o[["comm_ns", "compute_ns"]].min(axis=1)).all()
+        # the window of a segment or gap looked up by bucket (step_window_buckets) is the one a range join with
+        # every window of the device finds
+        for got, want in ((f"SELECT * FROM step_timeline({args})", CLIPPED.format(args=args)),
+                          (f"SELECT * FROM idle_gaps({args})", GAP_STEPS.format(args=args, sep=", " if args else ""))):
+            assert con.execute(f"SELECT count(*) FROM (({got} EXCEPT ALL {want}) UNION ALL ({want} EXCEPT ALL {got}))"
+                               ).fetchall()[0][0] == 0, (got, params)
         # device gaps inside the windows: the idle time of the steps (gaps outside any window have no step)
         stepped = con.execute(f"""
             SELECT rank, device_id, sum(dur) FROM idle_gaps(scope := 'device', {args + ', ' if args else ''}

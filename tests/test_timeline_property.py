@@ -171,3 +171,29 @@ def test_identical_kernels_on_two_streams_are_not_communication(tmp_path):
 def test_n_identical_compute_kernels_count_once(copies):
     con = session([[(0, s, COMPUTE, 10, 5) for s in range(copies)]])
     assert con.execute("SELECT classes, dur FROM device_timeline()").fetchall() == [(1, 5)]
+
+
+def test_runs_and_devices_swept_together_keep_their_own_segments():
+    """One sweep orders every (run, rank, device) together: each device's segments must be those it has alone,
+    whatever comes before or after it in that order (here a device with no id, and the same rank in two runs)."""
+    con = session([[(0, 0, COMPUTE, 10, 30), (1, 0, MEMORY, 0, 5)]])
+    con.execute("INSERT INTO slices (run_id, rank, slice_id, kind, name, ts, dur, device_id, stream) VALUES "
+                "('a', 0, 1, 'kernel', 'ncclDevKernel_AllReduce', 0, 20, 0, 0), "
+                "('a', 0, 2, 'kernel', 'gemm_kernel', 35, 10, NULL, 0), "
+                "('a', 0, 3, 'kernel', 'gemm_kernel', 50, 5, NULL, 1)")
+    assert con.execute("SELECT run_id, rank, device_id, ts, dur, classes FROM device_timeline() "
+                       "ORDER BY run_id, device_id NULLS LAST, ts").fetchall() == [
+        ("a", 0, 0, 0, 20, COMMUNICATION),
+        ("a", 0, None, 35, 10, COMPUTE), ("a", 0, None, 45, 5, 0), ("a", 0, None, 50, 5, COMPUTE),
+        ("r", 0, 0, 10, 30, COMPUTE),
+        ("r", 0, 1, 0, 5, MEMORY)]
+
+
+def test_many_running_events_of_a_class_do_not_reach_another_class():
+    """The three counts of running events share one integer (21 bits each): 100,000 compute kernels running at
+    once must stay compute, and the communication kernel among them must still be seen (and end)."""
+    con = session([[(0, 0, COMMUNICATION, 100, 50)]])
+    con.execute("INSERT INTO slices (run_id, rank, slice_id, kind, name, ts, dur, device_id, stream) "
+                "SELECT 'r', 0, 1 + i, 'kernel', 'gemm_kernel', 0, 1000, 0, i % 8 FROM range(100000) t(i)")
+    assert con.execute("SELECT ts, dur, classes FROM device_timeline() ORDER BY ts").fetchall() == [
+        (0, 100, COMPUTE), (100, 50, COMPUTE | COMMUNICATION), (150, 850, COMPUTE)]

@@ -45,57 +45,66 @@ WITH names AS (
     -- for them alone, not for every device event
     SELECT run_id, rank, slice_id FROM slices
     WHERE analysis_window = 'hta' AND category = 'mtia_ccp_events' AND json_extract_string(args, '$.stream') IS NULL
-)
-SELECT s.* REPLACE (
-        (s.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS ts,
-        greatest((s.ts + s.dur) // time_unit_ns * time_unit_ns
-                 - (s.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns, 0) AS dur),
-    c.class
-FROM slices s
-JOIN classes c ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
-LEFT JOIN filtered_runs f ON f.run_id = s.run_id
-LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
-LEFT JOIN hta_launch h ON h.run_id = s.run_id AND h.rank = s.rank AND h.correlation = s.correlation
-LEFT JOIN streamless x ON x.run_id = s.run_id AND x.rank = s.rank AND x.slice_id = s.slice_id
-WHERE analysis_window = 'all'
-   OR (analysis_window = 'hta' AND x.slice_id IS NULL AND (
+), kept AS (
+    -- two branches, one per window: the constant `analysis_window` empties one, so that the 'all' window neither
+    -- reads the columns of HTA's joins (slice_id, correlation) nor runs them
+    SELECT s.*, c.class
+    FROM slices s JOIN classes c ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
+    WHERE analysis_window = 'all'
+    UNION ALL
+    SELECT s.*, c.class
+    FROM slices s JOIN classes c ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
+    LEFT JOIN filtered_runs f ON f.run_id = s.run_id
+    LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
+    LEFT JOIN hta_launch h ON h.run_id = s.run_id AND h.rank = s.rank AND h.correlation = s.correlation
+    LEFT JOIN streamless x ON x.run_id = s.run_id AND x.rank = s.rank AND x.slice_id = s.slice_id
+    WHERE analysis_window = 'hta' AND x.slice_id IS NULL AND (
           f.run_id IS NULL  -- fewer than two step names: no filter
        OR (s.correlation IS NULL AND s.ts < b.last_start)
-       OR h.ts < b.last_start));
+       OR h.ts < b.last_start)
+)
+SELECT * REPLACE (
+        (ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS ts,
+        greatest((ts + dur) // time_unit_ns * time_unit_ns
+                 - (ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns, 0) AS dur)
+FROM kept;
 
 -- The busy timeline of each device: consecutive segments from its first to its last activity, each with the set
 -- of classes running then as bits (1 compute, 2 communication, 4 memory; 0 = idle). Summing `dur` over segments
 -- gives unions and intersections of intervals exactly, however many streams overlap.
 CREATE OR REPLACE MACRO device_timeline(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
-WITH bits AS (
-    SELECT run_id, rank, device_id, ts, ts + dur AS te,
-        -- infeed/outfeed (XLA) moves data between host and device: memory traffic on the timeline
-        CASE class WHEN 'compute' THEN 1 WHEN 'communication' THEN 2 WHEN 'memory' THEN 4 WHEN 'infeed_outfeed' THEN 4
-                   ELSE 0 END AS bit
-    FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
-                         time_unit_ns := time_unit_ns)
-), edges AS (
-    -- at each instant where something starts or ends: the change in the number of running events of each class
-    -- (one row per instant, so the sweep below orders by a unique key: no tie can be broken two ways)
-    SELECT run_id, rank, device_id, t,
-        sum(CASE WHEN bit = 1 THEN delta ELSE 0 END) AS compute,
-        sum(CASE WHEN bit = 2 THEN delta ELSE 0 END) AS communication,
-        sum(CASE WHEN bit = 4 THEN delta ELSE 0 END) AS memory
-    FROM (
-        SELECT run_id, rank, device_id, ts AS t, bit, 1 AS delta FROM bits WHERE bit > 0
-        UNION ALL
-        SELECT run_id, rank, device_id, te AS t, bit, -1 AS delta FROM bits WHERE bit > 0
-    ) GROUP BY run_id, rank, device_id, t
+WITH events AS (
+    -- an event adds one to its class's count of running events; the three counts share one integer, 21 bits each
+    -- (compute + communication * 2^21 + memory * 2^42), so that one running sum keeps all three (exact while fewer
+    -- than 2^21 events of a class run at once on a device)
+    SELECT * FROM (
+        SELECT run_id, rank, device_id, ts, ts + dur AS te,
+            -- infeed/outfeed (XLA) moves data between host and device: memory traffic on the timeline
+            CASE class WHEN 'compute' THEN 1 WHEN 'communication' THEN 2097152
+                       WHEN 'memory' THEN 4398046511104 WHEN 'infeed_outfeed' THEN 4398046511104 END AS delta
+        FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
+                             time_unit_ns := time_unit_ns))
+    WHERE delta IS NOT NULL
 ), states AS (
-    -- events of each class running from t to the next instant; a class's bit is set while any of its events runs,
-    -- so identical or nested events on several streams count once
+    -- the counts after each instant where something starts or ends: the RANGE frame takes every edge at that
+    -- instant, so edges at one instant need no order among them (nor a GROUP BY into one row per instant).
+    -- One sweep over all devices rather than a partition each: a device's edges sum to 0, so each device starts
+    -- from zero all the same.
     SELECT run_id, rank, device_id, t,
-        sum(compute) OVER w AS compute, sum(communication) OVER w AS communication, sum(memory) OVER w AS memory,
-        lead(t) OVER (PARTITION BY run_id, rank, device_id ORDER BY t) AS t_next
-    FROM edges
-    WINDOW w AS (PARTITION BY run_id, rank, device_id ORDER BY t ROWS UNBOUNDED PRECEDING)
+        sum(delta) OVER (ORDER BY run_id, rank, device_id, t RANGE UNBOUNDED PRECEDING) AS running,
+        lead(t) OVER w AS t_next, lead(run_id) OVER w AS next_run_id, lead(rank) OVER w AS next_rank,
+        lead(device_id) OVER w AS next_device_id
+    FROM (SELECT run_id, rank, device_id, ts AS t, delta FROM events
+          UNION ALL
+          SELECT run_id, rank, device_id, te AS t, -delta AS delta FROM events)
+    WINDOW w AS (ORDER BY run_id, rank, device_id, t)
 )
+-- a segment runs to the device's next instant (of the edges at one instant, only the last in the sweep's order is
+-- followed by a later one); a class's bit is set while any of its events runs, so identical or nested events on
+-- several streams count once
 SELECT run_id, rank, device_id, t AS ts, t_next - t AS dur,
-    CAST(CASE WHEN compute > 0 THEN 1 ELSE 0 END + CASE WHEN communication > 0 THEN 2 ELSE 0 END
-         + CASE WHEN memory > 0 THEN 4 ELSE 0 END AS INTEGER) AS classes
-FROM states WHERE t_next IS NOT NULL AND t_next > t;
+    CAST(CASE WHEN running & 2097151 > 0 THEN 1 ELSE 0 END + CASE WHEN (running >> 21) & 2097151 > 0 THEN 2 ELSE 0 END
+         + CASE WHEN running >> 42 > 0 THEN 4 ELSE 0 END AS INTEGER) AS classes
+FROM states
+WHERE t_next > t AND next_run_id IS NOT DISTINCT FROM run_id AND next_rank IS NOT DISTINCT FROM rank
+  AND next_device_id IS NOT DISTINCT FROM device_id;

@@ -48,6 +48,19 @@ SELECT run_id, rank, device_id, step, first_ts AS ts,
     events
 FROM firsts;
 
+-- The step windows (`step_windows`) cut at a common width (half the mean length of the non-empty ones), one row
+-- per window and bucket of that width it touches (an empty window: the bucket of its start): the window that
+-- holds an instant x of a device is found by an equi-join on (device, x // width) and a check of the one or two
+-- windows of that bucket, where a range join would compare x with every window of its device (it grows with
+-- rows × steps).
+CREATE OR REPLACE MACRO step_window_buckets(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
+SELECT w.run_id, w.rank, w.device_id, w.step, w.ts, w.te, w.width, b.bucket
+FROM (
+    SELECT *, CAST(greatest(sum(te - ts) OVER () // NULLIF(2 * count(CASE WHEN te > ts THEN 1 END) OVER (), 0), 1)
+                   AS BIGINT) AS width
+    FROM step_windows(class_scheme := class_scheme, analysis_window := analysis_window, time_unit_ns := time_unit_ns)
+) w, range(w.ts // w.width, greatest(w.te - 1, w.ts) // w.width + 1) b(bucket);
+
 -- Idle gaps between device events: one row per gap, in the chosen window.
 -- scope 'stream': a gap on one stream is the time between the end of everything that ran before on that stream
 -- and the start of the next event there; scope 'device': the same over all streams of the device (the gaps of
@@ -58,8 +71,10 @@ FROM firsts;
 --   kernel_wait otherwise, when the gap is shorter than kernel_wait_ns (back-to-back launch latency, HTA: 30 µs);
 --   other       otherwise (synchronization, dependencies, input).
 -- The launch time is rounded like the events (time_unit_ns), so the comparison is made on HTA's whole µs.
+-- with_step := false leaves `step` NULL: the step windows are then not computed (they classify every device event
+-- a second time) nor joined, for readers that do not use the step.
 CREATE OR REPLACE MACRO idle_gaps(scope := 'stream', class_scheme := 'default', analysis_window := 'all',
-                                  time_unit_ns := 1, kernel_wait_ns := 30000) AS TABLE
+                                  time_unit_ns := 1, kernel_wait_ns := 30000, with_step := true) AS TABLE
 WITH events AS (
     -- the start of each event's launching call, looked up here (device_activity does not: only gaps need it)
     SELECT a.run_id, a.rank, a.device_id, CASE WHEN scope = 'device' THEN NULL ELSE a.stream END AS stream,
@@ -71,8 +86,10 @@ WITH events AS (
 ), ordered AS (
     SELECT *,
         max(te) OVER w AS gap_start,
-        -- of the events that end last, the one with the highest slice_id (a unique pick)
-        arg_max(slice_id, (te, slice_id)) OVER w AS prev_slice_id,
+        -- of the events that end last, the one with the highest slice_id (a unique pick): the largest
+        -- end × 10^19 + slice_id (0 <= slice_id < 10^19, and DECIMAL(38, 0) holds it for any end), as DuckDB
+        -- runs a max over this frame several times faster than arg_max(slice_id, (te, slice_id))
+        max(CAST(te AS DECIMAL(38, 0)) * 10000000000000000000 + slice_id) OVER w AS prev_key,
         arg_max(name, (te, slice_id)) OVER w AS prev_name
     FROM events
     WINDOW w AS (PARTITION BY run_id, rank, device_id, stream ORDER BY ts, te, slice_id
@@ -82,30 +99,50 @@ WITH events AS (
         CASE WHEN launch_ts > gap_start THEN 'host_wait'
              WHEN ts - gap_start < kernel_wait_ns THEN 'kernel_wait'
              ELSE 'other' END AS category,
-        prev_slice_id, prev_name, slice_id AS next_slice_id, name AS next_name, launch_ts AS next_launch_ts
+        CAST(prev_key - CAST(gap_start AS DECIMAL(38, 0)) * 10000000000000000000 AS BIGINT) AS prev_slice_id,
+        prev_name, slice_id AS next_slice_id, name AS next_name, launch_ts AS next_launch_ts
     FROM ordered
     WHERE ts > gap_start
+), buckets AS (
+    SELECT * FROM step_window_buckets(class_scheme := class_scheme, analysis_window := analysis_window,
+                                      time_unit_ns := time_unit_ns)
+    WHERE with_step
 )
 -- a gap's step: the step whose window (step_windows) holds its start (a gap of the device's busy set lies in one
--- window: windows start where an event starts)
+-- window: windows start where an event starts), looked up by bucket (step_window_buckets)
 SELECT g.run_id, g.rank, g.device_id, g.stream, g.ts, g.dur, g.category, w.step, g.prev_slice_id, g.prev_name,
     g.next_slice_id, g.next_name, g.next_launch_ts
 FROM gaps g
-LEFT JOIN step_windows(class_scheme := class_scheme, analysis_window := analysis_window,
-                       time_unit_ns := time_unit_ns) w
-  ON w.run_id = g.run_id AND w.rank = g.rank AND w.device_id = g.device_id AND g.ts >= w.ts AND g.ts < w.te;
+CROSS JOIN (SELECT max(width) AS width FROM buckets) x
+LEFT JOIN buckets w ON w.run_id = g.run_id AND w.rank = g.rank AND w.device_id = g.device_id
+ AND w.bucket = g.ts // x.width AND g.ts >= w.ts AND g.ts < w.te;
 
 -- The device timeline of each step: device_timeline's segments clipped to the step's window (`step_windows`).
 -- Inside the window every event counts, whichever step launched it, so the segments of a step add up to its
 -- window, and the steps of a device add up to its timeline over the span of its steps.
+-- A device's windows are contiguous and disjoint: a segment overlaps the window that holds its start (looked up
+-- by bucket, step_window_buckets) and the windows that start inside it, joined for the few segments that end
+-- past the end of their window (or have none: before the first window) only.
 CREATE OR REPLACE MACRO step_timeline(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
-SELECT t.run_id, t.rank, t.device_id, w.step, greatest(t.ts, w.ts) AS ts,
-    least(t.ts + t.dur, w.te) - greatest(t.ts, w.ts) AS dur, t.classes
-FROM device_timeline(class_scheme := class_scheme, analysis_window := analysis_window,
-                     time_unit_ns := time_unit_ns) t
-JOIN step_windows(class_scheme := class_scheme, analysis_window := analysis_window, time_unit_ns := time_unit_ns) w
-  ON w.run_id = t.run_id AND w.rank = t.rank AND w.device_id = t.device_id
- AND t.ts < w.te AND t.ts + t.dur > w.ts;
+WITH buckets AS (
+    SELECT * FROM step_window_buckets(class_scheme := class_scheme, analysis_window := analysis_window,
+                                      time_unit_ns := time_unit_ns)
+), placed AS (
+    SELECT t.run_id, t.rank, t.device_id, t.ts, t.ts + t.dur AS te, t.classes, w.step, w.te AS window_te
+    FROM device_timeline(class_scheme := class_scheme, analysis_window := analysis_window,
+                         time_unit_ns := time_unit_ns) t
+    CROSS JOIN (SELECT max(width) AS width FROM buckets) x
+    LEFT JOIN buckets w ON w.run_id = t.run_id AND w.rank = t.rank AND w.device_id = t.device_id
+     AND w.bucket = t.ts // x.width AND t.ts >= w.ts AND t.ts < w.te
+)
+SELECT run_id, rank, device_id, step, ts, least(te, window_te) - ts AS dur, classes
+FROM placed WHERE window_te IS NOT NULL
+UNION ALL
+SELECT c.run_id, c.rank, c.device_id, w.step, w.ts, least(c.te, w.te) - w.ts, c.classes
+FROM placed c
+JOIN (SELECT DISTINCT run_id, rank, device_id, step, ts, te FROM buckets) w
+  ON w.run_id = c.run_id AND w.rank = c.rank AND w.device_id = c.device_id AND w.ts > c.ts AND w.ts < c.te
+WHERE c.window_te IS NULL OR c.te > c.window_te;
 
 -- The timeline an analysis runs over: per = 'rank' is device_timeline (step NULL), per = 'step' is step_timeline.
 CREATE OR REPLACE MACRO analysis_timeline(per := 'rank', class_scheme := 'default', analysis_window := 'all',
