@@ -79,18 +79,7 @@ def _child(argv: list[str]) -> int:
     mode, trace, result_path = argv
     res: dict = {}
     if mode == "json":
-        t0 = time.perf_counter()
-        if trace.endswith(".gz"):
-            with gzip.open(trace, "rb") as fh:
-                raw = fh.read()
-        else:
-            with open(trace, "rb") as fh:
-                raw = fh.read()
-        t1 = time.perf_counter()
-        obj = json.loads(raw)
-        t2 = time.perf_counter()
-        res = {"read_s": t1 - t0, "json_s": t2 - t0, "loads_s": t2 - t1,
-               "events": len(obj.get("traceEvents", [])) if isinstance(obj, dict) else None}
+        res = _read_and_parse(trace, gzip, json.loads)
     elif mode == "hta":
         import logging
         import warnings
@@ -107,27 +96,34 @@ def _child(argv: list[str]) -> int:
         rows = {str(r): int(len(df)) for r, df in a.t.traces.items()}
         res = {"import_s": t1 - t0, "load_s": t2 - t1, "df_rows": rows}
     elif mode == "floor":
-        t0 = time.perf_counter()
         try:  # ISA-L's inflate, ~2x zlib's
             from isal import igzip as gz
         except ImportError:
             import gzip as gz
-        with open(trace, "rb") as fh:
-            raw = fh.read()
-        if trace.endswith(".gz"):
-            raw = gz.decompress(raw)
-        t1 = time.perf_counter()
         parser, parse = fast_json()
-        obj = parse(raw)
-        events = len(obj["traceEvents"])
-        t2 = time.perf_counter()
-        res = {"read_s": t1 - t0, "json_s": t2 - t0, "loads_s": t2 - t1, "events": events,
-               "parser": f"{gz.__name__.split('.')[-1]} + {parser}"}
+        res = {**_read_and_parse(trace, gz, parse), "parser": f"{gz.__name__.split('.')[-1]} + {parser}"}
     else:
         raise SystemExit(f"unknown child mode {mode}")
     with open(result_path, "w") as fh:
         json.dump(res, fh)
     return 0
+
+
+def _read_and_parse(trace: str, gz, parse) -> dict:
+    """Read `trace` (inflated by the module `gz` when gzip) and parse it: the seconds of each, and its events."""
+    t0 = time.perf_counter()
+    with (gz.open if trace.endswith(".gz") else open)(trace, "rb") as fh:
+        raw = fh.read()
+    t1 = time.perf_counter()
+    obj = parse(raw)
+    try:
+        events = len(obj["traceEvents"])
+    except KeyError:  # an object without events
+        events = 0
+    except (TypeError, IndexError):  # not an object
+        events = None
+    t2 = time.perf_counter()
+    return {"read_s": t1 - t0, "json_s": t2 - t0, "loads_s": t2 - t1, "events": events}
 
 
 def fast_json():

@@ -65,8 +65,8 @@ def bench(source: Path, runs: int, ranks: int, scratch: Path) -> tuple[list[tupl
     print(f"fleet {fleet}: {runs} runs × {ranks} ranks of {source.name}, {files:,} Parquet files, "
           + (f"made in {built:.1f} s" if built is not None else "reused") + f" ({os.cpu_count()} CPUs)\n",
           flush=True)
-    first, last = sorted(p for p in fleet.iterdir() if p.is_dir())[0], sorted(p for p in fleet.iterdir()
-                                                                                if p.is_dir())[-1]
+    fleet_runs = sorted(p for p in fleet.iterdir() if p.is_dir())
+    first, last = fleet_runs[0], fleet_runs[-1]
     tool = [sys.executable, "-m", "tracesql"]
     rows = [
         (f"(a) report over one run × {ranks} ranks",
