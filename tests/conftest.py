@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 import tracesql
 
@@ -31,24 +33,34 @@ def raw_events(path: Path) -> list[dict]:
         return json.loads(f.read())["traceEvents"]
 
 
+def session_root(tmp_path_factory) -> Path:
+    """A folder shared by the whole test session. Under pytest-xdist each worker has its own basetemp
+    (`pytest-N/popen-gwK`); their parent is the session's, so what one worker ingests the others reuse."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
-    """Raw-trace targets are ingested into a cache: keep it out of the user's home."""
-    monkeypatch.setenv("TRACESQL_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    """Raw-trace targets are ingested into a cache: keep it out of the user's home, one per test session."""
+    monkeypatch.setenv("TRACESQL_CACHE", str(session_root(tmp_path_factory) / "cache"))
 
 
 @pytest.fixture(scope="session")
 def ingested(tmp_path_factory):
-    """ingested(path) -> run folder of that trace file or folder, ingested once per test session."""
-    runs: dict[str, Path] = {}
+    """ingested(path) -> run folder of that trace file or folder, ingested once per test session (across workers:
+    the first worker to ask ingests it under a lock, the others wait and reuse it)."""
+    root = session_root(tmp_path_factory) / "runs"
+    root.mkdir(exist_ok=True)
 
     def get(source: Path) -> Path:
-        key = str(source)
-        if key not in runs:
-            out = tmp_path_factory.mktemp("runs") / source.name.split(".")[0]
-            tracesql.ingest([source], out)
-            runs[key] = out
-        return runs[key]
+        key = hashlib.sha1(str(source).encode()).hexdigest()[:10]
+        out = root / key / source.name.split(".")[0]
+        with FileLock(root / f"{key}.lock"):
+            if not (root / f"{key}.done").exists():
+                tracesql.ingest([source], out)
+                (root / f"{key}.done").touch()
+        return out
 
     return get
 
@@ -71,3 +83,14 @@ def empty_session():
         con.execute(f"CREATE TABLE {name} ({', '.join(f'{c.name} {c.type}' for c in table.columns)})")
     functions.install(con)
     return con
+
+
+SLOW_GROUPS = ("spark", "browser", "concurrency", "benchmark", "docs")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """A test in a slow group is slow: `pytest` (-m "not slow") leaves the group out, `pytest -m ""` runs it."""
+    for item in items:
+        if any(item.get_closest_marker(group) for group in SLOW_GROUPS):
+            item.add_marker(pytest.mark.slow)

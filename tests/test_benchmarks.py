@@ -12,6 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = REPO / "datasets" / "tracelens_vllm_graph_execution" / "graph_execution.json.gz"  # 34 KB, kernels
+pytestmark = pytest.mark.benchmark
 
 
 def bench(script: str, *args, tmp_path: Path) -> str:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import tracesql
 from conftest import write_trace
 from test_cli_errors import _children_alive
@@ -38,6 +40,7 @@ def test_temporary_files_stay_in_the_ingest_scratch_folder(tmp_path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == [".run.lock", ".run0.lock", "run", "run0", "src", "tmp"]
 
 
+@pytest.mark.concurrency
 def test_kill_9_leaves_no_worker_and_the_next_ingest_no_scratch(tmp_path):
     src = _traces(tmp_path / "src")
     tmp = tmp_path / "tmp"

@@ -15,6 +15,8 @@ import pytest
 
 import tracesql
 from conftest import DATASETS, REPO
+
+pytestmark = pytest.mark.concurrency
 from tracesql import engine, store  # (tracesql.engine: imported, not only reached as an attribute)
 
 A = DATASETS / "hta_trace_filter"  # 2 ranks, 9,487 slices

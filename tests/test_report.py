@@ -340,6 +340,7 @@ def open_in_browser(page: Path, screenshot: Path) -> dict:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+@pytest.mark.browser
 def test_every_chart_renders_in_headless_chromium(tmp_path):
     runs = fleet(tmp_path, GLOO2, DATASETS / "hta_trace_filter", DATASETS / "tracelens_b200_eager")
     result = cli("report", runs, "-o", tmp_path / "report", "--order", "given", "--fail-on", "idle>95")
@@ -356,6 +357,7 @@ def test_every_chart_renders_in_headless_chromium(tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+@pytest.mark.browser
 def test_hostile_names_are_shown_not_run(hostile_report, tmp_path):
     seen = open_in_browser(hostile_report / "index.html", tmp_path / "hostile.png")
     assert seen["dialogs"] == [] and seen["console"] == []

@@ -21,6 +21,9 @@ from tracesql.errors import TraceError
 
 from conftest import CORPUS, DATASETS
 
+# slow (a JVM, every query twice); one worker holds the module's SparkSession
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
+
 if shutil.which("java") is None:
     pytest.skip("Spark needs Java (17 or 21): none on PATH", allow_module_level=True)
 
