@@ -39,13 +39,16 @@ def ingest(sources, out, *, rank: int | None = None, run_id: str | None = None, 
                             read_files=read_files)
 
 
-def query(name_or_path, target, *, engine: str = "duckdb", **params):
+def query(name_or_path, target, *, engine: str = "duckdb", sandbox: bool = False, **params):
     """Run a curated query (or a SQL file) on a run, fleet or raw traces and return a DataFrame.
-    engine="spark" runs it on Spark (tracesql.spark.query: the same table).
+    engine="spark" runs it on Spark (tracesql.spark.query: the same table). sandbox=True: for a SQL file a program
+    feeds in, run in a session that reads the run's tables and nothing else (see `tracesql.connect`).
 
     >>> tracesql.query("overlap", "runs/1234", class_scheme="hta")   # doctest: +SKIP
     """
     if engine == "spark":
+        if sandbox:
+            raise TraceError("sandbox", "the sandbox is DuckDB's (engine='duckdb')")
         from .spark import query as spark_query
 
         return spark_query(name_or_path, target, **params)
@@ -53,4 +56,5 @@ def query(name_or_path, target, *, engine: str = "duckdb", **params):
         raise TraceError(engine, "unknown engine (duckdb or spark)")
     query = queries.find(name_or_path)
     queries.check(query, params)  # before the target is opened (raw traces would be ingested first)
-    return duckdb_engine.on_fresh_connection(target, lambda con: queries.run(con, query, params).df())
+    return duckdb_engine.on_fresh_connection(target, lambda con: queries.run(con, query, params).df(),
+                                             sandbox=sandbox)

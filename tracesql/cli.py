@@ -182,6 +182,8 @@ def _parse_params(pairs) -> dict:
     return params
 
 
+SANDBOX_HELP = ("SQL reads the run's tables and nothing else: no other file, no network, no COPY ... TO, ATTACH, "
+                "INSTALL or LOAD, no SET; for SQL that a program feeds in.")
 COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-separated (e.g. "
                 "'rank,step,*_ns').")
 
@@ -197,8 +199,9 @@ COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-sep
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
               help="spark: transpile the query to Spark SQL and run it on Spark (see --master).")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
+@click.option("--sandbox", is_flag=True, help=SANDBOX_HELP)
 @_errors_as_messages
-def query(query, target, params, fmt, columns, output, engine, master):
+def query(query, target, params, fmt, columns, output, engine, master, sandbox):
     """Run a curated query (by name, e.g. `overlap`) or your own .sql file on a run.
 
     TARGET is a run folder, a folder of runs, or raw traces (ingested on the fly into a cache).
@@ -215,6 +218,9 @@ def query(query, target, params, fmt, columns, output, engine, master):
     q = queries.find(query)
     params = queries.check(q, _parse_params(params))  # before the target is opened or Spark starts
     check_output(output)
+    if sandbox and (engine == "spark" or fmt == "parquet"):
+        raise click.UsageError("--sandbox writes no file and runs on DuckDB: not with --engine spark or -f parquet "
+                               "(-f csv or json with -o write the file instead)")
     picked = _show().parse_columns(columns)
     if engine == "spark":
         from . import db
@@ -231,7 +237,8 @@ def query(query, target, params, fmt, columns, output, engine, master):
             rows = _emit(queries.run(con, q, params), fmt, output, picked)
             return rows, queries.explain(con, q, params, rows)
 
-        rows, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=queries.names_used(q))
+        rows, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=queries.names_used(q),
+                                                      sandbox=sandbox)
     if rows == 0:
         click.echo(f"Note: no rows: {why or q.name + ' needs ' + (q.needs or 'data this run does not have')}.",
                    err=True)
@@ -358,12 +365,14 @@ def verify(run):
 
 @main.command()
 @click.argument("target", type=click.Path(path_type=Path))
+@click.option("--sandbox", is_flag=True, help=SANDBOX_HELP)
 @_errors_as_messages
-def shell(target):
+def shell(target, sandbox):
     """An interactive SQL session on a run: the tables are views and the functions exist.
 
     End each statement with `;`. `.tables` lists the tables, `.quit` leaves. SQL piped on standard input runs
-    without prompts.
+    without prompts. Without --sandbox the session is DuckDB's, unrestricted: its SQL reads and writes any file
+    you can (COPY ... TO, read_text), as a shell does.
 
     Example:
 
@@ -374,7 +383,7 @@ def shell(target):
     from . import engine as duckdb_engine
     from . import schema
 
-    con = duckdb_engine.connect(target)
+    con = duckdb_engine.connect(target, sandbox=sandbox)
     if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 reads with U+FFFD instead of failing
         sys.stdin.reconfigure(errors="replace")
     interactive = sys.stdin.isatty()
