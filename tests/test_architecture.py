@@ -32,7 +32,7 @@ LAYERS = {
     "queries": ["queries"],
     "plug-ins": ["transpile", "spark"],
     "outputs": ["output", "info", "export", "report", "report.*", "api"],
-    "front": ["cli", "__main__", "tracesql"],
+    "front": ["cli", "mcp_server", "__main__", "tracesql"],
 }
 
 

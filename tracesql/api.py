@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import partial
 
 from . import engine as duckdb_engine
-from . import ingestion, queries
+from . import ingestion, queries, store
 from .engine import connect
 from .errors import TraceError
 
@@ -58,3 +58,16 @@ def query(name_or_path, target, *, engine: str = "duckdb", sandbox: bool = False
     queries.check(query, params)  # before the target is opened (raw traces would be ingested first)
     return duckdb_engine.on_fresh_connection(target, lambda con: queries.run(con, query, params).df(),
                                              sandbox=sandbox)
+
+
+def diff_runs(before, after) -> tuple[list, dict]:
+    """The two run folders `tracesql diff BEFORE AFTER` compares, and the diff query's `before`/`after` parameters
+    (their run ids); one line when a target holds other than one run, or both runs have one name."""
+    runs = [duckdb_engine.resolve(t) for t in (before, after)]
+    for target, found in zip((before, after), runs):
+        if len(found) != 1:
+            raise TraceError(target, f"diff compares two runs; this holds {len(found)}")
+    ids = [store.load_manifest(r[0])["run_id"] for r in runs]
+    if ids[0] == ids[1] and runs[0][0].absolute() != runs[1][0].absolute():
+        raise TraceError(after, f"both runs are named {ids[0]!r}; ingest one with another --run-id")
+    return [runs[0][0], runs[1][0]], {"before": ids[0], "after": ids[1]}

@@ -7,6 +7,7 @@ top; DuckDB, Arrow and the rest are imported by the commands that use them (`tra
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 import time
@@ -308,8 +309,10 @@ def _time(ns: int) -> str:
 
 @main.command(name="info")
 @click.argument("run", type=click.Path(path_type=Path))
+@click.option("-f", "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object, for programs (its JSON Schema is in the docs).")
 @_errors_as_messages
-def info_cmd(run):
+def info_cmd(run, fmt):
     """What a run holds: sources, ranks, formats, rows per table, time span, schema version, and the
     data-quality warnings found at ingest (the `warnings` table).
 
@@ -317,9 +320,12 @@ def info_cmd(run):
 
         tracesql info runs/1234/
     """
-    from .info import info as run_info
+    from . import info as run_info
 
-    i = run_info(run)
+    i = run_info.info(run)
+    if fmt == "json":
+        click.echo(json.dumps(run_info.as_json(i), indent=1, ensure_ascii=False))
+        return
     formats = {}
     for src in i.sources:
         formats[src["format"]] = formats.get(src["format"], 0) + 1
@@ -495,22 +501,16 @@ def diff(before, after, top, fmt, columns, output):
 
         tracesql diff runs/before runs/after
     """
+    from . import api, queries
     from . import engine as duckdb_engine
-    from . import queries, store
 
     check_output(output)
-    runs = [duckdb_engine.resolve(t) for t in (before, after)]
-    for target, found in zip((before, after), runs):
-        if len(found) != 1:
-            raise TraceError(target, f"diff compares two runs; this holds {len(found)}")
-    ids = [store.load_manifest(r[0])["run_id"] for r in runs]
-    if ids[0] == ids[1] and runs[0][0].absolute() != runs[1][0].absolute():
-        raise TraceError(after, f"both runs are named {ids[0]!r}; ingest one with another --run-id")
+    runs, params = api.diff_runs(before, after)
     q = queries.find("diff")
-    con = duckdb_engine.connect([runs[0][0], runs[1][0]], names=queries.names_used(q))
-    rel = queries.run(con, q, {"before": ids[0], "after": ids[1], "top": top})
+    con = duckdb_engine.connect(runs, names=queries.names_used(q))
+    rel = queries.run(con, q, {**params, "top": top})
     if fmt == "table":  # the runs once on top instead of in every row
-        click.echo(f"{ids[0]} -> {ids[1]}: per rank, largest change first")
+        click.echo(f"{params['before']} -> {params['after']}: per rank, largest change first")
         rel = rel.project("* EXCLUDE (before_run, after_run)")
     _emit(rel, fmt, output, _show().parse_columns(columns))
 
@@ -540,3 +540,35 @@ def export(run, out, rank, step, run_id, class_scheme):
 
     check_output(out, makes_folders=True)
     click.echo(summary(write_trace(run, out, rank=rank, step=step, run_id=run_id, class_scheme=class_scheme)))
+
+
+@main.command()
+@click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--http", "port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="Serve streamable HTTP on 127.0.0.1:PORT (path /mcp) instead of stdin/stdout.")
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True, metavar="SECONDS",
+              help="Each SQL call (run_query, run_sql, diff) is stopped after this long.")
+@click.option("--row-limit", type=click.IntRange(1), default=200, show_default=True, metavar="N",
+              help="Rows a result returns at most (all are counted).")
+@click.option("--memory-limit", metavar="SIZE",
+              help="DuckDB working memory of each SQL call; beyond it the call fails, nothing spills to disk "
+                   "(default: 2GB).")
+@click.option("--export-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Folder for export_step's Perfetto traces (default: a new temporary folder).")
+@_errors_as_messages
+def mcp(targets, port, time_limit, row_limit, memory_limit, export_dir):
+    """A Model Context Protocol server over runs, for assistants and agents (needs the [mcp] extra).
+
+    TARGETS are run folders, folders of runs, or raw traces (ingested into the cache on first use). Tools:
+    list_runs, describe_run, schema, list_queries, run_query, run_sql, diff, export_step; every SQL call runs in
+    the sandbox (`shell --sandbox`) under the time, row and memory limits, stated in each result.
+
+    Example (an agent client's command line):
+
+        tracesql mcp runs/1234 runs/1235
+    """
+    from .limits import SANDBOX_MEMORY, Limits
+    from .mcp_server import CallLimits, serve
+
+    memory = Limits.make(memory=memory_limit or SANDBOX_MEMORY).memory  # refuses what is not a size, in one line
+    serve([str(t) for t in targets], CallLimits(time_limit, row_limit, memory), http_port=port, export_dir=export_dir)

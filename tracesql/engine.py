@@ -17,6 +17,7 @@ import duckdb
 
 from . import db, functions, schema, store
 from .errors import OlderSchemaWarning, TraceError
+from .limits import SANDBOX_MEMORY
 from .views import escape_path, files_sql, init_sql, quote, views_sql  # noqa: F401  (also engine.init_sql, ...)
 
 
@@ -84,15 +85,15 @@ SWAP_ATTEMPTS = 3
 _SWAPPED_PROBLEMS = ("missing:", "changed:", "not part of the run", "not a readable tracesql run")
 
 
-def on_fresh_connection(target, work, names=None, sandbox: bool = False):
-    """`work(con)` on a new connection to `target` (with the views and functions `names` need, sandboxed or not:
-    see `connect`),
+def on_fresh_connection(target, work, names=None, sandbox: bool = False, memory_limit: str | None = None):
+    """`work(con)` on a new connection to `target` (with the views and functions `names` need, sandboxed or not, its
+    memory limit: see `connect`),
     and again (up to SWAP_ATTEMPTS times) on another if a file of the run vanished under it: an ingest swapped
     the run in between listing its files and opening them; the next attempt sees the new run whole."""
     for attempt in range(1, SWAP_ATTEMPTS + 1):
         con = None
         try:
-            con = connect(target, names=names, sandbox=sandbox)
+            con = connect(target, names=names, sandbox=sandbox, memory_limit=memory_limit)
             return work(con)
         except TraceError as e:  # the manifest read, then the run swapped: its files are the next run's
             if attempt == SWAP_ATTEMPTS or not e.problem.startswith(_SWAPPED_PROBLEMS):
@@ -153,9 +154,6 @@ def connect(target, *, threads: int | None = None, names=None, sandbox: bool = F
         lock_down(con, files + [escape_path(f) for f in files], memory_limit)
     return con
 
-
-#: A sandbox's working memory when none is given (DuckDB's own default is 80 % of the machine's memory).
-SANDBOX_MEMORY = "2GB"
 
 
 def lock_down(con: duckdb.DuckDBPyConnection, readable: list[str], memory_limit: str | None = None) -> None:
