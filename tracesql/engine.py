@@ -1,8 +1,8 @@
 """Open runs in DuckDB: the tables as views over the Parquet files, plus the functions (macros).
 
-`connect()` serves Python users and the CLI (`sandbox=True`: for SQL that programs feed in, see `lock_down`); `views.init_sql()` is the same thing as a SQL file written into every
-run for plain DuckDB clients. `resolve()` turns a target (a run, a fleet, raw traces) into run folders, ingesting
-raw traces into a cache.
+`connect()` serves Python users and the CLI (`sandbox=True`: for SQL that programs feed in, see `lock_down`);
+`views.init_sql()` is the same thing as a SQL file written into every run for plain DuckDB clients. `resolve()`
+turns a target (a run, a fleet, raw traces) into run folders, ingesting raw traces into a cache.
 """
 
 from __future__ import annotations
