@@ -31,7 +31,7 @@ LAYERS = {
     "engines": ["engine"],
     "queries": ["queries"],
     "plug-ins": ["transpile", "spark"],
-    "outputs": ["output", "info", "export", "report", "report.*", "api"],
+    "outputs": ["output", "json_schemas", "info", "export", "report", "report.*", "api"],
     "front": ["cli", "mcp_server", "__main__", "tracesql"],
 }
 
