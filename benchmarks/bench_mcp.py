@@ -71,19 +71,38 @@ def one_start(target: Path) -> dict[str, float]:
         proc.wait(timeout=60)
 
 
+def floor(code: str) -> dict[str, float]:
+    """Wall and CPU seconds of `python -c CODE`: what the machine's load makes of an interpreter's start (`pass`)
+    and of importing the SDK alone, next to the server's figures."""
+    t0 = time.perf_counter()
+    before = os.times()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    after = os.times()
+    return {"wall": time.perf_counter() - t0,
+            "cpu": after.children_user + after.children_system - before.children_user - before.children_system}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", nargs="?", type=Path, default=DEFAULT_TARGET, help="a run, or raw traces")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     one_start(args.target)  # once before: a raw-trace target is ingested into the cache, .pyc files are written
-    runs = [one_start(args.target) for _ in range(args.repeat)]
-    print(f"`tracesql mcp {args.target.name}`, wall seconds from spawning the server (median of {args.repeat}; "
+    runs, empty, sdk = [], [], []
+    for _ in range(args.repeat):  # interleaved, so that a change of load touches each alike
+        runs.append(one_start(args.target))
+        empty.append(floor("pass"))
+        sdk.append(floor("import mcp.server.mcpserver"))
+    print(f"`tracesql mcp {args.target.name}`, seconds from spawning the server (median of {args.repeat}; "
           f"load {os.getloadavg()[0]:.1f}):\n")
     print("| answer to | median s | min s | max s |\n|---|---:|---:|---:|")
     for step in runs[0]:
         values = [r[step] for r in runs]
         print(f"| {step} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")
+    for name, values in (("`python -c pass`", empty), ("`python -c 'import mcp.server.mcpserver'`", sdk)):
+        for kind in ("wall", "cpu"):
+            got = [v[kind] for v in values]
+            print(f"| {name} ({kind}) | {statistics.median(got):.3f} | {min(got):.3f} | {max(got):.3f} |")
     met = statistics.median(r["initialize"] for r in runs) <= 1.0
     print(f"\ntarget initialize <= 1 s: {'met' if met else 'NOT met'}")
 
