@@ -250,6 +250,18 @@ def test_the_command_needs_the_extra_and_help_does_not_load_it(runs):
     assert done.stdout.splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("args, message", [
+    (["/no/such/run"], "Error: Invalid value for 'TARGETS...': Path '/no/such/run' does not exist."),
+    (["--memory-limit", "lots"], "Error: --memory-limit: 'lots' is not a size like 512MB or 2GB"),
+    (["--row-limit", "0"], "Error: Invalid value for '--row-limit'"),
+])
+def test_bad_arguments_are_one_line_before_serving(runs, args, message):
+    done = subprocess.run([sys.executable, "-m", "tracesql", "mcp", str(runs["hta_trace_filter"]), *args],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          stdin=subprocess.DEVNULL, timeout=120)
+    assert done.returncode in (1, 2) and done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
+
+
 @pytest.mark.slow
 def test_streamable_http_on_loopback(runs):
     from mcp import Client

@@ -543,7 +543,7 @@ def export(run, out, rank, step, run_id, class_scheme):
 
 
 @main.command()
-@click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("targets", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--http", "port", type=click.IntRange(1, 65535), metavar="PORT",
               help="Serve streamable HTTP on 127.0.0.1:PORT (path /mcp) instead of stdin/stdout.")
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True, metavar="SECONDS",
