@@ -109,6 +109,7 @@ class Tools:
         self.runs = Runs(targets)
         self.limits = limits
         self._export_dir = export_dir
+        self._export_lock = threading.Lock()
 
     # ---- the runs ----
 
@@ -135,8 +136,8 @@ class Tools:
         for key in ("sources", "warnings"):
             described[f"{key}_total"] = len(described[key])
             described[key] = described[key][: self.limits.rows]
-        return {"name": name, **described, "units": {"start_ns, end_ns": output.unit("start_ns"),
-                                                     "bytes": "bytes"}, "row_limit": self.limits.rows}
+        units = {"start_ns": output.unit("start_ns"), "end_ns": output.unit("end_ns"), "bytes": "bytes"}
+        return {"name": name, **described, "units": units, "row_limit": self.limits.rows}
 
     def schema(self, run: str) -> dict:
         """The tables of a run and what each column means ([name, type, meaning]), and the SQL functions (macros)
@@ -239,8 +240,9 @@ class Tools:
         from . import export
 
         name, path = self.runs.find(run)
-        if self._export_dir is None:
-            self._export_dir = Path(tempfile.mkdtemp(prefix="tracesql-mcp-"))
+        with self._export_lock:  # (tools run in worker threads: two first exports make one folder)
+            if self._export_dir is None:
+                self._export_dir = Path(tempfile.mkdtemp(prefix="tracesql-mcp-"))
         out = self._export_dir / f"{name.replace('/', '_')}-rank{rank}-step{step}.pftrace"
         written = export.export(path, out, rank=rank, step=step)
         return {"run": name, **json.loads(export.to_json(written)), "bytes": out.stat().st_size,
