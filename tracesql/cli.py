@@ -398,7 +398,8 @@ def shell(target, sandbox):
             import readline  # noqa: F401  (line editing and history)
         except ImportError:
             pass
-        click.echo(f"tracesql {__version__} — tables: {', '.join(schema.TABLES)}. End statements with ';', .quit to leave.")
+        click.echo(f"tracesql {__version__} — tables: {', '.join(schema.TABLES)}. End statements with ';', .quit to leave."
+                   + (" Sandbox: the run's tables only, no files, no SET." if sandbox else ""))
     buffer = ""
     while True:
         try:
