@@ -312,6 +312,8 @@ def server(tools: Tools):
                 result = method(*args, **kwargs)
             except TraceError as e:
                 raise ToolError(str(e)) from None
+            except OSError as e:  # a file the tool writes or reads (export_step's folder: full, not writable)
+                raise ToolError(f"{e.filename or 'tracesql'}: {e.strerror or e}") from None
             except Exception as e:
                 import duckdb  # (imported by then: only DuckDB's own errors can be DuckDB errors)
 
