@@ -31,8 +31,8 @@ LAYERS = {
     "engines": ["engine"],
     "queries": ["queries"],
     "plug-ins": ["transpile", "spark"],
-    "outputs": ["output", "info", "export", "report", "report.*", "api"],
-    "front": ["cli", "__main__", "tracesql"],
+    "outputs": ["output", "json_schemas", "info", "export", "report", "report.*", "api"],
+    "front": ["cli", "mcp_server", "__main__", "tracesql"],
 }
 
 

@@ -143,3 +143,10 @@ def test_targets_refuses_an_unknown_section(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "targets.py"), "--only", "ingest,speed"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2 and "unknown section(s) speed" in done.stderr
+
+
+@pytest.mark.slow
+def test_bench_mcp(tmp_path):
+    pytest.importorskip("mcp")
+    out = bench("bench_mcp.py", "--repeat", "1", tmp_path=tmp_path)
+    assert "| initialize |" in out and "| run_sql |" in out

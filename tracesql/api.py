@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import partial
 
 from . import engine as duckdb_engine
-from . import ingestion, queries
+from . import ingestion, queries, store
 from .engine import connect
 from .errors import TraceError
 
@@ -39,13 +39,16 @@ def ingest(sources, out, *, rank: int | None = None, run_id: str | None = None, 
                             read_files=read_files)
 
 
-def query(name_or_path, target, *, engine: str = "duckdb", **params):
+def query(name_or_path, target, *, engine: str = "duckdb", sandbox: bool = False, **params):
     """Run a curated query (or a SQL file) on a run, fleet or raw traces and return a DataFrame.
-    engine="spark" runs it on Spark (tracesql.spark.query: the same table).
+    engine="spark" runs it on Spark (tracesql.spark.query: the same table). sandbox=True: for a SQL file a program
+    feeds in, run in a session that reads the run's tables and nothing else (see `tracesql.connect`).
 
     >>> tracesql.query("overlap", "runs/1234", class_scheme="hta")   # doctest: +SKIP
     """
     if engine == "spark":
+        if sandbox:
+            raise TraceError("sandbox", "the sandbox is DuckDB's (engine='duckdb')")
         from .spark import query as spark_query
 
         return spark_query(name_or_path, target, **params)
@@ -53,4 +56,18 @@ def query(name_or_path, target, *, engine: str = "duckdb", **params):
         raise TraceError(engine, "unknown engine (duckdb or spark)")
     query = queries.find(name_or_path)
     queries.check(query, params)  # before the target is opened (raw traces would be ingested first)
-    return duckdb_engine.on_fresh_connection(target, lambda con: queries.run(con, query, params).df())
+    return duckdb_engine.on_fresh_connection(target, lambda con: queries.run(con, query, params).df(),
+                                             sandbox=sandbox)
+
+
+def diff_runs(before, after) -> tuple[list, dict]:
+    """The two run folders `tracesql diff BEFORE AFTER` compares, and the diff query's `before`/`after` parameters
+    (their run ids); one line when a target holds other than one run, or both runs have one name."""
+    runs = [duckdb_engine.resolve(t) for t in (before, after)]
+    for target, found in zip((before, after), runs):
+        if len(found) != 1:
+            raise TraceError(target, f"diff compares two runs; this holds {len(found)}")
+    ids = [store.load_manifest(r[0])["run_id"] for r in runs]
+    if ids[0] == ids[1] and runs[0][0].absolute() != runs[1][0].absolute():
+        raise TraceError(after, f"both runs are named {ids[0]!r}; ingest one with another --run-id")
+    return [runs[0][0], runs[1][0]], {"before": ids[0], "after": ids[1]}

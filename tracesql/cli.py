@@ -7,6 +7,7 @@ top; DuckDB, Arrow and the rest are imported by the commands that use them (`tra
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 import time
@@ -182,6 +183,8 @@ def _parse_params(pairs) -> dict:
     return params
 
 
+SANDBOX_HELP = ("SQL reads the run's tables and nothing else: no other file, no network, no COPY ... TO, ATTACH, "
+                "INSTALL or LOAD, no SET; for SQL that a program feeds in.")
 COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-separated (e.g. "
                 "'rank,step,*_ns').")
 
@@ -197,8 +200,9 @@ COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-sep
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
               help="spark: transpile the query to Spark SQL and run it on Spark (see --master).")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
+@click.option("--sandbox", is_flag=True, help=SANDBOX_HELP)
 @_errors_as_messages
-def query(query, target, params, fmt, columns, output, engine, master):
+def query(query, target, params, fmt, columns, output, engine, master, sandbox):
     """Run a curated query (by name, e.g. `overlap`) or your own .sql file on a run.
 
     TARGET is a run folder, a folder of runs, or raw traces (ingested on the fly into a cache).
@@ -215,6 +219,9 @@ def query(query, target, params, fmt, columns, output, engine, master):
     q = queries.find(query)
     params = queries.check(q, _parse_params(params))  # before the target is opened or Spark starts
     check_output(output)
+    if sandbox and (engine == "spark" or fmt == "parquet"):
+        raise click.UsageError("--sandbox writes no file and runs on DuckDB: not with --engine spark or -f parquet "
+                               "(-f csv or json with -o write the file instead)")
     picked = _show().parse_columns(columns)
     if engine == "spark":
         from . import db
@@ -231,7 +238,8 @@ def query(query, target, params, fmt, columns, output, engine, master):
             rows = _emit(queries.run(con, q, params), fmt, output, picked)
             return rows, queries.explain(con, q, params, rows)
 
-        rows, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=queries.names_used(q))
+        rows, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=queries.names_used(q),
+                                                      sandbox=sandbox)
     if rows == 0:
         click.echo(f"Note: no rows: {why or q.name + ' needs ' + (q.needs or 'data this run does not have')}.",
                    err=True)
@@ -301,8 +309,10 @@ def _time(ns: int) -> str:
 
 @main.command(name="info")
 @click.argument("run", type=click.Path(path_type=Path))
+@click.option("-f", "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object, for programs (its JSON Schema is in the docs).")
 @_errors_as_messages
-def info_cmd(run):
+def info_cmd(run, fmt):
     """What a run holds: sources, ranks, formats, rows per table, time span, schema version, and the
     data-quality warnings found at ingest (the `warnings` table).
 
@@ -310,9 +320,12 @@ def info_cmd(run):
 
         tracesql info runs/1234/
     """
-    from .info import info as run_info
+    from . import info as run_info
 
-    i = run_info(run)
+    i = run_info.info(run)
+    if fmt == "json":
+        click.echo(json.dumps(run_info.as_json(i), indent=1, ensure_ascii=False))
+        return
     formats = {}
     for src in i.sources:
         formats[src["format"]] = formats.get(src["format"], 0) + 1
@@ -358,12 +371,14 @@ def verify(run):
 
 @main.command()
 @click.argument("target", type=click.Path(path_type=Path))
+@click.option("--sandbox", is_flag=True, help=SANDBOX_HELP)
 @_errors_as_messages
-def shell(target):
+def shell(target, sandbox):
     """An interactive SQL session on a run: the tables are views and the functions exist.
 
     End each statement with `;`. `.tables` lists the tables, `.quit` leaves. SQL piped on standard input runs
-    without prompts.
+    without prompts. Without --sandbox the session is DuckDB's, unrestricted: its SQL reads and writes any file
+    you can (COPY ... TO, read_text), as a shell does.
 
     Example:
 
@@ -374,7 +389,7 @@ def shell(target):
     from . import engine as duckdb_engine
     from . import schema
 
-    con = duckdb_engine.connect(target)
+    con = duckdb_engine.connect(target, sandbox=sandbox)
     if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 reads with U+FFFD instead of failing
         sys.stdin.reconfigure(errors="replace")
     interactive = sys.stdin.isatty()
@@ -383,7 +398,8 @@ def shell(target):
             import readline  # noqa: F401  (line editing and history)
         except ImportError:
             pass
-        click.echo(f"tracesql {__version__} — tables: {', '.join(schema.TABLES)}. End statements with ';', .quit to leave.")
+        click.echo(f"tracesql {__version__} — tables: {', '.join(schema.TABLES)}. End statements with ';', .quit to leave."
+                   + (" Sandbox: the run's tables only, no files, no SET." if sandbox else ""))
     buffer = ""
     while True:
         try:
@@ -486,22 +502,16 @@ def diff(before, after, top, fmt, columns, output):
 
         tracesql diff runs/before runs/after
     """
+    from . import api, queries
     from . import engine as duckdb_engine
-    from . import queries, store
 
     check_output(output)
-    runs = [duckdb_engine.resolve(t) for t in (before, after)]
-    for target, found in zip((before, after), runs):
-        if len(found) != 1:
-            raise TraceError(target, f"diff compares two runs; this holds {len(found)}")
-    ids = [store.load_manifest(r[0])["run_id"] for r in runs]
-    if ids[0] == ids[1] and runs[0][0].absolute() != runs[1][0].absolute():
-        raise TraceError(after, f"both runs are named {ids[0]!r}; ingest one with another --run-id")
+    runs, params = api.diff_runs(before, after)
     q = queries.find("diff")
-    con = duckdb_engine.connect([runs[0][0], runs[1][0]], names=queries.names_used(q))
-    rel = queries.run(con, q, {"before": ids[0], "after": ids[1], "top": top})
+    con = duckdb_engine.connect(runs, names=queries.names_used(q))
+    rel = queries.run(con, q, {**params, "top": top})
     if fmt == "table":  # the runs once on top instead of in every row
-        click.echo(f"{ids[0]} -> {ids[1]}: per rank, largest change first")
+        click.echo(f"{params['before']} -> {params['after']}: per rank, largest change first")
         rel = rel.project("* EXCLUDE (before_run, after_run)")
     _emit(rel, fmt, output, _show().parse_columns(columns))
 
@@ -531,3 +541,35 @@ def export(run, out, rank, step, run_id, class_scheme):
 
     check_output(out, makes_folders=True)
     click.echo(summary(write_trace(run, out, rank=rank, step=step, run_id=run_id, class_scheme=class_scheme)))
+
+
+@main.command()
+@click.argument("targets", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--http", "port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="Serve streamable HTTP on 127.0.0.1:PORT (path /mcp) instead of stdin/stdout.")
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True, metavar="SECONDS",
+              help="Each SQL call (run_query, run_sql, diff) is stopped after this long.")
+@click.option("--row-limit", type=click.IntRange(1), default=200, show_default=True, metavar="N",
+              help="Rows a result returns at most (all are counted).")
+@click.option("--memory-limit", metavar="SIZE",
+              help="DuckDB working memory of each SQL call; beyond it the call fails, nothing spills to disk "
+                   "(default: 2GB).")
+@click.option("--export-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Folder for export_step's Perfetto traces (default: a new temporary folder).")
+@_errors_as_messages
+def mcp(targets, port, time_limit, row_limit, memory_limit, export_dir):
+    """A Model Context Protocol server over runs, for assistants and agents (needs the [mcp] extra).
+
+    TARGETS are run folders, folders of runs, or raw traces (ingested into the cache on first use). Tools:
+    list_runs, describe_run, schema, list_queries, run_query, run_sql, diff, export_step; every SQL call runs in
+    the sandbox (`shell --sandbox`) under the time, row and memory limits, stated in each result.
+
+    Example (an agent client's command line):
+
+        tracesql mcp runs/1234 runs/1235
+    """
+    from .limits import SANDBOX_MEMORY, Limits
+    from .mcp_server import CallLimits, serve
+
+    memory = Limits.make(memory=memory_limit or SANDBOX_MEMORY).memory  # refuses what is not a size, in one line
+    serve([str(t) for t in targets], CallLimits(time_limit, row_limit, memory), http_port=port, export_dir=export_dir)

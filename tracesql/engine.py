@@ -1,8 +1,8 @@
 """Open runs in DuckDB: the tables as views over the Parquet files, plus the functions (macros).
 
-`connect()` serves Python users and the CLI; `views.init_sql()` is the same thing as a SQL file written into every
-run for plain DuckDB clients. `resolve()` turns a target (a run, a fleet, raw traces) into run folders, ingesting
-raw traces into a cache.
+`connect()` serves Python users and the CLI (`sandbox=True`: for SQL that programs feed in, see `lock_down`);
+`views.init_sql()` is the same thing as a SQL file written into every run for plain DuckDB clients. `resolve()`
+turns a target (a run, a fleet, raw traces) into run folders, ingesting raw traces into a cache.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import duckdb
 
 from . import db, functions, schema, store
 from .errors import OlderSchemaWarning, TraceError
+from .limits import SANDBOX_MEMORY
 from .views import escape_path, files_sql, init_sql, quote, views_sql  # noqa: F401  (also engine.init_sql, ...)
 
 
@@ -84,14 +85,15 @@ SWAP_ATTEMPTS = 3
 _SWAPPED_PROBLEMS = ("missing:", "changed:", "not part of the run", "not a readable tracesql run")
 
 
-def on_fresh_connection(target, work, names=None):
-    """`work(con)` on a new connection to `target` (with the views and functions `names` need: see `connect`),
+def on_fresh_connection(target, work, names=None, sandbox: bool = False, memory_limit: str | None = None):
+    """`work(con)` on a new connection to `target` (with the views and functions `names` need, sandboxed or not, its
+    memory limit: see `connect`),
     and again (up to SWAP_ATTEMPTS times) on another if a file of the run vanished under it: an ingest swapped
     the run in between listing its files and opening them; the next attempt sees the new run whole."""
     for attempt in range(1, SWAP_ATTEMPTS + 1):
         con = None
         try:
-            con = connect(target, names=names)
+            con = connect(target, names=names, sandbox=sandbox, memory_limit=memory_limit)
             return work(con)
         except TraceError as e:  # the manifest read, then the run swapped: its files are the next run's
             if attempt == SWAP_ATTEMPTS or not e.problem.startswith(_SWAPPED_PROBLEMS):
@@ -104,11 +106,16 @@ def on_fresh_connection(target, work, names=None):
                 con.close()
 
 
-def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBPyConnection:
+def connect(target, *, threads: int | None = None, names=None, sandbox: bool = False,
+            memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection where the run's (or fleet's) tables are views and the tracesql functions exist.
     `target` may also be a list of targets, read together as one fleet (e.g. the two runs of a diff).
     `names` (identifiers of the SQL to be run, `functions.words(sql)`) limits the views and functions to those
     that SQL needs: what the CLI does, to start a query sooner; by default all of them.
+    Unrestricted, like any DuckDB session: its SQL can read and write any file the user can. With `sandbox`, SQL
+    reads the run's tables and nothing else, writes nothing, and cannot change that (see `lock_down`).
+    `memory_limit` (a DuckDB size): DuckDB's working memory (default: DuckDB's, 80 % of RAM; in a sandbox
+    SANDBOX_MEMORY).
 
     >>> con = tracesql.connect("runs/1234")                     # doctest: +SKIP
     >>> con.sql("SELECT kind, count(*) FROM slices GROUP BY 1").show()   # doctest: +SKIP
@@ -124,7 +131,7 @@ def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBP
             older.append(run)
         for rel in store.files_of(run, manifest):  # refuses a run whose files are not its manifest's
             files[rel.split("/")[0]].append(str(run / rel))
-    con = db.connect(threads)
+    con = db.connect(threads, None if sandbox else memory_limit)
     tables = list(schema.TABLES)
     if names is not None:
         names = {n.lower() for n in names}
@@ -141,4 +148,25 @@ def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBP
     if listed:
         con.execute(views_sql(listed, present)).fetchall()
     functions.install(con, names=names)
+    if sandbox:
+        # each file as the views name it (glob characters escaped: DuckDB checks that name) and as it is opened
+        files = [f for table_files in listed.values() for f in table_files]
+        lock_down(con, files + [escape_path(f) for f in files], memory_limit)
     return con
+
+
+
+def lock_down(con: duckdb.DuckDBPyConnection, readable: list[str], memory_limit: str | None = None) -> None:
+    """Make `con` a sandbox for SQL that a program feeds in (an agent's, a web form's): from now on it reads the
+    files `readable` (the run's Parquet files, which its views read) and nothing else — no other file
+    (`read_text('/etc/passwd')`), no network, no `COPY ... TO`, no `ATTACH` of a file, no `INSTALL` or `LOAD`, no
+    Python variable taken for a table — and writes nothing, not even spill files: a query needing more than
+    `memory_limit` (default SANDBOX_MEMORY) fails with DuckDB's one-line "Out of Memory Error". The configuration
+    is locked last, so no `SET` or `RESET` gives any of it back. Views and macros made before keep working: a view
+    reads its files when it is queried, and those are the `readable` ones."""
+    for setting in (f"allowed_paths = [{', '.join(quote(p) for p in readable)}]",
+                    f"memory_limit = {quote(memory_limit or SANDBOX_MEMORY)}", "temp_directory = ''",
+                    "autoinstall_known_extensions = false", "autoload_known_extensions = false",
+                    "allow_community_extensions = false", "python_enable_replacements = false",
+                    "enable_external_access = false", "lock_configuration = true"):
+        con.execute(f"SET {setting}").fetchall()

@@ -52,3 +52,10 @@ def info(run) -> RunInfo:
     result.warnings = [dict(zip(keys, row)) for row in cur.fetchall()]
     con.close()
     return result
+
+
+def as_json(i: RunInfo) -> dict:
+    """The summary as plain JSON values (`tracesql info -f json`; its JSON Schema: docs, JSON output)."""
+    return {"run": str(i.run), "run_id": i.run_id, "schema_version": i.schema_version,
+            "tracesql_version": i.tracesql_version, "note": i.note, "start_ns": i.start_ns, "end_ns": i.end_ns,
+            "rows": i.rows, "sources": i.sources, "warnings": i.warnings}

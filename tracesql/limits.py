@@ -18,6 +18,8 @@ from .errors import TraceError
 
 #: DuckDB's working memory per file when nothing is set: derived tables and the event table spill beyond it.
 DEFAULT_MEMORY = "1GB"
+#: DuckDB's working memory in a SQL sandbox (`engine.lock_down`) when none is given: nothing spills beyond it.
+SANDBOX_MEMORY = "2GB"
 _SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$", re.IGNORECASE)
 
 

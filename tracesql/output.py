@@ -130,6 +130,20 @@ def _sig(x: float) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
+def unit(column: str) -> str | None:
+    """The unit of a column's values, as its name says it (docs/concepts/units.md), for programs: None when the
+    name says none (counts, ids, names)."""
+    if column in ("ts", "dur") or column.endswith(("_ns", "_ts")):
+        return "ns (a time on the trace's clock)" if column == "ts" or column.endswith(ABSOLUTE_NS + ("_ts",)) \
+            else "ns"
+    for suffix, name in (("_flops_per_s", "FLOP/s"), ("_bytes_per_s", "bytes/s"), ("_bytes", "bytes"),
+                         ("_pct", "percent (0-100)"), ("_ratio", "fraction (0-1)"), ("share", "fraction (0-1)"),
+                         ("_gbps", "GB/s (1e9 bytes/s)")):
+        if column.endswith(suffix):
+            return name
+    return "FLOP" if column == "flops" else None
+
+
 def _unit_of(column: str):
     """How the table shows a numeric column's values (None: as a plain number)."""
     if is_duration(column):
@@ -311,7 +325,8 @@ def markdown(result: Result) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _jsonable(v):
+def jsonable(v):
+    """`v` as JSON values: NaN and infinities None, decimals numbers, times ISO text, bytes hex, the rest as text."""
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
         return None
     if isinstance(v, decimal.Decimal):
@@ -323,9 +338,9 @@ def _jsonable(v):
     if isinstance(v, (bytes, bytearray, memoryview)):
         return bytes(v).hex()
     if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
+        return {str(k): jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     if isinstance(v, (int, float, str, bool)) or v is None:
         return v
     return str(v)
@@ -333,12 +348,12 @@ def _jsonable(v):
 
 def json_text(v) -> str:
     """A list or struct as compact JSON (for a CSV or table cell)."""
-    return json.dumps(_jsonable(v), ensure_ascii=False, separators=(", ", ": "))
+    return json.dumps(jsonable(v), ensure_ascii=False, separators=(", ", ": "))
 
 
 def to_json(result: Result) -> str:
     """A JSON array of one object per row; raw values (NaN and infinities as null)."""
-    records = [{c: _jsonable(v) for c, v in zip(result.columns, row)} for row in result.rows]
+    records = [{c: jsonable(v) for c, v in zip(result.columns, row)} for row in result.rows]
     return json.dumps(records, indent=1, ensure_ascii=False) + "\n"
 
 

@@ -6,6 +6,7 @@
 - `reference/tables.md`: the tables, from `tracesql/schema.py`;
 - `reference/functions.md`: the SQL macros and data tables, from the comments in `tracesql/functions/`;
 - `reference/cli.md`: every command's `--help`, from the click commands;
+- `reference/json.md`: the JSON Schema of every command's `-f json`, from `tracesql/json_schemas.py`;
 - `reference/datasets.md`: the bundled traces, from `datasets/README.md`.
 
 Every curated query needs an entry in EXAMPLES (a test fails, and the strict site build with it, until a new query
@@ -313,6 +314,26 @@ def cli_page() -> str:
     return "\n".join(out)
 
 
+def json_page() -> str:
+    import json
+
+    from tracesql import json_schemas
+    from tracesql.version import __version__
+
+    out = ["# JSON output\n",
+           f"What `-f json` writes, for programs, as [JSON Schema](https://json-schema.org) (draft 2020-12), for "
+           f"tracesql {__version__}. The shapes are versioned with the package: each schema's `$id` names the "
+           "version, and a shape changes (a column added to a query, a field to `info`) only with a new version. "
+           "Values are raw: times integer nanoseconds, sizes bytes (the column names say the unit, see "
+           "[units](../concepts/units.md)); NULL and NaN are `null`. A curated query's rows are its declared "
+           "columns, so its schema is its [reference page](queries/index.md)'s column table. The MCP server's "
+           "tools answer with the same rows, as lists under their `columns` ([agents](../guides/agents.md)).\n"]
+    for command, found in json_schemas.commands().items():
+        out.append(f"## `{command} -f json`\n")
+        out.append(f"```json\n{json.dumps(found, indent=2, ensure_ascii=False)}\n```\n")
+    return "\n".join(out)
+
+
 _LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")
 
 
@@ -342,6 +363,7 @@ def generate() -> dict[str, str]:
         "reference/tables.md": tables_page(),
         "reference/functions.md": functions_page(),
         "reference/cli.md": cli_page(),
+        "reference/json.md": json_page(),
         "reference/datasets.md": datasets_page(),
     }
     with Workdir() as work:
