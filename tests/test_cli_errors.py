@@ -120,6 +120,17 @@ def test_shell_reads_a_line_that_is_not_utf8(ws):
     assert "4811" in done.stdout.decode() and "Traceback" not in done.stderr.decode()
 
 
+def test_shell_piped_exits_1_after_a_failed_statement(ws):
+    """Issue 24: `Binder Error` printed but exit status 0 before, so a script could not tell. Every statement still
+    runs (the one after the failure on the same line too); the status says one failed."""
+    done = _cli("shell", ws / "run", stdin=b"SELECT nosuch FROM slices; SELECT 41 + 1 AS answer;\n")
+    assert done.returncode == 1
+    assert done.stderr.decode().startswith("Error: Binder Error: ") and done.stderr.decode().count("\n") == 1
+    assert "42" in done.stdout.decode()
+    done = _cli("shell", ws / "run", stdin=b"SELECT 1 AS one")  # the input ends inside a statement
+    assert (done.returncode, done.stderr.decode()) == (1, "Error: statement not terminated with ';'\n")
+
+
 def test_ctrl_c_during_ingest_is_one_line_exit_130(tmp_path):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) while workers read: 49 lines of
     tracebacks before; now one line, exit status 130, no worker left, the run as it was (absent)."""

@@ -363,7 +363,8 @@ def shell(target):
     """An interactive SQL session on a run: the tables are views and the functions exist.
 
     End each statement with `;`. `.tables` lists the tables, `.quit` leaves. SQL piped on standard input runs
-    without prompts.
+    without prompts; a statement that fails is reported and the next ones still run, and the exit status is 1
+    if any failed (or the input ended inside a statement), so a script can tell.
 
     Example:
 
@@ -385,6 +386,7 @@ def shell(target):
             pass
         click.echo(f"tracesql {__version__} — tables: {', '.join(schema.TABLES)}. End statements with ';', .quit to leave.")
     buffer = ""
+    failed = False
     while True:
         try:
             line = input("tracesql> " if not buffer else "     ...> ") if interactive else sys.stdin.readline()
@@ -403,14 +405,22 @@ def shell(target):
             continue
         sql, buffer = buffer, ""
         try:
-            for st in con.extract_statements(sql):
-                rel = con.sql(st.query)  # None for statements without a result (SET, CREATE, ...)
+            statements = [st.query for st in con.extract_statements(sql)]
+        except duckdb.Error:  # a syntax error: run the chunk whole, for DuckDB's message
+            statements = [sql]
+        for st in statements:  # each on its own: one that fails does not skip the rest of its line
+            try:
+                rel = con.sql(st)  # None for statements without a result (SET, CREATE, ...)
                 if rel is not None:
                     click.echo(_show().table(_show().Result.of(rel)), nl=False)
-        except duckdb.Error as e:
-            click.echo(f"Error: {str(e).strip().splitlines()[0]}", err=True)
+            except duckdb.Error as e:
+                click.echo(f"Error: {str(e).strip().splitlines()[0]}", err=True)
+                failed = True
     if buffer.strip():
         click.echo("Error: statement not terminated with ';'", err=True)
+        failed = True
+    if failed and not interactive:
+        sys.exit(1)
 
 
 @main.command()
