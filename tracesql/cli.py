@@ -191,7 +191,7 @@ COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-sep
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("-p", "--param", "params", multiple=True, metavar="NAME=VALUE", help="Query parameter (repeatable).")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-              help="table: for people (fits the terminal, human units); the others keep raw values.")
+              help="table: for people (fits the terminal, one unit per column); the others keep raw values.")
 @click.option("-c", "--columns", metavar="NAMES", help=COLUMNS_HELP)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
@@ -204,7 +204,8 @@ def query(query, target, params, fmt, columns, output, engine, master):
     TARGET is a run folder, a folder of runs, or raw traces (ingested on the fly into a cache).
 
     The table format fits the terminal (a block per row when the columns do not fit: pick some with -c) and
-    shows durations and sizes in human units; csv, json, markdown and parquet keep the raw integers.
+    shows each duration or size column in one unit, named in its header (comm_ns in ms is headed comm_ms); csv,
+    json, markdown and parquet keep the raw integers.
 
     Example:
 
@@ -482,7 +483,7 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
 @click.argument("after", type=click.Path(path_type=Path))
 @click.option("--top", type=click.IntRange(1), default=20, show_default=True, help="Rows per level (kernel, op).")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-              help="table: for people (fits the terminal, human units); the others keep raw values.")
+              help="table: for people (fits the terminal, one unit per column); the others keep raw values.")
 @click.option("-c", "--columns", metavar="NAMES", help=COLUMNS_HELP)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
 @_errors_as_messages
