@@ -395,13 +395,25 @@ def test_new_runs_in_the_folder_are_ingested_once(tmp_path):
     assert len(again) == 2 and again[1] != first
 
 
-def test_diff_table_names_the_runs_once(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # wide enough for one line per row
-    result = cli("diff", GLOO2, GLOO4, "--top", "1")
+@pytest.mark.parametrize("width", [80, 120])
+def test_diff_table_is_a_line_per_name_that_fits(monkeypatch, width):
+    """Issue 24: `tracesql diff` on the two gloo runs printed 302 lines at 120 columns (a block per row). Now the
+    runs once on top, then per level its total change and a table, a line per name, within the width; the total is
+    the sum of every op's change (the json, all names), the rows are the top 20 by impact."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    result = cli("diff", GLOO2, GLOO4)
     lines = result.output.splitlines()
-    assert result.exit_code == 0 and lines[0] == "torch_gloo_2rank -> torch_gloo_4rank_straggler: per rank, " \
-                                                 "largest change first"
-    assert "before_run" not in result.output and " aten::mm " in result.output and lines[-1] == "(1 row)"  # CPU-only runs: ops only
+    assert result.exit_code == 0 and lines[0].startswith("torch_gloo_2rank -> torch_gloo_4rank_straggler: ")
+    assert max(len(line) for line in lines) <= width and len(lines) <= 30 and "─[ row" not in result.output
+    every = pd.DataFrame(json.loads(cli("diff", GLOO2, GLOO4, "-f", "json", "--top", "500").output))
+    total_ms = every.delta_ns.sum() / 1e6
+    assert f"ops: host self time, total change +{total_ms:.3f} ms per rank" in lines, lines[:6]
+    rule = next(i for i, line in enumerate(lines) if line.startswith("──"))
+    first = lines[rule + 1].split()  # delta_ms, delta_pct, share_pct, before_ms, after_ms, calls, name
+    mm = every.iloc[0]
+    assert first == [f"{mm.delta_ns / 1e6:.3f}", f"{mm.delta_pct:.0f}", f"{100 * mm.share_of_change:.1f}",
+                     f"{mm.before_ns / 1e6:.3f}", f"{mm.after_ns / 1e6:.3f}", "33", "aten::mm"]
+    assert lines[-1] == "(20 rows)" and "before_run" not in result.output
 
 
 # ---------------------------------------------------------------- pictures: heatmaps, Perfetto traces, grouped sessions

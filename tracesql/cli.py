@@ -511,10 +511,67 @@ def diff(before, after, top, fmt, columns, output):
     q = queries.find("diff")
     con = duckdb_engine.connect([runs[0][0], runs[1][0]], names=queries.names_used(q))
     rel = queries.run(con, q, {"before": ids[0], "after": ids[1], "top": top})
+    if fmt == "table" and not columns:
+        text = _diff_table(_show().Result.of(rel), ids)
+        if output is not None:
+            output.write_text(text)
+        else:
+            click.echo(text, nl=False)
+        return
     if fmt == "table":  # the runs once on top instead of in every row
         click.echo(f"{ids[0]} -> {ids[1]}: per rank, largest change first")
         rel = rel.project("* EXCLUDE (before_run, after_run)")
     _emit(rel, fmt, output, _show().parse_columns(columns))
+
+
+#: The diff as a person reads it: per level, the change first (time, %, part of the level's total change), then the
+#: times and calls it comes from, the name last (cut to fit the terminal, never pushing the numbers out).
+DIFF_COLUMNS = ("delta", "delta_pct", "share_pct", "before", "after", "calls", "name")
+
+
+def _diff_table(result, ids: list[str]) -> str:
+    """The diff query's rows as one compact table per level (kernels, ops) that fits the terminal: a row per
+    name, not a block per row. Times of a level are in one unit (before, after and delta compare at a glance),
+    changes signed."""
+    import textwrap
+
+    out = _show()
+    width = out.terminal_width()
+    at = {c: i for i, c in enumerate(result.columns)}
+    basis = result.rows[0][at["time_basis"]] if result.rows else "device"
+    op_time = "device time of the kernels each op launched itself" if basis == "device" else "host self time"
+    lines = textwrap.wrap(f"{ids[0]} -> {ids[1]}: time per rank, largest change first. share_pct: a row's part of "
+                          "its level's total change (negative: it went against the total)", max(width, 40))
+    for level, what in (("kernel", "kernels: device time"), ("op", f"ops: {op_time}")):
+        rows = [r for r in result.rows if r[at["level"]] == level]
+        if not rows:
+            continue
+        total = next((r[at["delta_ns"]] / r[at["share_of_change"]] for r in rows if r[at["share_of_change"]]), 0.0)
+        lines.append(f"\n{what}, total change {_signed(out.duration(total), total)} per rank")
+        times = ("delta_ns", "before_ns", "after_ns")
+        unit = out.column_unit("delta_ns", [r[at[c]] for r in rows for c in times])
+        cells = [(_signed(unit.text(r[at["delta_ns"]]), r[at["delta_ns"]]),
+                  _percent(r[at["delta_pct"]], 0), _percent(r[at["share_of_change"]] and 100 * r[at["share_of_change"]], 1),
+                  unit.text(r[at["before_ns"]]), unit.text(r[at["after_ns"]]),
+                  _calls(r[at["before_count"]], r[at["after_count"]]), r[at["name"]]) for r in rows]
+        headers = [f"{c}_{unit.label}" if c in ("delta", "before", "after") else c for c in DIFF_COLUMNS]
+        types = ["DOUBLE"] * 5 + ["VARCHAR"] * 2  # the numbers as text in their unit, right-aligned
+        lines.append(out.table(out.Result(headers, types, cells), width).rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def _signed(text: str, value: float) -> str:
+    return "+" + text if value > 0 else text
+
+
+def _percent(value: float | None, decimals: int) -> str:
+    return "NULL" if value is None else _signed(f"{value:.{decimals}f}", round(value, decimals))
+
+
+def _calls(before: float, after: float) -> str:
+    """Calls per rank: '33', or '426→432' when they changed."""
+    text = _show().plain
+    return text(before) if before == after else f"{text(before)}→{text(after)}"
 
 
 @main.command()

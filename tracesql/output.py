@@ -127,6 +127,7 @@ class ColumnUnit:
     header names the unit (`comm_ns` shown in ms is headed `comm_ms`)."""
 
     header: str
+    label: str  # the unit: 'ms', 'MiB', 'tflops'
     scale: float
     decimals: int
 
@@ -161,7 +162,13 @@ def column_unit(column: str, values: list) -> ColumnUnit | None:
         decimals = 0  # whole ns or bytes as they are
     else:
         decimals = 0 if in_unit >= 1000 else 1 if in_unit >= 100 else 2 if in_unit >= 10 else 3
-    return ColumnUnit(stem + label + tail, scale, decimals)
+    return ColumnUnit(stem + label + tail, label, scale, decimals)
+
+
+def duration(ns: float) -> str:
+    """One duration in the unit it reaches, for a sentence: 5265000 -> '5.265 ms'."""
+    unit = column_unit("dur", [ns])
+    return f"{unit.text(ns)} {unit.label}"
 
 
 # ---- cells ----
