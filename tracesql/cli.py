@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from .errors import OlderSchemaWarning, TraceError
+from .errors import OlderSchemaWarning, TraceError, install_extra
 from .version import __version__
 
 FORMATS = ("table", "csv", "json", "markdown", "parquet")  # output.FORMATS (a test checks)
@@ -351,8 +351,7 @@ def verify(run):
     """
     from . import store
 
-    if not store.is_run(run):
-        raise TraceError(run, f"not a tracesql run (no {store.MANIFEST}); `tracesql ingest` makes one")
+    store.require_run(run)
     checked = store.verify(run)
     click.echo(f"{run}: ok — {checked['files']} files, {checked['bytes']:,} bytes match the manifest's checksums")
 
@@ -459,7 +458,7 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
         from .report import render  # noqa: F401  (jinja2 and plotly: the [report] extra)
         import plotly  # noqa: F401
     except ImportError as e:
-        raise click.ClickException(f"the report needs the [report] extra: pip install 'tracesql-ml[report]' ({e})")
+        raise click.ClickException(f"the report needs the [report] extra: {install_extra('report')} ({e})")
     mfu_params = {k: v for k, v in (("model_flops_per_step", model_flops), ("params", n_params),
                                     ("tokens_per_step", tokens_per_step)) if v is not None}
     result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order, gate_runs=gate_runs,
