@@ -255,6 +255,32 @@ def test_shell_prints_tables(ingested):
     assert result.exit_code == 0 and "(1 row)" in result.output and result.output.startswith("dur_s\n"), result.output
 
 
+def test_help_lists_each_command_on_one_uncut_line():
+    """Issue 24: the command list cut `query`'s line at "e.g." (click's first-sentence short help)."""
+    text = run_cli("--help", columns=80).output
+    listed = text.split("Commands:\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in listed] == sorted(cli.main.commands)  # one line each, none wrapped
+    assert all(len(line) <= 80 and not line.endswith("...") for line in listed), listed
+    assert any(line.split()[0] == "query" and "(e.g. overlap) or your .sql file on a run." in line for line in listed)
+
+
+def test_help_examples_do_not_wrap():
+    """Issue 24: `query --help`'s example wrapped at 80 columns, so a copy-paste broke it: every command's example
+    is printed on one line whatever the width."""
+    for name, command in cli.main.commands.items():
+        examples = [line.strip() for line in (command.help or "").splitlines() if line.strip().startswith("tracesql ")]
+        text = run_cli(name, "--help", columns=60).output
+        assert all(f"\n      {example}\n" in text for example in examples), (name, examples, text)
+    assert "-c rank,step,*_pct\n" in run_cli("query", "--help", columns=60).output
+
+
+def test_queries_are_listed_aligned():
+    """Issue 24: `collective_stragglers` (21 characters) pushed its title out of the column."""
+    lines = run_cli("queries").output.splitlines()
+    starts = {len(line) - len(line.split(None, 1)[1]) for line in lines}
+    assert len(lines) == len(queries.catalogue()) and len(starts) == 1
+
+
 # ---- fixed cost ----
 
 def _modules_after(*args) -> set[str]:

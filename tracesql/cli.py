@@ -123,7 +123,7 @@ def main():
     """ML profiler traces as SQL: ingest traces into Parquet tables, then query them."""
 
 
-@main.command()
+@main.command(short_help="Read traces (files, folders, archives) into a run folder.")
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path), help="Run folder to write.")
 @click.option("--rank", type=click.IntRange(0, 2**31 - 1),
@@ -150,6 +150,7 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, s
 
     Example:
 
+    \b
         tracesql ingest traces/run-1234/ -o runs/1234/
     """
     from . import api
@@ -186,7 +187,7 @@ COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-sep
                 "'rank,step,*_ns').")
 
 
-@main.command()
+@main.command(short_help="Run a curated query (e.g. overlap) or your .sql file on a run.")
 @click.argument("query")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("-p", "--param", "params", multiple=True, metavar="NAME=VALUE", help="Query parameter (repeatable).")
@@ -209,6 +210,7 @@ def query(query, target, params, fmt, columns, output, engine, master):
 
     Example:
 
+    \b
         tracesql query overlap runs/1234/ --param class_scheme=hta -c rank,step,*_pct
     """
     from . import queries
@@ -263,16 +265,18 @@ def _emit(rel, fmt: str, out: Path | None, columns: list[str] | None = None) -> 
     return _show().write(rel, fmt, out, columns, echo=lambda text: click.echo(text, nl=False))
 
 
-@main.command(name="queries")
+@main.command(name="queries", short_help="List the curated queries, one line each.")
 def list_queries():
     """List the curated queries, one line each."""
     from . import queries
 
-    for q in queries.catalogue():
-        click.echo(f"{q.name:20s} {q.title}")
+    catalogue = queries.catalogue()
+    width = max(len(q.name) for q in catalogue)
+    for q in catalogue:
+        click.echo(f"{q.name:{width}s}  {q.title}")
 
 
-@main.command(name="schema")
+@main.command(name="schema", short_help="The tables and what each column means.")
 @click.argument("table", required=False)
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown"]), default="text", show_default=True)
 def schema_cmd(table, fmt):
@@ -300,7 +304,7 @@ def _time(ns: int) -> str:
     return f"{ns:,} ns"
 
 
-@main.command(name="info")
+@main.command(name="info", short_help="What a run holds: sources, ranks, rows, time span, warnings.")
 @click.argument("run", type=click.Path(path_type=Path))
 @_errors_as_messages
 def info_cmd(run):
@@ -309,6 +313,7 @@ def info_cmd(run):
 
     Example:
 
+    \b
         tracesql info runs/1234/
     """
     from .info import info as run_info
@@ -338,7 +343,7 @@ def info_cmd(run):
                    f"{w['message']}" + (f" (e.g. {w['example'][:80]})" if w["example"] else ""))
 
 
-@main.command()
+@main.command(short_help="Check a run's files against its manifest's checksums.")
 @click.argument("run", type=click.Path(path_type=Path))
 @_errors_as_messages
 def verify(run):
@@ -347,6 +352,7 @@ def verify(run):
 
     Example:
 
+    \b
         tracesql verify runs/1234/
     """
     from . import store
@@ -356,7 +362,7 @@ def verify(run):
     click.echo(f"{run}: ok — {checked['files']} files, {checked['bytes']:,} bytes match the manifest's checksums")
 
 
-@main.command()
+@main.command(short_help="Interactive SQL on a run (or SQL piped on standard input).")
 @click.argument("target", type=click.Path(path_type=Path))
 @_errors_as_messages
 def shell(target):
@@ -368,6 +374,7 @@ def shell(target):
 
     Example:
 
+    \b
         tracesql shell runs/1234/
     """
     import duckdb
@@ -423,7 +430,7 @@ def shell(target):
         sys.exit(1)
 
 
-@main.command()
+@main.command(short_help="HTML report, Markdown summary, metrics and CI gates over many runs.")
 @click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=Path("report"), show_default=True,
               help="Folder for index.html, summary.md, metrics.json, metrics.parquet.")
@@ -451,6 +458,7 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
 
     Example:
 
+    \b
         tracesql report ci-runs/ --baseline ci-runs/main --fail-on "step_time_p50>+5%" -o report/
     """
     try:
@@ -477,7 +485,7 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
         sys.exit(3)
 
 
-@main.command()
+@main.command(short_help="What changed between two runs, kernel by kernel and op by op.")
 @click.argument("before", type=click.Path(path_type=Path))
 @click.argument("after", type=click.Path(path_type=Path))
 @click.option("--top", type=click.IntRange(1), default=20, show_default=True, help="Rows per level (kernel, op).")
@@ -494,6 +502,7 @@ def diff(before, after, top, fmt, columns, output):
 
     Example:
 
+    \b
         tracesql diff runs/before runs/after
     """
     from . import engine as duckdb_engine
@@ -573,7 +582,7 @@ def _calls(before: float, after: float) -> str:
     return text(before) if before == after else f"{text(before)}→{text(after)}"
 
 
-@main.command()
+@main.command(short_help="One rank's step as a Perfetto trace.")
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
               help="Perfetto trace file to write (.pftrace).")
@@ -592,6 +601,7 @@ def export(run, out, rank, step, run_id, class_scheme):
 
     Example:
 
+    \b
         tracesql export runs/1234 --rank 3 --step 120 -o step120.pftrace
     """
     from .export import export as write_trace, summary
