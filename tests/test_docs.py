@@ -43,6 +43,25 @@ def test_readme_commands_are_the_ci_commands():
     assert re.search(r"^pytest$", README, re.M) and re.search(r"^pytest$", ci, re.M)
 
 
+def test_readme_installs_light_and_says_what_runs_on_spark():
+    """Issue 24: the README's only install line pulled Spark, Playwright and MkDocs (1.4 GB) to try the tool, and it
+    said every command runs on Spark: the first install line is the light one, and the README names exactly the
+    commands that take --engine."""
+    install = README.split("## Install", 1)[1]
+    assert re.search(r"```bash\n(.*?)\n", install)[1].split("#")[0].strip() == "pip install ."
+    engines = sorted(name for name, c in main.commands.items() if any(p.name == "engine" for p in c.params))
+    said = " ".join(README.split())
+    assert engines == ["ingest", "query"] and "`ingest` and `query` also run on Spark (`--engine spark`" in said
+    assert "Every command also runs on Spark" not in said and "CI runs exactly this" not in said
+
+
+def test_readme_tour_outputs_are_ignored_by_git():
+    """Issue 24: the tour writes runs/ and report/ in the checkout; neither shows up in `git status`."""
+    ignored = (REPO / ".gitignore").read_text().split()
+    written = set(re.findall(r"<!-- example: tracesql \w+ .*?-o (\w+)", README))
+    assert written == {"runs", "report"} and all(f"/{folder}/" in ignored for folder in written)
+
+
 def test_every_query_has_a_docs_example():
     """A new curated query gets an example on a bundled dataset in docs/gen/reference.py (its page shows it)."""
     assert reference.missing_examples() == [], "add them to EXAMPLES in docs/gen/reference.py"
