@@ -554,7 +554,7 @@ def _diff_table(result, ids: list[str]) -> str:
         rows = [r for r in result.rows if r[at["level"]] == level]
         if not rows:
             continue
-        total = next((r[at["delta_ns"]] / r[at["share_of_change"]] for r in rows if r[at["share_of_change"]]), 0.0)
+        total = rows[0][at["level_delta_ns"]]
         lines.append(f"\n{what}, total change {_signed(out.duration(total), total)} per rank")
         times = ("delta_ns", "before_ns", "after_ns")
         unit = out.column_unit("delta_ns", [r[at[c]] for r in rows for c in times])
