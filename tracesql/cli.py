@@ -559,7 +559,7 @@ def _diff_table(result, ids: list[str]) -> str:
         times = ("delta_ns", "before_ns", "after_ns")
         unit = out.column_unit("delta_ns", [r[at[c]] for r in rows for c in times])
         cells = [(_signed(unit.text(r[at["delta_ns"]]), r[at["delta_ns"]]),
-                  _percent(r[at["delta_pct"]], 0), _percent(r[at["share_of_change"]] and 100 * r[at["share_of_change"]], 1),
+                  _percent(r[at["delta_pct"]], 0), _percent(r[at["share_of_change"]], 1, scale=100),
                   unit.text(r[at["before_ns"]]), unit.text(r[at["after_ns"]]),
                   _calls(r[at["before_count"]], r[at["after_count"]]), r[at["name"]]) for r in rows]
         headers = [f"{c}_{unit.label}" if c in ("delta", "before", "after") else c for c in DIFF_COLUMNS]
@@ -572,8 +572,11 @@ def _signed(text: str, value: float) -> str:
     return "+" + text if value > 0 else text
 
 
-def _percent(value: float | None, decimals: int) -> str:
-    return "NULL" if value is None else _signed(f"{value:.{decimals}f}", round(value, decimals))
+def _percent(value: float | None, decimals: int, scale: float = 1) -> str:
+    if value is None:
+        return "NULL"
+    value *= scale
+    return _signed(f"{value:.{decimals}f}", round(value, decimals))
 
 
 def _calls(before: float, after: float) -> str:

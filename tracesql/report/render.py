@@ -169,8 +169,8 @@ def markdown(report) -> str:
                 lines += [straggler_summary(reg.straggler), ""]
             if reg.diff is not None and len(reg.diff):
                 lines += [diff_summary(reg.diff), ""]
-                lines.append("| level | name | status | count/rank before → after | time/rank before → after | Δ | "
-                             "part of the level's Δ |")
+                lines.append("| level | name | status | count/rank before → after | time/rank before → after | Δ "
+                             "| part of the level's Δ |")
                 lines.append("|---|---|---|---:|---:|---:|---:|")
                 for level in ("kernel", "op"):
                     for d in reg.diff[reg.diff.level == level].head(5).itertuples():
