@@ -31,6 +31,7 @@
 --   delta_ns         DOUBLE   after_ns − before_ns
 --   delta_pct        DOUBLE   delta_ns / before_ns · 100 (NULL when added)
 --   share_of_change  DOUBLE   delta_ns / the level's total delta_ns (NULL when the total did not change)
+--   level_delta_ns   DOUBLE   the level's total delta_ns, over all its names (not only the rows shown)
 --   variants         BIGINT   distinct raw names folded into the row (both runs)
 WITH starts AS (
     SELECT run_id, min(trace_start_ns) AS start_ns, count(DISTINCT rank) AS ranks FROM ranks GROUP BY run_id
@@ -96,6 +97,7 @@ SELECT p.before_run, p.after_run, r.level, r.rank_in_level, r.name,
     CAST(r.delta_ns AS DOUBLE) AS delta_ns,
     CAST(CASE WHEN r.before_ns > 0 THEN r.delta_ns / r.before_ns * 100 END AS DOUBLE) AS delta_pct,
     CAST(r.delta_ns / nullif(r.level_delta_ns, 0) AS DOUBLE) AS share_of_change,
+    CAST(r.level_delta_ns AS DOUBLE) AS level_delta_ns,
     r.variants
 FROM ranked r CROSS JOIN pair p
 WHERE r.rank_in_level <= COALESCE(getvariable('top'), 50)

@@ -55,6 +55,7 @@ def _cases(ws):
         (["ingest", TRACE], {}, 2, "Missing option '-o' / '--output'"),
         (["ingest", TRACE, "-o", ws / "r2", "--bogus"], {}, 2, "No such option '--bogus'"),
         (["query", "no_such_query", run], {}, 1, "no_such_query: no such query file or curated query"),
+        (["query", "overlp", run], {}, 1, "Error: overlp: no such query file or curated query (did you mean overlap?)"),
         (["query", "steps", missing], {}, 1, f"{missing}: no such file or folder"),
         (["query", "steps", ws / "damaged"], {}, 1, "not a readable tracesql run"),
         (["query", "steps", run, "-o", d], {}, 1, f"{d}: is a folder: --output names the file to write"),
@@ -62,13 +63,15 @@ def _cases(ws):
         (["query", "steps", run, "-o", f / "x.csv"], {}, 1, "no such folder"),
         (["query", "steps", run, "-f", "parquet"], {}, 2, "--format parquet needs --output FILE"),
         (["query", "steps", run, "-p", "novalue"], {}, 2, "expected NAME=VALUE"),
-        (["query", "steps", run, "-p", "no_such_param=1"], {}, 1, "no_such_param"),
-        (["query", "overlap", run, "-p", "class_scheme=bogus"], {}, 1, "class_scheme"),
+        (["query", "steps", run, "-p", "no_such_param=1"], {}, 1, "Error: steps: unknown parameter no_such_param"),
+        (["query", "overlap", run, "-p", "class_scheme=bogus"], {}, 1, "Error: overlap: parameter class_scheme"),
+        (["query", ws / "q.sql", run, "-p", "x=1"], {}, 1, f"Error: {ws / 'q.sql'}: unknown parameter x"),
         (["query", ws / "q.sql", run, "-f", "xml"], {}, 2, "Invalid value for '-f' / '--format'"),
-        (["info", missing], {}, 1, f"{missing}: not a tracesql run"),
+        (["info", missing], {}, 1, f"{missing}: no such file or folder"),  # as query says (issue 24)
         (["info", d], {}, 1, f"{d}: not a tracesql run"),
         (["info", ws / "damaged"], {}, 1, "not a readable tracesql run"),
-        (["verify", missing], {}, 1, f"{missing}: not a tracesql run"),
+        (["verify", missing], {}, 1, f"{missing}: no such file or folder"),
+        (["verify", d], {}, 1, f"{d}: not a tracesql run"),
         (["verify", ws / "damaged"], {}, 1, "not a readable tracesql run"),
         (["shell", missing], {}, 1, f"{missing}: no such file or folder"),
         (["diff", run, missing], {}, 1, f"{missing}: no such file or folder"),
@@ -118,6 +121,26 @@ def test_shell_reads_a_line_that_is_not_utf8(ws):
     done = _cli("shell", ws / "run", stdin=b"SELECT '\xff\xfe' AS x;\nSELECT count(*) AS n FROM slices;\n")
     assert done.returncode == 0, done.stderr
     assert "4811" in done.stdout.decode() and "Traceback" not in done.stderr.decode()
+
+
+def test_missing_extra_says_how_to_install_it_from_the_checkout(ws, monkeypatch):
+    """Issue 24: the hint named the package index's distribution while the README installs from the checkout."""
+    monkeypatch.setitem(sys.modules, "plotly", None)  # `import plotly` raises ImportError
+    result = CliRunner().invoke(main, ["report", str(ws / "run"), "-o", str(ws / "rep-noextra")])
+    assert result.exit_code == 1 and result.output.startswith(
+        'Error: the report needs the [report] extra: pip install ".[report]" in the tracesql checkout (')
+    assert not (ws / "rep-noextra").exists()
+
+
+def test_shell_piped_exits_1_after_a_failed_statement(ws):
+    """Issue 24: `Binder Error` printed but exit status 0 before, so a script could not tell. Every statement still
+    runs (the one after the failure on the same line too); the status says one failed."""
+    done = _cli("shell", ws / "run", stdin=b"SELECT nosuch FROM slices; SELECT 41 + 1 AS answer;\n")
+    assert done.returncode == 1
+    assert done.stderr.decode().startswith("Error: Binder Error: ") and done.stderr.decode().count("\n") == 1
+    assert "42" in done.stdout.decode()
+    done = _cli("shell", ws / "run", stdin=b"SELECT 1 AS one")  # the input ends inside a statement
+    assert (done.returncode, done.stderr.decode()) == (1, "Error: statement not terminated with ';'\n")
 
 
 def test_ctrl_c_during_ingest_is_one_line_exit_130(tmp_path):

@@ -45,6 +45,39 @@ def test_readme_commands_are_the_ci_commands():
     assert re.search(r'^pytest -m ""\s*(#.*)?$', README, re.M) and re.search(r'^pytest -m ""$', ci, re.M)
 
 
+def test_readme_installs_light_and_says_what_runs_on_spark():
+    """Issue 24: the README's only install line pulled Spark, Playwright and MkDocs (1.4 GB) to try the tool, and it
+    said every command runs on Spark: the first install line is the light one, and the README names exactly the
+    commands that take --engine."""
+    install = README.split("## Install", 1)[1]
+    assert re.search(r"```bash\n(.*?)\n", install)[1].split("#")[0].strip() == "pip install ."
+    engines = sorted(name for name, c in main.commands.items() if any(p.name == "engine" for p in c.params))
+    said = " ".join(README.split())
+    assert engines == ["ingest", "query"] and "`ingest` and `query` also run on Spark (`--engine spark`" in said
+    assert "Every command also runs on Spark" not in said and "CI runs exactly this" not in said
+
+
+def test_readme_tour_outputs_are_ignored_by_git():
+    """Issue 24: the tour writes runs/ and report/ in the checkout; neither shows up in `git status`."""
+    ignored = (REPO / ".gitignore").read_text().split()
+    written = set(re.findall(r"<!-- example: tracesql \w+ .*?-o (\w+)", README))
+    assert written == {"runs", "report"} and all(f"/{folder}/" in ignored for folder in written)
+
+
+def test_spark_guide_shows_what_the_duckdb_path_prints():
+    """Issue 24: the Spark guide's "byte for byte" table had another alignment row than the command prints. Its
+    table is the DuckDB path's output, byte for byte (tests/test_spark.py holds Spark's equality with it)."""
+    from click.testing import CliRunner
+
+    page = (REPO / "docs" / "guides" / "spark.md").read_text()
+    cmd = "tracesql query collective_stragglers datasets/torch_gloo_4rank_straggler/ --engine spark -f markdown"
+    shown = page.split(f"$ {cmd}\n```\n\n", 1)[1].split("\n\n", 1)[0] + "\n"
+    argv = cmd.split()[1:cmd.split().index("--engine")] + ["-f", "markdown"]
+    argv[2] = str(REPO / argv[2])
+    printed = CliRunner().invoke(main, argv).stdout
+    assert shown == printed
+
+
 def test_every_query_has_a_docs_example():
     """A new curated query gets an example on a bundled dataset in docs/gen/reference.py (its page shows it)."""
     assert reference.missing_examples() == [], "add them to EXAMPLES in docs/gen/reference.py"
@@ -77,6 +110,15 @@ def test_site_builds_in_strict_mode_without_warnings(site):
     assert proc.returncode == 0, proc.stderr[-4000:]
     warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
     assert not warnings, "\n".join(warnings)
+
+
+def test_site_fetches_nothing_from_the_network(site):
+    """Issue 24: the theme fetched web fonts (8 console errors offline, a slow first paint): the pages load no
+    stylesheet, font or script from another host."""
+    _, out = site
+    pages = list(out.rglob("*.html"))
+    remote = re.compile(r'<(?:link|script)\b[^>]*\b(?:href|src)="(?:https?:)?//', re.I)
+    assert len(pages) > 30 and not [p for p in pages if remote.search(p.read_text())]
 
 
 def _page(out, rel: str) -> str:

@@ -45,23 +45,32 @@ WIDE = ("SELECT 'run-' || i AS run_id, i AS rank, i * 396199000 AS comm_ns, i * 
 
 # ---- units ----
 
-@pytest.mark.parametrize("ns, text", [
-    (396199000, "396.2 ms"), (850, "850 ns"), (0, "0 ns"), (1000, "1 µs"), (999, "999 ns"), (12300, "12.3 µs"),
-    (-12300, "-12.3 µs"), (1_500_000_000, "1.5 s"), (61_234_000_000, "61.23 s"), (2.5, "2.5 ns"), (1234.5, "1.234 µs"),
+@pytest.mark.parametrize("column, values, header, cells", [
+    ("comm_ns", [396199000, 59216000, 850], "comm_ms", ["396.2", "59.2", "0.0"]),
+    ("comm_ns", [1_223_000_000, 5_000_000], "comm_s", ["1.223", "0.005"]),
+    ("delta_ns", [-12300, 2048], "delta_us", ["-12.30", "2.05"]),
+    ("gap_ns", [850, 0, 3], "gap_ns", ["850", "0", "3"]),
+    ("gap_ns", [2.5, 0.25], "gap_ns", ["2.500", "0.250"]),
+    ("dur", [61_234_000_000, None], "dur_s", ["61.23", "NULL"]),
+    ("size_bytes", [1536, 3], "size_KiB", ["1.500", "0.003"]),
+    ("peak_allocated_bytes", [int(1.5 * 2**30)], "peak_allocated_GiB", ["1.500"]),
+    ("achieved_flops_per_s", [4.5e12, 1.5e12], "achieved_tflops_per_s", ["4.500", "1.500"]),
+    ("link_bytes_per_s", [3.35e12, 12], "link_tb_per_s", ["3.350", "0.000"]),
+    ("start_skew_ns", [[3, 3000]], "start_skew_us", ["[0.003, 3.000]"]),
+    ("trace_start_ns", [1_700_000_000_123_456_789], "trace_start_ns", ["1700000000123456789"]),
 ])
-def test_durations_in_human_units(ns, text):
-    assert output.human_ns(ns) == text
+def test_each_column_in_one_unit_named_in_its_header(column, values, header, cells):
+    """Issue 24: `comm_ns` showed "396.2 ms" under a header that says ns. Now one unit per column, the one its
+    largest value reaches, named in the header, with the decimals that give that value four significant digits."""
+    unit = output.column_unit(column, values)
+    shown = [unit.text(v) for v in values] if unit else [output.plain(v) for v in values]
+    assert ((unit.header if unit else column), shown) == (header, cells)
 
 
-@pytest.mark.parametrize("n, text", [(3, "3 B"), (1536, "1.5 KiB"), (1024**2 * 7.25, "7.25 MiB"),
-                                     (int(1.5 * 2**30), "1.5 GiB"), (-2048, "-2 KiB")])
-def test_bytes_in_human_units(n, text):
-    assert output.human_bytes(n) == text
-
-
-def test_rates_in_human_units():
-    assert output.human_rate(1.5e12, "FLOP/s") == "1.5 TFLOP/s"
-    assert output.human_rate(3.35e12, "B/s") == "3.35 TB/s" and output.human_rate(12, "B/s") == "12 B/s"
+def test_plain_numbers_never_use_an_exponent():
+    """Issue 24: Markdown mixed `8.641e+07` with plain integers in one row."""
+    assert [output.plain(v) for v in (86410000.7, 0.14953, 1295.568, 1.5e-05, -0.5, 12.0, 3)] == \
+        ["86410001", "0.1495", "1296", "0.000015", "-0.5", "12", "3"]
 
 
 @pytest.mark.parametrize("column, duration", [
@@ -81,23 +90,47 @@ def test_table_never_exceeds_the_width(width):
     assert max(len(line) for line in text.splitlines()) <= width, text
 
 
-def test_table_shows_human_units_and_right_aligns_numbers():
+def test_table_shows_units_and_right_aligns_numbers():
     text = output.table(result_of(WIDE), width=400)
     lines = text.splitlines()
-    assert "792.4 ms" in text and "3 KiB" in text and "4.5 TFLOP/s" in text and "[3 ns, 3 µs]" in text
+    header = lines[0].split()
+    assert header[:4] == ["run_id", "rank", "comm_s", "peak_allocated_KiB"] and "achieved_tflops_per_s" in header
     assert "792398000" not in text
-    header = lines[0]
-    assert header.index("rank") < header.index("comm_ns")
     row = lines[3]
-    assert row.split()[1] == "2" and row.index("792.4 ms") + len("792.4 ms") == header.index("comm_ns") + len("comm_ns")
+    assert row.split()[1:4] == ["2", "0.792", "3.000"] and "[0.002, 2.000]" in row
+    assert row.index("0.792") + len("0.792") == lines[0].index("comm_s") + len("comm_s")
     assert lines[-1] == "(3 rows)"
+
+
+def test_headers_break_only_between_words(ingested):
+    """Issue 24 (headers wrapped mid-word): at any width, every line of a wrapped header is whole `_`-separated
+    pieces of it, for every curated query's real result."""
+    con = engine.connect(ingested(TRACE_FILTER))
+    checked = 0
+    for q in queries.catalogue():
+        if q.name == "diff":
+            continue
+        result = Result.of(queries.run(con, q, {}))
+        for width in range(40, 201, 8):
+            lines = output.table(result, width).splitlines()
+            rule = next((i for i, line in enumerate(lines) if line.startswith("─")), None)
+            if rule is None or "─[ row" in lines[rule]:
+                continue  # folded into records: a header per line, never wrapped
+            for column in re.finditer("─+", lines[rule]):
+                pieces = [line[column.start():column.end()].strip() for line in lines[:rule]]
+                pieces = [p for p in pieces if p]
+                header = "".join(pieces)
+                whole = output.wrap_header(header, max(len(p) for p in pieces))
+                assert all(p.endswith("_") for p in pieces[:-1]) and whole == pieces, (q.name, width, pieces)
+                checked += 1
+    assert checked > 1000
 
 
 def test_wide_result_folds_into_records():
     text = output.table(result_of(WIDE), width=60)
     assert text.count("─[ row ") == 3 and "-c/--columns" in text.splitlines()[-1]
     block = text.split("─[ row 2 ]")[1].split("─[ row 3 ]")[0]
-    assert re.search(r"\ncomm_ns +792.4 ms\n", block) and re.search(r"\npeak_allocated_bytes +3 KiB\n", block)
+    assert re.search(r"\ncomm_s +0.792\n", block) and re.search(r"\npeak_allocated_KiB +3.000\n", block)
 
 
 def test_headers_break_after_underscores_before_folding():
@@ -180,7 +213,7 @@ def test_cli_columns_and_raw_formats(ingested):
     table = run_cli("query", "overlap", run, "-c", "rank,*_pct,comm_ns", columns=100)
     assert table.exit_code == 0, table.output
     lines = table.output.splitlines()
-    assert lines[0].split() == ["rank", "overlap_pct", "comm_ns"] and "396.2 ms" in lines[2]
+    assert lines[0].split() == ["rank", "overlap_pct", "comm_ms"] and lines[2].split() == ["0", "14.95", "396.2"]
     assert run_cli("query", "overlap", run, "-f", "csv", "-c", "comm_ns").output == "comm_ns\n396199000\n379053000\n"
     bad = run_cli("query", "overlap", run, "-c", "nope")
     assert bad.exit_code == 1 and bad.output.startswith("Error: --columns: no column 'nope'")
@@ -201,10 +234,9 @@ def test_roofline_is_readable_in_100_columns(ingested):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert max(len(line) for line in lines) <= 100
-    columns = queries.find("roofline").columns
     first = result.output.split("─[ row 2 ]")[0]
-    assert all(any(line.startswith(name + " ") for line in first.splitlines()) for name, _, _ in columns)
-    assert " ms" in first or " µs" in first
+    labels = [line.split()[0] for line in first.splitlines()[1:]]
+    assert len(labels) == len(queries.find("roofline").columns) and "device_us" in labels or "device_ms" in labels
 
 
 def test_csv_of_shapes_is_one_line_per_row(ingested):
@@ -220,7 +252,33 @@ def test_csv_of_shapes_is_one_line_per_row(ingested):
 def test_shell_prints_tables(ingested):
     result = CliRunner(env={"COLUMNS": "80"}).invoke(
         cli.main, ["shell", str(ingested(TRACE_FILTER))], input="SELECT sum(dur) AS dur FROM slices WHERE rank = 0;\n")
-    assert result.exit_code == 0 and "(1 row)" in result.output and " s\n" in result.output, result.output
+    assert result.exit_code == 0 and "(1 row)" in result.output and result.output.startswith("dur_s\n"), result.output
+
+
+def test_help_lists_each_command_on_one_uncut_line():
+    """Issue 24: the command list cut `query`'s line at "e.g." (click's first-sentence short help)."""
+    text = run_cli("--help", columns=80).output
+    listed = text.split("Commands:\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in listed] == sorted(cli.main.commands)  # one line each, none wrapped
+    assert all(len(line) <= 80 and not line.endswith("...") for line in listed), listed
+    assert any(line.split()[0] == "query" and "(e.g. overlap) or your .sql file on a run." in line for line in listed)
+
+
+def test_help_examples_do_not_wrap():
+    """Issue 24: `query --help`'s example wrapped at 80 columns, so a copy-paste broke it: every command's example
+    is printed on one line whatever the width."""
+    for name, command in cli.main.commands.items():
+        examples = [line.strip() for line in (command.help or "").splitlines() if line.strip().startswith("tracesql ")]
+        text = run_cli(name, "--help", columns=60).output
+        assert all(f"\n      {example}\n" in text for example in examples), (name, examples, text)
+    assert "-c rank,step,*_pct\n" in run_cli("query", "--help", columns=60).output
+
+
+def test_queries_are_listed_aligned():
+    """Issue 24: `collective_stragglers` (21 characters) pushed its title out of the column."""
+    lines = run_cli("queries").output.splitlines()
+    starts = {len(line) - len(line.split(None, 1)[1]) for line in lines}
+    assert len(lines) == len(queries.catalogue()) and len(starts) == 1
 
 
 # ---- fixed cost ----

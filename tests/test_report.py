@@ -170,6 +170,23 @@ def test_report_files(gloo_report):
     assert page.count('<div class="chart"') >= 3
 
 
+def test_regression_names_the_straggler_and_signs_the_parts_of_the_change(gloo_report):
+    """Issue 24: "share of the change" ran from -69 % to +39 % next to a +151 % regression with nothing saying of
+    what; and the straggler rank was not named. Now the level's total change per rank is stated (the sum of every
+    op's change, from the diff's json), each row's part of it is signed, and the straggler is the rank the
+    dataset's generator slowed down (rank 2 sleeps 5 ms before each collective)."""
+    tmp, _ = gloo_report
+    summary = (tmp / "report" / "summary.md").read_text()
+    page = (tmp / "report" / "index.html").read_text()
+    every = pd.DataFrame(json.loads(cli("diff", GLOO2, GLOO4, "-f", "json", "--top", "500").output))
+    total = f"+{every.delta_ns.sum() / 1e6:.3f} ms"
+    assert f"Total change per rank: ops (host self time) {total}. Each row: its change Δ and its part" in summary
+    assert "| op | aten::mm | changed | 33 → 33 | 4.297 ms → 0.681 ms | −3.616 ms | −69 % |" in summary
+    assert "| op | c10d::allgather\\_ | changed | 3 → 3 | 0.158 ms → 2.206 ms | +2.048 ms | +39 % |" in summary
+    straggler = "Straggler: rank 2, last to start at 23 of 27 collectives (by chance 1 in 4)"
+    assert straggler in summary and straggler in page and total in page
+
+
 def test_run_against_itself_passes_every_change_gate(tmp_path):
     result = cli("report", GLOO2, "-o", tmp_path / "r", "--baseline", GLOO2, "--fail-on", "step_time_p50>+0%",
                  "--fail-on", "peak_memory>+0B")
@@ -397,13 +414,25 @@ def test_new_runs_in_the_folder_are_ingested_once(tmp_path):
     assert len(again) == 2 and again[1] != first
 
 
-def test_diff_table_names_the_runs_once(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # wide enough for one line per row
-    result = cli("diff", GLOO2, GLOO4, "--top", "1")
+@pytest.mark.parametrize("width", [80, 120])
+def test_diff_table_is_a_line_per_name_that_fits(monkeypatch, width):
+    """Issue 24: `tracesql diff` on the two gloo runs printed 302 lines at 120 columns (a block per row). Now the
+    runs once on top, then per level its total change and a table, a line per name, within the width; the total is
+    the sum of every op's change (the json, all names), the rows are the top 20 by impact."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    result = cli("diff", GLOO2, GLOO4)
     lines = result.output.splitlines()
-    assert result.exit_code == 0 and lines[0] == "torch_gloo_2rank -> torch_gloo_4rank_straggler: per rank, " \
-                                                 "largest change first"
-    assert "before_run" not in result.output and " aten::mm " in result.output and lines[-1] == "(1 row)"  # CPU-only runs: ops only
+    assert result.exit_code == 0 and lines[0].startswith("torch_gloo_2rank -> torch_gloo_4rank_straggler: ")
+    assert max(len(line) for line in lines) <= width and len(lines) <= 30 and "─[ row" not in result.output
+    every = pd.DataFrame(json.loads(cli("diff", GLOO2, GLOO4, "-f", "json", "--top", "500").output))
+    total_ms = every.delta_ns.sum() / 1e6
+    assert f"ops: host self time, total change +{total_ms:.3f} ms per rank" in lines, lines[:6]
+    rule = next(i for i, line in enumerate(lines) if line.startswith("──"))
+    first = lines[rule + 1].split()  # delta_ms, delta_pct, share_pct, before_ms, after_ms, calls, name
+    mm = every.iloc[0]
+    assert first == [f"{mm.delta_ns / 1e6:.3f}", f"{mm.delta_pct:.0f}", f"{100 * mm.share_of_change:.1f}",
+                     f"{mm.before_ns / 1e6:.3f}", f"{mm.after_ns / 1e6:.3f}", "33", "aten::mm"]
+    assert lines[-1] == "(20 rows)" and "before_run" not in result.output
 
 
 # ---------------------------------------------------------------- pictures: heatmaps, Perfetto traces, grouped sessions

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from .errors import OlderSchemaWarning, TraceError
+from .errors import OlderSchemaWarning, TraceError, install_extra
 from .version import __version__
 
 FORMATS = ("table", "csv", "json", "markdown", "parquet")  # output.FORMATS (a test checks)
@@ -124,7 +124,7 @@ def main():
     """ML profiler traces as SQL: ingest traces into Parquet tables, then query them."""
 
 
-@main.command()
+@main.command(short_help="Read traces (files, folders, archives) into a run folder.")
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path), help="Run folder to write.")
 @click.option("--rank", type=click.IntRange(0, 2**31 - 1),
@@ -151,6 +151,7 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, s
 
     Example:
 
+    \b
         tracesql ingest traces/run-1234/ -o runs/1234/
     """
     from . import api
@@ -189,12 +190,12 @@ COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-sep
                 "'rank,step,*_ns').")
 
 
-@main.command()
+@main.command(short_help="Run a curated query (e.g. overlap) or your .sql file on a run.")
 @click.argument("query")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("-p", "--param", "params", multiple=True, metavar="NAME=VALUE", help="Query parameter (repeatable).")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-              help="table: for people (fits the terminal, human units); the others keep raw values.")
+              help="table: for people (fits the terminal, one unit per column); the others keep raw values.")
 @click.option("-c", "--columns", metavar="NAMES", help=COLUMNS_HELP)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
@@ -208,10 +209,12 @@ def query(query, target, params, fmt, columns, output, engine, master, sandbox):
     TARGET is a run folder, a folder of runs, or raw traces (ingested on the fly into a cache).
 
     The table format fits the terminal (a block per row when the columns do not fit: pick some with -c) and
-    shows durations and sizes in human units; csv, json, markdown and parquet keep the raw integers.
+    shows each duration or size column in one unit, named in its header (comm_ns in ms is headed comm_ms); csv,
+    json, markdown and parquet keep the raw integers.
 
     Example:
 
+    \b
         tracesql query overlap runs/1234/ --param class_scheme=hta -c rank,step,*_pct
     """
     from . import queries
@@ -270,16 +273,18 @@ def _emit(rel, fmt: str, out: Path | None, columns: list[str] | None = None) -> 
     return _show().write(rel, fmt, out, columns, echo=lambda text: click.echo(text, nl=False))
 
 
-@main.command(name="queries")
+@main.command(name="queries", short_help="List the curated queries, one line each.")
 def list_queries():
     """List the curated queries, one line each."""
     from . import queries
 
-    for q in queries.catalogue():
-        click.echo(f"{q.name:20s} {q.title}")
+    catalogue = queries.catalogue()
+    width = max(len(q.name) for q in catalogue)
+    for q in catalogue:
+        click.echo(f"{q.name:{width}s}  {q.title}")
 
 
-@main.command(name="schema")
+@main.command(name="schema", short_help="The tables and what each column means.")
 @click.argument("table", required=False)
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown"]), default="text", show_default=True)
 def schema_cmd(table, fmt):
@@ -307,7 +312,7 @@ def _time(ns: int) -> str:
     return f"{ns:,} ns"
 
 
-@main.command(name="info")
+@main.command(name="info", short_help="What a run holds: sources, ranks, rows, time span, warnings.")
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one object, for programs (its JSON Schema is in the docs).")
@@ -318,6 +323,7 @@ def info_cmd(run, fmt):
 
     Example:
 
+    \b
         tracesql info runs/1234/
     """
     from . import info as run_info
@@ -350,7 +356,7 @@ def info_cmd(run, fmt):
                    f"{w['message']}" + (f" (e.g. {w['example'][:80]})" if w["example"] else ""))
 
 
-@main.command()
+@main.command(short_help="Check a run's files against its manifest's checksums.")
 @click.argument("run", type=click.Path(path_type=Path))
 @_errors_as_messages
 def verify(run):
@@ -359,17 +365,17 @@ def verify(run):
 
     Example:
 
+    \b
         tracesql verify runs/1234/
     """
     from . import store
 
-    if not store.is_run(run):
-        raise TraceError(run, f"not a tracesql run (no {store.MANIFEST}); `tracesql ingest` makes one")
+    store.require_run(run)
     checked = store.verify(run)
     click.echo(f"{run}: ok — {checked['files']} files, {checked['bytes']:,} bytes match the manifest's checksums")
 
 
-@main.command()
+@main.command(short_help="Interactive SQL on a run (or SQL piped on standard input).")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("--sandbox", is_flag=True, help=SANDBOX_HELP)
 @_errors_as_messages
@@ -377,11 +383,13 @@ def shell(target, sandbox):
     """An interactive SQL session on a run: the tables are views and the functions exist.
 
     End each statement with `;`. `.tables` lists the tables, `.quit` leaves. SQL piped on standard input runs
-    without prompts. Without --sandbox the session is DuckDB's, unrestricted: its SQL reads and writes any file
-    you can (COPY ... TO, read_text), as a shell does.
+    without prompts; a statement that fails is reported and the next ones still run, and the exit status is 1
+    if any failed (or the input ended inside a statement), so a script can tell. Without --sandbox the session is
+    DuckDB's, unrestricted: its SQL reads and writes any file you can (COPY ... TO, read_text), as a shell does.
 
     Example:
 
+    \b
         tracesql shell runs/1234/
     """
     import duckdb
@@ -401,6 +409,7 @@ def shell(target, sandbox):
         click.echo(f"tracesql {__version__} — tables: {', '.join(schema.TABLES)}. End statements with ';', .quit to leave."
                    + (" Sandbox: the run's tables only, no files, no SET." if sandbox else ""))
     buffer = ""
+    failed = False
     while True:
         try:
             line = input("tracesql> " if not buffer else "     ...> ") if interactive else sys.stdin.readline()
@@ -419,17 +428,25 @@ def shell(target, sandbox):
             continue
         sql, buffer = buffer, ""
         try:
-            for st in con.extract_statements(sql):
-                rel = con.sql(st.query)  # None for statements without a result (SET, CREATE, ...)
+            statements = [st.query for st in con.extract_statements(sql)]
+        except duckdb.Error:  # a syntax error: run the chunk whole, for DuckDB's message
+            statements = [sql]
+        for st in statements:  # each on its own: one that fails does not skip the rest of its line
+            try:
+                rel = con.sql(st)  # None for statements without a result (SET, CREATE, ...)
                 if rel is not None:
                     click.echo(_show().table(_show().Result.of(rel)), nl=False)
-        except duckdb.Error as e:
-            click.echo(f"Error: {str(e).strip().splitlines()[0]}", err=True)
+            except duckdb.Error as e:
+                click.echo(f"Error: {str(e).strip().splitlines()[0]}", err=True)
+                failed = True
     if buffer.strip():
         click.echo("Error: statement not terminated with ';'", err=True)
+        failed = True
+    if failed and not interactive:
+        sys.exit(1)
 
 
-@main.command()
+@main.command(short_help="HTML report, Markdown summary, metrics and CI gates over many runs.")
 @click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=Path("report"), show_default=True,
               help="Folder for index.html, summary.md, metrics.json, metrics.parquet.")
@@ -457,6 +474,7 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
 
     Example:
 
+    \b
         tracesql report ci-runs/ --baseline ci-runs/main --fail-on "step_time_p50>+5%" -o report/
     """
     try:
@@ -464,7 +482,7 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
         from .report import render  # noqa: F401  (jinja2 and plotly: the [report] extra)
         import plotly  # noqa: F401
     except ImportError as e:
-        raise click.ClickException(f"the report needs the [report] extra: pip install 'tracesql-ml[report]' ({e})")
+        raise click.ClickException(f"the report needs the [report] extra: {install_extra('report')} ({e})")
     mfu_params = {k: v for k, v in (("model_flops_per_step", model_flops), ("params", n_params),
                                     ("tokens_per_step", tokens_per_step)) if v is not None}
     result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order, gate_runs=gate_runs,
@@ -483,12 +501,12 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
         sys.exit(3)
 
 
-@main.command()
+@main.command(short_help="What changed between two runs, kernel by kernel and op by op.")
 @click.argument("before", type=click.Path(path_type=Path))
 @click.argument("after", type=click.Path(path_type=Path))
 @click.option("--top", type=click.IntRange(1), default=20, show_default=True, help="Rows per level (kernel, op).")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-              help="table: for people (fits the terminal, human units); the others keep raw values.")
+              help="table: for people (fits the terminal, one unit per column); the others keep raw values.")
 @click.option("-c", "--columns", metavar="NAMES", help=COLUMNS_HELP)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
 @_errors_as_messages
@@ -500,6 +518,7 @@ def diff(before, after, top, fmt, columns, output):
 
     Example:
 
+    \b
         tracesql diff runs/before runs/after
     """
     from . import api, queries
@@ -510,13 +529,73 @@ def diff(before, after, top, fmt, columns, output):
     q = queries.find("diff")
     con = duckdb_engine.connect(runs, names=queries.names_used(q))
     rel = queries.run(con, q, {**params, "top": top})
+    if fmt == "table" and not columns:
+        text = _diff_table(_show().Result.of(rel), [params["before"], params["after"]])
+        if output is not None:
+            output.write_text(text)
+        else:
+            click.echo(text, nl=False)
+        return
     if fmt == "table":  # the runs once on top instead of in every row
         click.echo(f"{params['before']} -> {params['after']}: per rank, largest change first")
         rel = rel.project("* EXCLUDE (before_run, after_run)")
     _emit(rel, fmt, output, _show().parse_columns(columns))
 
 
-@main.command()
+#: The diff as a person reads it: per level, the change first (time, %, part of the level's total change), then the
+#: times and calls it comes from, the name last (cut to fit the terminal, never pushing the numbers out).
+DIFF_COLUMNS = ("delta", "delta_pct", "share_pct", "before", "after", "calls", "name")
+
+
+def _diff_table(result, ids: list[str]) -> str:
+    """The diff query's rows as one compact table per level (kernels, ops) that fits the terminal: a row per
+    name, not a block per row. Times of a level are in one unit (before, after and delta compare at a glance),
+    changes signed."""
+    import textwrap
+
+    out = _show()
+    width = out.terminal_width()
+    at = {c: i for i, c in enumerate(result.columns)}
+    basis = result.rows[0][at["time_basis"]] if result.rows else "device"
+    op_time = "device time of the kernels each op launched itself" if basis == "device" else "host self time"
+    lines = textwrap.wrap(f"{ids[0]} -> {ids[1]}: time per rank, largest change first. share_pct: a row's part of "
+                          "its level's total change (negative: it went against the total)", max(width, 40))
+    for level, what in (("kernel", "kernels: device time"), ("op", f"ops: {op_time}")):
+        rows = [r for r in result.rows if r[at["level"]] == level]
+        if not rows:
+            continue
+        total = rows[0][at["level_delta_ns"]]
+        lines.append(f"\n{what}, total change {_signed(out.duration(total), total)} per rank")
+        times = ("delta_ns", "before_ns", "after_ns")
+        unit = out.column_unit("delta_ns", [r[at[c]] for r in rows for c in times])
+        cells = [(_signed(unit.text(r[at["delta_ns"]]), r[at["delta_ns"]]),
+                  _percent(r[at["delta_pct"]], 0), _percent(r[at["share_of_change"]], 1, scale=100),
+                  unit.text(r[at["before_ns"]]), unit.text(r[at["after_ns"]]),
+                  _calls(r[at["before_count"]], r[at["after_count"]]), r[at["name"]]) for r in rows]
+        headers = [f"{c}_{unit.label}" if c in ("delta", "before", "after") else c for c in DIFF_COLUMNS]
+        types = ["DOUBLE"] * 5 + ["VARCHAR"] * 2  # the numbers as text in their unit, right-aligned
+        lines.append(out.table(out.Result(headers, types, cells), width).rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def _signed(text: str, value: float) -> str:
+    return "+" + text if value > 0 else text
+
+
+def _percent(value: float | None, decimals: int, scale: float = 1) -> str:
+    if value is None:
+        return "NULL"
+    value *= scale
+    return _signed(f"{value:.{decimals}f}", round(value, decimals))
+
+
+def _calls(before: float, after: float) -> str:
+    """Calls per rank: '33', or '426→432' when they changed."""
+    text = _show().plain
+    return text(before) if before == after else f"{text(before)}→{text(after)}"
+
+
+@main.command(short_help="One rank's step as a Perfetto trace.")
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
               help="Perfetto trace file to write (.pftrace).")
@@ -535,6 +614,7 @@ def export(run, out, rank, step, run_id, class_scheme):
 
     Example:
 
+    \b
         tracesql export runs/1234 --rank 3 --step 120 -o step120.pftrace
     """
     from .export import export as write_trace, summary

@@ -15,6 +15,11 @@ class TraceError(Exception):
         return TraceError, (self.path, self.problem)
 
 
+def install_extra(extra: str) -> str:
+    """How to install an optional extra, as the README installs tracesql: from its checkout."""
+    return f'pip install ".[{extra}]" in the tracesql checkout'
+
+
 class OlderSchemaWarning(UserWarning):
     """A run of an older schema version is read as the current one (the CLI prints it as a `Note:` line)."""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import engine, schema, store
-from .errors import OlderSchemaWarning, TraceError
+from .errors import OlderSchemaWarning
 
 
 @dataclass
@@ -31,8 +31,7 @@ def info(run) -> RunInfo:
     >>> tracesql.info.info("runs/1234").rows["slices"]        # doctest: +SKIP
     """
     run = Path(run)
-    if not store.is_run(run):
-        raise TraceError(run, f"not a tracesql run (no {store.MANIFEST}); `tracesql ingest` makes one")
+    store.require_run(run)
     manifest = store.load_manifest(run)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OlderSchemaWarning)  # said once, in `note`

@@ -1,10 +1,12 @@
 """Query results as text and files: a table that fits the terminal, Markdown, CSV, JSON, Parquet.
 
-Only `table` is for people: it shows durations (`*_ns`, `dur` columns) and sizes (`*_bytes`) in human units, right-
-aligns numbers, and fits the terminal's width ($COLUMNS, else the terminal's, else 120): a result too wide for it
+Only `table` is for people: it shows durations (`*_ns`, `dur` columns), sizes (`*_bytes`) and rates (`*_per_s`)
+in one unit per column, named in the header (`comm_ns` shown in ms is headed `comm_ms`), right-aligns numbers, and
+fits the terminal's width ($COLUMNS, else the terminal's, else 120): a result too wide for it
 is shown as one block per row (a record view: a line per column), unless `--columns` picks fewer columns. CSV, JSON
 and Parquet keep the raw values (integer nanoseconds and bytes); lists and structs become JSON text in CSV.
-Markdown keeps the raw values too, escaped for a table cell.
+Markdown keeps the raw values too, escaped for a table cell; numbers that are not integers have four significant
+digits, never an exponent.
 
 Nothing here needs pandas: rows come from DuckDB as Python values (`fetchall`), Parquet is written by DuckDB.
 """
@@ -91,43 +93,17 @@ def _quote_ident(name: str) -> str:
 
 # ---- units (table only) ----
 
+#: A column's unit: (the scale in the stored unit, its label in the header), largest first. Durations are integer
+#: ns, sizes bytes (IEC prefixes, as memory is counted), rates per second (decimal prefixes, as peaks are quoted).
+TIME_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "us"), (1, "ns"))
+BYTE_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+FLOP_RATE_UNITS = ((1e15, "pflops"), (1e12, "tflops"), (1e9, "gflops"), (1e6, "mflops"), (1e3, "kflops"),
+                   (1, "flops"))
+BYTE_RATE_UNITS = ((1e12, "tb"), (1e9, "gb"), (1e6, "mb"), (1e3, "kb"), (1, "bytes"))
+
+
 def is_duration(column: str) -> bool:
     return column == "dur" or (column.endswith("_ns") and not column.endswith(ABSOLUTE_NS))
-
-
-def human_ns(v: float) -> str:
-    """396199000 -> '396.2 ms'; 850 -> '850 ns'; -12300 -> '-12.3 µs'."""
-    a = abs(v)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if a >= scale:
-            return f"{_sig(v / scale)} {unit}"
-    return f"{v:.0f} ns" if float(v).is_integer() or a >= 10 else f"{v:.3g} ns"
-
-
-def human_bytes(v: float) -> str:
-    """1536 -> '1.5 KiB'; 3 -> '3 B' (IEC units, as memory is counted)."""
-    a = abs(v)
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if a >= scale:
-            return f"{_sig(v / scale)} {unit}"
-    return f"{v:.0f} B"
-
-
-def human_rate(v: float, unit: str) -> str:
-    """1.5e12 FLOP/s -> '1.5 TFLOP/s' (decimal prefixes, as peaks and bandwidths are quoted)."""
-    a = abs(v)
-    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if a >= scale:
-            return f"{_sig(v / scale)} {prefix}{unit}"
-    return f"{_sig(v)} {unit}"
-
-
-def _sig(x: float) -> str:
-    """Four significant digits at most, without trailing zeros: 396.199 -> '396.2', 12.0 -> '12'."""
-    a = abs(x)
-    digits = 0 if a >= 1000 else 1 if a >= 100 else 2 if a >= 10 else 3
-    text = f"{x:.{digits}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def unit(column: str) -> str | None:
@@ -144,17 +120,69 @@ def unit(column: str) -> str | None:
     return "FLOP" if column == "flops" else None
 
 
-def _unit_of(column: str):
-    """How the table shows a numeric column's values (None: as a plain number)."""
+def _units_and_stem(column: str) -> tuple[tuple, str, str] | None:
+    """(the units a column can be shown in, the header before the unit, the header after it), None for a
+    plain number: 'comm_ns' -> (TIME_UNITS, 'comm_', ''), 'link_bytes_per_s' -> (BYTE_RATE_UNITS, 'link_',
+    '_per_s')."""
     if is_duration(column):
-        return human_ns
+        return TIME_UNITS, ("dur_" if column == "dur" else column[:-2]), ""
+    for suffix, units in (("_flops_per_s", FLOP_RATE_UNITS), ("_bytes_per_s", BYTE_RATE_UNITS)):
+        if column.endswith(suffix):
+            return units, column[: -len(suffix) + 1], "_per_s"
     if column.endswith("_bytes"):
-        return human_bytes
-    if column.endswith("_flops_per_s"):
-        return lambda v: human_rate(v, "FLOP/s")
-    if column.endswith("_bytes_per_s"):
-        return lambda v: human_rate(v, "B/s")
+        return BYTE_UNITS, column[:-5], ""
     return None
+
+
+@dataclass
+class ColumnUnit:
+    """One unit for a whole column, so that its values compare at a glance and align on the decimal point: the
+    largest unit its largest value reaches, with the decimals that give that value four significant digits; the
+    header names the unit (`comm_ns` shown in ms is headed `comm_ms`)."""
+
+    header: str
+    label: str  # the unit: 'ms', 'MiB', 'tflops'
+    scale: float
+    decimals: int
+
+    def text(self, v) -> str:
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(self.text(x) for x in v) + "]"
+        if not _is_number(v):
+            return plain(v)
+        v = float(v)
+        if math.isnan(v) or math.isinf(v):
+            return str(v)
+        text = f"{v / self.scale:.{self.decimals}f}"
+        return text[1:] if text.startswith("-") and not text.strip("-0.") else text  # no "-0.000"
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, decimal.Decimal)) and not isinstance(v, bool)
+
+
+def column_unit(column: str, values: list) -> ColumnUnit | None:
+    """The unit the table shows `column` in, from its values (None: a plain number, shown as it is)."""
+    found = _units_and_stem(column)
+    if found is None:
+        return None
+    units, stem, tail = found
+    numbers = [abs(float(x)) for v in values for x in (v if isinstance(v, (list, tuple)) else [v])
+               if _is_number(x) and math.isfinite(float(x))]
+    largest = max(numbers, default=0.0)
+    scale, label = next(((s, u) for s, u in units if largest >= s), units[-1])
+    in_unit = largest / scale
+    if scale == 1 and all(float(x).is_integer() for x in numbers):
+        decimals = 0  # whole ns or bytes as they are
+    else:
+        decimals = 0 if in_unit >= 1000 else 1 if in_unit >= 100 else 2 if in_unit >= 10 else 3
+    return ColumnUnit(stem + label + tail, label, scale, decimals)
+
+
+def duration(ns: float) -> str:
+    """One duration in the unit it reaches, for a sentence: 5265000 -> '5.265 ms'."""
+    unit = column_unit("dur", [ns])
+    return f"{unit.text(ns)} {unit.label}"
 
 
 # ---- cells ----
@@ -174,21 +202,21 @@ def plain(v) -> str:
             return str(v)
         if v.is_integer() and abs(v) < 1e15:
             return str(int(v))
-        return f"{v:.4g}"
+        return _significant(v)
     if isinstance(v, (list, tuple, dict)):
         return json_text(v)
     return str(v)
 
 
-def _human(v, unit) -> str:
-    if unit is None or v is None or isinstance(v, bool) or not isinstance(v, (int, float, decimal.Decimal)):
-        if isinstance(v, (list, tuple)) and unit is not None:
-            return "[" + ", ".join(_human(x, unit) for x in v) + "]"
-        return plain(v)
-    v = float(v) if isinstance(v, decimal.Decimal) else v
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return str(v)
-    return unit(v)
+def _significant(v: float) -> str:
+    """Four significant digits in plain notation, never an exponent, so that a row reads one way: 0.14953 ->
+    '0.1495', 86410000.7 -> '86410001', 1.5e-05 -> '0.000015'."""
+    a = abs(v)
+    if a >= 1000:
+        return str(round(v))
+    decimals = 3 - math.floor(math.log10(a)) if a > 0 else 0
+    text = f"{v:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _clip(text: str, width: int) -> str:
@@ -214,19 +242,21 @@ def terminal_width() -> int:
 def table(result: Result, width: int | None = None) -> str:
     """The result for a terminal of `width` characters: a table, or one block per row when it cannot fit."""
     width = width or terminal_width()
-    units = [_unit_of(c) for c in result.columns]
-    cells = [[_human(v, unit) for v, unit in zip(row, units)] for row in result.rows]
     right = [_numeric(t) for t in result.types]
+    units = [column_unit(c, [row[i] for row in result.rows]) if right[i] or t.upper().endswith("[]") else None
+             for i, (c, t) in enumerate(zip(result.columns, result.types))]
+    headers = [u.header if u else c for c, u in zip(result.columns, units)]
+    cells = [[u.text(v) if u else plain(v) for v, u in zip(row, units)] for row in result.rows]
     n = len(result.rows)
     footer = f"({n} row{'s' if n != 1 else ''})"
     if not result.columns:
         return footer + "\n"
-    widths = _fit(result.columns, cells, right, width)
+    widths = _fit(headers, cells, right, width)
     if widths is not None:
-        return _horizontal(result.columns, cells, right, widths) + footer + "\n"
+        return _horizontal(headers, cells, right, widths) + footer + "\n"
     footer = (f"({n} row{'s' if n != 1 else ''}; {len(result.columns)} columns are wider than {width} characters: "
               "a block per row; -c/--columns picks columns)")
-    return _records(result.columns, cells, width) + "\n".join(textwrap.wrap(footer, max(width, 20))) + "\n"
+    return _records(headers, cells, width) + "\n".join(textwrap.wrap(footer, max(width, 20))) + "\n"
 
 
 def _header_pieces(name: str) -> list[str]:

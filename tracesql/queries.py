@@ -116,6 +116,12 @@ class Query:
     def sql(self) -> str:
         return self.path.read_text()
 
+    @property
+    def label(self) -> str:
+        """How messages name the query: a curated one by its name (not the installed file's path), the user's file
+        by its path."""
+        return self.name if self.path.parent == queries_dir() else str(self.path)
+
 
 def parse(path: Path) -> Query:
     text = path.read_text()
@@ -159,8 +165,12 @@ def find(name_or_path) -> Query:
     path = Path(text)
     if path.is_file():
         return parse(path)
-    known = ", ".join(q.name for q in catalogue())
-    raise TraceError(text, f"no such query file or curated query (curated: {known})")
+    import difflib  # only for this message: the command's start-up stays light
+
+    names = [q.name for q in catalogue()]
+    close = difflib.get_close_matches(Path(text).stem, names, n=3)
+    hint = f"did you mean {' or '.join(close)}?" if close else f"`tracesql queries` lists the {len(names)} curated ones"
+    raise TraceError(text, f"no such query file or curated query ({hint})")
 
 
 def literal(value) -> str:
@@ -181,11 +191,11 @@ def check(query: Query, params: dict | None = None) -> dict:
     unknown = sorted(set(params) - set(query.params))
     if unknown:
         known = ", ".join(query.params) or "none"
-        raise TraceError(query.path, f"unknown parameter {', '.join(unknown)} (this query takes: {known})")
+        raise TraceError(query.label, f"unknown parameter {', '.join(unknown)} (this query takes: {known})")
     for name, value in params.items():
         problem = query.params[name].check(value)
         if problem:
-            raise TraceError(query.path, f"parameter {name} = {value!r} {problem}")
+            raise TraceError(query.label, f"parameter {name} = {value!r} {problem}")
     return params
 
 
@@ -202,7 +212,7 @@ def run(con, query: Query, params: dict | None = None):
         con.execute(f"SET VARIABLE {name} = {value}").fetchall()
     statements = con.extract_statements(query.sql)
     if not statements:
-        raise TraceError(query.path, "the file has no SQL statement")
+        raise TraceError(query.label, "the file has no SQL statement")
     for st in statements[:-1]:
         con.execute(st.query).fetchall()
     # computed once into a temporary table: a relation over the query itself binds it twice (to make the relation,

@@ -20,14 +20,14 @@ import warnings
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from .errors import TraceError
+from .errors import TraceError, install_extra
 
 try:
     import pyspark  # noqa: F401
     import sqlglot  # noqa: F401
 except ImportError as missing:
     raise TraceError("--engine spark",
-                     f"needs {missing.name}: pip install 'tracesql-ml[spark]' (and Java 17 or 21)") from None
+                     f"needs {missing.name}: {install_extra('spark')} (and Java 17 or 21)") from None
 
 from . import db, engine, functions, queries, schema, store, transpile  # noqa: E402
 
@@ -251,7 +251,7 @@ def run(spark, query: queries.Query, params: dict | None = None):
     try:
         return sql(spark, query.sql, queries.variables(query, params))
     except transpile.Untranspilable as e:
-        raise TraceError(query.path, f"cannot run on Spark: {e}") from None
+        raise TraceError(query.label, f"cannot run on Spark: {e}") from None
 
 
 def to_arrow(df):

@@ -65,6 +65,14 @@ def is_run(path: Path) -> bool:
     return (path / MANIFEST).is_file()
 
 
+def require_run(path: Path) -> None:
+    """Refuse a path that is not a run folder, in the words the other commands use for a missing one."""
+    if not Path(path).exists():
+        raise TraceError(path, "no such file or folder")
+    if not is_run(Path(path)):
+        raise TraceError(path, f"not a tracesql run (no {MANIFEST}); `tracesql ingest` makes one")
+
+
 def _sibling(out: Path, what: str) -> Path:
     """A hidden path beside the run (staging, lock, extraction): never listed as a run or read as traces."""
     return out.parent / f".{out.name}.{what}"

@@ -67,6 +67,7 @@ class Regression:
     run_id: str
     changes: list[tuple[str, str]]  # (metric, change as read: '+12.3 %', '-11.00 pp') that got worse
     diff: pd.DataFrame | None = None  # the diff query, baseline -> run
+    straggler: dict | None = None  # its collective_stragglers row of the rank most often last, when it stands out
 
 
 @dataclass
@@ -103,6 +104,18 @@ class Report:
         from .render import write
 
         return write(self, Path(out))
+
+
+def _straggler(ranks: pd.DataFrame) -> dict | None:
+    """The rank most often last at the run's collectives, when it is last at least twice as often as its fair
+    share (1 / ranks): a straggler, not chance."""
+    if len(ranks) < 2:
+        return None
+    top = ranks.sort_values("straggler_rank").iloc[0]
+    if top.last_share < 2 / len(ranks):
+        return None
+    return {"rank": int(top["rank"]), "times_last": int(top.times_last), "instances": int(top.instances),
+            "ranks": len(ranks), "mean_lateness_ns": float(top.mean_lateness_ns)}
 
 
 def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs: str = "latest",
@@ -165,6 +178,9 @@ def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs:
         try:
             for reg in explained:
                 reg.diff = queries.run(con, diff, {"before": base_id, "after": reg.run_id, "top": top}).df()
+            stragglers = queries.run(con, queries.find("collective_stragglers")).df()
+            for reg in explained:
+                reg.straggler = _straggler(stragglers[stragglers.run_id == reg.run_id])
         finally:
             con.close()
 

@@ -70,13 +70,44 @@ def _fmt_ns(ns) -> str:
     return f"{ns / 1e6:,.3f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:,.1f} µs"
 
 
+def _signed_ns(ns) -> str:
+    return ("+" if ns >= 0 else "−") + _fmt_ns(abs(ns))
+
+
+def _signed_share(share) -> str:
+    """A row's part of its level's total change, signed: '+39 %' adds to it, '−69 %' went the other way."""
+    if pd.isna(share):
+        return "–"
+    return ("+" if share >= 0 else "−") + f"{abs(share) * 100:.0f} %"
+
+
+def diff_summary(diff: pd.DataFrame) -> str:
+    """What the diff table's shares are parts of: each level's total change per rank, and how to read them."""
+    basis = diff.time_basis.iloc[0]
+    op_time = "device time of the kernels each launched" if basis == "device" else "host self time"
+    totals = [f"{what} {_signed_ns(diff[diff.level == level].level_delta_ns.iloc[0])}"
+              for level, what in (("kernel", "kernels (device time)"), ("op", f"ops ({op_time})"))
+              if (diff.level == level).any()]
+    return (f"Total change per rank: {', '.join(totals)}. Each row: its change Δ and its part of its level's "
+            "total (+ adds to it, − went the other way; over all names the parts add up to 100 %), largest |Δ| "
+            "first.")
+
+
+def straggler_summary(straggler: dict) -> str:
+    """'Straggler: rank 2, last to start at 23 of 27 collectives (by chance 1 in 4), 7.102 ms late on average.'"""
+    return (f"Straggler: rank {straggler['rank']}, last to start at {straggler['times_last']} of "
+            f"{straggler['instances']} collectives (by chance 1 in {straggler['ranks']}), "
+            f"{_fmt_ns(straggler['mean_lateness_ns'])} late on average (from the collective_stragglers query).")
+
+
 def html_page(report) -> str:
     import jinja2
     from plotly.offline import get_plotlyjs
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("tracesql.report", "."),
                              autoescape=True, undefined=jinja2.StrictUndefined)
-    env.filters.update(ns=_fmt_ns, metric=lambda v, name: display(name, v),
+    env.filters.update(ns=_fmt_ns, signed_ns=_signed_ns, signed_share=_signed_share,
+                       metric=lambda v, name: display(name, v),
                        pct=lambda v: "–" if pd.isna(v) else f"{v:.1f} %",
                        num=lambda v: "–" if pd.isna(v) else f"{v:,.4g}",
                        short=lambda v: v if v is None or len(str(v)) <= 160 else str(v)[:159] + "…")
@@ -94,7 +125,7 @@ def html_page(report) -> str:
         generated=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         start=lambda ns: "–" if pd.isna(ns) else datetime.datetime.fromtimestamp(
             ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-        traces={t.run_id: t for t in report.traces},
+        traces={t.run_id: t for t in report.traces}, diff_summary=diff_summary, straggler_summary=straggler_summary,
         version=__version__, diffs_shown=DIFFS_SHOWN, grammar=GATE_GRAMMAR.split("\n\n", 1)[1].strip())
 
 
@@ -134,15 +165,18 @@ def markdown(report) -> str:
             what = ", ".join(f"{m} {c}" for m, c in reg.changes) or "failed a gate"
             lines.append(f"**{md(reg.run_id)}**: {what}")
             lines.append("")
+            if reg.straggler:
+                lines += [straggler_summary(reg.straggler), ""]
             if reg.diff is not None and len(reg.diff):
-                lines.append("| level | name | status | count/rank before → after | time/rank before → after | Δ | share of change |")
+                lines += [diff_summary(reg.diff), ""]
+                lines.append("| level | name | status | count/rank before → after | time/rank before → after | Δ "
+                             "| part of the level's Δ |")
                 lines.append("|---|---|---|---:|---:|---:|---:|")
                 for level in ("kernel", "op"):
                     for d in reg.diff[reg.diff.level == level].head(5).itertuples():
-                        share = "–" if pd.isna(d.share_of_change) else f"{d.share_of_change * 100:.0f} %"
                         lines.append(f"| {level} | {md(d.name, 70)} | {d.status} | {d.before_count:,.4g} → "
                                      f"{d.after_count:,.4g} | {_fmt_ns(d.before_ns)} → {_fmt_ns(d.after_ns)} | "
-                                     f"{'+' if d.delta_ns >= 0 else '−'}{_fmt_ns(abs(d.delta_ns))} | {share} |")
+                                     f"{_signed_ns(d.delta_ns)} | {_signed_share(d.share_of_change)} |")
                 lines.append("")
     else:
         lines += [f"No regressions against {md(report.baseline)} (threshold {report.threshold:g} % / pp).", ""]
