@@ -190,3 +190,27 @@ def test_a_lone_surrogate_is_replaced_not_a_traceback(tmp_path):
     run = tmp_path / "run"
     tracesql.ingest([tmp_path], run, rank=0)
     assert tracesql.connect(run).sql("SELECT name FROM slices").fetchall() == [("a\ufffdb \U0001d11e",)]
+
+
+def test_an_early_2024_export_whose_tasks_are_all_other_keeps_its_compute(tmp_path):
+    """torch_npu 2.1 (January 2024) wrote `Task Type: "Other"` for every device task (aclnnAdd_AddAiCore_Add,
+    MEMCPY_ASYNC): operators are computing, as in the export's own Overlap Analysis "Computing" lane (before: classed
+    as sync, compute 327.6 µs of the lane's 1.788 ms, idle 97 %)."""
+    export = DATASETS / "torch_npu_2024_untyped"
+    trace = export / "ASCEND_PROFILER_OUTPUT" / "trace_view.json.gz"
+    ev = json.loads(gzip.decompress(trace.read_bytes()))
+    name = {e["pid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "process_name"}
+    lanes = [e for e in ev if e.get("ph") == "X" and name[e["pid"]] == "Overlap Analysis"]
+    computing = union((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in lanes if e["name"] == "Computing")
+    tasks = {e["args"]["Task Type"] for e in ev if e.get("ph") == "X" and name[e["pid"]] == "Ascend Hardware"}
+    assert tasks == {"Other", "AI_CPU"}
+    run = tmp_path / "run"
+    tracesql.ingest([export], run)
+    con = tracesql.connect(run)
+    kinds = dict(con.sql("SELECT kind, count(*) FROM slices WHERE device_id IS NOT NULL GROUP BY 1").fetchall())
+    assert kinds == {"kernel": 274, "memcpy": 2}
+    row = tracesql.query("temporal_breakdown", run).iloc[0]
+    # the lane writes the two AI_CPU tasks' durations rounded to 0.1 ns (188.148 for 188.14802169799805 µs): 1 ns
+    assert length(computing) == 1_788_266 and row.compute_ns == 1_788_267
+    assert row.window_ns == computing[-1][1] - computing[0][0] == 11_269_917
+    assert row.idle_ns + row.exposed_memory_ns == row.window_ns - row.compute_ns  # torch_npu's "Free", to 1 ns

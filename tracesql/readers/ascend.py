@@ -10,8 +10,9 @@ metadata; a device process's pid is `host pid << 10 | sort index << 5 | device i
   written as ';\\r\\n'-separated text), and `torch_to_npu` flows from an op to the device task it caused;
 - CANN: AscendCL / Node / Hccl / Runtime calls of the CANN stack per host thread, each with a `connection_id`;
 - Ascend Hardware: the device tasks per stream (`Task Type` AI_CORE, AI_VECTOR_CORE, MIX_AIC/AIV, AI_CPU,
-  DSA_SQE: computing; PCIE_DMA_SQE, SDMA_SQE, MEMCPY_ASYNC: copies; EVENT/NOTIFY/PLACE_HOLDER: synchronisation),
-  with the `connection_id` of the CANN call that launched them;
+  DSA_SQE: computing; PCIE_DMA_SQE, SDMA_SQE, MEMCPY_ASYNC: copies; EVENT/NOTIFY/PLACE_HOLDER: synchronisation;
+  in exports of early 2024 every task is `Other`: an operator's name is computing, a name in capitals such as
+  MEMCPY_ASYNC a runtime task), with the `connection_id` of the CANN call that launched them;
 - HCCL: per communication group the collective operations (`hcom_allReduce__586_0_1`, thread 'Group N
   Communication') and their tasks on planes (transfers, notifies: the detail of the operation);
 - Overlap Analysis: torch_npu's own Computing / Communication / Communication(Not Overlapped) / Free lanes;
@@ -54,7 +55,14 @@ COMPANIONS = re.compile(r"^(communication(_matrix)?|profiler_info(_\d+)?|profile
                         r"(_matrix)?)\.json$")
 
 _COMPUTE_TASKS = {"AI_CORE", "AI_VECTOR_CORE", "AIV", "AIC", "MIX_AIC", "MIX_AIV", "AI_CPU", "DSA_SQE",
-                  "FFTS_PLUS", "AIV_SQE", "AIC_SQE", "AI_CPU_SQE"}
+                  "FFTS_PLUS", "AIV_SQE", "AIC_SQE", "AI_CPU_SQE",
+                  # msprof's names in the .db export (and CANN 8's timeline): KERNEL_AICORE, KERNEL_AIVEC, ...
+                  "KERNEL_AICORE", "KERNEL_AIVEC", "KERNEL_MIX_AIC", "KERNEL_MIX_AIV", "KERNEL_AICPU"}
+#: Task Type of every task in exports of early 2024 (torch_npu 2.1 with CANN 7): an operator's task then carries the
+#: operator's name (aclnnAdd_AddAiCore_Add, Conv2D1), a runtime task its type in capitals (MEMCPY_ASYNC,
+#: EVENT_RECORD), which is how torch_npu's own Overlap Analysis "Computing" lane of such an export tells them apart
+_UNTYPED_TASK = "Other"
+_RUNTIME_TASK_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 _COPY_TASKS = {"PCIE_DMA_SQE", "SDMA_SQE", "MEMCPY_ASYNC", "MEMCPY", "SDMA"}
 _KINDS = {"cpu_op": "cpu_op", "python_function": "python_function", "user_annotation": "user_annotation",
           "gpu_user_annotation": "gpu_annotation", "enqueue": "other", "dequeue": "other"}
@@ -392,7 +400,8 @@ class _Rows:
                     stream = tid if stream is None else stream
                     if (device, stream) in self.comm_streams:  # the hardware tasks of an HCCL operation: its detail
                         kind, category = "gpu_annotation", "hccl_task"
-                    elif task in _COMPUTE_TASKS:
+                    elif task in _COMPUTE_TASKS or (task == _UNTYPED_TASK
+                                                    and not _RUNTIME_TASK_NAME.fullmatch(name or "")):
                         kind, category = "kernel", "ascend_hardware"
                     elif task in _COPY_TASKS or name in _COPY_TASKS:
                         kind, category = "memcpy", "ascend_hardware"
