@@ -5,14 +5,16 @@
 -- blocks; 0 on the CPU, which has no caching allocator). The totals include memory allocated before the profiler
 -- started, so the peak is the device's real peak within the profiled window, not only what the window allocated.
 -- peak_*_ts is the first event at which the peak was reached; peak_op the op that allocated there.
+-- A device with several allocators or components (XPlane's, torch_npu's PTA / GE / APP) has a row for each.
 -- memory_curve gives the curves over time, memory_ops the ops that allocated most.
 --
--- Needs: allocator events (profile_memory=True)
+-- Needs: allocator events (profile_memory=True: PyTorch's [memory] events, torch_npu's memory_record.csv)
 -- Columns:
 --   run_id                VARCHAR  run
 --   rank                  INTEGER  rank
---   device_type           VARCHAR  'cpu', 'gpu' or 'other'
+--   device_type           VARCHAR  'cpu', 'gpu', 'tpu', 'npu' or 'other'
 --   device_id             INTEGER  device index (-1: host memory)
+--   allocator             VARCHAR  allocator or component (torch_npu: PTA, GE, APP, module <NAME>; NULL: not named)
 --   events                BIGINT   allocator events (allocations and frees)
 --   first_ts              BIGINT   first event, ns
 --   last_ts               BIGINT   last event, ns
@@ -31,9 +33,9 @@ WITH ordered AS (
         row_number() OVER (device ORDER BY m.ts DESC, m.memory_id DESC) AS from_last
     FROM memory m
     LEFT JOIN ops o ON o.run_id = m.run_id AND o.rank = m.rank AND o.op_id = m.op_id
-    WINDOW device AS (PARTITION BY m.run_id, m.rank, m.device_type, m.device_id)
+    WINDOW device AS (PARTITION BY m.run_id, m.rank, m.device_type, m.device_id, m.allocator)
 )
-SELECT run_id, rank, device_type, device_id, count(*) AS events, min(ts) AS first_ts, max(ts) AS last_ts,
+SELECT run_id, rank, device_type, device_id, allocator, count(*) AS events, min(ts) AS first_ts, max(ts) AS last_ts,
     max(total_allocated_bytes) AS peak_allocated_bytes,
     any_value(ts) FILTER (WHERE allocated_order = 1) AS peak_allocated_ts,
     any_value(op_name) FILTER (WHERE allocated_order = 1) AS peak_op,
@@ -42,5 +44,5 @@ SELECT run_id, rank, device_type, device_id, count(*) AS events, min(ts) AS firs
     any_value(total_allocated_bytes) FILTER (WHERE from_last = 1) AS final_allocated_bytes,
     any_value(total_reserved_bytes) FILTER (WHERE from_last = 1) AS final_reserved_bytes
 FROM ordered
-GROUP BY run_id, rank, device_type, device_id
-ORDER BY run_id, rank, device_type, device_id;
+GROUP BY run_id, rank, device_type, device_id, allocator
+ORDER BY run_id, rank, device_type, device_id, allocator;

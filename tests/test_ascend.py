@@ -9,6 +9,7 @@ import gzip
 import json
 from decimal import Decimal
 
+import pandas as pd
 import pytest
 
 import tracesql
@@ -214,3 +215,41 @@ def test_an_early_2024_export_whose_tasks_are_all_other_keeps_its_compute(tmp_pa
     assert length(computing) == 1_788_266 and row.compute_ns == 1_788_267
     assert row.window_ns == computing[-1][1] - computing[0][0] == 11_269_917
     assert row.idle_ns + row.exposed_memory_ns == row.window_ns - row.compute_ns  # torch_npu's "Free", to 1 ns
+
+
+def memory_csv(rank: int, name: str) -> list[dict]:
+    path = EXPORT / f"rank{rank}_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / f"{name}.csv.gz"
+    return list(csv.DictReader(gzip.decompress(path.read_bytes()).decode().splitlines()))
+
+
+def mib(value: str) -> int | None:
+    return int(Decimal(value) * 2**20) if value else None
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_memory_equals_torch_npus_memory_files(run, rank):
+    """memory_record.csv (profile_memory=True): PTA's peaks are the caching allocator's, GE and APP their own rows,
+    npu_module_mem.csv's modules theirs; the op at PTA's peak is operator_memory.csv's (before: no rows, and a note
+    asking for profile_memory=True, which was on)."""
+    got = tracesql.query("memory", run).query(f"rank == {rank}").set_index("allocator")
+    records = memory_csv(rank, "memory_record")
+    for component in ("PTA", "GE", "APP"):
+        rows = [r for r in records if r["Component"] == component]
+        allocated = [mib(r["Total Allocated(MB)"]) for r in rows if r["Total Allocated(MB)"]]
+        row = got.loc[component]
+        assert row.events == len(rows) and (row.device_type, row.device_id) == ("npu", rank)
+        assert row.peak_reserved_bytes == max(mib(r["Total Reserved(MB)"]) for r in rows)
+        if component == "APP":  # the process's reservation: no allocated figure
+            assert allocated == [] and pd.isna(row.peak_allocated_bytes)
+        else:
+            assert row.peak_allocated_bytes == max(allocated)
+    assert got.loc["PTA"].peak_allocated_bytes == 1_245_688_832  # 1187.9814453125 MiB, both ranks
+    peak = min((-mib(r["Total Allocated(MB)"]), ns(r["Timestamp(us)"].strip())) for r in records
+               if r["Component"] == "PTA")
+    names = {ns(r["Allocation Time(us)"].strip()): r["Name"] for r in memory_csv(rank, "operator_memory")}
+    assert got.loc["PTA"].peak_op == names[peak[1]] and got.loc["PTA"].peak_allocated_ts == peak[1]
+    modules = {}
+    for r in memory_csv(rank, "npu_module_mem"):
+        modules[r["Component"]] = max(modules.get(r["Component"], 0), mib(r["Total Reserved(MB)"]))
+    assert {a.removeprefix("module "): v for a, v in got.peak_reserved_bytes.items() if a.startswith("module ")} \
+        == {m: v for m, v in modules.items() if v}

@@ -323,8 +323,8 @@ class _Scan:
 class _Rows:
     """The second walk: each event's slice row or counter samples, with what the first gathered."""
 
-    def __init__(self, scan: _Scan, groups: dict, op_groups: dict, details: dict):
-        self.scan, self.groups, self.op_groups, self.details = scan, groups, op_groups, details
+    def __init__(self, scan: _Scan, groups: dict, op_groups: dict, details: dict, memory: list[dict]):
+        self.scan, self.groups, self.op_groups, self.details, self.memory = scan, groups, op_groups, details, memory
         hccl_streams = {(pid, stream) for pid, stream in scan.streams if scan.process.get(pid) == "HCCL"}
         self.hccl_stream_of: dict[int, set] = {}
         for pid, stream in hccl_streams:
@@ -447,6 +447,11 @@ class _Rows:
             if batch is not None:
                 yield batch
 
+        for row in self.memory:
+            self.devices.add(row["device_id"])
+            batch = out.add(row, len(row["track"]) + len(row["args"]))
+            if batch is not None:
+                yield batch
         # the framework op each task came from: a zero-length launch where its torch_to_npu flow starts
         for flow in sorted(self.launched, key=lambda f: flow_start[f][2]):
             pid, tid, ts = flow_start[flow]
@@ -494,7 +499,7 @@ def read(path: Path, threads: int | None = None):
         groups, op_groups = _communication(output, read_whole)
         details = _kernel_details(output, read_whole)
 
-        rows = _Rows(scan, groups, op_groups, details)
+        rows = _Rows(scan, groups, op_groups, details, _memory(output, read_whole))
         counters = RowBatches(pa.schema(READER_COUNTER_TYPES))
         with pa.ipc.new_stream(str(Path(scratch) / "counters.arrows"), counters.schema) as counters_out:
             # the slices go to a memory-mapped scratch file a batch at a time (it stays mapped once the folder is
@@ -635,6 +640,74 @@ def _kernel_details(output: Path, read_bytes) -> dict:
     except csv.Error:
         return {}
     return out
+
+
+#: memory_record.csv's components read into `memory`: PTA (torch_npu's caching allocator: Total Allocated is what
+#: tensors hold, Total Reserved what it holds from the device), GE (the graph engine's), APP (the process's whole
+#: reservation on the device, Total Reserved only). PTA+GE is their sum at each record, which these rows give.
+_MEMORY_COMPONENTS = ("PTA", "GE", "APP")
+_MIB = 1 << 20
+
+
+def _csv_rows(path: Path | None, read_bytes) -> list[dict]:
+    if not path:
+        return []
+    try:
+        return list(csv.DictReader(read_bytes(path).decode("utf-8", "replace").splitlines()))
+    except csv.Error:
+        return []
+
+
+def _size(value, unit: int = _MIB) -> int | None:
+    """A size as torch_npu writes them (MB: MiB, KB: KiB) -> bytes, exactly; None when blank."""
+    try:
+        return int((Decimal((value or "").strip()) * unit).to_integral_value())
+    except ArithmeticError:  # blank or not a number
+        return None
+
+
+def _npu(device) -> int | None:
+    """'NPU:3' -> 3."""
+    kind, _, index = (device or "").strip().partition(":")
+    return int(index) if kind == "NPU" and index.isdigit() else None
+
+
+def _memory(output: Path, read_bytes) -> list[dict]:
+    """The export's memory files (profile_memory=True) as allocator slices (kind 'memory'): memory_record.csv's
+    running totals of each component, each PTA record at which operator_memory.csv says an op allocated or freed
+    a block with that op and the block's size, and npu_module_mem.csv's samples of what each CANN module holds
+    (allocator 'module <NAME>'; modules that never held anything left out)."""
+    ops = {}
+    for r in _csv_rows(_companion(output, "operator_memory.csv"), read_bytes):
+        size = _size(r.get("Size(KB)"), 1 << 10)
+        for when, sign in (("Allocation Time(us)", 1), ("Release Time(us)", -1)):
+            ts = _ns((r.get(when) or "").strip() or None)
+            if ts is not None and size is not None:
+                ops[(_npu(r.get("Device Type")), ts)] = (r.get("Name"), sign * size)
+    rows = []
+
+    def add(device, ts, allocator, args):
+        if device is not None and ts is not None and abs(ts) < MAX_NS:
+            rows.append(dict(kind="memory", category="npu_memory", name="[memory]", ts=ts, dur=0, device_id=device,
+                             track=f"NPU {device} memory / {allocator}",
+                             args=_json({"Device Type": "NPU", "Device Id": device, "allocator_name": allocator,
+                                         **{k: v for k, v in args.items() if v is not None}})))
+
+    for r in _csv_rows(_companion(output, "memory_record.csv"), read_bytes):
+        component = r.get("Component")
+        if component in _MEMORY_COMPONENTS:
+            device, ts = _npu(r.get("Device Type")), _ns((r.get("Timestamp(us)") or "").strip() or None)
+            op, size = ops.get((device, ts), (None, None)) if component == "PTA" else (None, None)
+            add(device, ts, component, {"Total Allocated": _size(r.get("Total Allocated(MB)")),
+                                        "Total Reserved": _size(r.get("Total Reserved(MB)")), "Bytes": size,
+                                        "op_name": op})
+    modules = _csv_rows(_companion(output, "npu_module_mem.csv"), read_bytes)
+    held = {r.get("Component") for r in modules if _size(r.get("Total Reserved(MB)"))}
+    for r in modules:
+        if r.get("Component") in held:
+            add(_npu(r.get("Device")), _ns((r.get("Timestamp(us)") or "").strip() or None),
+                f"module {r['Component']}", {"Total Reserved": _size(r.get("Total Reserved(MB)"))})
+    return sorted(rows, key=lambda row: row["ts"])
 
 
 def _step_trace_time(output: Path, read_bytes) -> list[dict] | None:
