@@ -2,7 +2,8 @@
 --
 -- From the allocator's running totals on every `[memory]` event (profile_memory=True): `Total Allocated` is what
 -- live tensors hold, `Total Reserved` what the caching allocator holds from the device (allocated + cached free
--- blocks; 0 on the CPU, which has no caching allocator). The totals include memory allocated before the profiler
+-- blocks). A figure the trace does not give is NULL, and so is its time (reserved on the CPU, which has no
+-- caching allocator; allocated for torch_npu's APP component). The totals include memory allocated before the profiler
 -- started, so the peak is the device's real peak within the profiled window, not only what the window allocated.
 -- peak_*_ts is the first event at which the peak was reached; peak_op the op that allocated there.
 -- A device with several allocators or components (XPlane's, torch_npu's PTA / GE / APP) has a row for each.
@@ -37,10 +38,10 @@ WITH ordered AS (
 )
 SELECT run_id, rank, device_type, device_id, allocator, count(*) AS events, min(ts) AS first_ts, max(ts) AS last_ts,
     max(total_allocated_bytes) AS peak_allocated_bytes,
-    any_value(ts) FILTER (WHERE allocated_order = 1) AS peak_allocated_ts,
-    any_value(op_name) FILTER (WHERE allocated_order = 1) AS peak_op,
+    any_value(ts) FILTER (WHERE allocated_order = 1 AND total_allocated_bytes IS NOT NULL) AS peak_allocated_ts,
+    any_value(op_name) FILTER (WHERE allocated_order = 1 AND total_allocated_bytes IS NOT NULL) AS peak_op,
     max(total_reserved_bytes) AS peak_reserved_bytes,
-    any_value(ts) FILTER (WHERE reserved_order = 1) AS peak_reserved_ts,
+    any_value(ts) FILTER (WHERE reserved_order = 1 AND total_reserved_bytes IS NOT NULL) AS peak_reserved_ts,
     any_value(total_allocated_bytes) FILTER (WHERE from_last = 1) AS final_allocated_bytes,
     any_value(total_reserved_bytes) FILTER (WHERE from_last = 1) AS final_reserved_bytes
 FROM ordered

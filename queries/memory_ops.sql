@@ -44,7 +44,8 @@ WITH RECURSIVE ancestors AS (
     FROM (SELECT *, COALESCE(allocator, '') AS allocator_key FROM memory)
     WINDOW device AS (PARTITION BY run_id, rank, device_type, device_id, allocator_key)
 ), events AS (
-    SELECT *, lead(n) OVER (PARTITION BY run_id, rank, device_type, device_id, allocator_key, addr ORDER BY n) AS freed_n
+    SELECT *,
+        lead(n) OVER (PARTITION BY run_id, rank, device_type, device_id, allocator_key, addr ORDER BY n) AS freed_n
     FROM numbered
 ), peaks AS (
     SELECT run_id, rank, device_type, device_id, allocator_key, n AS peak_n FROM events WHERE allocated_order = 1

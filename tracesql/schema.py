@@ -36,7 +36,8 @@ SCHEMA_CHANGES = {
        "takes its step by its order on its stream (slices.step)",
     7: "torch_npu memory (issue 25): memory holds torch_npu's memory_record.csv / operator_memory.csv / "
        "npu_module_mem.csv (device_type 'npu', allocator = the component: PTA, GE, APP, 'module <NAME>'); the memory "
-       "queries give a row (curve) per device and allocator",
+       "queries give a row (curve) per device and allocator; total_reserved_bytes is NULL, not 0, where the trace "
+       "gives no such figure (PyTorch's CPU memory events)",
 }
 OLDEST_READABLE = 1
 
@@ -255,13 +256,14 @@ TABLES: dict[str, Table] = {
                 *_RUN_RANK,
                 ("memory_id", "BIGINT", "slice_id of the allocator event."),
                 ("ts", "BIGINT", "When, absolute ns."),
-                ("device_type", "VARCHAR", "'cpu', 'gpu', 'tpu', 'npu' or 'other' (from the event's Device Type, or the "
-                 "XPlane allocator's name)."),
+                ("device_type", "VARCHAR", "'cpu', 'gpu', 'tpu', 'npu' or 'other' (from the event's Device Type, or "
+                 "the XPlane allocator's name)."),
                 ("device_id", "INTEGER", "Device index (-1 for host memory)."),
                 ("addr", "BIGINT", "Address of the block."),
                 ("bytes", "BIGINT", "Bytes allocated (positive) or freed (negative)."),
                 ("total_allocated_bytes", "BIGINT", "Allocated bytes on the device after the event."),
-                ("total_reserved_bytes", "BIGINT", "Bytes reserved by the caching allocator after the event."),
+                ("total_reserved_bytes", "BIGINT", "Bytes reserved by the caching allocator after the event; NULL "
+                 "where the trace gives no such figure (PyTorch's CPU allocator, which has no cache)."),
                 ("pid", "BIGINT", "Host process id."),
                 ("tid", "BIGINT", "Host thread id."),
                 ("op_id", "BIGINT", "The op that was running on that thread (the allocating op)."),
