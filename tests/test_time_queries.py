@@ -189,6 +189,18 @@ def test_hotspots_fold_kernel_families_and_op_arguments(ingested):
     assert df.groupby("level").share.sum().round(9).eq(1).all()
 
 
+def test_hotspots_count_op_calls_whose_device_time_rounds_to_zero(ingested):
+    """On the TPU profile, some copy-start.1 executions last under 1 ns: each still counts as a call (before:
+    392 of its 400 calls, the others dropped as if they had no device time)."""
+    run = ingested(DATASETS / "xprof_tpu_inference")
+    ops = tracesql.query("hotspots", run, top=1000, levels="op").set_index("name")
+    events = tracesql.connect(run).sql("SELECT name, count(*), count(*) FILTER (WHERE dur = 0) FROM slices "
+                                       "WHERE kind = 'kernel' AND starts_with(name, 'copy-start') GROUP BY 1").fetchall()
+    assert len(events) == 6 and sum(zero for _, _, zero in events) > 0
+    for name, count, _ in events:
+        assert ops.loc[name, "count"] == count == 400, name
+
+
 def correlated(path):
     """Device events and the runtime calls that launched them, matched by correlation id in the raw JSON."""
     events = raw_events(path)
