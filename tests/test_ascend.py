@@ -253,3 +253,21 @@ def test_memory_equals_torch_npus_memory_files(run, rank):
         modules[r["Component"]] = max(modules.get(r["Component"], 0), mib(r["Total Reserved(MB)"]))
     assert {a.removeprefix("module "): v for a, v in got.peak_reserved_bytes.items() if a.startswith("module ")} \
         == {m: v for m, v in modules.items() if v}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_step_window_starts_at_the_first_copy_torch_npus_stage_at_the_first_computing_task(run, rank):
+    """The step's device window (docs/concepts/steps.md) starts at its first device event, the input batch's
+    MEMCPY_ASYNC; torch_npu's "Stage" (step_trace_time.csv) starts at the first computing task and ends where
+    the window does: idle + exposed memory exceed its "Free" by the same gap (4.58 ms on rank 0, 5.28 ms on 1)."""
+    row = tracesql.query("temporal_breakdown", run, per="step").set_index("rank").loc[rank]
+    con = tracesql.connect(run)
+    first_copy, first_kernel = con.sql(
+        f"SELECT min(ts) FILTER (WHERE kind = 'memcpy'), min(ts) FILTER (WHERE kind = 'kernel') FROM slices "
+        f"WHERE rank = {rank} AND device_id IS NOT NULL AND step = 50").fetchall()[0]
+    gap = first_kernel - first_copy
+    assert first_copy == con.sql(f"SELECT device_ts FROM steps WHERE rank = {rank}").fetchall()[0][0]
+    assert gap == {0: 4_583_391, 1: 5_275_986}[rank]
+    ref = step_trace_time(rank)  # Stage: a difference of epoch µs in float64, which are 0.25 µs apart
+    assert abs(row.window_ns - gap - float(ref["Stage"]) * 1000) <= 250
+    assert abs(row.idle_ns + row.exposed_memory_ns - gap - float(ref["Free"]) * 1000) <= 250
