@@ -54,6 +54,8 @@ SUFFIXES = ("trace_view.json", "trace_view.json.gz")
 COMPANIONS = re.compile(r"^(communication(_matrix)?|profiler_info(_\d+)?|profiler_metadata|cluster_communication"
                         r"(_matrix)?)\.json$")
 
+#: torch_npu's export as one SQLite database (export_type=db; readers/ascend_db.py)
+DATABASE = re.compile(r"^ascend_pytorch_profiler(_\d+)?\.db$")
 _COMPUTE_TASKS = {"AI_CORE", "AI_VECTOR_CORE", "AIV", "AIC", "MIX_AIC", "MIX_AIV", "AI_CPU", "DSA_SQE",
                   "FFTS_PLUS", "AIV_SQE", "AIC_SQE", "AI_CPU_SQE",
                   # msprof's names in the .db export (and CANN 8's timeline): KERNEL_AICORE, KERNEL_AIVEC, ...
@@ -82,9 +84,12 @@ def detect(path: Path, head: bytes) -> bool:
 def is_companion(path: Path) -> bool:
     """A file of the export that only completes trace_view.json (read with it, never on its own): anything in a
     `*_ascend_pt` folder but its trace_view.json (the raw PROF_* data, msprof's own JSON timeline of the same
-    events, FRAMEWORK/ files), and the companions of a trace_view.json in ASCEND_PROFILER_OUTPUT/."""
+    events, FRAMEWORK/ files) or its .db export (unless trace_view.json, the same run, is beside it), and the
+    companions of a trace_view.json in ASCEND_PROFILER_OUTPUT/."""
     if path.name.endswith(SUFFIXES):
         return False
+    if DATABASE.match(path.name):  # the .db export, read unless the text export of the same run is beside it
+        return any((path.parent / name).is_file() for name in SUFFIXES)
     return any(p.name.endswith("_ascend_pt") for p in path.parents) or (
         bool(COMPANIONS.match(path.name)) and path.parent.name == "ASCEND_PROFILER_OUTPUT")
 
@@ -104,7 +109,7 @@ def _ns(value) -> int | None:
         return None
 
 
-def _listed(text, numbers: bool):
+def listed(text, numbers: bool):
     """torch_npu's 'a;\\r\\nb' argument lists -> JSON lists (dims: lists of ints) as Kineto writes them."""
     if not isinstance(text, str):
         return text
@@ -439,10 +444,10 @@ class _Rows:
                 if "Input Dims" in args or "Input type" in args:
                     args = dict(args)
                     if "Input Dims" in args:
-                        args["Input Dims"] = _listed(args["Input Dims"], numbers=True)
+                        args["Input Dims"] = listed(args["Input Dims"], numbers=True)
                     if "Input type" in args:
-                        args["Input type"] = _listed(args["Input type"], numbers=False)
-            row["args"] = text = _json(args)
+                        args["Input type"] = listed(args["Input type"], numbers=False)
+            row["args"] = text = json_args(args)
             batch = out.add(row, len(name or "") + len(row["track"]) + len(text or ""))
             if batch is not None:
                 yield batch
@@ -546,7 +551,7 @@ def _clean(e) -> bool:
     return True
 
 
-def _json(args: dict) -> str | None:
+def json_args(args: dict) -> str | None:
     """args as JSON text (non-finite numbers, which JSON has no word for, as null; a lone UTF-16 surrogate, which
     JSON may escape but no reader of it accepts, as U+FFFD)."""
     if not args:
@@ -645,7 +650,7 @@ def _kernel_details(output: Path, read_bytes) -> dict:
 #: memory_record.csv's components read into `memory`: PTA (torch_npu's caching allocator: Total Allocated is what
 #: tensors hold, Total Reserved what it holds from the device), GE (the graph engine's), APP (the process's whole
 #: reservation on the device, Total Reserved only). PTA+GE is their sum at each record, which these rows give.
-_MEMORY_COMPONENTS = ("PTA", "GE", "APP")
+MEMORY_COMPONENTS = ("PTA", "GE", "APP")
 _MIB = 1 << 20
 
 
@@ -672,6 +677,15 @@ def _npu(device) -> int | None:
     return int(index) if kind == "NPU" and index.isdigit() else None
 
 
+def memory_row(device: int, ts: int, allocator: str, args: dict) -> dict:
+    """An allocator slice of torch_npu's memory data (normalize's MEMORY_SQL reads its args): the running totals
+    of `allocator` (a component, 'module <NAME>') on NPU `device` at `ts`."""
+    return dict(kind="memory", category="npu_memory", name="[memory]", ts=ts, dur=0, device_id=device,
+                track=f"NPU {device} memory / {allocator}",
+                args=json_args({"Device Type": "NPU", "Device Id": device, "allocator_name": allocator,
+                            **{k: v for k, v in args.items() if v is not None}}))
+
+
 def _memory(output: Path, read_bytes) -> list[dict]:
     """The export's memory files (profile_memory=True) as allocator slices (kind 'memory'): memory_record.csv's
     running totals of each component, each PTA record at which operator_memory.csv says an op allocated or freed
@@ -688,14 +702,11 @@ def _memory(output: Path, read_bytes) -> list[dict]:
 
     def add(device, ts, allocator, args):
         if device is not None and ts is not None and abs(ts) < MAX_NS:
-            rows.append(dict(kind="memory", category="npu_memory", name="[memory]", ts=ts, dur=0, device_id=device,
-                             track=f"NPU {device} memory / {allocator}",
-                             args=_json({"Device Type": "NPU", "Device Id": device, "allocator_name": allocator,
-                                         **{k: v for k, v in args.items() if v is not None}})))
+            rows.append(memory_row(device, ts, allocator, args))
 
     for r in _csv_rows(_companion(output, "memory_record.csv"), read_bytes):
         component = r.get("Component")
-        if component in _MEMORY_COMPONENTS:
+        if component in MEMORY_COMPONENTS:
             device, ts = _npu(r.get("Device Type")), _ns((r.get("Timestamp(us)") or "").strip() or None)
             op, size = ops.get((device, ts), (None, None)) if component == "PTA" else (None, None)
             add(device, ts, component, {"Total Allocated": _size(r.get("Total Allocated(MB)")),
