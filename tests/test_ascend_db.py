@@ -28,7 +28,7 @@ def run(tmp_path_factory):
 
 
 def sql(query: str, *args) -> list[tuple]:
-    con = sqlite3.connect(f"file:{DB}?mode=ro", uri=True)
+    con = sqlite3.connect(f"file:{DB}?mode=ro&immutable=1", uri=True)
     try:
         return con.execute(query, args).fetchall()
     finally:
@@ -78,7 +78,7 @@ def test_overlap_equals_torch_npus_overlap_analysis(run):
         "SELECT startNs, endNs FROM TASK WHERE globalTaskId IN (SELECT globalTaskId FROM COMPUTE_TASK_INFO)")
     assert row.comm_ns == lanes[1] == union_ns("SELECT startNs, endNs FROM COMMUNICATION_OP")
     assert row.exposed_comm_ns == lanes[2]
-    con = sqlite3.connect(f"file:{OUTPUT / 'analysis.db'}?mode=ro", uri=True)
+    con = sqlite3.connect(f"file:{OUTPUT / 'analysis.db'}?mode=ro&immutable=1", uri=True)
     computing, overlapped = con.execute("SELECT computing, overlapped FROM StepTraceTime").fetchone()
     con.close()
     assert (row.compute_ns, row.overlap_ns) == (round(computing * 1000), round(overlapped * 1000)) \
