@@ -23,7 +23,7 @@
 --   allocations         BIGINT   allocations made
 --   allocated_bytes     BIGINT   bytes allocated, summed
 --   largest_bytes       BIGINT   largest single allocation
---   live_at_peak_bytes  BIGINT   bytes of its allocations live at the allocated peak
+--   live_at_peak_bytes  BIGINT   bytes of its allocations live at the allocated peak (NULL: blocks without address)
 WITH RECURSIVE ancestors AS (
     -- walk up from each allocating op to its top-level op (only when asked for)
     SELECT DISTINCT run_id, rank, op_id, op_id AS ancestor_id
@@ -53,7 +53,9 @@ WITH RECURSIVE ancestors AS (
     SELECT e.run_id, e.rank, e.device_type, e.device_id, e.bytes,
         CASE COALESCE(getvariable('op_level'), 'self') WHEN 'top' THEN t.top_name ELSE COALESCE(o.name, e.op_name)
         END AS op_name,
-        e.n <= p.peak_n AND (e.freed_n IS NULL OR e.freed_n > p.peak_n) AS live_at_peak
+        -- a block with no address (torch_npu's memory files) cannot be followed to its free: not known
+        CASE WHEN e.addr IS NOT NULL THEN e.n <= p.peak_n AND (e.freed_n IS NULL OR e.freed_n > p.peak_n) END
+            AS live_at_peak
     FROM events e
     JOIN peaks p USING (run_id, rank, device_type, device_id, allocator_key)
     LEFT JOIN ops o ON o.run_id = e.run_id AND o.rank = e.rank AND o.op_id = e.op_id
@@ -62,7 +64,8 @@ WITH RECURSIVE ancestors AS (
 ), per_op AS (
     SELECT run_id, rank, device_type, device_id, op_name, count(*) AS allocations,
         CAST(sum(bytes) AS BIGINT) AS allocated_bytes, max(bytes) AS largest_bytes,
-        CAST(COALESCE(sum(bytes) FILTER (WHERE live_at_peak), 0) AS BIGINT) AS live_at_peak_bytes
+        CASE WHEN count(live_at_peak) > 0
+             THEN CAST(COALESCE(sum(bytes) FILTER (WHERE live_at_peak), 0) AS BIGINT) END AS live_at_peak_bytes
     FROM allocations
     GROUP BY run_id, rank, device_type, device_id, op_name
 ), ranked AS (
