@@ -9,6 +9,7 @@ import gzip
 import json
 from decimal import Decimal
 
+import pandas as pd
 import pytest
 
 import tracesql
@@ -190,3 +191,83 @@ def test_a_lone_surrogate_is_replaced_not_a_traceback(tmp_path):
     run = tmp_path / "run"
     tracesql.ingest([tmp_path], run, rank=0)
     assert tracesql.connect(run).sql("SELECT name FROM slices").fetchall() == [("a\ufffdb \U0001d11e",)]
+
+
+def test_an_early_2024_export_whose_tasks_are_all_other_keeps_its_compute(tmp_path):
+    """torch_npu 2.1 (January 2024) wrote `Task Type: "Other"` for every device task (aclnnAdd_AddAiCore_Add,
+    MEMCPY_ASYNC): operators are computing, as in the export's own Overlap Analysis "Computing" lane (before: classed
+    as sync, compute 327.6 µs of the lane's 1.788 ms, idle 89 %)."""
+    export = DATASETS / "torch_npu_2024_untyped"
+    trace = export / "ASCEND_PROFILER_OUTPUT" / "trace_view.json.gz"
+    ev = json.loads(gzip.decompress(trace.read_bytes()))
+    name = {e["pid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "process_name"}
+    lanes = [e for e in ev if e.get("ph") == "X" and name[e["pid"]] == "Overlap Analysis"]
+    computing = union((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in lanes if e["name"] == "Computing")
+    tasks = {e["args"]["Task Type"] for e in ev if e.get("ph") == "X" and name[e["pid"]] == "Ascend Hardware"}
+    assert tasks == {"Other", "AI_CPU"}
+    run = tmp_path / "run"
+    tracesql.ingest([export], run)
+    con = tracesql.connect(run)
+    kinds = dict(con.sql("SELECT kind, count(*) FROM slices WHERE device_id IS NOT NULL GROUP BY 1").fetchall())
+    assert kinds == {"kernel": 274, "memcpy": 2}
+    row = tracesql.query("temporal_breakdown", run).iloc[0]
+    # the lane writes the two AI_CPU tasks' durations rounded to 0.1 ns (188.148 for 188.14802169799805 µs): 1 ns
+    assert length(computing) == 1_788_266 and row.compute_ns == 1_788_267
+    assert row.window_ns == computing[-1][1] - computing[0][0] == 11_269_917
+    assert row.idle_ns + row.exposed_memory_ns == row.window_ns - row.compute_ns  # torch_npu's "Free", to 1 ns
+
+
+def memory_csv(rank: int, name: str) -> list[dict]:
+    path = EXPORT / f"rank{rank}_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / f"{name}.csv.gz"
+    return list(csv.DictReader(gzip.decompress(path.read_bytes()).decode().splitlines()))
+
+
+def mib(value: str) -> int | None:
+    return int(Decimal(value) * 2**20) if value else None
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_memory_equals_torch_npus_memory_files(run, rank):
+    """memory_record.csv (profile_memory=True): PTA's peaks are the caching allocator's, GE and APP their own rows,
+    npu_module_mem.csv's modules theirs; the op at PTA's peak is operator_memory.csv's (before: no rows, and a note
+    asking for profile_memory=True, which was on)."""
+    got = tracesql.query("memory", run).query(f"rank == {rank}").set_index("allocator")
+    records = memory_csv(rank, "memory_record")
+    for component in ("PTA", "GE", "APP"):
+        rows = [r for r in records if r["Component"] == component]
+        allocated = [mib(r["Total Allocated(MB)"]) for r in rows if r["Total Allocated(MB)"]]
+        row = got.loc[component]
+        assert row.events == len(rows) and (row.device_type, row.device_id) == ("npu", rank)
+        assert row.peak_reserved_bytes == max(mib(r["Total Reserved(MB)"]) for r in rows)
+        if component == "APP":  # the process's reservation: no allocated figure
+            assert allocated == [] and pd.isna(row.peak_allocated_bytes)
+        else:
+            assert row.peak_allocated_bytes == max(allocated)
+    assert got.loc["PTA"].peak_allocated_bytes == 1_245_688_832  # 1187.9814453125 MiB, both ranks
+    peak = min((-mib(r["Total Allocated(MB)"]), ns(r["Timestamp(us)"].strip())) for r in records
+               if r["Component"] == "PTA")
+    names = {ns(r["Allocation Time(us)"].strip()): r["Name"] for r in memory_csv(rank, "operator_memory")}
+    assert got.loc["PTA"].peak_op == names[peak[1]] and got.loc["PTA"].peak_allocated_ts == peak[1]
+    modules = {}
+    for r in memory_csv(rank, "npu_module_mem"):
+        modules[r["Component"]] = max(modules.get(r["Component"], 0), mib(r["Total Reserved(MB)"]))
+    assert {a.removeprefix("module "): v for a, v in got.peak_reserved_bytes.items() if a.startswith("module ")} \
+        == {m: v for m, v in modules.items() if v}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_step_window_starts_at_the_first_copy_torch_npus_stage_at_the_first_computing_task(run, rank):
+    """The step's device window (docs/concepts/steps.md) starts at its first device event, the input batch's
+    MEMCPY_ASYNC; torch_npu's "Stage" (step_trace_time.csv) starts at the first computing task and ends where
+    the window does: idle + exposed memory exceed its "Free" by the same gap (4.58 ms on rank 0, 5.28 ms on 1)."""
+    row = tracesql.query("temporal_breakdown", run, per="step").set_index("rank").loc[rank]
+    con = tracesql.connect(run)
+    first_copy, first_kernel = con.sql(
+        f"SELECT min(ts) FILTER (WHERE kind = 'memcpy'), min(ts) FILTER (WHERE kind = 'kernel') FROM slices "
+        f"WHERE rank = {rank} AND device_id IS NOT NULL AND step = 50").fetchall()[0]
+    gap = first_kernel - first_copy
+    assert first_copy == con.sql(f"SELECT device_ts FROM steps WHERE rank = {rank}").fetchall()[0][0]
+    assert gap == {0: 4_583_391, 1: 5_275_986}[rank]
+    ref = step_trace_time(rank)  # Stage: a difference of epoch µs in float64, which are 0.25 µs apart
+    assert abs(row.window_ns - gap - float(ref["Stage"]) * 1000) <= 250
+    assert abs(row.idle_ns + row.exposed_memory_ns - gap - float(ref["Free"]) * 1000) <= 250

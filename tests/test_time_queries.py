@@ -174,6 +174,36 @@ def test_kernel_family(name, family):
     assert con.execute("SELECT kernel_family(?)", [name]).fetchone()[0] == family
 
 
+# Kernel names as PyTorch's profiler wrote them in DeepSeek's public training profile (deepseek-ai/profile-data,
+# train.json, 449602428a1b023acb8a505d4f34fef536535db6; no licence given, so not bundled; argument lists cut):
+# DeepEP's all-to-all runs as kernels, which HTA's rule and tracesql's before issue 25 counted as compute
+DEEPSEEK_KERNELS = {
+    "void dpsk::ep::internode::dispatch<false, 8, true, 8>(int4*, float*, long*, float*, "
+    "dpsk::ep::internode::SourceMeta*, int4 const*, float const*, long const*, float const*, int*)": "communication",
+    "void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 24>(int4*, float*, bool const*)":
+        "communication",
+    "void dpsk::ep::internode::notify_dispatch<false, 8>(int const*, long*, int, int const*, int*)": "communication",
+    "void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int*, int, int, int const*)": "communication",
+    # DeepEP's open-source namespace (deep_ep::), low-latency mode included, as public profiling reports quote them
+    "void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*, long*, float*, int*)": "communication",
+    "void deep_ep::internode_ll::combine<(bool)0, (int)6144, (int)11>(void *, void *)": "communication",
+    # the routing layout is computed locally: compute
+    "void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*, int*, int*, int*, bool*, int, int, int, int)":
+        "compute",
+}
+
+
+@pytest.mark.parametrize("name", list(DEEPSEEK_KERNELS))
+def test_expert_parallel_all_to_all_kernels_are_communication(name):
+    con = duckdb.connect()
+    con.execute(views_sql({table: [] for table in schema.TABLES}))
+    functions.install(con)
+    got = con.execute("SELECT arg_min(class, priority) FROM kernel_classes WHERE scheme = 'default' "
+                      "AND (kind IS NULL OR kind = 'kernel') AND (name_regex IS NULL OR regexp_matches(?, name_regex)) "
+                      "AND category_regex IS NULL", [name]).fetchone()[0]
+    assert got == DEEPSEEK_KERNELS[name]
+
+
 def test_hotspots_fold_kernel_families_and_op_arguments(ingested):
     run = ingested(TRACE_FILTER)
     df = tracesql.query("hotspots", run, top=1000, levels="kernel_family,op,op_args")
@@ -187,6 +217,18 @@ def test_hotspots_fold_kernel_families_and_op_arguments(ingested):
     assert by_args.to_dict() == ops.device_ns.loc[by_args.index].to_dict()  # each op's argument sets add up to it
     assert (ops.inclusive_ns >= ops.device_ns).all() and (ops.inclusive_ns > ops.device_ns).any()
     assert df.groupby("level").share.sum().round(9).eq(1).all()
+
+
+def test_hotspots_count_op_calls_whose_device_time_rounds_to_zero(ingested):
+    """On the TPU profile, some copy-start.1 executions last under 1 ns: each still counts as a call (before:
+    392 of its 400 calls, the others dropped as if they had no device time)."""
+    run = ingested(DATASETS / "xprof_tpu_inference")
+    ops = tracesql.query("hotspots", run, top=1000, levels="op").set_index("name")
+    events = tracesql.connect(run).sql("SELECT name, count(*), count(*) FILTER (WHERE dur = 0) FROM slices "
+                                       "WHERE kind = 'kernel' AND starts_with(name, 'copy-start') GROUP BY 1").fetchall()
+    assert len(events) == 6 and sum(zero for _, _, zero in events) > 0
+    for name, count, _ in events:
+        assert ops.loc[name, "count"] == count == 400, name
 
 
 def correlated(path):

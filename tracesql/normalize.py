@@ -605,7 +605,7 @@ MEMORY_ARGS = {"allocator": "$.allocator_name", "allocation_bytes": "$.allocatio
                "bytes_arg": "$.Bytes", "total_allocated": '$."Total Allocated"', "bytes_allocated": "$.bytes_allocated",
                "total_reserved": '$."Total Reserved"', "bytes_reserved": "$.bytes_reserved",
                "peak_bytes_in_use": "$.peak_bytes_in_use", "requested_bytes": "$.requested_bytes",
-               "fragmentation": "$.fragmentation", "tf_op": "$.tf_op"}
+               "fragmentation": "$.fragmentation", "tf_op": "$.tf_op", "op_name_arg": "$.op_name"}
 # PyTorch's [memory] events and XPlane's allocator events (TSL: MemoryAllocation / MemoryDeallocation with the
 # allocator's totals after the event; GPU allocators are named GPU_<n>_bfc, the TPU runtime's give index_on_host)
 MEMORY_SQL = f"""
@@ -616,6 +616,7 @@ WITH events AS (
 SELECT run_id, rank, slice_id AS memory_id, ts,
     CASE WHEN regexp_matches(allocator, '^GPU_') THEN 'gpu'
          WHEN allocator IS NULL AND contains(args, '"index_on_host"') THEN 'tpu'
+         WHEN device_type_arg = 'NPU' THEN 'npu'  -- torch_npu's memory files
          ELSE CASE TRY_CAST(device_type_arg AS INTEGER) WHEN 0 THEN 'cpu' WHEN 1 THEN 'gpu' ELSE 'other' END
     END AS device_type,
     COALESCE(TRY_CAST(device_id_arg AS INTEGER), TRY_CAST(regexp_extract(allocator, '^GPU_(\\d+)_', 1) AS INTEGER),
@@ -624,12 +625,14 @@ SELECT run_id, rank, slice_id AS memory_id, ts,
     COALESCE(TRY_CAST(bytes_arg AS BIGINT), CASE name WHEN 'MemoryDeallocation' THEN -xla_bytes ELSE xla_bytes END)
         AS bytes,
     TRY_CAST(COALESCE(total_allocated, bytes_allocated) AS BIGINT) AS total_allocated_bytes,
-    TRY_CAST(COALESCE(total_reserved, bytes_reserved) AS BIGINT) AS total_reserved_bytes,
+    -- PyTorch's CPU allocator has no cache: its events say Total Reserved 0, which is no figure (NULL)
+    CASE WHEN TRY_CAST(device_type_arg AS INTEGER) = 0 THEN NULLIF(TRY_CAST(total_reserved AS BIGINT), 0)
+         ELSE TRY_CAST(COALESCE(total_reserved, bytes_reserved) AS BIGINT) END AS total_reserved_bytes,
     pid, tid, op_id, step, allocator,
     TRY_CAST(peak_bytes_in_use AS BIGINT) AS peak_allocated_bytes,
     TRY_CAST(requested_bytes AS BIGINT) AS requested_bytes,
     TRY_CAST(fragmentation AS DOUBLE) AS fragmentation,
-    NULLIF(NULLIF(tf_op, '(null)'), '') AS op_name
+    NULLIF(NULLIF(COALESCE(tf_op, op_name_arg), '(null)'), '') AS op_name
 FROM events
 ORDER BY ts, slice_id
 """

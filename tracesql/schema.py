@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -34,6 +34,10 @@ SCHEMA_CHANGES = {
     6: "steps on the device (issue 12): steps.device_ts/device_dur are the step's device window (from its first "
        "device event to the next step's first; windows no longer overlap); device work with no captured launch "
        "takes its step by its order on its stream (slices.step)",
+    7: "torch_npu memory (issue 25): memory holds torch_npu's memory_record.csv / operator_memory.csv / "
+       "npu_module_mem.csv (device_type 'npu', allocator = the component: PTA, GE, APP, 'module <NAME>'); the memory "
+       "queries give a row (curve) per device and allocator; total_reserved_bytes is NULL, not 0, where the trace "
+       "gives no such figure (PyTorch's CPU memory events)",
 }
 OLDEST_READABLE = 1
 
@@ -245,31 +249,34 @@ TABLES: dict[str, Table] = {
         ),
         Table(
             "memory",
-            "Allocator events (PyTorch profile_memory=True, XPlane's MemoryAllocation/MemoryDeallocation): each "
-            "allocation or free with the running totals.",
+            "Allocator events (PyTorch profile_memory=True, XPlane's MemoryAllocation/MemoryDeallocation, "
+            "torch_npu's memory_record.csv and npu_module_mem.csv): each allocation or free, or sample, with the "
+            "running totals.",
             _cols(
                 *_RUN_RANK,
                 ("memory_id", "BIGINT", "slice_id of the allocator event."),
                 ("ts", "BIGINT", "When, absolute ns."),
-                ("device_type", "VARCHAR", "'cpu', 'gpu', 'tpu' or 'other' (from the event's Device Type, or the "
-                 "XPlane allocator's name)."),
+                ("device_type", "VARCHAR", "'cpu', 'gpu', 'tpu', 'npu' or 'other' (from the event's Device Type, or "
+                 "the XPlane allocator's name)."),
                 ("device_id", "INTEGER", "Device index (-1 for host memory)."),
                 ("addr", "BIGINT", "Address of the block."),
                 ("bytes", "BIGINT", "Bytes allocated (positive) or freed (negative)."),
                 ("total_allocated_bytes", "BIGINT", "Allocated bytes on the device after the event."),
-                ("total_reserved_bytes", "BIGINT", "Bytes reserved by the caching allocator after the event."),
+                ("total_reserved_bytes", "BIGINT", "Bytes reserved by the caching allocator after the event; NULL "
+                 "where the trace gives no such figure (PyTorch's CPU allocator, which has no cache)."),
                 ("pid", "BIGINT", "Host process id."),
                 ("tid", "BIGINT", "Host thread id."),
                 ("op_id", "BIGINT", "The op that was running on that thread (the allocating op)."),
                 ("step", "INTEGER", "Step of the event."),
-                ("allocator", "VARCHAR", "Allocator that recorded the event (XPlane: e.g. 'GPU_0_bfc'); NULL when not "
-                 "named."),
+                ("allocator", "VARCHAR", "Allocator that recorded the event (XPlane: e.g. 'GPU_0_bfc'; torch_npu: the "
+                 "component, PTA = torch_npu's caching allocator, GE = the graph engine's, APP = the process's whole "
+                 "reservation, 'module <NAME>' = a CANN module's); NULL when not named."),
                 ("peak_allocated_bytes", "BIGINT", "The allocator's own peak of bytes in use so far (XPlane "
                  "peak_bytes_in_use), which may predate the profile; NULL when not recorded."),
                 ("requested_bytes", "BIGINT", "Bytes the caller asked for (the allocation may be rounded up)."),
                 ("fragmentation", "DOUBLE", "The allocator's fragmentation after the event, 0..1 (XPlane BFC)."),
                 ("op_name", "VARCHAR", "Framework op / region the memory is for, as the allocator recorded it "
-                 "(XPlane tf_op); NULL when not recorded."),
+                 "(XPlane tf_op, torch_npu operator_memory.csv); NULL when not recorded."),
             ),
         ),
         Table(

@@ -109,7 +109,8 @@ KEPT_SEEDS = Path(__file__).resolve().parent / "seeds"
 
 def _candidates(scratch: Path) -> list[Path]:
     files = sorted(p for p in KEPT_SEEDS.iterdir() if p.is_file() and p.suffix in (".gz", ".json", ".sqlite"))
-    files += sorted(p for p in DATASETS.rglob("*") if p.is_file() and p.suffix in (".gz", ".pb", ".json", ".sqlite"))
+    files += sorted(p for p in DATASETS.rglob("*") if p.is_file()
+                    and p.suffix in (".gz", ".pb", ".json", ".sqlite", ".db"))
     if CORPUS.exists():
         files += sorted((p for p in CORPUS.rglob("*") if p.is_file() and p.stat().st_size <= MAX_SEED_BYTES
                          and "reference" not in p.parts), key=lambda p: p.stat().st_size)

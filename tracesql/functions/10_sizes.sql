@@ -19,6 +19,10 @@ CREATE OR REPLACE MACRO dtype_bytes(dtype) AS (
 CREATE OR REPLACE MACRO collective_kind(source_name) AS (
     CASE
         WHEN source_name IS NULL THEN NULL
+        -- expert-parallel all-to-all run as kernels (DeepEP's dispatch / combine and their notify kernels)
+        WHEN regexp_matches(lower(source_name),
+                            '(deep_ep|dpsk::ep)::(intranode|internode|internode_ll)::|a2a_?(dispatch|combine)')
+            THEN 'all_to_all'
         WHEN regexp_matches(lower(source_name), 'all_?-?reduce') THEN 'all_reduce'
         WHEN regexp_matches(lower(source_name), 'reduce_?-?scatter') THEN 'reduce_scatter'
         WHEN regexp_matches(lower(source_name), 'all_?-?gather') THEN 'all_gather'

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from .. import limits
 from ..arrays import array, to_numpy
 from ..errors import TraceError
-from . import ascend, kineto, nsys, perfetto, rocprof, xplane
+from . import ascend, ascend_db, kineto, nsys, perfetto, rocprof, xplane
 from .common import (  # noqa: F401  (the readers' shared helpers, also reachable as tracesql.readers.X)
     MAX_NAME_CHARS, OUT_BATCH_ROWS, READER_SLICE_TYPES, READER_SLICE_COLUMNS, DICTIONARY_COLUMNS, READER_SLICE_SCHEMA,
     slices_from_columns, as_reader_slices, mapped_slices, RowBatches, Budget, READER_COUNTER_TYPES,
@@ -28,8 +28,8 @@ from .common import (  # noqa: F401  (the readers' shared helpers, also reachabl
 )
 
 #: Tried in order; the first whose detect() says yes reads the file.
-READERS = [rocprof, ascend, kineto, xplane, perfetto, nsys]  # ascend (by name) before kineto: both Chrome JSON;
-# xplane (by name) before perfetto (by content): both protobuf
+READERS = [rocprof, ascend, kineto, xplane, perfetto, ascend_db, nsys]  # ascend (by name) before kineto: both Chrome
+# JSON; xplane (by name) before perfetto (by content): both protobuf; ascend_db (by its tables) before nsys: SQLite
 
 
 def trace_suffixes() -> tuple[str, ...]:
@@ -42,11 +42,33 @@ def is_companion(path: Path) -> bool:
     return any(getattr(reader, "is_companion", None) and reader.is_companion(path) for reader in READERS)
 
 
+#: SQLite databases of other tools, known by a table name only they have: what the file is, what to give instead
+_OTHER_DATABASES = (
+    (re.compile(r"^rocpd_"), "a rocprofv3 rocpd database (ROCm 7's default output), which tracesql does not read: "
+     "profile with rocprofv3 --output-format json, or convert it with rocpd convert -i FILE --output-format pftrace"),
+    (re.compile(r"^StepTraceTime$"), "torch_npu's analysis.db (its own analyses of a run), not a trace: ingest the "
+     "export's ascend_pytorch_profiler_<rank>.db or ASCEND_PROFILER_OUTPUT/trace_view.json"),
+    (re.compile(r"^TASK$"), "an msprof (CANN) database without torch_npu's tables, which tracesql does not read: "
+     "profile with torch_npu.profiler and ingest its ASCEND_PROFILER_OUTPUT/trace_view.json"),
+)
+
+
+def _other_database(path: Path, head: bytes) -> str | None:
+    """What an SQLite file no reader reads looks like, when it is another tool's database."""
+    if not head.startswith(b"SQLite format 3\x00"):
+        return None
+    names = ascend_db.tables(path)
+    return next((what for table, what in _OTHER_DATABASES if any(table.match(n) for n in names)), None)
+
+
 def reader_for(path: Path):
     """The reader module that understands `path`, or a TraceError saying why none does."""
     head = read_head(path)
     if not head:
         raise TraceError(path, "empty file" if path.stat().st_size == 0 else "not a trace: no readable content")
+    other = _other_database(path, head)
+    if other and not ascend_db.detect(path, head):
+        raise TraceError(path, other)
     for reader in READERS:
         if reader.detect(path, head):
             return reader

@@ -10,8 +10,9 @@ metadata; a device process's pid is `host pid << 10 | sort index << 5 | device i
   written as ';\\r\\n'-separated text), and `torch_to_npu` flows from an op to the device task it caused;
 - CANN: AscendCL / Node / Hccl / Runtime calls of the CANN stack per host thread, each with a `connection_id`;
 - Ascend Hardware: the device tasks per stream (`Task Type` AI_CORE, AI_VECTOR_CORE, MIX_AIC/AIV, AI_CPU,
-  DSA_SQE: computing; PCIE_DMA_SQE, SDMA_SQE, MEMCPY_ASYNC: copies; EVENT/NOTIFY/PLACE_HOLDER: synchronisation),
-  with the `connection_id` of the CANN call that launched them;
+  DSA_SQE: computing; PCIE_DMA_SQE, SDMA_SQE, MEMCPY_ASYNC: copies; EVENT/NOTIFY/PLACE_HOLDER: synchronisation;
+  in exports of early 2024 every task is `Other`: an operator's name is computing, a name in capitals such as
+  MEMCPY_ASYNC a runtime task), with the `connection_id` of the CANN call that launched them;
 - HCCL: per communication group the collective operations (`hcom_allReduce__586_0_1`, thread 'Group N
   Communication') and their tasks on planes (transfers, notifies: the detail of the operation);
 - Overlap Analysis: torch_npu's own Computing / Communication / Communication(Not Overlapped) / Free lanes;
@@ -53,8 +54,17 @@ SUFFIXES = ("trace_view.json", "trace_view.json.gz")
 COMPANIONS = re.compile(r"^(communication(_matrix)?|profiler_info(_\d+)?|profiler_metadata|cluster_communication"
                         r"(_matrix)?)\.json$")
 
+#: torch_npu's export as one SQLite database (export_type=db; readers/ascend_db.py)
+DATABASE = re.compile(r"^ascend_pytorch_profiler(_\d+)?\.db$")
 _COMPUTE_TASKS = {"AI_CORE", "AI_VECTOR_CORE", "AIV", "AIC", "MIX_AIC", "MIX_AIV", "AI_CPU", "DSA_SQE",
-                  "FFTS_PLUS", "AIV_SQE", "AIC_SQE", "AI_CPU_SQE"}
+                  "FFTS_PLUS", "AIV_SQE", "AIC_SQE", "AI_CPU_SQE",
+                  # msprof's names in the .db export (and CANN 8's timeline): KERNEL_AICORE, KERNEL_AIVEC, ...
+                  "KERNEL_AICORE", "KERNEL_AIVEC", "KERNEL_MIX_AIC", "KERNEL_MIX_AIV", "KERNEL_AICPU"}
+#: Task Type of every task in exports of early 2024 (torch_npu 2.1 with CANN 7): an operator's task then carries the
+#: operator's name (aclnnAdd_AddAiCore_Add, Conv2D1), a runtime task its type in capitals (MEMCPY_ASYNC,
+#: EVENT_RECORD), which is how torch_npu's own Overlap Analysis "Computing" lane of such an export tells them apart
+_UNTYPED_TASK = "Other"
+_RUNTIME_TASK_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 _COPY_TASKS = {"PCIE_DMA_SQE", "SDMA_SQE", "MEMCPY_ASYNC", "MEMCPY", "SDMA"}
 _KINDS = {"cpu_op": "cpu_op", "python_function": "python_function", "user_annotation": "user_annotation",
           "gpu_user_annotation": "gpu_annotation", "enqueue": "other", "dequeue": "other"}
@@ -74,9 +84,12 @@ def detect(path: Path, head: bytes) -> bool:
 def is_companion(path: Path) -> bool:
     """A file of the export that only completes trace_view.json (read with it, never on its own): anything in a
     `*_ascend_pt` folder but its trace_view.json (the raw PROF_* data, msprof's own JSON timeline of the same
-    events, FRAMEWORK/ files), and the companions of a trace_view.json in ASCEND_PROFILER_OUTPUT/."""
+    events, FRAMEWORK/ files) or its .db export (unless trace_view.json, the same run, is beside it), and the
+    companions of a trace_view.json in ASCEND_PROFILER_OUTPUT/."""
     if path.name.endswith(SUFFIXES):
         return False
+    if DATABASE.match(path.name):  # the .db export, read unless the text export of the same run is beside it
+        return any((path.parent / name).is_file() for name in SUFFIXES)
     return any(p.name.endswith("_ascend_pt") for p in path.parents) or (
         bool(COMPANIONS.match(path.name)) and path.parent.name == "ASCEND_PROFILER_OUTPUT")
 
@@ -96,7 +109,7 @@ def _ns(value) -> int | None:
         return None
 
 
-def _listed(text, numbers: bool):
+def listed(text, numbers: bool):
     """torch_npu's 'a;\\r\\nb' argument lists -> JSON lists (dims: lists of ints) as Kineto writes them."""
     if not isinstance(text, str):
         return text
@@ -315,8 +328,8 @@ class _Scan:
 class _Rows:
     """The second walk: each event's slice row or counter samples, with what the first gathered."""
 
-    def __init__(self, scan: _Scan, groups: dict, op_groups: dict, details: dict):
-        self.scan, self.groups, self.op_groups, self.details = scan, groups, op_groups, details
+    def __init__(self, scan: _Scan, groups: dict, op_groups: dict, details: dict, memory: list[dict]):
+        self.scan, self.groups, self.op_groups, self.details, self.memory = scan, groups, op_groups, details, memory
         hccl_streams = {(pid, stream) for pid, stream in scan.streams if scan.process.get(pid) == "HCCL"}
         self.hccl_stream_of: dict[int, set] = {}
         for pid, stream in hccl_streams:
@@ -392,7 +405,8 @@ class _Rows:
                     stream = tid if stream is None else stream
                     if (device, stream) in self.comm_streams:  # the hardware tasks of an HCCL operation: its detail
                         kind, category = "gpu_annotation", "hccl_task"
-                    elif task in _COMPUTE_TASKS:
+                    elif task in _COMPUTE_TASKS or (task == _UNTYPED_TASK
+                                                    and not _RUNTIME_TASK_NAME.fullmatch(name or "")):
                         kind, category = "kernel", "ascend_hardware"
                     elif task in _COPY_TASKS or name in _COPY_TASKS:
                         kind, category = "memcpy", "ascend_hardware"
@@ -430,14 +444,19 @@ class _Rows:
                 if "Input Dims" in args or "Input type" in args:
                     args = dict(args)
                     if "Input Dims" in args:
-                        args["Input Dims"] = _listed(args["Input Dims"], numbers=True)
+                        args["Input Dims"] = listed(args["Input Dims"], numbers=True)
                     if "Input type" in args:
-                        args["Input type"] = _listed(args["Input type"], numbers=False)
-            row["args"] = text = _json(args)
+                        args["Input type"] = listed(args["Input type"], numbers=False)
+            row["args"] = text = json_args(args)
             batch = out.add(row, len(name or "") + len(row["track"]) + len(text or ""))
             if batch is not None:
                 yield batch
 
+        for row in self.memory:
+            self.devices.add(row["device_id"])
+            batch = out.add(row, len(row["track"]) + len(row["args"]))
+            if batch is not None:
+                yield batch
         # the framework op each task came from: a zero-length launch where its torch_to_npu flow starts
         for flow in sorted(self.launched, key=lambda f: flow_start[f][2]):
             pid, tid, ts = flow_start[flow]
@@ -485,7 +504,7 @@ def read(path: Path, threads: int | None = None):
         groups, op_groups = _communication(output, read_whole)
         details = _kernel_details(output, read_whole)
 
-        rows = _Rows(scan, groups, op_groups, details)
+        rows = _Rows(scan, groups, op_groups, details, _memory(output, read_whole))
         counters = RowBatches(pa.schema(READER_COUNTER_TYPES))
         with pa.ipc.new_stream(str(Path(scratch) / "counters.arrows"), counters.schema) as counters_out:
             # the slices go to a memory-mapped scratch file a batch at a time (it stays mapped once the folder is
@@ -532,7 +551,7 @@ def _clean(e) -> bool:
     return True
 
 
-def _json(args: dict) -> str | None:
+def json_args(args: dict) -> str | None:
     """args as JSON text (non-finite numbers, which JSON has no word for, as null; a lone UTF-16 surrogate, which
     JSON may escape but no reader of it accepts, as U+FFFD)."""
     if not args:
@@ -626,6 +645,80 @@ def _kernel_details(output: Path, read_bytes) -> dict:
     except csv.Error:
         return {}
     return out
+
+
+#: memory_record.csv's components read into `memory`: PTA (torch_npu's caching allocator: Total Allocated is what
+#: tensors hold, Total Reserved what it holds from the device), GE (the graph engine's), APP (the process's whole
+#: reservation on the device, Total Reserved only). PTA+GE is their sum at each record, which these rows give.
+MEMORY_COMPONENTS = ("PTA", "GE", "APP")
+_MIB = 1 << 20
+
+
+def _csv_rows(path: Path | None, read_bytes) -> list[dict]:
+    if not path:
+        return []
+    try:
+        return list(csv.DictReader(read_bytes(path).decode("utf-8", "replace").splitlines()))
+    except csv.Error:
+        return []
+
+
+def _size(value, unit: int = _MIB) -> int | None:
+    """A size as torch_npu writes them (MB: MiB, KB: KiB) -> bytes, exactly; None when blank."""
+    try:
+        return int((Decimal((value or "").strip()) * unit).to_integral_value())
+    except ArithmeticError:  # blank or not a number
+        return None
+
+
+def _npu(device) -> int | None:
+    """'NPU:3' -> 3."""
+    kind, _, index = (device or "").strip().partition(":")
+    return int(index) if kind == "NPU" and index.isdigit() else None
+
+
+def memory_row(device: int, ts: int, allocator: str, args: dict) -> dict:
+    """An allocator slice of torch_npu's memory data (normalize's MEMORY_SQL reads its args): the running totals
+    of `allocator` (a component, 'module <NAME>') on NPU `device` at `ts`."""
+    return dict(kind="memory", category="npu_memory", name="[memory]", ts=ts, dur=0, device_id=device,
+                track=f"NPU {device} memory / {allocator}",
+                args=json_args({"Device Type": "NPU", "Device Id": device, "allocator_name": allocator,
+                            **{k: v for k, v in args.items() if v is not None}}))
+
+
+def _memory(output: Path, read_bytes) -> list[dict]:
+    """The export's memory files (profile_memory=True) as allocator slices (kind 'memory'): memory_record.csv's
+    running totals of each component, each PTA record at which operator_memory.csv says an op allocated or freed
+    a block with that op and the block's size, and npu_module_mem.csv's samples of what each CANN module holds
+    (allocator 'module <NAME>'; modules that never held anything left out)."""
+    ops = {}
+    for r in _csv_rows(_companion(output, "operator_memory.csv"), read_bytes):
+        size = _size(r.get("Size(KB)"), 1 << 10)
+        for when, sign in (("Allocation Time(us)", 1), ("Release Time(us)", -1)):
+            ts = _ns((r.get(when) or "").strip() or None)
+            if ts is not None and size is not None:
+                ops[(_npu(r.get("Device Type")), ts)] = (r.get("Name"), sign * size)
+    rows = []
+
+    def add(device, ts, allocator, args):
+        if device is not None and ts is not None and abs(ts) < MAX_NS:
+            rows.append(memory_row(device, ts, allocator, args))
+
+    for r in _csv_rows(_companion(output, "memory_record.csv"), read_bytes):
+        component = r.get("Component")
+        if component in MEMORY_COMPONENTS:
+            device, ts = _npu(r.get("Device Type")), _ns((r.get("Timestamp(us)") or "").strip() or None)
+            op, size = ops.get((device, ts), (None, None)) if component == "PTA" else (None, None)
+            add(device, ts, component, {"Total Allocated": _size(r.get("Total Allocated(MB)")),
+                                        "Total Reserved": _size(r.get("Total Reserved(MB)")), "Bytes": size,
+                                        "op_name": op})
+    modules = _csv_rows(_companion(output, "npu_module_mem.csv"), read_bytes)
+    held = {r.get("Component") for r in modules if _size(r.get("Total Reserved(MB)"))}
+    for r in modules:
+        if r.get("Component") in held:
+            add(_npu(r.get("Device")), _ns((r.get("Timestamp(us)") or "").strip() or None),
+                f"module {r['Component']}", {"Total Reserved": _size(r.get("Total Reserved(MB)"))})
+    return sorted(rows, key=lambda row: row["ts"])
 
 
 def _step_trace_time(output: Path, read_bytes) -> list[dict] | None:
