@@ -29,11 +29,11 @@ def test_corpus_file_that_is_no_trace_is_refused_in_one_line(other, tmp_path):
 
 
 @pytest.mark.corpus
+@pytest.mark.slow  # every corpus trace, every query: minutes
 @pytest.mark.skipif(not TRACES, reason="corpus not available")
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: str(p.relative_to(CORPUS)))
-def test_corpus_trace(trace, tmp_path):
-    tracesql.ingest([trace], tmp_path / "run")
-    con = tracesql.connect(tmp_path / "run")
+def test_corpus_trace(trace, ingested):
+    con = tracesql.connect(ingested(trace))  # the session's run of the trace, which other tests reuse
     invariants = con.execute("""
         SELECT
             -- a device event is linked exactly when a runtime/driver call with its correlation id exists
