@@ -141,4 +141,8 @@ def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBP
     if listed:
         con.execute(views_sql(listed, present)).fetchall()
     functions.install(con, names=names)
+    if names is None or "critical_path_walk" in names:  # the one function of Python, not SQL: see its module
+        from . import critical_path
+
+        critical_path.register(con)
     return con
