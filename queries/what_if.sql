@@ -46,7 +46,7 @@
 --   sync_share           DOUBLE   ... in host calls that wait for the device
 --   memory_copy_share    DOUBLE   ... in copies and memsets
 WITH windows AS (
-    SELECT *, list_max([e.ts + e.dur FOR e IN events]) AS work_end
+    SELECT *, list_max([e.ts + e.dur FOR e IN events IF e.role IN ('device', 'communication')]) AS work_end
     FROM critical_path_events(annotation := COALESCE(getvariable('annotation'), NULL),
         occurrence := COALESCE(getvariable('instance'), NULL), rank_filter := COALESCE(getvariable('rank'), NULL),
         faster := COALESCE(getvariable('faster'), NULL), faster_pct := COALESCE(getvariable('faster_pct'), 0),

@@ -39,13 +39,18 @@ CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := N
         faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0) AS TABLE
 WITH windows AS (
     SELECT * FROM critical_path_windows(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter)
+), bounds AS (
+    SELECT run_id, rank, min(ts) AS ts FROM windows GROUP BY run_id, rank
 ), work AS (
+    -- the device work that starts after the rank's first window starts: what the windows launched, and all the
+    -- queue lengths need (work that started before has left its stream's queue)
     SELECT d.run_id, d.rank, d.slice_id, d.name, d.ts, d.dur, d.pid, d.tid, d.stream, d.device_id, d.launch_id,
         l.ts AS launch_ts, l.pid AS launch_pid, l.tid AS launch_tid, is_queued_launch(l.name) AS queued,
         d.class = 'communication' AS communication
     FROM device_activity() d
+    JOIN bounds b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts >= b.ts
     JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
-    WHERE l.dur > 0 AND (rank_filter IS NULL OR d.rank = rank_filter)
+    WHERE l.dur > 0
 ), queue AS (
     -- each stream's queue length after each launch and after each start (HTA counts streams apart by number)
     SELECT run_id, rank, slice_id, at_start,
@@ -121,8 +126,9 @@ WITH windows AS (
     WHERE s.sync_kind IN ('Stream Sync', 'Context Sync', 'Event Sync')
 )
 SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
-    list(struct_pack(id, role, ts, dur, pid, tid, stream, launch, queue_at_launch, queue_at_start, waits_on, scale))
-        AS events
+    -- in slice_id order: the walk breaks ties between equal paths by it, the same on every run
+    list(struct_pack(id, role, ts, dur, pid, tid, stream, launch, queue_at_launch, queue_at_start, waits_on, scale)
+         ORDER BY id) AS events
 FROM events
 GROUP BY run_id, rank, window_name, instance, step, window_ts, window_te;
 
