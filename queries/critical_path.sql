@@ -20,7 +20,7 @@
 -- Needs: host ops and the device work they launched (Kineto GPU traces with correlation ids); cuda_sync events for the synchronisation edges
 -- Parameters:
 --   annotation = NULL   text: a host range name (substring, as HTA); NULL: each step; '': the whole trace
---   instance = NULL     integer >= 0: which occurrence of the annotation on each rank (0 = first); NULL: all
+--   instance = NULL     integer >= 0: which window on each rank (0 = its first step or annotation); NULL: all
 --   rank = NULL         integer >= 0: only this rank; NULL: every rank
 --   per = 'segment'     one of segment, class: one row per path segment, or the totals per bound_by and cause
 -- Columns:

@@ -1,15 +1,15 @@
 -- what_if: What each step would take with kernels or ops faster, communication hidden, no launch overhead or no syncs, and what bounds it.
 --
 -- Replays each window's dependency graph (the critical_path query's; tracesql/critical_path.py) with every edge
--- weighing the time it took, from the window's start to the later of its end and the end of the last work it
--- launched (measured_ns), then again with the changes: the longest path is the predicted time. Unchanged, the
--- replay is the measured time (replayed_ns; a test holds it within 1 %). Changes: `faster` (a regex of kernel
--- or op names; an op's own pieces, not its children's) takes faster_pct % off their time; hide_communication = 1
--- makes communication kernels take no time; no_launch_overhead = 1 makes launch delays and gaps between kernels
--- take no time; remove_syncs = 1 removes the synchronisations (the host stops waiting for the device). Work
--- still waits for what it depends on: a kernel for its launch and the previous kernel on its stream, a host
--- call for the device work it synchronises with. The graph is one rank's: a collective's wait for a slower rank
--- is its kernel's time (hide_communication removes it), and work outside the trace is not seen.
+-- weighing the time it took, from the window's start to the later of its end and the end of the last op or
+-- device work it holds (measured_ns), then again with the changes: the longest path is the predicted time.
+-- Unchanged, the replay is the measured time (replayed_ns; a test holds it within 1 %). Changes: `faster` (a
+-- regex of kernel or op names; an op's own pieces, not its children's) takes faster_pct % off their time;
+-- hide_communication = 1 makes communication kernels take no time; no_launch_overhead = 1 makes launch delays
+-- and gaps between kernels take no time; remove_syncs = 1 removes the synchronisations (the host stops waiting
+-- for the device). Work still waits for what it depends on: a kernel for its launch and the previous kernel on
+-- its stream, a host call for the device work it synchronises with. The graph is one rank's: a collective's wait
+-- for a slower rank is its kernel's time (hide_communication removes it), and work outside the trace is not seen.
 -- bound: what takes the largest share of the window's critical path (the critical_path query's, HTA's: the
 -- replay's paths all last the measured time, so they tell nothing apart): compute, communication, host_launch
 -- (host work, launch calls and delays, gaps between kernels), input (data loading), sync or memory_copy; each
@@ -18,7 +18,7 @@
 -- Needs: host ops and the device work they launched (Kineto GPU traces with correlation ids)
 -- Parameters:
 --   annotation = NULL          text: a host range name (substring, as HTA); NULL: each step; '': the whole trace
---   instance = NULL            integer >= 0: which occurrence of the annotation on each rank; NULL: all
+--   instance = NULL            integer >= 0: which window on each rank (0 = its first step or annotation); NULL: all
 --   rank = NULL                integer >= 0: only this rank; NULL: every rank
 --   faster = NULL              text: regex of kernel or op names made faster (NULL: none)
 --   faster_pct = 0             number >= 0: how much faster, in % of their time (100: free)
@@ -32,7 +32,7 @@
 --   instance             INTEGER  its 0-based occurrence on the rank
 --   step                 INTEGER  step of the window's range (NULL outside steps)
 --   range_ns             BIGINT   the window's range duration
---   measured_ns          BIGINT   from its start to the later of its end and the end of the last work it launched
+--   measured_ns          BIGINT   from its start to the later of its end and the end of its last op or device work
 --   replayed_ns          BIGINT   the unchanged replay (equals measured_ns unless the graph lost time)
 --   predicted_ns         BIGINT   the replay with the changes
 --   saving_ns            BIGINT   replayed_ns - predicted_ns
@@ -46,7 +46,9 @@
 --   sync_share           DOUBLE   ... in host calls that wait for the device
 --   memory_copy_share    DOUBLE   ... in copies and memsets
 WITH windows AS (
-    SELECT *, list_max([e.ts + e.dur FOR e IN events IF e.role IN ('device', 'communication')]) AS work_end
+    -- the end of its last node (op or device work; ranges and syncs are none)
+    SELECT *, list_max([e.ts + e.dur FOR e IN events
+                        IF e.role NOT IN ('range', 'stream_sync', 'context_sync', 'event_sync')]) AS work_end
     FROM critical_path_events(annotation := COALESCE(getvariable('annotation'), NULL),
         occurrence := COALESCE(getvariable('instance'), NULL), rank_filter := COALESCE(getvariable('rank'), NULL),
         faster := COALESCE(getvariable('faster'), NULL), faster_pct := COALESCE(getvariable('faster_pct'), 0),

@@ -86,17 +86,21 @@ def _what_if(run, **changes):
 
 def test_what_if_replays_bundled_steps(ingested):
     """Unchanged, the replay lasts what the step measured: from its start to the later of its end and the end
-    of the last device work it launched (counted here from slices, the second method); changes only shorten it,
-    more of a change more, and never by more than the changed events' time."""
+    of the last op or device work it holds (counted here from slices, the second method); changes only shorten
+    it, more of a change more, and never by more than the changed ops' own time."""
     run = ingested(DATASETS / "hta_trace_filter")
     base = _what_if(run)
     con = tracesql.connect(run)
     measured = dict(((r, s), m) for r, s, m in con.sql("""
-        SELECT st.rank, st.step, greatest(st.ts + st.dur, max(d.ts + d.dur)) - st.ts
-        FROM steps st
-        JOIN slices l ON l.rank = st.rank AND l.device_id IS NULL AND l.dur > 0 AND l.ts BETWEEN st.ts AND st.ts + st.dur
-        LEFT JOIN slices d ON d.rank = l.rank AND d.launch_id = l.slice_id AND d.kind IN ('kernel', 'memcpy', 'memset')
-        GROUP BY st.rank, st.step, st.ts, st.dur""").fetchall())
+        WITH held AS (
+            SELECT st.rank, st.step, st.ts AS step_ts, st.ts + st.dur AS step_te, l.ts + l.dur AS te, l.slice_id
+            FROM steps st
+            JOIN slices l ON l.rank = st.rank AND l.device_id IS NULL AND l.dur > 0
+             AND l.ts BETWEEN st.ts AND st.ts + st.dur AND l.kind IN ('cpu_op', 'runtime', 'driver'))
+        SELECT h.rank, h.step, greatest(max(h.step_te), max(h.te), max(d.ts + d.dur)) - min(h.step_ts)
+        FROM held h
+        LEFT JOIN slices d ON d.rank = h.rank AND d.launch_id = h.slice_id AND d.kind IN ('kernel', 'memcpy', 'memset')
+        GROUP BY h.rank, h.step""").fetchall())
     assert base.measured_ns.to_dict() == measured
     assert base.measured_ns.to_dict() == {(0, 551): 607_312_000, (0, 552): 622_928_000, (1, 551): 607_904_000,
                                           (1, 552): 630_639_000}

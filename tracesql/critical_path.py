@@ -1,10 +1,11 @@
 """The longest path through one window's dependency graph: the SQL function `critical_path_walk`.
 
-`queries/critical_path.sql` gathers, per rank and window, the events and the facts the graph needs (each device
-event's launch, its stream's queue length when launched and when it started, the kernel a stream-wait or an
-event synchronize waits for); this function builds the graph HTA 0.5's `critical_path_analysis` builds from
-them and returns the edges of its longest path. A DuckDB function of plain Python because a longest path is a
-walk in topological order that SQL can only do with one recursive step per node.
+`critical_path_events` (tracesql/functions/80_critical_path.sql) gathers, per rank and window, the events and
+the facts the graph needs (each device event's launch, its stream's queue length when launched and when it
+started, the kernel a stream-wait or an event synchronize waits for); this function builds the graph HTA 0.5's
+`critical_path_analysis` builds from them and returns the edges of its longest path. A DuckDB function of
+plain Python because a longest path is a walk in topological order that SQL can only do with one recursive step
+per node.
 
 The graph. Each op (host cpu_op, runtime or driver call) and each device event is two nodes, its start and its
 end; an edge's weight is the time between its nodes unless said otherwise.
@@ -24,8 +25,12 @@ end; an edge's weight is the time between its nodes unless said otherwise.
   the event a cudaStreamWaitEvent waited for to the next event launched on the waiting stream.
 Weights of -1 (a child ending 1 ns after its parent: rounding) count 0 in the path and -1 in its total, as HTA.
 
-What-if (a replay of a window: every edge weighs its time): each event's `scale` multiplies the time of every
-piece that belongs to it (a synchronisation with scale 0 is removed), `gaps_scale` the launch delays and the gaps
+The what-if replay of a window adds an edge from the window's start to every node nothing leads to and from
+every node that leads nowhere to the window's end (or the last node's time, if later), gives each device event
+an edge from its launch and from the previous event on its stream, and weighs every edge its time, except where
+a node waits for several things: only the one that came last weighs its time (see _weights). Unchanged, its
+longest path is the window's measured time. Changes: each event's `scale` multiplies the time of every piece
+that belongs to it (a synchronisation with scale 0 is removed), `gaps_scale` the launch delays and the gaps
 between kernels; with gaps_scale NULL nothing changes.
 """
 
@@ -49,9 +54,9 @@ SEGMENT_FIELDS = (
     ("seq", pa.int32()), ("event_id", pa.int64()), ("ts", pa.int64()), ("dur_ns", pa.int64()),
     ("edge", pa.string()), ("bound_by", pa.string()),
 )
-EVENT_SQL = "STRUCT(" + ", ".join(f"{n} {'VARCHAR' if t == pa.string() else 'DOUBLE' if t == pa.float64() else 'BIGINT'}"
-                                  for n, t in EVENT_FIELDS) + ")[]"
-SEGMENT_SQL = "STRUCT(seq INTEGER, event_id BIGINT, ts BIGINT, dur_ns BIGINT, edge VARCHAR, bound_by VARCHAR)[]"
+SQL_TYPES = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR"}
+EVENT_SQL = "STRUCT(" + ", ".join(f"{n} {SQL_TYPES[t]}" for n, t in EVENT_FIELDS) + ")[]"
+SEGMENT_SQL = "STRUCT(" + ", ".join(f"{n} {SQL_TYPES[t]}" for n, t in SEGMENT_FIELDS) + ")[]"
 SEGMENT_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in SEGMENT_FIELDS]))
 
 OPS = ("op", "blocking_op")

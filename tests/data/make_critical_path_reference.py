@@ -2,7 +2,8 @@
 
     python -m venv /work/venvs/hta
     /work/venvs/hta/bin/pip install "HolisticTraceAnalysis==0.5.*" "pandas<3"   # 0.5.0 was used
-    /work/venvs/hta/bin/python tests/data/make_critical_path_reference.py CORPUS > tests/data/critical_path_reference.json
+    /work/venvs/hta/bin/python tests/data/make_critical_path_reference.py CORPUS \
+        > tests/data/critical_path_reference.json
 
 CORPUS is the corpus folder (../shared/corpus). For each trace of HTA's own critical-path test data and each
 instance of each user annotation in it (and the whole trace, annotation ''), HTA's `critical_path_analysis`:

@@ -62,7 +62,8 @@ WITH windows AS (
           SELECT run_id, rank, stream, slice_id, ts, -1, 1 FROM work WHERE queued)
 ), syncs AS (
     SELECT s.run_id, s.rank, s.slice_id, s.ts, s.dur, s.stream, s.device_id, s.launch_id, l.ts AS launch_ts,
-        l.pid AS launch_pid, l.tid AS launch_tid, l.dur AS launch_dur, json_extract_string(s.args, '$.cuda_sync_kind') AS sync_kind,
+        l.pid AS launch_pid, l.tid AS launch_tid, l.dur AS launch_dur,
+        json_extract_string(s.args, '$.cuda_sync_kind') AS sync_kind,
         CAST(json_extract(s.args, '$.wait_on_stream') AS BIGINT) AS wait_on_stream,
         CAST(json_extract(s.args, '$.wait_on_cuda_event_record_corr_id') AS BIGINT) AS record_correlation
     FROM slices s
