@@ -48,6 +48,8 @@ VARIANTS = {
     "mfu": {"model_flops_per_step": 1e13},
     "formula": {"model_flops_per_step": 1e13, "flops_source": "formula"},
     "torch": {"attention_convention": "torch"},
+    "class": {"per": "class"},
+    "whatif": {"faster": "gemm|aten::mm", "faster_pct": 30, "hide_communication": 1, "no_launch_overhead": 1},
 }
 ONLY = {"pg": ("overlap",)}
 

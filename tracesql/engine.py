@@ -148,12 +148,15 @@ def connect(target, *, threads: int | None = None, names=None, sandbox: bool = F
     if listed:
         con.execute(views_sql(listed, present)).fetchall()
     functions.install(con, names=names)
+    if names is None or "critical_path_walk" in names:  # the one function of Python, not SQL: see its module
+        from . import critical_path
+
+        critical_path.register(con)
     if sandbox:
         # each file as the views name it (glob characters escaped: DuckDB checks that name) and as it is opened
         files = [f for table_files in listed.values() for f in table_files]
         lock_down(con, files + [escape_path(f) for f in files], memory_limit)
     return con
-
 
 
 def lock_down(con: duckdb.DuckDBPyConnection, readable: list[str], memory_limit: str | None = None) -> None:

@@ -35,6 +35,10 @@ class Untranspilable(Exception):
     """The DuckDB SQL uses something this transpiler cannot express in Spark SQL."""
 
 
+#: Functions of Python that tracesql creates in its DuckDB sessions only (tracesql/critical_path.py).
+DUCKDB_ONLY = ("critical_path_walk",)
+
+
 class _DuckDBSource(DuckDB):
     # Keep list indexes as written (1-based): they are rewritten to try_element_at, never shifted by sqlglot.
     INDEX_OFFSET = 0
@@ -656,6 +660,9 @@ def _quiet_sqlglot():
 
 def to_spark(sql: str, variables: dict[str, str] | None = None) -> list[str]:
     """The statements of DuckDB `sql` as Spark SQL, with `variables` (name -> SQL literal) for getvariable()."""
+    python = [f for f in DUCKDB_ONLY if f in functions.words(sql)]
+    if python:
+        raise Untranspilable(f"{python[0]}() is a Python function of tracesql's DuckDB engine (use --engine duckdb)")
     statements = [s for s in sqlglot.parse(sql, read=READ) if s is not None]
     if not statements:
         raise Untranspilable("no SQL statement")

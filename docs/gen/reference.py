@@ -47,6 +47,10 @@ EXAMPLES: dict[str, Example] = {
         "query collective_stragglers datasets/torch_gloo_4rank_straggler/",
         note="Rank 2 of this job sleeps 5 ms before each collective (it was made so): it is last 23 times out of 27."),
     "collectives": Example("query collectives datasets/torch_gloo_4rank_straggler/", 6),
+    "critical_path": Example(
+        "query critical_path datasets/hta_trace_filter/ -p rank=0 -p instance=0", 6,
+        note="HTA's sampled trace keeps few ops: the path is mostly host time between them (cpu_bound); "
+             "`-p per=class` sums it per bound_by and cause."),
     "diff": Example(
         "diff datasets/torch_gloo_2rank/ datasets/torch_gloo_4rank_straggler/ --top 4",
         note="`tracesql diff BEFORE AFTER` runs this query on two runs; gloo runs on the CPU, so without device "
@@ -79,6 +83,10 @@ EXAMPLES: dict[str, Example] = {
     "steps": Example("query steps datasets/hta_trace_filter/"),
     "temporal_breakdown": Example("query temporal_breakdown datasets/hta_trace_filter/ -p per=step"),
     "timeline": Example("query timeline datasets/hta_trace_filter/ -p step=551", 6),
+    "what_if": Example(
+        "query what_if datasets/hta_trace_filter/ -p no_launch_overhead=1 -p faster=^aten:: -p faster_pct=50", 4,
+        note="Unchanged, the replay lasts what each step measured (replayed_ns = measured_ns); the changes save "
+             "saving_ns."),
     "xla_breakdown": Example("query xla_breakdown datasets/xprof_tpu_inference/ -p dimensions=category", 8),
 }
 

@@ -1,0 +1,101 @@
+-- what_if: What each step would take with kernels or ops faster, communication hidden, no launch overhead or no syncs, and what bounds it.
+--
+-- Replays each window's dependency graph (the critical_path query's; tracesql/critical_path.py) with every edge
+-- weighing the time it took, from the window's start to the later of its end and the end of the last op or
+-- device work it holds (measured_ns), then again with the changes: the longest path is the predicted time.
+-- Unchanged, the replay is the measured time (replayed_ns; a test holds it within 1 %). Changes: `faster` (a
+-- regex of kernel or op names; an op's own pieces, not its children's) takes faster_pct % off their time;
+-- hide_communication = 1 makes communication kernels take no time; no_launch_overhead = 1 makes launch delays
+-- and gaps between kernels take no time; remove_syncs = 1 removes the synchronisations (the host stops waiting
+-- for the device). Work still waits for what it depends on: a kernel for its launch and the previous kernel on
+-- its stream, a host call for the device work it synchronises with. The graph is one rank's: a collective's wait
+-- for a slower rank is its kernel's time (hide_communication removes it), and work outside the trace is not seen.
+-- bound: what takes the largest share of the window's critical path (the critical_path query's, HTA's: the
+-- replay's paths all last the measured time, so they tell nothing apart): compute, communication, host_launch
+-- (host work, launch calls and delays, gaps between kernels), input (data loading), sync or memory_copy; each
+-- *_share is that part of path_ns.
+--
+-- Needs: host ops and the device work they launched (Kineto GPU traces with correlation ids)
+-- Parameters:
+--   annotation = NULL          text: a host range name (substring, as HTA); NULL: each step; '': the whole trace
+--   instance = NULL            integer >= 0: which window on each rank (0 = its first step or annotation); NULL: all
+--   rank = NULL                integer >= 0: only this rank; NULL: every rank
+--   faster = NULL              text: regex of kernel or op names made faster (NULL: none)
+--   faster_pct = 0             number >= 0: how much faster, in % of their time (100: free)
+--   hide_communication = 0     one of 0, 1: 1 = communication kernels take no time
+--   no_launch_overhead = 0     one of 0, 1: 1 = launch delays and gaps between kernels take no time
+--   remove_syncs = 0           one of 0, 1: 1 = no synchronisation (stream, device, event)
+-- Columns:
+--   run_id               VARCHAR  run
+--   rank                 INTEGER  rank
+--   window_name          VARCHAR  the window: the step's or annotation's range name ('' for the whole trace)
+--   instance             INTEGER  its 0-based occurrence on the rank
+--   step                 INTEGER  step of the window's range (NULL outside steps)
+--   range_ns             BIGINT   the window's range duration
+--   measured_ns          BIGINT   from its start to the later of its end and the end of its last op or device work
+--   replayed_ns          BIGINT   the unchanged replay (equals measured_ns unless the graph lost time)
+--   predicted_ns         BIGINT   the replay with the changes
+--   saving_ns            BIGINT   replayed_ns - predicted_ns
+--   saving_pct           DOUBLE   saving_ns / replayed_ns in %, 2 decimals
+--   path_ns              BIGINT   length of the window's critical path (HTA's: host gaps between top-level ops weigh 0)
+--   bound                VARCHAR  compute, communication, host_launch, input, sync or memory_copy (see above)
+--   compute_share        DOUBLE   share of path_ns in compute kernels
+--   communication_share  DOUBLE   ... in communication kernels
+--   host_launch_share    DOUBLE   ... in host work, launch calls, launch delays and gaps between kernels
+--   input_share          DOUBLE   ... in data loading
+--   sync_share           DOUBLE   ... in host calls that wait for the device
+--   memory_copy_share    DOUBLE   ... in copies and memsets
+WITH windows AS (
+    -- the end of its last node (op or device work; ranges and syncs are none)
+    SELECT *, list_max([e.ts + e.dur FOR e IN events
+                        IF e.role NOT IN ('range', 'stream_sync', 'context_sync', 'event_sync')]) AS work_end
+    FROM critical_path_events(annotation := COALESCE(getvariable('annotation'), NULL),
+        occurrence := COALESCE(getvariable('instance'), NULL), rank_filter := COALESCE(getvariable('rank'), NULL),
+        faster := COALESCE(getvariable('faster'), NULL), faster_pct := COALESCE(getvariable('faster_pct'), 0),
+        hide_communication := COALESCE(getvariable('hide_communication'), 0),
+        remove_syncs := COALESCE(getvariable('remove_syncs'), 0))
+), walked AS (
+    SELECT run_id, rank, window_name, instance, step, window_ts, window_te, work_end,
+        critical_path_walk(events, NULL, NULL, NULL) AS path,
+        critical_path_walk(events, window_ts, window_te, NULL) AS replayed,
+        critical_path_walk(events, window_ts, window_te,
+            CASE WHEN COALESCE(getvariable('no_launch_overhead'), 0) = 1 THEN 0.0 ELSE 1.0 END) AS predicted
+    FROM windows
+), causes AS (
+    SELECT w.run_id, w.rank, w.window_name, w.instance,
+        CASE critical_path_cause(w.s.edge, e.kind, e.name, d.class)
+            WHEN 'compute' THEN 'compute' WHEN 'communication' THEN 'communication' WHEN 'input' THEN 'input'
+            WHEN 'sync' THEN 'sync' WHEN 'memory_copy' THEN 'memory_copy' ELSE 'host_launch' END AS cause,
+        sum(w.s.dur_ns) AS dur_ns
+    FROM (SELECT run_id, rank, window_name, instance, unnest(path) AS s FROM walked) w
+    LEFT JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.s.event_id
+    LEFT JOIN device_activity() d ON d.run_id = w.run_id AND d.rank = w.rank AND d.slice_id = w.s.event_id
+    GROUP BY ALL
+), shares AS (
+    SELECT run_id, rank, window_name, instance, sum(dur_ns) AS path_ns, arg_max(cause, dur_ns) AS bound,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'compute'), 0) AS compute_ns,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'communication'), 0) AS communication_ns,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'host_launch'), 0) AS host_launch_ns,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'input'), 0) AS input_ns,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'sync'), 0) AS sync_ns,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'memory_copy'), 0) AS memory_copy_ns
+    FROM causes
+    GROUP BY ALL
+), per_window AS (
+    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.window_te - w.window_ts AS range_ns,
+        greatest(w.window_te, w.work_end) - w.window_ts AS measured_ns,
+        CAST(list_sum([s.dur_ns FOR s IN w.replayed]) AS BIGINT) AS replayed_ns,
+        CAST(list_sum([s.dur_ns FOR s IN w.predicted]) AS BIGINT) AS predicted_ns
+    FROM walked w
+)
+SELECT p.run_id, p.rank, p.window_name, p.instance, p.step, p.range_ns, p.measured_ns, p.replayed_ns,
+    p.predicted_ns, p.replayed_ns - p.predicted_ns AS saving_ns,
+    round(100 * (p.replayed_ns - p.predicted_ns) / p.replayed_ns, 2) AS saving_pct,
+    CAST(s.path_ns AS BIGINT) AS path_ns, s.bound,
+    s.compute_ns / s.path_ns AS compute_share, s.communication_ns / s.path_ns AS communication_share,
+    s.host_launch_ns / s.path_ns AS host_launch_share, s.input_ns / s.path_ns AS input_share,
+    s.sync_ns / s.path_ns AS sync_share, s.memory_copy_ns / s.path_ns AS memory_copy_share
+FROM per_window p
+LEFT JOIN shares s ON s.run_id = p.run_id AND s.rank = p.rank AND s.window_name = p.window_name
+ AND s.instance = p.instance
+ORDER BY p.run_id, p.rank, p.instance, p.window_name;

@@ -1,0 +1,136 @@
+"""The critical path (HTA 0.5's graph and longest path) and its what-if replay, on real traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import tracesql
+from conftest import CORPUS, DATASETS, corpus_path
+
+REFERENCE = json.loads((Path(__file__).parent / "data" / "critical_path_reference.json").read_text())
+HTA_CLASSES = {"cpu_bound", "gpu_compute_bound", "gpu_communication_bound", "gpu_kernel_kernel_overhead",
+               "gpu_kernel_launch_overhead"}
+
+
+@pytest.mark.parametrize("trace", sorted(REFERENCE))
+def test_bound_by_totals_equal_hta_on_every_annotation_instance(trace, ingested):
+    """tests/data/make_critical_path_reference.py ran HTA 0.5.0 on each window; its times are µs (these traces'
+    timestamps are whole µs), tracesql's ns."""
+    run = ingested(corpus_path("hta", "tests", "data", "critical_path", trace))
+    for window in REFERENCE[trace]:
+        got = tracesql.query("critical_path", run, annotation=window["annotation"], instance=window["instance"],
+                             per="class")
+        totals = got.groupby("bound_by").dur_ns.sum()
+        assert {k: int(v) for k, v in totals.items()} == {k: v * 1000 for k, v in window["bound_by_us"].items()}, \
+            (window["annotation"], window["instance"])
+        assert got.dur_ns.sum() == window["length_us"] * 1000
+
+
+def test_segments_on_event_sync_trace(ingested):
+    """HTA's cuda_event_sync trace (ProfilerStep#100): the path's segments, each of its event's kind, in time
+    order, and the path no longer than the step's span."""
+    run = ingested(corpus_path("hta", "tests", "data", "critical_path", "cuda_event_sync"))
+    seg = tracesql.query("critical_path", run)
+    assert list(seg.window_name.unique()) == ["ProfilerStep#100"] and list(seg.seq) == list(range(len(seg)))
+    assert seg.dur_ns.sum() == 2_401_000 and abs(seg.share.sum() - 1) < 1e-9
+    con = tracesql.connect(run)
+    kinds = dict(con.sql("SELECT slice_id, kind FROM slices").fetchall())
+    for row in seg.itertuples():
+        kind = kinds[row.event_id]
+        if row.edge == "launch":
+            assert row.bound_by == "gpu_kernel_launch_overhead" and kind in ("kernel", "memcpy", "memset")
+        elif row.edge == "kernel_gap":
+            assert row.bound_by == "gpu_kernel_kernel_overhead"
+        elif kind in ("kernel", "memcpy", "memset"):
+            assert row.bound_by == "gpu_compute_bound"
+            assert row.cause == ("compute" if kind == "kernel" else "memory_copy")
+        else:
+            assert row.bound_by == "cpu_bound" and kind in ("cpu_op", "runtime", "user_annotation")
+    assert (seg.ts.diff().dropna() >= 0).all()
+    ((step_ts, step_end),) = con.sql("SELECT ts, ts + dur FROM steps").fetchall()
+    assert step_ts <= seg.ts.min() and seg.dur_ns.sum() <= step_end - step_ts
+
+
+def test_path_of_bundled_steps(ingested):
+    """HTA's sampled two-rank trace (datasets/hta_trace_filter): one path per step and rank; each segment's class
+    is its event's kind; the path fits in the step (host gaps between top-level ops weigh 0, as in HTA)."""
+    run = ingested(DATASETS / "hta_trace_filter")
+    seg = tracesql.query("critical_path", run)
+    con = tracesql.connect(run)
+    steps = {(r, s): (ts, te) for r, s, ts, te in con.sql("SELECT rank, step, ts, ts + dur FROM steps").fetchall()}
+    assert set(zip(seg["rank"], seg.step)) == set(steps)
+    assert set(seg.bound_by) <= HTA_CLASSES
+    kinds = {(r, i): k for r, i, k in con.sql("SELECT rank, slice_id, kind FROM slices").fetchall()}
+    seg["kind"] = [kinds[(r, i)] for r, i in zip(seg["rank"], seg.event_id)]
+    on_device = seg.kind.isin(["kernel", "memcpy", "memset"])
+    assert (seg[on_device & (seg.edge == "op")].bound_by.str.startswith("gpu_")).all()
+    assert (seg[~on_device].bound_by == "cpu_bound").all() and (seg[seg.bound_by == "cpu_bound"].edge == "op").all()
+    assert set(seg[seg.bound_by == "gpu_communication_bound"].cause) == {"communication"}
+    totals = seg.groupby(["rank", "step"]).dur_ns.sum()
+    assert totals.to_dict() == {(0, 551): 267_581_000, (0, 552): 470_090_000, (1, 551): 272_736_000,
+                                (1, 552): 310_702_000}
+    for (rank, step), total in totals.items():
+        ts, te = steps[(rank, step)]
+        assert seg[(seg["rank"] == rank) & (seg.step == step)].ts.min() >= ts and total <= te - ts
+    per_class = tracesql.query("critical_path", run, per="class")
+    assert per_class.groupby(["rank", "step"]).dur_ns.sum().to_dict() == totals.to_dict()
+    assert per_class.groupby(["rank", "step"]).share.sum().sub(1).abs().max() < 1e-9
+
+
+def _what_if(run, **changes):
+    return tracesql.query("what_if", run, **changes).set_index(["rank", "step"])
+
+
+def test_what_if_replays_bundled_steps(ingested):
+    """Unchanged, the replay lasts what the step measured: from its start to the later of its end and the end
+    of the last op or device work it holds (counted here from slices, the second method); changes only shorten
+    it, more of a change more, and never by more than the changed ops' own time."""
+    run = ingested(DATASETS / "hta_trace_filter")
+    base = _what_if(run)
+    con = tracesql.connect(run)
+    measured = dict(((r, s), m) for r, s, m in con.sql("""
+        WITH held AS (
+            SELECT st.rank, st.step, st.ts AS step_ts, st.ts + st.dur AS step_te, l.ts + l.dur AS te, l.slice_id
+            FROM steps st
+            JOIN slices l ON l.rank = st.rank AND l.device_id IS NULL AND l.dur > 0
+             AND l.ts BETWEEN st.ts AND st.ts + st.dur AND l.kind IN ('cpu_op', 'runtime', 'driver'))
+        SELECT h.rank, h.step, greatest(max(h.step_te), max(h.te), max(d.ts + d.dur)) - min(h.step_ts)
+        FROM held h
+        LEFT JOIN slices d ON d.rank = h.rank AND d.launch_id = h.slice_id AND d.kind IN ('kernel', 'memcpy', 'memset')
+        GROUP BY h.rank, h.step""").fetchall())
+    assert base.measured_ns.to_dict() == measured
+    assert base.measured_ns.to_dict() == {(0, 551): 607_312_000, (0, 552): 622_928_000, (1, 551): 607_904_000,
+                                          (1, 552): 630_639_000}
+    assert (base.replayed_ns == base.measured_ns).all() and (base.saving_ns == 0).all()
+    assert (base.path_ns == tracesql.query("critical_path", run).groupby(["rank", "step"]).dur_ns.sum()).all()
+    shares = base.filter(like="_share").sum(axis=1)
+    assert ((shares - 1).abs() < 1e-9).all() and set(base.bound) == {"host_launch"}
+    ops = {(r, s): t for r, s, t in con.sql("""
+        SELECT st.rank, st.step, sum(o.self_dur) FROM steps st
+        JOIN ops o ON o.rank = st.rank AND o.ts BETWEEN st.ts AND st.ts + st.dur AND o.name LIKE 'aten::%'
+        GROUP BY ALL""").fetchall()}
+    half, whole = _what_if(run, faster="^aten::", faster_pct=50), _what_if(run, faster="^aten::", faster_pct=100)
+    assert (half.saving_ns > 0).all() and (whole.saving_ns >= half.saving_ns).all()
+    assert all(whole.saving_ns[k] <= ops[k] for k in ops)
+    assert whole.saving_ns.to_dict() == {(0, 551): 967_000, (0, 552): 828_000, (1, 551): 1_006_000,
+                                         (1, 552): 812_000}
+
+
+CORPUS_KINETO = [
+    line.split("\t")[0] for line in (CORPUS / "MANIFEST.tsv").read_text().splitlines()[1:]
+    if line.split("\t")[6:7] == ["pytorch-kineto-json"]
+] if (CORPUS / "MANIFEST.tsv").exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", CORPUS_KINETO or ["(corpus absent)"])
+def test_what_if_replay_reproduces_every_corpus_step(path, ingested):
+    run = ingested(corpus_path(path))
+    base = tracesql.query("what_if", run)
+    if base.empty:
+        pytest.skip(f"{path}: no steps with host ops")
+    assert ((base.replayed_ns - base.measured_ns).abs() <= 0.01 * base.measured_ns).all(), base
+    assert (base.saving_ns == 0).all()

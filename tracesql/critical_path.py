@@ -1,0 +1,321 @@
+"""The longest path through one window's dependency graph: the SQL function `critical_path_walk`.
+
+`critical_path_events` (tracesql/functions/80_critical_path.sql) gathers, per rank and window, the events and
+the facts the graph needs (each device event's launch, its stream's queue length when launched and when it
+started, the kernel a stream-wait or an event synchronize waits for); this function builds the graph HTA 0.5's
+`critical_path_analysis` builds from them and returns the edges of its longest path. A DuckDB function of
+plain Python because a longest path is a walk in topological order that SQL can only do with one recursive step
+per node.
+
+The graph. Each op (host cpu_op, runtime or driver call) and each device event is two nodes, its start and its
+end; an edge's weight is the time between its nodes unless said otherwise.
+- Host, per thread, in nesting order: an op's start to the start of its first child op, one child's end to the
+  next child's start, the last child's end to the op's end (an op without child ops: start to end); the piece
+  belongs to the op it lies in (between two children: to the children's enclosing range, an op or an
+  annotation). A blocking call (cudaStreamSynchronize, cudaMemcpy, cudaEventQuery, ...) weighs 0 from its
+  last node to its end: the wait is the device's. The end of one top-level op leads to the start of the next
+  with weight 0 (dependency).
+- Device, per stream in start order: each event's start to end (gpu_compute_bound; communication kernels
+  gpu_communication_bound); an event that waits on no earlier work (its stream's queue held only it when
+  launched, nothing when it started, and the previous event on the stream and any event it waits for ended
+  before its launch) hangs off its launch (launch delay: gpu_kernel_launch_overhead), else off the previous
+  event on its stream (the gap: gpu_kernel_kernel_overhead).
+- Synchronisation, weight 0: the last event on a stream (stream synchronize) or on every stream (device
+  synchronize) or the event a CUDA event recorded (event synchronize) to the end of the host call that waited;
+  the event a cudaStreamWaitEvent waited for to the next event launched on the waiting stream.
+Weights of -1 (a child ending 1 ns after its parent: rounding) count 0 in the path and -1 in its total, as HTA.
+
+The what-if replay of a window adds an edge from the window's start to every node nothing leads to and from
+every node that leads nowhere to the window's end (or the last node's time, if later), gives each device event
+an edge from its launch and from the previous event on its stream, and weighs every edge its time, except where
+a node waits for several things: only the one that came last weighs its time (see _weights). Unchanged, its
+longest path is the window's measured time. Changes: each event's `scale` multiplies the time of every piece
+that belongs to it (a synchronisation with scale 0 is removed), `gaps_scale` the launch delays and the gaps
+between kernels; with gaps_scale NULL nothing changes.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import pyarrow as pa
+
+#: One event of the window. role: 'range' (a host range that holds ops but is no node: annotations, Python
+#: functions), 'op', 'blocking_op' (an op whose end waits for the device), 'device', 'communication' (a
+#: communication kernel), 'stream_sync', 'context_sync', 'event_sync'. launch: the slice_id of the host call
+#: that launched a device event, or that waited (syncs). waits_on: the device event a device event (stream
+#: wait) or an event synchronize waits for.
+EVENT_FIELDS = (
+    ("id", pa.int64()), ("role", pa.string()), ("ts", pa.int64()), ("dur", pa.int64()), ("pid", pa.int64()),
+    ("tid", pa.int64()), ("stream", pa.int64()), ("launch", pa.int64()), ("queue_at_launch", pa.int64()),
+    ("queue_at_start", pa.int64()), ("waits_on", pa.int64()), ("scale", pa.float64()),
+)
+SEGMENT_FIELDS = (
+    ("seq", pa.int32()), ("event_id", pa.int64()), ("ts", pa.int64()), ("dur_ns", pa.int64()),
+    ("edge", pa.string()), ("bound_by", pa.string()),
+)
+SQL_TYPES = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR"}
+EVENT_SQL = "STRUCT(" + ", ".join(f"{n} {SQL_TYPES[t]}" for n, t in EVENT_FIELDS) + ")[]"
+SEGMENT_SQL = "STRUCT(" + ", ".join(f"{n} {SQL_TYPES[t]}" for n, t in SEGMENT_FIELDS) + ")[]"
+SEGMENT_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in SEGMENT_FIELDS]))
+
+OPS = ("op", "blocking_op")
+KERNELS = ("device", "communication")
+SYNCS = ("stream_sync", "context_sync", "event_sync")
+
+
+class Graph:
+    """Nodes (an event's start or end) and edges, each piece owned by the event it belongs to."""
+
+    def __init__(self):
+        self.ts: list[int] = []  # per node
+        self.event: list[int] = []  # per node: index of its event
+        self.is_start: list[bool] = []
+        self.src: list[int] = []  # per edge
+        self.dst: list[int] = []
+        self.time: list[int] = []  # the time between its nodes
+        self.weighs: list[bool] = []  # HTA's weight is that time (else 0)
+        self.kind: list[str] = []  # 'op', 'launch', 'kernel_gap', 'dependency', 'sync', 'window'
+        self.owner: list[int] = []  # index of the event the piece belongs to (-1: none)
+
+    def node(self, ts: int, event: int, is_start: bool) -> int:
+        self.ts.append(ts)
+        self.event.append(event)
+        self.is_start.append(is_start)
+        return len(self.ts) - 1
+
+    def edge(self, src: int, dst: int, kind: str, owner: int = -1, weighs: bool = True) -> None:
+        self.src.append(src)
+        self.dst.append(dst)
+        self.time.append(self.ts[dst] - self.ts[src])
+        self.weighs.append(weighs)
+        self.kind.append(kind)
+        self.owner.append(owner)
+
+    def piece(self, src: int, dst: int, enclosing: int, weighs: bool = True) -> None:
+        """A host piece: from a start it belongs to that event, up to an end to that one, between two ops to the
+        range that encloses them."""
+        owner = (self.event[src] if self.is_start[src] else
+                 self.event[dst] if not self.is_start[dst] else enclosing)
+        self.edge(src, dst, "op", owner, weighs)
+
+
+def _host(g: Graph, ev: dict, start: list, end: list) -> None:
+    threads: dict[tuple, list[int]] = {}
+    for i, role in enumerate(ev["role"]):
+        if role in OPS or role == "range":
+            threads.setdefault((ev["pid"][i], ev["tid"][i]), []).append(i)
+    for rows in threads.values():
+        # nesting: by start, the longer first; an event that starts as another ends follows it
+        rows.sort(key=lambda i: (ev["ts"][i], -ev["dur"][i], ev["id"][i]))
+        stack: list[int] = []
+        parent = {}
+        last = last_top = None
+        enclosing = -1  # the enclosing range of the op last entered or left
+        depth = 0
+
+        def leave(i):
+            nonlocal last, last_top, enclosing, depth
+            depth -= 1
+            if last is not None:
+                g.piece(last, end[i], enclosing, weighs=ev["role"][i] != "blocking_op")
+            if depth == 0:
+                last, last_top = None, end[i]
+            else:
+                last, enclosing = end[i], parent[i]
+
+        for i in rows:
+            while stack and ev["ts"][stack[-1]] + ev["dur"][stack[-1]] <= ev["ts"][i]:
+                done = stack.pop()
+                if ev["role"][done] in OPS:
+                    leave(done)
+            parent[i] = stack[-1] if stack else -1
+            stack.append(i)
+            if ev["role"][i] not in OPS:
+                continue
+            if depth == 0 and last_top is not None:  # the host time between two top-level ops: their range's
+                g.edge(last_top, start[i], "dependency", parent[i], weighs=False)
+            depth += 1
+            if last is not None:
+                g.piece(last, start[i], enclosing)
+            last, enclosing = start[i], parent[i]
+        while stack:
+            done = stack.pop()
+            if ev["role"][done] in OPS:
+                leave(done)
+
+
+def _device(g: Graph, ev: dict, start: list, end: list, index: dict, replay: bool) -> None:
+    # device events in start order, syncs at their end (a stream sync spans the copy it waits for)
+    rows = [i for i, role in enumerate(ev["role"]) if role in KERNELS or role in SYNCS]
+    rows.sort(key=lambda i: (ev["ts"][i] + (ev["dur"][i] if ev["role"][i] in SYNCS else 0), ev["id"][i]))
+    last_on: dict[int, int] = {}  # stream -> end node of its last event
+    for i in rows:
+        role, stream = ev["role"][i], ev["stream"][i]
+        caller = index.get(ev["launch"][i])
+        if role in SYNCS:
+            if caller is None or end[caller] is None:
+                continue
+            if role == "event_sync":
+                waited = index.get(ev["waits_on"][i])
+                sources = [end[waited]] if waited is not None and end[waited] is not None else []
+            else:
+                sources = list(last_on.values()) if role == "context_sync" else [last_on.get(stream)]
+            for node in sources:
+                if node is not None:
+                    g.edge(node, end[caller], "sync", caller, weighs=False)
+            continue
+        g.edge(start[i], end[i], "op", i)
+        waited = index.get(ev["waits_on"][i])
+        waited_end = end[waited] if waited is not None else None
+        if waited_end is not None:
+            g.edge(waited_end, start[i], "sync", i, weighs=False)
+        previous = last_on.get(stream)
+        launched = start[caller] if caller is not None else None
+        if replay:  # each thing it waited for (which one held it up is the replay's business)
+            if launched is not None:
+                g.edge(launched, start[i], "launch", i)
+            if previous is not None:
+                g.edge(previous, start[i], "kernel_gap", g.event[previous])
+        elif (ev["queue_at_launch"][i] == 1 and ev["queue_at_start"][i] == 0 and launched is not None
+                and (previous is None or g.ts[previous] < g.ts[launched])
+                and (waited_end is None or g.ts[waited_end] < g.ts[launched])):
+            g.edge(launched, start[i], "launch", i)
+        else:
+            if previous is not None and (waited_end is None or g.ts[waited_end] < g.ts[previous]):
+                g.edge(previous, start[i], "kernel_gap", g.event[previous])
+        last_on[stream] = end[i]
+
+
+def _weights(g: Graph, scale: list, gaps_scale: float, replay: bool) -> list[float]:
+    """HTA's weights (replay False), or the replay's (True): every edge weighs its time, changed by the what-if,
+    except where a node waits for several things (a device event for its launch, the previous event on its
+    stream and an event it waits for; a blocking call's end for the host and the device work it synchronises
+    with): there only what came last, what held it up, weighs its time; the others weigh 0 (they still order)."""
+    if not replay:
+        return [max(time, 0) if weighs else 0 for time, weighs in zip(g.time, g.weighs)]
+    waits = ("launch", "kernel_gap", "sync")
+    binding: dict[int, int] = {}  # node -> the edge that held it up
+    for e, kind in enumerate(g.kind):
+        if kind in waits or (kind == "op" and not g.weighs[e]):
+            b = g.dst[e]
+            if b not in binding or g.ts[g.src[e]] > g.ts[g.src[binding[b]]]:
+                binding[b] = e
+    weights = []
+    for e, kind in enumerate(g.kind):
+        time, owner = g.time[e], g.owner[e]
+        if (kind in waits or (kind == "op" and not g.weighs[e])) and binding[g.dst[e]] != e:
+            weights.append(0)
+        elif kind in ("launch", "kernel_gap"):
+            weights.append(time * gaps_scale)
+        elif kind == "op":
+            weights.append(time * scale[owner])
+        else:  # a negative time (clocks of host and device apart, rounding) too: the replay is the trace's
+            weights.append(time)
+    return weights
+
+
+def _longest(g: Graph, weight: list) -> list[int]:
+    """The edges (indexes) of the longest path: a walk in topological order (Kahn's; of the nodes ready, the
+    earliest first), of equal paths the first found."""
+    n = len(g.ts)
+    outgoing: list[list[int]] = [[] for _ in range(n)]
+    indegree = [0] * n
+    for e, (a, b) in enumerate(zip(g.src, g.dst)):
+        outgoing[a].append(e)
+        indegree[b] += 1
+    ready = [(g.ts[v], v) for v in range(n) if indegree[v] == 0]
+    heapq.heapify(ready)
+    dist = [0.0] * n
+    via = [-1] * n
+    best = None
+    while ready:
+        _, v = heapq.heappop(ready)
+        if best is None or dist[v] > dist[best]:
+            best = v
+        for e in outgoing[v]:
+            b = g.dst[e]
+            if via[b] < 0 or dist[v] + weight[e] > dist[b]:
+                dist[b], via[b] = dist[v] + weight[e], e
+            indegree[b] -= 1
+            if indegree[b] == 0:
+                heapq.heappush(ready, (g.ts[b], b))
+    path = []
+    v = best
+    while v is not None and via[v] >= 0:
+        path.append(via[v])
+        v = g.src[via[v]]
+    return path[::-1]
+
+
+BOUND_BY = {"launch": "gpu_kernel_launch_overhead", "kernel_gap": "gpu_kernel_kernel_overhead"}
+
+
+def path(ev: dict, window: tuple[int, int] | None = None, gaps_scale: float | None = None) -> list[dict]:
+    """The segments of the window's critical path, in order. window None: HTA's path (edges that weigh 0 left
+    out). A window (start, end): the what-if replay, from the window's start to the later of its end and the
+    end of the last work: every edge weighs its time, changed by the events' scales and gaps_scale if given."""
+    if gaps_scale is not None:  # removed synchronisations
+        keep = [i for i, (role, scale) in enumerate(zip(ev["role"], ev["scale"])) if role not in SYNCS or scale != 0]
+        ev = {name: [values[i] for i in keep] for name, values in ev.items()}
+    g = Graph()
+    count = len(ev["id"])
+    start, end = [None] * count, [None] * count
+    nodes = sorted((ev["ts"][i] + (ev["dur"][i] if at_end else 0), at_end, i)
+                   for i, role in enumerate(ev["role"]) if role in OPS or role in KERNELS for at_end in (0, 1))
+    for t, at_end, i in nodes:
+        (end if at_end else start)[i] = g.node(t, i, not at_end)
+    index = {event_id: i for i, event_id in enumerate(ev["id"])}
+    _host(g, ev, start, end)
+    _device(g, ev, start, end, index, replay=window is not None)
+    if window is not None:  # the window's edges: its start to each first node, each last node to its end
+        has_in, has_out = set(g.dst), set(g.src)
+        first, last = g.node(window[0], -1, True), g.node(max([window[1]] + g.ts), -1, False)
+        for v in range(len(g.ts) - 2):
+            if v not in has_in:
+                g.edge(first, v, "window")
+            if v not in has_out:
+                g.edge(v, last, "window")
+    if not g.src:
+        return []
+    scale = [1.0 if s is None or gaps_scale is None else s for s in ev["scale"]]
+    weight = _weights(g, scale, 1.0 if gaps_scale is None else gaps_scale, replay=window is not None)
+    segments = []
+    for e in _longest(g, weight):
+        kind, owner = g.kind[e], g.owner[e]
+        if weight[e] == 0 and (window is not None or not g.weighs[e]):
+            continue
+        role = ev["role"][owner] if owner >= 0 else "range"
+        bound_by = BOUND_BY.get(kind) or ("cpu_bound" if role in OPS or role == "range" else
+                                          "gpu_communication_bound" if role == "communication" else
+                                          "gpu_compute_bound")
+        # HTA counts a -1 (a child ending 1 ns after its parent: rounding) as -1 in the total, 0 in the path
+        dur = g.time[e] if window is None and g.time[e] < 0 else round(weight[e])
+        segments.append({"seq": len(segments), "event_id": ev["id"][owner] if owner >= 0 else None,
+                         "ts": g.ts[g.src[e]], "dur_ns": dur, "edge": kind, "bound_by": bound_by})
+    return segments
+
+
+def walk(events: pa.Array, window_ts: pa.Array, window_te: pa.Array, gaps_scale: pa.Array) -> pa.Array:
+    """The DuckDB function (Arrow), per row: a window's events -> its path's segments; HTA's path when window_ts
+    is NULL, else the replay of [window_ts, window_te], with the what-if's changes unless gaps_scale is NULL."""
+    if isinstance(events, pa.ChunkedArray):
+        events = events.combine_chunks()
+    flat = events.values  # every row's events (offsets index it), one column at a time: far quicker than dicts
+    columns = {name: flat.field(name).to_pylist() for name, _ in EVENT_FIELDS}
+    offsets, valid = events.offsets.to_pylist(), events.is_valid().to_pylist()
+    out = []
+    for row, (ts, te, gaps) in enumerate(zip(window_ts.to_pylist(), window_te.to_pylist(),
+                                             gaps_scale.to_pylist())):
+        if not valid[row]:
+            out.append(None)
+            continue
+        ev = {name: values[offsets[row]:offsets[row + 1]] for name, values in columns.items()}
+        out.append(path(ev, None if ts is None else (ts, te), gaps))
+    return pa.array(out, type=SEGMENT_TYPE)
+
+
+def register(con) -> None:
+    """Create `critical_path_walk(events, window_ts, window_te, gaps_scale)` on `con`."""
+    con.create_function("critical_path_walk", walk, [EVENT_SQL, "BIGINT", "BIGINT", "DOUBLE"], SEGMENT_SQL,
+                        type="arrow", side_effects=False, null_handling="special")
