@@ -67,7 +67,8 @@ def test_zip_artifact_ingests_like_the_folder(tmp_path, ingested):
     assert changed.removed == ["artifact.zip/traces/sampled_rank-1.json.gz"]
 
 
-@pytest.mark.parametrize("suffix", [".tar", ".tar.gz", ".tgz"])
+@pytest.mark.parametrize("suffix", [".tar", pytest.param(".tar.gz", marks=pytest.mark.slow),
+                                    pytest.param(".tgz", marks=pytest.mark.slow)])  # one reader: .tar in the fast suite
 def test_tar_artifacts(tmp_path, suffix, ingested):
     artifact = _tar(tmp_path / f"job{suffix}", [
         tarfile.TarInfo("logs"),  # a folder entry

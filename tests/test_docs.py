@@ -161,6 +161,7 @@ def test_every_table_function_and_command_has_its_reference(site):
 PAGES = [p for p in examples.pages() if examples.regions(p.read_text())]
 
 
+@pytest.mark.docs  # runs every example command of the README and the pages
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
 def test_examples_show_todays_output(page):
     """Each example region holds what its command prints today; `python docs/gen/examples.py PAGE` refreshes."""

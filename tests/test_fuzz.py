@@ -40,6 +40,7 @@ def test_seeds_are_real_traces_that_ingest(fuzz, fmt):
         assert worker.run(seed.data, seed.suffix) == {"outcome": "ok"}, seed.origin
 
 
+@pytest.mark.slow  # hypothesis drives hundreds of mutants through each reader
 @pytest.mark.parametrize("fmt", [r.FORMAT for r in READERS])
 def test_mutated_traces_give_a_result_or_one_line_error(fuzz, fmt):
     by_reader, worker = fuzz
