@@ -80,28 +80,54 @@ def _read_stamp(stamp: Path) -> dict | None:
         return None
 
 
-SWAP_ATTEMPTS = 3
-_SWAPPED_PROBLEMS = ("missing:", "changed:", "not part of the run", "not a readable tracesql run")
+SWAP_ATTEMPTS = 5
+
+
+def published(run: Path):
+    """Which publication of `run` this is: its manifest file's identity (every ingest writes a new manifest and
+    swaps it in with the run's files), None while there is none."""
+    try:
+        st = (Path(run) / store.MANIFEST).stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def while_unchanged(runs, work):
+    """`work()`, and again (up to SWAP_ATTEMPTS times) when it failed while an ingest swapped one of `runs`: a
+    reader that listed a generation's files finds one gone (part names are never reused for other bytes, see
+    store) and starts over on the new generation, whatever the error said (missing file, "No files found",
+    a manifest that no longer matches the folder). An error while every run stayed put is raised as it is."""
+    runs = [Path(r) for r in runs]
+    for attempt in range(1, SWAP_ATTEMPTS + 1):
+        before = [published(r) for r in runs]
+        try:
+            return work()
+        except Exception as e:
+            after = [published(r) for r in runs]
+            if after == before:
+                raise
+            if attempt == SWAP_ATTEMPTS:
+                changed = next(r for r, b, a in zip(runs, before, after) if a != b)
+                raise TraceError(changed, f"replaced by an ingest {SWAP_ATTEMPTS} times while being read (each "
+                                          "time a file it had listed was gone): read it again once ingests "
+                                          "pause") from e
 
 
 def on_fresh_connection(target, work, names=None):
     """`work(con)` on a new connection to `target` (with the views and functions `names` need: see `connect`),
-    and again (up to SWAP_ATTEMPTS times) on another if a file of the run vanished under it: an ingest swapped
-    the run in between listing its files and opening them; the next attempt sees the new run whole."""
-    for attempt in range(1, SWAP_ATTEMPTS + 1):
-        con = None
+    again on another when an ingest swapped a run of it in meanwhile (see while_unchanged)."""
+    targets = target if isinstance(target, (list, tuple)) else [target]
+    runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
+
+    def attempt():
+        con = connect(runs, names=names)
         try:
-            con = connect(target, names=names)
             return work(con)
-        except TraceError as e:  # the manifest read, then the run swapped: its files are the next run's
-            if attempt == SWAP_ATTEMPTS or not e.problem.startswith(_SWAPPED_PROBLEMS):
-                raise
-        except duckdb.IOException as e:
-            if attempt == SWAP_ATTEMPTS or not any(s in str(e) for s in ("No such file", "No files found")):
-                raise
         finally:
-            if con is not None:
-                con.close()
+            con.close()
+
+    return while_unchanged(runs, attempt)
 
 
 def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBPyConnection:

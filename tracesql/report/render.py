@@ -9,6 +9,7 @@ it; a Content-Security-Policy admits only the page's own two scripts (by hash) a
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import hashlib
 import html
@@ -208,6 +209,27 @@ def write_traces(report, out: Path) -> list[Path]:
             if old not in written:
                 old.unlink()
     return written
+
+
+REPORT_LOCK = ".tracesql-report.lock"
+LOCK_WAIT_S = 600
+
+
+@contextlib.contextmanager
+def folder_locked(out: Path):
+    """Held by a report from reading its runs to saying what it wrote into `out`: a second report into the same
+    folder waits for it (up to LOCK_WAIT_S), so each one's files are its own whole set when it says so."""
+    import filelock
+
+    if out.exists() and not out.is_dir():
+        raise TraceError(out, "exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with filelock.FileLock(out / REPORT_LOCK, timeout=LOCK_WAIT_S):
+            yield
+    except filelock.Timeout:
+        raise TraceError(out, f"another report has been writing into this folder for {LOCK_WAIT_S} s (it holds "
+                              f"{REPORT_LOCK}); try again when it is done") from None
 
 
 def write(report, out: Path) -> list[Path]:
