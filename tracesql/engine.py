@@ -141,6 +141,11 @@ def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBP
     """
     targets = target if isinstance(target, (list, tuple)) else [target]
     runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
+    tables = list(schema.TABLES)
+    if names is not None:
+        names = {n.lower() for n in names}
+        _, used = functions.needed(names, set(tables))
+        tables = [t for t in tables if t in used]
     older, files = [], {t: [] for t in schema.TABLES}
     for run in runs:
         manifest = store.load_manifest(run)  # refuses newer runs with a clear message
@@ -149,13 +154,11 @@ def connect(target, *, threads: int | None = None, names=None) -> duckdb.DuckDBP
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
             older.append(run)
         for rel in store.files_of(run, manifest):  # refuses a run whose files are not its manifest's
-            files[rel.split("/")[0]].append(str(run / rel))
+            table = rel.split("/")[0]
+            files[table].append(str(run / rel))
+            if table in tables:  # a flipped bit in a file read is refused, never a wrong answer (robustness.md)
+                store.check_sha256(run, rel, (manifest.get("files") or {}).get(rel))
     con = db.connect(threads)
-    tables = list(schema.TABLES)
-    if names is not None:
-        names = {n.lower() for n in names}
-        _, used = functions.needed(names, set(tables))
-        tables = [t for t in tables if t in used]
     listed = {t: files[t] for t in tables}
     present = None
     if older:  # their files may lack columns added since: which columns each table's files have

@@ -324,6 +324,22 @@ def files_of(run, manifest: dict, found: dict[str, int] | None = None) -> list[s
     return sorted(listed)
 
 
+def check_sha256(run: Path, rel: str, entry) -> None:
+    """Refuse the run's file `rel` when its SHA-256 is not the one its manifest `entry` records (a flipped bit
+    anywhere in it; an entry without one, from an older tracesql, is not checked)."""
+    recorded = entry.get("sha256") if isinstance(entry, dict) else None
+    if recorded is None:
+        return
+    try:
+        digest = sha256(run / rel)
+    except FileNotFoundError:  # gone since the listing (an ingest swapped the run in: see while_unchanged)
+        raise TraceError(run / rel, "missing: the run's manifest lists it (a damaged run: re-ingest the traces)") \
+            from None
+    if digest != recorded:
+        raise TraceError(run / rel, "changed: its SHA-256 differs from the one the run's manifest records "
+                                    "(a damaged run: re-ingest the traces)")
+
+
 def verify(run: Path) -> dict:
     """Check every file of `run` against its manifest: present, nothing added, size, SHA-256, and every
     Parquet page's checksum. Returns {'files': n, 'bytes': total}; raises a TraceError naming the first bad file."""
@@ -338,14 +354,7 @@ def verify(run: Path) -> dict:
     total = 0
     for rel in files:
         path, entry = run / rel, manifest["files"][rel]
-        try:
-            digest = sha256(path)
-        except FileNotFoundError:  # gone since the listing (an ingest swapped the run in: see while_unchanged)
-            raise TraceError(path, "missing: the run's manifest lists it (a damaged run: re-ingest the traces)") \
-                from None
-        if digest != entry.get("sha256"):
-            raise TraceError(path, "changed: its SHA-256 differs from the one the run's manifest records "
-                                   "(a damaged run: re-ingest the traces)")
+        check_sha256(run, rel, entry)
         try:
             pf = pq.ParquetFile(path, page_checksum_verification=True)
             for i in range(pf.num_row_groups):
