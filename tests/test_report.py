@@ -511,7 +511,7 @@ def test_a_second_report_into_a_folder_another_is_writing_waits_or_is_refused(tm
     refused = cli("report", GLOO2, "-o", out)
     assert refused.exit_code == 1 and refused.output.strip().splitlines() == [
         f"Error: {out}: another report has been writing into this folder for 0.5 s (it holds "
-        ".tracesql-report.lock); try again when it is done"] and not (out / "index.html").exists()
+        ".report.report-lock); try again when it is done"] and not (out / "index.html").exists()
     monkeypatch.setattr(render, "LOCK_WAIT_S", 600)
     released = []
 

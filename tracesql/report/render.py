@@ -211,25 +211,29 @@ def write_traces(report, out: Path) -> list[Path]:
     return written
 
 
-REPORT_LOCK = ".tracesql-report.lock"
 LOCK_WAIT_S = 600
+
+
+def lock_path(out: Path) -> Path:
+    """The lock of the report folder `out`: a hidden file beside it (as a run's lock is), not inside it."""
+    return out.parent / f".{out.name}.report-lock"
 
 
 @contextlib.contextmanager
 def folder_locked(out: Path):
-    """Held by a report from reading its runs to saying what it wrote into `out`: a second report into the same
-    folder waits for it (up to LOCK_WAIT_S), so each one's files are its own whole set when it says so."""
+    """Held by a report from writing into `out` to saying what it wrote: a second report into the same folder
+    waits for it (up to LOCK_WAIT_S), so each one's files are its own whole set when it says so."""
     import filelock
 
     if out.exists() and not out.is_dir():
         raise TraceError(out, "exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with filelock.FileLock(out / REPORT_LOCK, timeout=LOCK_WAIT_S):
+        with filelock.FileLock(lock_path(out), timeout=LOCK_WAIT_S):
             yield
     except filelock.Timeout:
         raise TraceError(out, f"another report has been writing into this folder for {LOCK_WAIT_S} s (it holds "
-                              f"{REPORT_LOCK}); try again when it is done") from None
+                              f"{lock_path(out).name}); try again when it is done") from None
 
 
 def write(report, out: Path) -> list[Path]:
