@@ -142,3 +142,8 @@ def test_targets_refuses_an_unknown_section(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "targets.py"), "--only", "ingest,speed"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2 and "unknown section(s) speed" in done.stderr
+
+
+def test_bench_archive(tmp_path):
+    out = bench("bench_archive.py", "--members", "4", "--jobs", "1", "--scratch", tmp_path / "a", tmp_path=tmp_path)
+    assert "| 4 | 1 |" in out and "| 16 | (60 s for 5,000) |" in out  # 4 events a member, each a slice
