@@ -150,3 +150,8 @@ def test_bench_mcp(tmp_path):
     pytest.importorskip("mcp")
     out = bench("bench_mcp.py", "--repeat", "1", tmp_path=tmp_path)
     assert "| initialize |" in out and "| run_sql |" in out
+
+
+def test_bench_archive(tmp_path):
+    out = bench("bench_archive.py", "--members", "4", "--jobs", "1", "--scratch", tmp_path / "a", tmp_path=tmp_path)
+    assert "| 4 | 1 |" in out and "| 16 | (60 s for 5,000) |" in out  # 4 events a member, each a slice

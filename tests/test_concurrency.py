@@ -21,6 +21,7 @@ from tracesql import engine, store  # (tracesql.engine: imported, not only reach
 
 A = DATASETS / "hta_trace_filter"  # 2 ranks, 9,487 slices
 B = DATASETS / "torch_gloo_2rank"
+JOBS = {"2 ranks": B, "4 ranks": DATASETS / "torch_gloo_4rank_straggler"}
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 READER = """
@@ -66,7 +67,7 @@ def _consistent(run):
     manifest = store.load_manifest(run)
     parts = {part for entry in manifest["sources"].values() for part in entry["parts"]}
     for table in tracesql.schema.TABLES:
-        files = {p.name for p in (run / table).glob("*.parquet")} - {store.RUN_CHECKS}
+        files = {p.name for p in (run / table).glob("*.parquet") if not p.name.startswith("run-checks-")}
         assert files == parts, table
 
 
@@ -153,22 +154,110 @@ def test_a_reader_waits_while_the_first_ingest_of_a_run_holds_its_lock(tmp_path)
     locker.wait(timeout=60)
 
 
-def test_a_query_that_loses_a_file_to_a_swap_runs_again_on_the_new_run(tmp_path):
-    import duckdb
-
-    tracesql.ingest([A], tmp_path / "run")
-    attempts = []
+def test_a_query_that_loses_a_file_to_a_swap_runs_again_on_the_new_run(tmp_path, expected):
+    run = tmp_path / "run"
+    tracesql.ingest([A], run)
+    answers = []
 
     def work(con):
-        attempts.append(con)
-        if len(attempts) == 1:  # what DuckDB says when a globbed file is gone by the time it opens it
-            raise duckdb.IOException('IO Error: Cannot open file "x.parquet": No such file or directory')
-        return con.execute("SELECT count(*) FROM ranks").fetchone()[0]
+        if not answers:  # the run is swapped between listing its files and reading them
+            tracesql.ingest([B], run)
+        answers.append(con.execute("SELECT list(source_path ORDER BY source_path) FROM ranks").fetchone()[0])
+        return answers[-1]
 
-    assert tracesql.engine.on_fresh_connection(tmp_path / "run", work) == 2 and len(attempts) == 2
+    assert tracesql.engine.on_fresh_connection(run, work) == expected["b"][1] and len(answers) == 1
 
     def broken(con):
-        raise duckdb.IOException("IO Error: disk on fire")
+        raise RuntimeError("disk on fire")
 
-    with pytest.raises(duckdb.IOException, match="disk on fire"):
-        tracesql.engine.on_fresh_connection(tmp_path / "run", broken)
+    with pytest.raises(RuntimeError, match="disk on fire"):  # the run stayed put: the error is its own
+        tracesql.engine.on_fresh_connection(run, broken)
+
+
+def test_every_ingest_names_its_files_anew_and_keeps_unchanged_ones(tmp_path):
+    """A file name is never reused for other bytes: a reader that listed the previous run's files finds them
+    gone, never the next run's bytes under their names (two jobs' rank 0 once shared a name)."""
+    run, job = tmp_path / "run", tmp_path / "job"
+    job.mkdir()
+    for r in (0, 1):
+        shutil.copy(JOBS["4 ranks"] / f"rank-{r}.pt.trace.json.gz", job)
+    tracesql.ingest([job], run)
+    first = store.load_manifest(run)["files"]
+    tracesql.ingest([job], run, run_id="renamed")  # another option: every source read again
+    second = store.load_manifest(run)["files"]
+    assert not set(first) & set(second)
+    shutil.copy(JOBS["4 ranks"] / "rank-2.pt.trace.json.gz", job)
+    tracesql.ingest([job], run)
+    third = store.load_manifest(run)["files"]
+    kept = set(second) & set(third)  # ranks 0 and 1 carried over: the same names for the same bytes
+    assert {f.split("/")[1][:9] for f in kept} == {"rank00000", "rank00001"}
+    assert all(second[f] == third[f] for f in kept)
+    assert {f.split("/")[1][:9] for f in set(third) - kept} == {"rank00002", "run-check"}
+
+
+LOOP = """
+import json, os, sys
+from click.testing import CliRunner
+from tracesql.cli import main
+mode, run, stop, work = sys.argv[1:5]
+args = {"query": ["query", os.path.join(work, "state.sql"), run, "-f", "json"], "verify": ["verify", run],
+        "export": ["export", run, "--rank", "0", "-o", os.path.join(work, "rank0.pftrace")],
+        "report": ["report", run, "-o", os.path.join(work, "report")]}[mode]
+last = False
+while not last:
+    last = os.path.exists(stop)  # one more answer after the writer is done
+    result = CliRunner().invoke(main, args)
+    answer = {"code": result.exit_code, "out": result.output.replace(run, "RUN").replace(work, "WORK")}
+    if mode == "report" and result.exit_code == 0:
+        with open(os.path.join(work, "report", "metrics.json")) as f:
+            metrics = json.load(f)
+        answer["metrics"] = [metrics["runs"], sorted(metrics["ranks"], key=lambda r: r["rank"])]
+    print(json.dumps(answer, sort_keys=True), flush=True)
+"""
+LOOP_SECONDS = 40
+
+
+def _answers(mode: str, run, work, stop) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", LOOP, mode, str(run), str(stop), str(work)], env=ENV,
+                            stdout=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_query_verify_export_and_report_see_one_job_whole_while_ingests_alternate_two_jobs(tmp_path):
+    """A run swapped between a 2-rank and a 4-rank job again and again while `query`, `verify`, `export` and
+    `report` run in a loop beside it: each answer is the one a run of one job alone gives; none is an error."""
+    modes = ("query", "verify", "export", "report")
+    sql = "SELECT (SELECT count(*) FROM slices) AS slices, (SELECT list(source_path ORDER BY rank) FROM ranks) " \
+          "AS sources, (SELECT count(*) FROM ops) AS ops, (SELECT count(*) FROM warnings) AS warnings"
+    expected = {}  # mode -> the answers a run of either job alone gives
+    for job, source in JOBS.items():
+        run, work = tmp_path / job / "run", tmp_path / job / "work"
+        tracesql.ingest([source], run, run_id="run")
+        work.mkdir()
+        (work / "state.sql").write_text(sql)
+        (work / "stop").touch()
+        for mode in modes:
+            out = _answers(mode, run, work, work / "stop").communicate(timeout=300)[0]
+            expected.setdefault(mode, []).append(json.loads(out))
+    for mode in modes:
+        assert all(a["code"] == 0 for a in expected[mode]) and expected[mode][0] != expected[mode][1], mode
+
+    run, stop = tmp_path / "loop" / "run", tmp_path / "loop" / "stop"
+    tracesql.ingest([JOBS["2 ranks"]], run, run_id="run")
+    readers = {}
+    for mode in modes:
+        work = tmp_path / "loop" / mode
+        work.mkdir()
+        (work / "state.sql").write_text(sql)
+        readers[mode] = _answers(mode, run, work, stop)
+    swaps, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < LOOP_SECONDS or swaps < 4:
+        subprocess.run(_ingest_cmd(JOBS["4 ranks" if swaps % 2 == 0 else "2 ranks"], run), env=ENV, check=True)
+        swaps += 1
+    stop.touch()
+    answers = {mode: [json.loads(line) for line in p.communicate(timeout=300)[0].splitlines()]
+               for mode, p in readers.items()}
+    for mode, seen in answers.items():
+        wrong = [a for a in seen if a not in expected[mode]]
+        assert not wrong, (mode, len(wrong), len(seen), wrong[:2])
+    assert all(len(seen) >= 2 for seen in answers.values()), {m: len(a) for m, a in answers.items()}

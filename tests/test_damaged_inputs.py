@@ -3,6 +3,7 @@ slice, integers no column holds, files that are not regular files, and the messa
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import zipfile
@@ -162,3 +163,37 @@ def test_chart_labels_are_escaped_once():
     from tracesql.report.charts import text
 
     assert text('say "hi" <b> & co') == 'say "hi" &lt;b&gt; &amp; co'
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b'{"traceEvents":[1,"x",null,[],{}]}',
+     "no timed events (every event lacks a usable ts/dur; damaged: 4 malformed event)"),
+    (b'{"traceEvents":[{"ph":"M","name":"process_name","pid":1,"args":{"name":"a"}}]}',
+     "no timed events (every event lacks a usable ts/dur)"),
+], ids=["junk elements", "metadata only"])
+def test_a_trace_of_nothing_usable_is_refused_saying_why(tmp_path, content, problem):
+    (tmp_path / "t.json").write_bytes(content)
+    code, output = cli("ingest", tmp_path / "t.json", "-o", tmp_path / "run")
+    assert (code, output) == (1, f"Error: {tmp_path / 't.json'}: {problem}") and not (tmp_path / "run").exists()
+
+
+def test_a_null_among_events_is_counted_as_damaged(tmp_path):
+    events = [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 2}, None, 7]
+    (tmp_path / "t.json").write_text('{"traceEvents":' + json.dumps(events) + "}")
+    result = tracesql.ingest([tmp_path / "t.json"], tmp_path / "run")
+    assert result.warnings == [f"{tmp_path / 't.json'}: skipped damaged events: 2 malformed event"]
+    assert rows(tmp_path / "run", "SELECT count(*) FROM slices") == [(1,)]
+
+
+@pytest.mark.parametrize("encoding, problem", [
+    ("utf-8-sig", "JSON that starts with a UTF-8 byte-order mark (EF BB BF), which tracesql does not read: remove "
+                  "those first 3 bytes"),
+    ("utf-16", "JSON encoded as UTF-16: tracesql reads JSON in UTF-8 (re-encode it, e.g. `iconv -f UTF-16 -t UTF-8`)"),
+    ("utf-16-be", "JSON encoded as UTF-16-BE: tracesql reads JSON in UTF-8 (re-encode it, e.g. "
+                  "`iconv -f UTF-16-BE -t UTF-8`)"),
+    ("utf-32", "JSON encoded as UTF-32: tracesql reads JSON in UTF-8 (re-encode it, e.g. `iconv -f UTF-32 -t UTF-8`)"),
+])
+def test_json_in_another_encoding_is_refused_naming_it(tmp_path, encoding, problem):
+    text = '{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}'
+    (tmp_path / "t.json").write_bytes(text.encode(encoding))
+    assert cli("ingest", tmp_path / "t.json", "-o", tmp_path / "run") == (1, f"Error: {tmp_path / 't.json'}: {problem}")

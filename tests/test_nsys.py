@@ -168,3 +168,23 @@ def test_bad_file_is_one_line_naming_it(case, tmp_path):
     message = str(err.value)
     assert message.startswith(str(bad) + ": ") and problem in message and "\n" not in message
     assert not (tmp_path / "run").exists()
+
+
+def test_a_kernel_table_that_is_a_view_is_read_and_rows_of_no_process_are_counted(tmp_path):
+    """An export rewritten by a tool (the kernel table a view over another) reads like the original; kernels whose
+    globalPid names no process (NULL, text) belong to no rank: left out, and said with their number."""
+    from crafted import nsys_export
+
+    path = nsys_export(tmp_path / "view.sqlite", 99, huge=10)
+    with sqlite3.connect(path) as con:
+        con.executescript("""
+            ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL RENAME TO kernels_raw;
+            CREATE VIEW CUPTI_ACTIVITY_KIND_KERNEL AS SELECT * FROM kernels_raw;
+            UPDATE kernels_raw SET globalPid = NULL WHERE rowid <= 3;
+            UPDATE kernels_raw SET globalPid = 'pid 4242' WHERE rowid IN (10, 11);""")
+    result = tracesql.ingest([path], tmp_path / "run")
+    assert f"{path}: 5 rows of CUPTI_ACTIVITY_KIND_KERNEL left out: their globalPid is not an integer, so they " \
+           "belong to no process" in result.warnings
+    expected = raw(path, "SELECT count(*), sum(\"end\" - start) FROM kernels_raw WHERE typeof(globalPid) = 'integer'")
+    assert run_sql(tmp_path / "run", "SELECT count(*), sum(dur) FROM slices WHERE kind = 'kernel'") == expected
+    assert expected[0][0] == 94

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import random
 
 import pytest
@@ -288,3 +289,58 @@ def test_bad_files_are_one_line_errors(tmp_path, make, problem):
     with pytest.raises(tracesql.TraceError) as e:
         tracesql.ingest([path], tmp_path / "run")
     assert problem in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def _packets(data: bytes) -> list[bytes]:
+    """A Trace's packets as they are written (tag, length, body), cut at their boundaries."""
+    from tracesql.readers.perfetto import _varint_at
+
+    out, pos = [], 0
+    while pos < len(data):
+        length, body = _varint_at(data, pos + 1)
+        out.append(data[pos:body + length])
+        pos = body + length
+    return out
+
+
+def test_runs_of_empty_packets_change_nothing(tmp_path):
+    """Empty packets (0x0A 0x00: a packet with no field) carry nothing: runs of them, skipped in bulk, and single
+    ones, parsed as usual, leave the tables as they were."""
+    packets = _packets(gzip.decompress((DATASETS / "chromium_perfetto" / "chromium.perfetto-trace.gz").read_bytes()))
+    empty = b"\x0a\x00"
+    padded = empty * 100_000 + packets[0] + empty + b"".join(packets[1:50]) + empty * 5_000 + \
+        b"".join(packets[50:]) + empty * 64
+    (tmp_path / "plain.pftrace").write_bytes(b"".join(packets))
+    (tmp_path / "padded.pftrace").write_bytes(padded)
+    sql = "SELECT count(*), sum(dur), count(DISTINCT name), sum(hash(args)) FROM slices"
+    tracesql.ingest([tmp_path / "plain.pftrace"], tmp_path / "plain")
+    tracesql.ingest([tmp_path / "padded.pftrace"], tmp_path / "padded")
+    assert run_sql(tmp_path / "padded", sql) == run_sql(tmp_path / "plain", sql)
+    assert run_sql(tmp_path / "plain", sql)[0][0] > 1000
+
+
+@pytest.mark.slow
+def test_a_megabyte_gzip_of_empty_packets_is_refused_fast_within_the_memory_bound(tmp_path):
+    """1 MB of gzip unpacking to 1,000 MB of empty packets (500 M): a one-line refusal naming the file within 60 s
+    and the memory bound (--memory-limit 256MB + 320 MB), not minutes and gigabytes."""
+    import resource
+    import subprocess
+    import sys
+    import time
+    import zlib
+
+    from conftest import REPO
+
+    member = gzip.compress(b"\x0a\x00" * (16 << 20), compresslevel=9)  # a gzip member of 16 M of them: 32 MB
+    path = tmp_path / "empty.perfetto-trace.gz"
+    path.write_bytes(member * 31)  # members one after another: one gzip stream of 992 MB
+    assert path.stat().st_size < 1.1e6 and len(zlib.decompressobj(31).decompress(member)) == 32 << 20
+    t0 = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "tracesql", "ingest", str(path), "-o", str(tmp_path / "run"),
+                             "--memory-limit", "256MB", "-q"], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=300)
+    wall = time.monotonic() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    assert result.returncode == 1 and result.stderr.strip() == (
+        f"Error: {path}: empty trace: no packets with content ({31 << 24:,} empty packets)")
+    assert wall < 60 and peak_mb < 256 + 320, (wall, peak_mb)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import shutil
 import statistics
 from pathlib import Path
@@ -518,3 +519,40 @@ def test_metrics_collected_in_groups_equal_one_session(tmp_path):
         pd.testing.assert_frame_equal(a, b, check_dtype=False)
     for name, table in whole.tables.items():
         assert len(grouped.tables[name]) == len(table), name
+
+
+def test_a_second_report_into_a_folder_another_is_writing_waits_or_is_refused(tmp_path, monkeypatch):
+    """Two reports into one folder never interleave their files: the second waits for the first to have said
+    what it wrote, or, past the wait, is refused in one line naming the folder."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from conftest import REPO
+
+    out = tmp_path / "report"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys\nfrom pathlib import Path\nfrom tracesql.report import render\n"
+        "with render.folder_locked(Path(sys.argv[1])):\n    print('writing', flush=True)\n    sys.stdin.readline()\n"),
+        str(out)], env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True)
+    assert holder.stdout.readline() == "writing\n"
+    monkeypatch.setattr(render, "LOCK_WAIT_S", 0.5)
+    refused = cli("report", GLOO2, "-o", out)
+    assert refused.exit_code == 1 and refused.output.strip().splitlines() == [
+        f"Error: {out}: another report has been writing into this folder for 0.5 s (it holds "
+        ".report.report-lock); try again when it is done"] and not (out / "index.html").exists()
+    monkeypatch.setattr(render, "LOCK_WAIT_S", 600)
+    released = []
+
+    def release():
+        released.append(time.time())
+        holder.communicate("done\n", timeout=60)
+
+    timer = threading.Timer(3, release)
+    timer.start()
+    waited = cli("report", GLOO2, "-o", out)
+    timer.join()
+    assert waited.exit_code == 0 and holder.returncode == 0
+    assert all((out / name).stat().st_mtime >= released[0] for name in ("index.html", "metrics.json"))

@@ -237,12 +237,13 @@ def query(query, target, params, fmt, columns, output, engine, master, sandbox):
     else:
         from . import engine as duckdb_engine
 
-        def run_and_explain(con):
-            rows = _emit(queries.run(con, q, params), fmt, output, picked)
-            return rows, queries.explain(con, q, params, rows)
+        def run_and_explain(con):  # printed after: a second attempt (the run swapped meanwhile) prints once
+            rows, deliver = _prepare(queries.run(con, q, params), fmt, output, picked)
+            return rows, deliver, queries.explain(con, q, params, rows)
 
-        rows, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=queries.names_used(q),
-                                                      sandbox=sandbox)
+        rows, deliver, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=queries.names_used(q),
+                                                               sandbox=sandbox)
+        deliver(_echo)
     if rows == 0:
         click.echo(f"Note: no rows: {why or q.name + ' needs ' + (q.needs or 'data this run does not have')}.",
                    err=True)
@@ -268,9 +269,20 @@ def check_output(output: Path | None, makes_folders: bool = False) -> None:
 
 def _emit(rel, fmt: str, out: Path | None, columns: list[str] | None = None) -> int:
     """Write the result in `fmt` (only `columns`, when given); returns the number of rows."""
+    rows, deliver = _prepare(rel, fmt, out, columns)
+    deliver(_echo)
+    return rows
+
+
+def _prepare(rel, fmt: str, out: Path | None, columns: list[str] | None = None):
+    """The result run and rendered: (rows, deliver) as output.prepare returns them."""
     if fmt == "parquet" and out is None:
         raise click.UsageError("--format parquet needs --output FILE")
-    return _show().write(rel, fmt, out, columns, echo=lambda text: click.echo(text, nl=False))
+    return _show().prepare(rel, fmt, out, columns)
+
+
+def _echo(text: str) -> None:
+    click.echo(text, nl=False)
 
 
 @main.command(name="queries", short_help="List the curated queries, one line each.")
@@ -368,10 +380,10 @@ def verify(run):
     \b
         tracesql verify runs/1234/
     """
-    from . import store
+    from . import engine, store
 
     store.require_run(run)
-    checked = store.verify(run)
+    checked = engine.while_unchanged([run], lambda: store.verify(run))  # again if an ingest swaps it meanwhile
     click.echo(f"{run}: ok — {checked['files']} files, {checked['bytes']:,} bytes match the manifest's checksums")
 
 
@@ -479,21 +491,30 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
     """
     try:
         from . import report as reporting
-        from .report import render  # noqa: F401  (jinja2 and plotly: the [report] extra)
+        from .report import render  # (jinja2 and plotly: the [report] extra)
         import plotly  # noqa: F401
     except ImportError as e:
         raise click.ClickException(f"the report needs the [report] extra: {install_extra('report')} ({e})")
     mfu_params = {k: v for k, v in (("model_flops_per_step", model_flops), ("params", n_params),
                                     ("tokens_per_step", tokens_per_step)) if v is not None}
-    result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order, gate_runs=gate_runs,
-                             threshold=threshold, mfu_params=mfu_params or None, device=device, top=top)
+    from . import engine as duckdb_engine
+
+    def build_and_write():
+        result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order,
+                                 gate_runs=gate_runs, threshold=threshold, mfu_params=mfu_params or None,
+                                 device=device, top=top)
+        with render.folder_locked(out):  # another report into `out` waits until this one has said what it wrote
+            result.write(out)
+            click.echo(f"{out}: index.html, summary.md, metrics.json, metrics.parquet — "
+                       f"{len(result.metrics.runs)} run(s), baseline {result.baseline}, "
+                       f"{len(result.regressions)} regressed")
+        return result
+
+    runs = reporting.find_runs(list(targets)) + (duckdb_engine.resolve(baseline) if baseline else [])
     try:
-        result.write(out)
+        result = duckdb_engine.while_unchanged(runs, build_and_write)  # again if an ingest swaps a run in
     except OSError as e:
         raise TraceError(e.filename or out, f"cannot write the report: {e.strerror or e}") from None
-    runs = result.metrics.runs
-    click.echo(f"{out}: index.html, summary.md, metrics.json, metrics.parquet — {len(runs)} run(s), baseline "
-               f"{result.baseline}, {len(result.regressions)} regressed")
     for v in result.verdicts:
         if not v.passed:
             click.echo(f"FAIL {v.gate.text}: {v.reason}", err=True)
@@ -527,19 +548,20 @@ def diff(before, after, top, fmt, columns, output):
     check_output(output)
     runs, params = api.diff_runs(before, after)
     q = queries.find("diff")
-    con = duckdb_engine.connect(runs, names=queries.names_used(q))
-    rel = queries.run(con, q, {**params, "top": top})
-    if fmt == "table" and not columns:
-        text = _diff_table(_show().Result.of(rel), [params["before"], params["after"]])
-        if output is not None:
-            output.write_text(text)
-        else:
-            click.echo(text, nl=False)
-        return
-    if fmt == "table":  # the runs once on top instead of in every row
+
+    def run_diff(con):
+        rel = queries.run(con, q, {**params, "top": top})
+        if fmt == "table" and not columns:
+            text = _diff_table(_show().Result.of(rel), [params["before"], params["after"]])
+            return lambda echo: output.write_text(text) if output is not None else echo(text)
+        if fmt == "table":  # the runs once on top instead of in every row
+            rel = rel.project("* EXCLUDE (before_run, after_run)")
+        return _prepare(rel, fmt, output, _show().parse_columns(columns))[1]
+
+    deliver = duckdb_engine.on_fresh_connection(runs, run_diff, names=queries.names_used(q))
+    if fmt == "table" and columns:
         click.echo(f"{params['before']} -> {params['after']}: per rank, largest change first")
-        rel = rel.project("* EXCLUDE (before_run, after_run)")
-    _emit(rel, fmt, output, _show().parse_columns(columns))
+    deliver(_echo)
 
 
 #: The diff as a person reads it: per level, the change first (time, %, part of the level's total change), then the

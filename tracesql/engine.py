@@ -81,29 +81,55 @@ def _read_stamp(stamp: Path) -> dict | None:
         return None
 
 
-SWAP_ATTEMPTS = 3
-_SWAPPED_PROBLEMS = ("missing:", "changed:", "not part of the run", "not a readable tracesql run")
+SWAP_ATTEMPTS = 5
+
+
+def published(run: Path):
+    """Which publication of `run` this is: its manifest file's identity (every ingest writes a new manifest and
+    swaps it in with the run's files), None while there is none."""
+    try:
+        st = (Path(run) / store.MANIFEST).stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def while_unchanged(runs, work):
+    """`work()`, and again (up to SWAP_ATTEMPTS times) when it failed while an ingest swapped one of `runs`: a
+    reader that listed a generation's files finds one gone (part names are never reused for other bytes, see
+    store) and starts over on the new generation, whatever the error said (missing file, "No files found",
+    a manifest that no longer matches the folder). An error while every run stayed put is raised as it is."""
+    runs = [Path(r) for r in runs]
+    for attempt in range(1, SWAP_ATTEMPTS + 1):
+        before = [published(r) for r in runs]
+        try:
+            return work()
+        except Exception as e:
+            after = [published(r) for r in runs]
+            if after == before:
+                raise
+            if attempt == SWAP_ATTEMPTS:
+                changed = next(r for r, b, a in zip(runs, before, after) if a != b)
+                raise TraceError(changed, f"replaced by an ingest {SWAP_ATTEMPTS} times while being read (each "
+                                          "time a file it had listed was gone): read it again once ingests "
+                                          "pause") from e
 
 
 def on_fresh_connection(target, work, names=None, sandbox: bool = False, memory_limit: str | None = None):
     """`work(con)` on a new connection to `target` (with the views and functions `names` need, sandboxed or not, its
-    memory limit: see `connect`),
-    and again (up to SWAP_ATTEMPTS times) on another if a file of the run vanished under it: an ingest swapped
-    the run in between listing its files and opening them; the next attempt sees the new run whole."""
-    for attempt in range(1, SWAP_ATTEMPTS + 1):
-        con = None
+    memory limit: see `connect`), again on another when an ingest swapped a run of it in meanwhile (see
+    while_unchanged)."""
+    targets = target if isinstance(target, (list, tuple)) else [target]
+    runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
+
+    def attempt():
+        con = connect(runs, names=names, sandbox=sandbox, memory_limit=memory_limit)
         try:
-            con = connect(target, names=names, sandbox=sandbox, memory_limit=memory_limit)
             return work(con)
-        except TraceError as e:  # the manifest read, then the run swapped: its files are the next run's
-            if attempt == SWAP_ATTEMPTS or not e.problem.startswith(_SWAPPED_PROBLEMS):
-                raise
-        except duckdb.IOException as e:
-            if attempt == SWAP_ATTEMPTS or not any(s in str(e) for s in ("No such file", "No files found")):
-                raise
         finally:
-            if con is not None:
-                con.close()
+            con.close()
+
+    return while_unchanged(runs, attempt)
 
 
 def connect(target, *, threads: int | None = None, names=None, sandbox: bool = False,
@@ -122,6 +148,11 @@ def connect(target, *, threads: int | None = None, names=None, sandbox: bool = F
     """
     targets = target if isinstance(target, (list, tuple)) else [target]
     runs = list(dict.fromkeys(run.absolute() for t in targets for run in resolve(t)))
+    tables = list(schema.TABLES)
+    if names is not None:
+        names = {n.lower() for n in names}
+        _, used = functions.needed(names, set(tables))
+        tables = [t for t in tables if t in used]
     older, files = [], {t: [] for t in schema.TABLES}
     for run in runs:
         manifest = store.load_manifest(run)  # refuses newer runs with a clear message
@@ -130,13 +161,11 @@ def connect(target, *, threads: int | None = None, names=None, sandbox: bool = F
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
             older.append(run)
         for rel in store.files_of(run, manifest):  # refuses a run whose files are not its manifest's
-            files[rel.split("/")[0]].append(str(run / rel))
+            table = rel.split("/")[0]
+            files[table].append(str(run / rel))
+            if table in tables:  # a flipped bit in a file read is refused, never a wrong answer (robustness.md)
+                store.check_sha256(run, rel, (manifest.get("files") or {}).get(rel))
     con = db.connect(threads, None if sandbox else memory_limit)
-    tables = list(schema.TABLES)
-    if names is not None:
-        names = {n.lower() for n in names}
-        _, used = functions.needed(names, set(tables))
-        tables = [t for t in tables if t in used]
     listed = {t: files[t] for t in tables}
     present = None
     if older:  # their files may lack columns added since: which columns each table's files have

@@ -121,11 +121,14 @@ def export(target, out, *, rank: int | None = None, step: int | None = None, run
     Perfetto trace. `con`: an open connection holding that run (with others: `run_id` names it), not opened again."""
     if class_scheme not in CLASS_SCHEMES:
         raise TraceError("--class-scheme", f"one of {', '.join(CLASS_SCHEMES)}, not {class_scheme!r}")
-    if con is None:
+    if con is None:  # its own connection, opened again if an ingest swaps the run in meanwhile
         path, rid = pick_run(target, run_id)
-        con = engine.connect(path)
-    else:
-        rid = run_id or con.execute("SELECT min(run_id) FROM ranks").fetchone()[0]
+        return engine.on_fresh_connection(path, lambda con: _export(con, target, out, rank, step, rid, class_scheme))
+    return _export(con, target, out, rank, step, run_id or con.execute("SELECT min(run_id) FROM ranks").fetchone()[0],
+                   class_scheme)
+
+
+def _export(con, target, out, rank: int | None, step: int | None, rid: str, class_scheme: str) -> Exported:
     ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM ranks WHERE run_id = $1 ORDER BY 1",
                                        [rid]).fetchall()]
     if rank is None:

@@ -32,24 +32,31 @@ def info(run) -> RunInfo:
     """
     run = Path(run)
     store.require_run(run)
+    return engine.while_unchanged([run], lambda: _info(run))  # again if an ingest swaps the run in meanwhile
+
+
+def _info(run: Path) -> RunInfo:
     manifest = store.load_manifest(run)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OlderSchemaWarning)  # said once, in `note`
         con = engine.connect(run, names=set(schema.TABLES))  # the tables; no function is used
-    result = RunInfo(run=run, run_id=manifest.get("run_id"), schema_version=manifest["schema_version"],
-                     tracesql_version=manifest.get("tracesql_version"), note=store.older_schema_note(manifest))
-    cur = con.execute("SELECT source_path, rank, source_format, source_bytes, event_count, skipped_count "
-                      "FROM ranks ORDER BY rank, source_path")
-    keys = ("source_path", "rank", "format", "bytes", "events", "skipped")
-    result.sources = [dict(zip(keys, row)) for row in cur.fetchall()]
-    for name in schema.TABLES:
-        result.rows[name] = con.execute(f"SELECT count(*) FROM {name}").fetchone()[0]
-    result.start_ns, result.end_ns = con.execute("SELECT min(trace_start_ns), max(trace_end_ns) FROM ranks").fetchone()
-    cur = con.execute("SELECT rank, source_path, check_name, event_count, example, message FROM warnings "
-                      "ORDER BY rank, source_path, check_name")
-    keys = ("rank", "source_path", "check_name", "event_count", "example", "message")
-    result.warnings = [dict(zip(keys, row)) for row in cur.fetchall()]
-    con.close()
+    try:
+        result = RunInfo(run=run, run_id=manifest.get("run_id"), schema_version=manifest["schema_version"],
+                         tracesql_version=manifest.get("tracesql_version"), note=store.older_schema_note(manifest))
+        cur = con.execute("SELECT source_path, rank, source_format, source_bytes, event_count, skipped_count "
+                          "FROM ranks ORDER BY rank, source_path")
+        keys = ("source_path", "rank", "format", "bytes", "events", "skipped")
+        result.sources = [dict(zip(keys, row)) for row in cur.fetchall()]
+        for name in schema.TABLES:
+            result.rows[name] = con.execute(f"SELECT count(*) FROM {name}").fetchone()[0]
+        result.start_ns, result.end_ns = con.execute(
+            "SELECT min(trace_start_ns), max(trace_end_ns) FROM ranks").fetchone()
+        cur = con.execute("SELECT rank, source_path, check_name, event_count, example, message FROM warnings "
+                          "ORDER BY rank, source_path, check_name")
+        keys = ("rank", "source_path", "check_name", "event_count", "example", "message")
+        result.warnings = [dict(zip(keys, row)) for row in cur.fetchall()]
+    finally:
+        con.close()
     return result
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import os
 import shutil
 import signal
@@ -197,7 +196,7 @@ def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id:
             if rank is None:
                 raise TraceError(p, "cannot tell which rank this is: no distributedInfo, no rank-N/workerN in the "
                                     "name; ingest it alone with --rank N")
-            part = store.part_name(rank, hashlib.sha1(rel.encode()).hexdigest()[:10])
+            part = store.part_name(rank, store.part_key(rel, staging))
             # each table is written as soon as it is done; the shedding covers the writes still running at the end
             with data.shedding(), store.PartWriter(Path(staging), part) as writer:
                 rows = normalize(data, run_id, rank, threads=threads, step_pattern=step_pattern, on_table=lambda name, table: writer.write(
@@ -378,7 +377,7 @@ def _write_run_checks(staging: Path) -> None:
     ranks = [views.escape_path(str(staging / rel)) for rel in store.parquet_files(staging) if rel.startswith("ranks/")]
     rows = con.sql(f"SELECT {schema.select_list('warnings')} FROM ({quality.CLOCK_SKEW_SQL})",
                    params={"ranks": ranks})
-    store.write_relation(rows, staging / "warnings" / store.RUN_CHECKS)
+    store.write_relation(rows, staging / "warnings" / store.run_checks_name(staging))
     con.close()
 
 

@@ -421,6 +421,15 @@ def render(result: Result, fmt: str, width: int | None = None) -> str:
 def write(rel, fmt: str, output: Path | None = None, columns: list[str] | None = None, echo=None) -> int:
     """Write the DuckDB relation `rel` (only `columns`, when given) in `fmt` to `output` or, through `echo`, to
     the terminal; returns the number of rows."""
+    rows, deliver = prepare(rel, fmt, output, columns)
+    deliver(echo)
+    return rows
+
+
+def prepare(rel, fmt: str, output: Path | None = None, columns: list[str] | None = None):
+    """`write` in two steps: run `rel` and render it, returning (rows, deliver); `deliver(echo)` then writes the
+    text (Parquet is already in `output`). A reader that runs the first step again on a swapped run (see
+    engine.while_unchanged) prints nothing twice."""
     if fmt == "parquet":
         if output is None:
             raise TraceError("--format parquet", "needs --output FILE")
@@ -431,11 +440,14 @@ def write(rel, fmt: str, output: Path | None = None, columns: list[str] | None =
             if type(e).__name__ != "IOException":
                 raise
             raise TraceError(output, f"cannot write ({str(e).strip().splitlines()[0]})") from None
-        return rel.count("*").fetchall()[0][0]
+        return rel.count("*").fetchall()[0][0], lambda echo=None: None
     result = Result.of(pick_relation(rel, columns))
     text = render(result, fmt)
-    if output is not None:
-        Path(output).write_text(text)
-    else:
-        (echo or sys.stdout.write)(text)
-    return len(result.rows)
+
+    def deliver(echo=None):
+        if output is not None:
+            Path(output).write_text(text)
+        else:
+            (echo or sys.stdout.write)(text)
+
+    return len(result.rows), deliver

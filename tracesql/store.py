@@ -6,7 +6,8 @@ A run is a folder:
       tracesql.json              manifest: schema version, sources (size, mtime, rank, part), warnings, and
                                  `files`: every Parquet file of the run with its size and SHA-256
       init.sql                   views + macros for a plain DuckDB client (`cd runs/1234 && duckdb -init init.sql`)
-      slices/rank00003-<key>.parquet   one Parquet file per table per source file
+      slices/rank00003-<key>.parquet   one Parquet file per table per source file (<key>: the source and the
+                                 ingest that wrote it, so a name never holds other bytes in a later run)
       ops/ collectives/ memory/ steps/ ranks/ devices/ process_groups/
 
 Every row carries `run_id` and `rank`, so the files of many runs (a fleet: a folder of run folders) read as one
@@ -20,6 +21,11 @@ A run verifies itself: opening it (`files_of`) refuses a run whose Parquet files
 lists (one missing, one added, one of another size) in one line naming the file; `verify` also checks every
 file's SHA-256 and every Parquet page's CRC (written by every writer here). Files are always named one by one,
 never found by a glob pattern, so a run under `exp[1]/` or `a*b/` reads exactly its own files.
+
+A reader sees one generation of a run whole, without locks: every ingest names the files it writes anew (the
+generation is part of their names; a part carried over unchanged keeps its name and its bytes), so a file name
+a reader listed is either those very bytes or gone. A reader that finds one gone after a swap starts over on the
+new run (`engine.while_unchanged`), and never reads the next run's bytes under the previous run's name.
 """
 
 from __future__ import annotations
@@ -59,6 +65,22 @@ def _dictionary_columns(arrow_schema) -> list[str]:
 
 def part_name(rank: int, key: str) -> str:
     return f"rank{rank:05d}-{key}.parquet"
+
+
+def part_key(rel: str, staging) -> str:
+    """The key of the parts a source `rel` gets in the run being built in `staging`: new with every ingest (see
+    the module's note on generations)."""
+    return hashlib.sha1(f"{rel}\n{generation(staging)}".encode()).hexdigest()[:10]
+
+
+def generation(staging) -> str:
+    """The ingest building `staging` (a folder made by new_staging), as the random part of its name."""
+    return Path(staging).name.rpartition("staging-")[2]
+
+
+def run_checks_name(staging) -> str:
+    """The file of the run's own `warnings` rows (those that need every rank, not one source's part)."""
+    return f"run-checks-{generation(staging)}.parquet"
 
 
 def is_run(path: Path) -> bool:
@@ -123,9 +145,6 @@ def remove_leftovers(out: Path) -> list[Path]:
     for p in stale:
         shutil.rmtree(p, ignore_errors=True)
     return stale
-
-
-RUN_CHECKS = "run-checks.parquet"  # the `warnings` rows that need every rank (not one source's part)
 
 
 def load_manifest(run: Path) -> dict:
@@ -313,6 +332,22 @@ def files_of(run, manifest: dict, found: dict[str, int] | None = None) -> list[s
     return sorted(listed)
 
 
+def check_sha256(run: Path, rel: str, entry) -> None:
+    """Refuse the run's file `rel` when its SHA-256 is not the one its manifest `entry` records (a flipped bit
+    anywhere in it; an entry without one, from an older tracesql, is not checked)."""
+    recorded = entry.get("sha256") if isinstance(entry, dict) else None
+    if recorded is None:
+        return
+    try:
+        digest = sha256(run / rel)
+    except FileNotFoundError:  # gone since the listing (an ingest swapped the run in: see while_unchanged)
+        raise TraceError(run / rel, "missing: the run's manifest lists it (a damaged run: re-ingest the traces)") \
+            from None
+    if digest != recorded:
+        raise TraceError(run / rel, "changed: its SHA-256 differs from the one the run's manifest records "
+                                    "(a damaged run: re-ingest the traces)")
+
+
 def verify(run: Path) -> dict:
     """Check every file of `run` against its manifest: present, nothing added, size, SHA-256, and every
     Parquet page's checksum. Returns {'files': n, 'bytes': total}; raises a TraceError naming the first bad file."""
@@ -327,9 +362,7 @@ def verify(run: Path) -> dict:
     total = 0
     for rel in files:
         path, entry = run / rel, manifest["files"][rel]
-        if sha256(path) != entry.get("sha256"):
-            raise TraceError(path, "changed: its SHA-256 differs from the one the run's manifest records "
-                                   "(a damaged run: re-ingest the traces)")
+        check_sha256(run, rel, entry)
         try:
             pf = pq.ParquetFile(path, page_checksum_verification=True)
             for i in range(pf.num_row_groups):

@@ -72,7 +72,26 @@ def reader_for(path: Path):
     for reader in READERS:
         if reader.detect(path, head):
             return reader
+    encoding = _json_encoding(head)
+    if encoding == "utf-8-sig":
+        raise TraceError(path, "JSON that starts with a UTF-8 byte-order mark (EF BB BF), which tracesql does not read: "
+                               "remove those first 3 bytes")
+    if encoding:
+        raise TraceError(path, f"JSON encoded as {encoding.upper()}: tracesql reads JSON in UTF-8 (re-encode it, "
+                               f"e.g. `iconv -f {encoding.upper()} -t UTF-8`)")
     raise TraceError(path, f"not a trace tracesql can read (formats: {', '.join(r.FORMAT for r in READERS)})")
+
+
+def _json_encoding(head: bytes) -> str | None:
+    """The encoding of a head that is JSON in anything but plain UTF-8 (UTF-16/32, a byte-order mark), as
+    json.detect_encoding names it; None otherwise."""
+    import json
+
+    encoding = json.detect_encoding(head)
+    if encoding == "utf-8":
+        return None
+    text = head.decode(encoding, "ignore").lstrip("\ufeff \t\r\n")
+    return encoding if text[:1] in ("{", "[") else None
 
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_.]?(\d+)", re.IGNORECASE)

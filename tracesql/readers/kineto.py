@@ -144,7 +144,7 @@ FROM read_json($file, format = 'array',
                           ts: 'DOUBLE', dur: 'DOUBLE', args: 'JSON', id: 'JSON', id2: 'JSON', bp: 'VARCHAR'})
 """
 _ROBUST = """
-SELECT row_number() OVER () - 1 AS idx, json_type(e) <> 'OBJECT' AS malformed,
+SELECT row_number() OVER () - 1 AS idx, json_type(e) IS DISTINCT FROM 'OBJECT' AS malformed,  -- null too
     e ->> 'ph' AS ph, e ->> 'cat' AS cat, e ->> 'name' AS name, e -> 'pid' AS pid, e -> 'tid' AS tid,
     TRY_CAST(e ->> 'ts' AS DOUBLE) AS ts, TRY_CAST(e ->> 'dur' AS DOUBLE) AS dur, e -> 'args' AS args,
     e -> 'id' AS id, e -> 'id2' AS id2, e ->> 'bp' AS bp
@@ -421,7 +421,9 @@ def _check_counts(con, path: Path, counts: list, max_events: int | None, notes: 
             raise TraceError(path, f"no usable timed events: {skipped['time out of range']:,} have times out of "
                                    f"range (e.g. {example}); Chrome trace times are microseconds, and these look "
                                    "like nanoseconds: divide ts and dur by 1000")
-        raise TraceError(path, "no timed events (every event lacks a usable ts/dur)")
+        damaged = ", ".join(f"{n:,} {reason}" for reason, n in skipped.items() if n)
+        raise TraceError(path, "no timed events (every event lacks a usable ts/dur" +
+                         (f"; damaged: {damaged})" if damaged else ")"))
     return skipped, examples, total
 
 

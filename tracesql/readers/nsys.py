@@ -187,7 +187,7 @@ def _read(path: Path, con, scratch: Path, threads: int | None):
     import adbc_driver_sqlite.dbapi
 
     tables = {name: {c[1] for c in con.execute(f'PRAGMA table_info("{name}")')}
-              for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+              for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
     if _KERNEL not in tables and _RUNTIME not in tables:
         raise TraceError(path, "not an Nsight Systems export: no CUPTI_ACTIVITY_KIND_KERNEL table")
     processes, notes = _processes(con, tables)
@@ -225,16 +225,32 @@ def _processes(con, tables) -> tuple[list[int], list[str]]:
             return {}
         return dict(con.execute(f"SELECT p, count(*) FROM ({' UNION ALL '.join(parts)}) GROUP BY p ORDER BY p"))
 
-    device = having([f'SELECT "globalPid" >> 24 AS p FROM "{t}"' for t in _DEVICE_WORK if t in tables])
-    api = having([f'SELECT "globalTid" >> 24 AS p FROM "{_RUNTIME}" WHERE eventClass IN (0, 1)'
-                  if _RUNTIME in tables else ""])
+    integer = "typeof({}) = 'integer'"
+    device = having([f'SELECT "globalPid" >> 24 AS p FROM "{t}" WHERE {integer.format("globalPid")}'
+                     for t in _DEVICE_WORK if t in tables])
+    api = having([f'SELECT "globalTid" >> 24 AS p FROM "{_RUNTIME}" WHERE eventClass IN (0, 1) AND '
+                  f'{integer.format("globalTid")}' if _RUNTIME in tables else ""])
+    notes = []
+    for table in _TABLES:  # rows read but naming no process belong to no rank: said, not dropped silently
+        column = _process_column(table.name)
+        if column in tables.get(table.name, ()):
+            (lost,), = con.execute(f'SELECT count(*) FROM "{table.name}" WHERE NOT {integer.format(column)}'
+                                   + (f" AND ({table.where})" if table.where else ""))
+            if lost:
+                notes.append(f"{lost:,} rows of {table.name} left out: their {column} is not an integer, so they "
+                             "belong to no process")
     if not device:
-        return list(api), []
+        return list(api), notes
     left_out = {p: n for p, n in api.items() if p not in device}
-    notes = [f"{len(left_out)} process(es) made CUDA calls but ran no device work, so are no rank: "
-             + ", ".join(f"pid {p & _PID_MASK} ({n:,} calls left out)" for p, n in list(left_out.items())[:10])
-             ] if left_out else []
+    if left_out:
+        notes.append(f"{len(left_out)} process(es) made CUDA calls but ran no device work, so are no rank: "
+                     + ", ".join(f"pid {p & _PID_MASK} ({n:,} calls left out)" for p, n in list(left_out.items())[:10]))
     return list(device), notes
+
+
+def _process_column(table: str) -> str:
+    """The column that names a row's process: globalPid in device tables, globalTid (pid in bits 24-47) else."""
+    return "globalPid" if table in (*_DEVICE_WORK, _SYNC) else "globalTid"
 
 
 def _base_time(con, tables) -> tuple[int, list[str]]:
@@ -306,8 +322,7 @@ def _read_process(path: Path, con, source, duck, tables: dict, process: int, bas
         for table in _TABLES:
             if table.name not in tables or (max_events and numbered[0] >= max_events):
                 continue
-            column = "globalPid" if table.name in (_KERNEL, _MEMCPY, _MEMSET, _SYNC) else "globalTid"
-            sql = table.sqlite(tables[table.name], column, process)
+            sql = table.sqlite(tables[table.name], _process_column(table.name), process)
             checked = _checked(_batches(source, sql), table, numbered, skipped, max_events)
             first = next(checked, None)
             if first is None:

@@ -9,6 +9,7 @@ it; a Content-Security-Policy admits only the page's own two scripts (by hash) a
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import hashlib
 import html
@@ -242,6 +243,31 @@ def write_traces(report, out: Path) -> list[Path]:
             if old not in written:
                 old.unlink()
     return written
+
+
+LOCK_WAIT_S = 600
+
+
+def lock_path(out: Path) -> Path:
+    """The lock of the report folder `out`: a hidden file beside it (as a run's lock is), not inside it."""
+    return out.parent / f".{out.name}.report-lock"
+
+
+@contextlib.contextmanager
+def folder_locked(out: Path):
+    """Held by a report from writing into `out` to saying what it wrote: a second report into the same folder
+    waits for it (up to LOCK_WAIT_S), so each one's files are its own whole set when it says so."""
+    import filelock
+
+    if out.exists() and not out.is_dir():
+        raise TraceError(out, "exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with filelock.FileLock(lock_path(out), timeout=LOCK_WAIT_S):
+            yield
+    except filelock.Timeout:
+        raise TraceError(out, f"another report has been writing into this folder for {LOCK_WAIT_S} s (it holds "
+                              f"{lock_path(out).name}); try again when it is done") from None
 
 
 def write(report, out: Path) -> list[Path]:

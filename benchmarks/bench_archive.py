@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""An archive of many tiny traces (issue 26, item 8): what CI keeps of a 1,024-rank job, one small Kineto trace per
+rank in one zip. Times `tracesql ingest ZIP` in a fresh process and prints wall and CPU seconds (the process and
+its workers), in all and per member, with the number of slices the run holds (one kernel and three ops a member).
+
+The target is 60 s for 5,000 members; the members are synthetic (four events each, rank in `distributedInfo`),
+since what is measured is the cost each member carries, not the events.
+
+Usage:
+    python benchmarks/bench_archive.py                      # 5,000 members, every core
+    python benchmarks/bench_archive.py --members 200 --jobs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_S = 60.0
+
+
+def tiny_trace(rank: int, world: int) -> bytes:
+    """Three CPU ops and one kernel, on rank `rank` of `world`."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1000 + 10 * i, "dur": 5,
+               "args": {}} for i in range(3)]
+    events.append({"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1002, "dur": 3,
+                   "args": {"device": 0, "stream": 7, "correlation": 1}})
+    return json.dumps({"distributedInfo": {"rank": rank, "world_size": world}, "traceEvents": events}).encode()
+
+
+def make_zip(path: Path, members: int) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for rank in range(members):
+            z.writestr(f"job/rank-{rank}.pt.trace.json", tiny_trace(rank, members))
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--members", type=int, default=5000, help="traces in the zip (default 5,000)")
+    p.add_argument("--jobs", type=int, help="ingest's --jobs (default: every core)")
+    p.add_argument("--scratch", type=Path, help="folder for the zip and the run (default: a temporary one)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tracesql-bench-") as tmp:
+        scratch = args.scratch or Path(tmp)
+        scratch.mkdir(parents=True, exist_ok=True)
+        archive = make_zip(scratch / "artifact.zip", args.members)
+        run = scratch / "run"
+        cmd = [sys.executable, "-m", "tracesql", "ingest", str(archive), "-o", str(run), "-q",
+               *(["-j", str(args.jobs)] if args.jobs else [])]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        sys.path.insert(0, str(REPO))
+        import tracesql
+
+        slices = tracesql.connect(run).execute("SELECT count(*) FROM slices").fetchone()[0]
+    n = args.members
+    target = ("met" if wall <= TARGET_S else "not met") if n >= 5000 else f"({TARGET_S:.0f} s for 5,000)"
+    print("| members | jobs | wall s | CPU s | wall s / member | CPU s / member | slices | 60 s target |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| {n:,} | {args.jobs or os.cpu_count()} | {wall:.1f} | {cpu:.1f} | {wall / n:.4f} | {cpu / n:.4f} | "
+          f"{slices:,} | {target} |")
+
+if __name__ == "__main__":
+    main()
