@@ -41,9 +41,12 @@ def session_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    """Raw-trace targets are ingested into a cache: keep it out of the user's home, one per test session."""
+def _test_environment(tmp_path_factory, monkeypatch):
+    """Raw-trace targets are ingested into a cache: keep it out of the user's home, one per test session. Tables
+    are laid out for the terminal's width: 120 columns (tracesql's default without a terminal) wherever the tests
+    run, pytest-xdist's workers included (they report 80)."""
     monkeypatch.setenv("TRACESQL_CACHE", str(session_root(tmp_path_factory) / "cache"))
+    monkeypatch.setenv("COLUMNS", "120")
 
 
 @pytest.fixture(scope="session")

@@ -645,7 +645,7 @@ def export(run, out, rank, step, run_id, class_scheme):
     click.echo(summary(write_trace(run, out, rank=rank, step=step, run_id=run_id, class_scheme=class_scheme)))
 
 
-@main.command()
+@main.command(short_help="An MCP server over runs, for agents: read-only SQL, the queries.")
 @click.argument("targets", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--http", "port", type=click.IntRange(1, 65535), metavar="PORT",
               help="Serve streamable HTTP on 127.0.0.1:PORT (path /mcp) instead of stdin/stdout.")
