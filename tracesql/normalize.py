@@ -491,10 +491,8 @@ FROM (
         COALESCE(max(s.ts + s.dur) FILTER (WHERE NOT x.device), max(s.ts + s.dur))
             - COALESCE(min(s.ts) FILTER (WHERE NOT x.device), min(s.ts)) AS dur,
         count(*) FILTER (WHERE s.kind IN ({sql_list(DEVICE_TIME_KINDS)})) AS kernel_count,
-        -- a TPU op's time by the device's own clock (device_duration_ps, as XProf counts it): the timeline's
-        -- duration stretches or shrinks an op during which the device-to-host clock alignment was re-anchored
-        COALESCE(sum(COALESCE(round(TRY_CAST(json_extract(s.args, '$.device_duration_ps') AS BIGINT) / 1000)::BIGINT,
-                              s.dur)) FILTER (WHERE s.kind IN ({sql_list(DEVICE_TIME_KINDS)})), 0) AS device_ns
+        -- (a TPU op's slice lasts what its device measured, as XProf counts it: readers/xplane.py)
+        COALESCE(sum(s.dur) FILTER (WHERE s.kind IN ({sql_list(DEVICE_TIME_KINDS)})), 0) AS device_ns
     FROM xla_exec x JOIN slices s USING (slice_id) GROUP BY x.op_id
 ) e
 JOIN slices s ON s.slice_id = e.op_id

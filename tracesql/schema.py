@@ -136,8 +136,11 @@ TABLES: dict[str, Table] = {
                 ),
                 ("category", "VARCHAR", "The event's category as the source named it (Kineto `cat`)."),
                 ("name", "VARCHAR", "Event name (op, kernel, annotation text)."),
-                ("ts", "BIGINT", "Start, absolute nanoseconds."),
-                ("dur", "BIGINT", "Duration in nanoseconds (0 for instants)."),
+                ("ts", "BIGINT", "Start, absolute nanoseconds. XPlane device ops that the device timed "
+                 "(TPU): by the device's clock, anchored at the device's first op (the timeline's start: args.span_ts)."),
+                ("dur", "BIGINT", "Duration in nanoseconds (0 for instants). XPlane device ops that the device timed "
+                 "(TPU): the device's own duration (device_duration_ps), as XProf counts it; the timeline's span "
+                 "is args.span_ns."),
                 ("pid", "BIGINT", "Host process id; for device events the device index the source used as pid."),
                 ("tid", "BIGINT", "Host thread id; for device events the source's lane (stream)."),
                 ("device_id", "INTEGER", "Device index for device events; NULL on the host."),
