@@ -168,6 +168,30 @@ def test_xplane_device_time_equals_xprof(key, trace, ingested):
     assert all(got[k][0] == n and abs(got[k][1] - ns) < 1 for k, (n, ns) in kernels.items())
 
 
+@pytest.mark.parametrize("key", ["jax_cpu_8dev_ffn", "xprof_gpu_multi_worker", "xprof_tpu_inference"])
+def test_xplane_steps_equal_xprof_overview(key, ingested):
+    """Step times are XProf's overview page's: the host's step annotations (the FFN's StepTraceAnnotation), else
+    the device 'Steps' line (TensorFlow's GPU demo: one marker per GPU; XProf's step is the longest, 21.31 ms on
+    GPU 6), else none (the TPU profile). A device-marked step is its device window, and the per-step breakdown
+    of the longest marker's device spans it: 69.8 % compute, as XProf says (14.8755 ms of 21.3104 ms)."""
+    con = tracesql.connect(ingested(DATASETS / key))
+    overview = XPROF[key]["overview_page"]
+    want = [r["stepTimeMs"] * 1e6 for r in overview["steps"]]
+    got = rows(con, "SELECT dur, device_dur, rule FROM steps ORDER BY step")
+    assert [round(ns) for ns, _, _ in got] == [round(ns) for ns in want]
+    if key != "xprof_gpu_multi_worker":
+        return
+    assert got == [(21310352, 21310352, "xplane_steps")]
+    found = queries.run(con, queries.find("temporal_breakdown"), {"per": "step"})
+    cols = [c[0] for c in found.description]
+    breakdown = {r[cols.index("device_id")]: dict(zip(cols, r)) for r in found.fetchall()}
+    assert {d: r["window_ns"] for d, r in breakdown.items()} == {4: 19865491, 6: 21310352}  # each GPU's marker
+    # XProf counts the step's events that carry its group_id, TensorFlow's 'MemcpyH2D'/'MemcpyD2H' among them as
+    # compute (its rules look for 'MemcpyHtoD'): 10.2 µs more compute than the kernels' 14.8654 ms
+    xprof = overview["steps"][0]["deviceComputeTimeMs"] * 1e6
+    assert xprof - breakdown[6]["compute_ns"] == 10176 and breakdown[6]["compute_pct"] == 69.76
+
+
 def test_tpu_timeline_per_core_equals_xprof(tpu):
     """Each TPU core's compute, communication and memory time in temporal_breakdown (a union of intervals) is
     XProf's per-core op time of those categories (hlo_stats of that core's plane alone), and the idle time of all

@@ -654,7 +654,11 @@ WITH ranges AS (  -- step_rules.find's: the rule that defines the rank's steps, 
     SELECT step, min(ts) AS device_ts, max(te) - min(ts) AS device_dur, sum(kernel_count) AS kernel_count
     FROM windows GROUP BY step
 )
-SELECT r.*, d.device_ts, d.device_dur, COALESCE(d.kernel_count, 0) AS kernel_count
+SELECT r.*,
+    -- a step marked on the device (XPlane's 'Steps' line) is its own device window: XProf's step time
+    CASE WHEN r.rule = 'xplane_steps' THEN r.ts ELSE d.device_ts END AS device_ts,
+    CASE WHEN r.rule = 'xplane_steps' THEN r.dur ELSE d.device_dur END AS device_dur,
+    COALESCE(d.kernel_count, 0) AS kernel_count
 FROM ranges r LEFT JOIN device d USING (step)
 ORDER BY r.ts, r.slice_id
 """

@@ -344,22 +344,26 @@ TABLES: dict[str, Table] = {
             "Steps per rank, on the host and projected onto the device: training steps (ProfilerStep#N ranges) or "
             "inference iterations (vLLM execute_..., SGLang step[...] ranges), or the ranges --step-pattern names "
             "at ingest. One rule defines a rank's steps: the user's pattern, else the first built-in rule that "
-            "matches (sglang, vllm, vllm_new_cached, profiler_step, vllm_execute_model).",
+            "matches (sglang, vllm, vllm_new_cached, profiler_step, vllm_execute_model, xplane_steps: the device "
+            "'Steps' line of an XPlane whose host marks no step, one row per step: its longest device's marker, "
+            "XProf's step time).",
             _cols(
                 *_RUN_RANK,
                 ("step", "INTEGER", "Step number: N of ProfilerStep#N (or the pattern's `step` group), else 0, 1, ... "
                  "in time order."),
                 ("name", "VARCHAR", "Name of the range that defines the step."),
                 ("slice_id", "BIGINT", "slice_id of that range."),
-                ("ts", "BIGINT", "Host start, ns."),
-                ("dur", "BIGINT", "Host duration, ns."),
+                ("ts", "BIGINT", "Host start, ns (xplane_steps: the device marker's)."),
+                ("dur", "BIGINT", "Host duration, ns (xplane_steps: the device marker's)."),
                 ("device_ts", "BIGINT", "Start of the step's device window: its first device event (launched in the "
-                 "step; work with no captured launch placed by its order on its stream, docs/concepts/steps.md)."),
+                 "step; work with no captured launch placed by its order on its stream, docs/concepts/steps.md); "
+                 "xplane_steps: the marker's start."),
                 ("device_dur", "BIGINT", "Length of the step's device window: up to the next step's first device event "
-                 "(the last step: to the last stepped device event). Windows of consecutive steps do not overlap."),
+                 "(the last step: to the last stepped device event). Windows of consecutive steps do not overlap. "
+                 "xplane_steps: the marker's duration (XProf's step time)."),
                 ("kernel_count", "BIGINT", "Device events of the step (kernels, copies, memsets)."),
                 ("rule", "VARCHAR", "The rule that recognised the range: profiler_step, sglang, vllm, vllm_new_cached, "
-                 "vllm_execute_model or user (--step-pattern)."),
+                 "vllm_execute_model, xplane_steps or user (--step-pattern)."),
                 ("phase", "VARCHAR", "Inference iterations: prefill, decode or mixed (both in one batch; 'idle' for "
                  "SGLang's idle batches), as the name says; NULL when it does not."),
                 ("batch_size", "INTEGER", "Requests in the iteration's batch, when the name says."),
