@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -34,6 +34,10 @@ SCHEMA_CHANGES = {
     6: "steps on the device (issue 12): steps.device_ts/device_dur are the step's device window (from its first "
        "device event to the next step's first; windows no longer overlap); device work with no captured launch "
        "takes its step by its order on its stream (slices.step)",
+    7: "XPlane against XProf (issue 25): a TPU op's slices.ts/dur are the device's clock (device_offset_ps, "
+       "device_duration_ps; the timeline's span in args.span_ts/span_ns); steps may come from the device 'Steps' "
+       "line (rule xplane_steps); xla_ops gains async_start (an async -done's -start op); collectives gains "
+       "warning (a bus bandwidth above the link's peak)",
 }
 OLDEST_READABLE = 1
 
@@ -294,6 +298,9 @@ TABLES: dict[str, Table] = {
                  "fusion wrapping a collective is '<collective> fusion'."),
                 ("collective", "VARCHAR", "The collective the op is or wraps (all_reduce, all_gather, reduce_scatter, "
                  "all_to_all, collective_permute, send, recv, broadcast); NULL for other ops."),
+                ("async_start", "VARCHAR", "For the -done half of an asynchronous pair (copy-done, all-reduce-done, "
+                 "collective-permute-done, all-gather-done, send-done, recv-done, async-done): the name of its "
+                 "-start op (copy-start, ..., send, recv, async-start), whose work it waits for; NULL for other ops."),
                 ("computation", "VARCHAR", "Computation the op is in: NULL for the entry computation, else a while "
                  "body, branch or called computation."),
                 ("output_shape", "VARCHAR", "Output shape as XLA prints it, with layout, tiling and memory space "
