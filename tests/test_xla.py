@@ -119,6 +119,17 @@ def test_tpu_ops_equal_xprof_op_statistics(tpu):
     assert first[:4] == (194118896, 194118896, 194118896, "298807392") and first[4] == "194118896250"
 
 
+def test_tpu_hotspots_count_every_execution(tpu):
+    """An op that ran under a nanosecond by the device's clock (8 of copy-start.1's 400 executions: 0 ns once
+    rounded) is an execution all the same: hotspots' op level counts each op's executions as XProf's hlo_stats
+    does (before: 392 of copy-start.1's 400)."""
+    assert rows(tpu, "SELECT count(*) FROM slices WHERE name = 'copy-start.1' AND dur = 0") == [(8,)]
+    found = queries.run(tpu, queries.find("hotspots"), {"levels": "op", "top": 100})
+    cols = [c[0] for c in found.description]
+    counts = {r[cols.index("name")]: r[cols.index("count")] for r in found.fetchall()}
+    assert counts == {r["hlo_op_name"]: r["occurrences"] for r in XPROF["xprof_tpu_inference"]["hlo_stats"]}
+
+
 def _xprof_traces():
     """(reference key, trace) of every XPlane in XProf's reference: the bundled ones, the corpus's (skipped when
     absent)."""
