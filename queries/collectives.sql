@@ -46,6 +46,7 @@
 --   link_bytes_per_s DOUBLE     link bandwidth per rank and direction used for the prediction (NULL: unknown)
 --   predicted_ns     DOUBLE     collective_time_ns: size · busbw factor / link bandwidth
 --   link_pct         DOUBLE     busbw / link bandwidth · 100 (100 = at the link's peak)
+--   warning          VARCHAR    when busbw exceeds the link bandwidth, that it exceeds the device's peak (peak_exceeded); NULL otherwise
 WITH links AS (
     SELECT DISTINCT run_id, rank, link_bytes_per_s
     FROM rank_device_peaks(device_key := COALESCE(getvariable('device'), NULL))
@@ -86,6 +87,9 @@ SELECT run_id, pg_name, seq, collective, step, timing, group_size, ranks_seen, c
     algbw_gbps * busbw_factor(collective, group_size) AS busbw_gbps,
     last_rank, max_skew_ns, ranks, start_skew_ns, link_bytes_per_s,
     collective_time_ns(size_bytes, collective, group_size, link_bytes_per_s) AS predicted_ns,
-    100 * busbw_gbps * 1e9 / link_bytes_per_s AS link_pct
+    100 * busbw_gbps * 1e9 / link_bytes_per_s AS link_pct,
+    peak_exceeded(busbw_gbps * 1e9, link_bytes_per_s, 'bytes/s',
+                  'bus bandwidth over the link: the collective''s time is too short for its size, its group does '
+                  || 'not cross the link, or the link is not this device''s') AS warning
 FROM instances
 ORDER BY run_id, start_ns, pg_name, seq, collective;

@@ -8,8 +8,8 @@
 --                  (`ops.device_self_ns`, so nested ops are not counted twice), inclusive_ns = with the kernels of
 --                  nested ops (`ops.device_total_ns`; an op nested in an op of the same name counts in both);
 --   op_args        ops by name and unique arguments (input shapes and types, in `args`).
--- Op calls that launched no device event are left out (a call whose device events round to 0 ns counts).
--- share = device_ns / all device time of the level; cumulative_share adds the shares of the rows ranked above. Statistics are over single kernel executions (ops:
+-- Ops whose calls ran no device work at all are left out (a call whose device work rounds to 0 ns is kept). share = device_ns / all device time of the level;
+-- cumulative_share adds the shares of the rows ranked above. Statistics are over single kernel executions (ops:
 -- over calls).
 --
 -- Needs: device kernels (a GPU/accelerator trace)
@@ -44,7 +44,7 @@ WITH levels AS (
 ), op_calls AS (
     SELECT run_id, rank, name, device_self_ns, device_total_ns,
         'dims ' || CAST(input_dims AS VARCHAR) || ' types ' || CAST(input_types AS VARCHAR) AS op_args
-    FROM ops WHERE kernel_count_total > 0
+    FROM ops WHERE kernel_count_total > 0  -- (not device_total_ns: a TPU op under a nanosecond rounds to 0 ns)
 ), per_item AS (
     SELECT run_id, 'kernel' AS level, name, NULL AS args, rank, name AS variant, dur AS device_ns,
         dur AS inclusive_ns FROM kernels

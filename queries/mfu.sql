@@ -43,7 +43,7 @@
 --   profiler_flops    DOUBLE    FLOPs the profiler recorded for the step's ops (NULL: none recorded)
 --   hardware_flops    DOUBLE    the FLOPs HFU uses (flops_source)
 --   hfu               DOUBLE    hardware FLOPs utilization, 0..1
---   warning           VARCHAR   why mfu/hfu cannot be trusted (unknown or ambiguous device, above 1); NULL if none
+--   warning           VARCHAR   why mfu/hfu cannot be trusted (unknown or ambiguous device; above 1: exceeds the device's peak); NULL if none
 WITH costs AS (
     SELECT * FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
 ), main_dtype AS (
@@ -112,8 +112,10 @@ SELECT run_id, step, ranks, step_time_ns, device, dtype, peak_flops_per_s, devic
     CASE WHEN peak_flops_per_s IS NULL
               THEN coalesce(device_note, 'no ' || dtype || ' peak for ' || device || ' in device_peaks')
                    || ': give -p device= or -p peak_flops='
-         WHEN mfu > 1 THEN 'MFU above 1: the model FLOPs, the step time or the peak is wrong'
-         WHEN hfu > 1 THEN 'HFU above 1: the counted FLOPs, the step time or the peak is wrong'
+         WHEN mfu > 1 THEN peak_exceeded(mfu * peak_flops_per_s, peak_flops_per_s, 'FLOP/s per device',
+                                         'MFU above 1: the model FLOPs, the step time or the peak is wrong')
+         WHEN hfu > 1 THEN peak_exceeded(hfu * peak_flops_per_s, peak_flops_per_s, 'FLOP/s per device',
+                                         'HFU above 1: the counted FLOPs, the step time or the peak is wrong')
     END AS warning
 FROM rated
 ORDER BY run_id, step;

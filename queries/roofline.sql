@@ -6,8 +6,8 @@
 -- are per call (formulas in tracesql/functions/30_flops.sql, checked against torch's FlopCounterMode and
 -- TraceLens), for GEMMs, convolutions, attention and the memory-bound ops (elementwise, reductions, norms,
 -- softmax, copies, upsampling, gathers: arithmetic intensity 0 for those that compute nothing). Time is the
--- device time the calls caused (`ops.device_total_ns`: kernels launched by the op or the ops nested in it),
--- summed over calls and ranks; achieved rates divide the FLOPs and bytes of the calls that have device time by it.
+-- device time the calls caused (`ops.device_total_ns`: kernels launched by the op or the ops nested in it; an XLA
+-- async pair, at its -start: from its start to its -done's end, op_costs), summed over calls and ranks; achieved rates divide the FLOPs and bytes of the calls that have device time by it.
 -- Roofline (metrics.md): AI = FLOPs / bytes; ridge point = peak FLOP/s / peak bytes/s; attainable FLOP/s =
 -- min(peak, AI · peak bytes/s); roofline time = max(FLOPs / peak, bytes / peak bytes/s); roofline_pct = roofline
 -- time / measured time · 100 (100 = at the roof); bound = compute when AI >= ridge point, else memory.
@@ -44,7 +44,7 @@
 --   roofline_ns             DOUBLE    the roofline's time for all calls
 --   roofline_pct            DOUBLE    roofline time / device time of the timed calls · 100
 --   bound                   VARCHAR   'compute' or 'memory' by the ridge point
---   warning                 VARCHAR   why there is no peak (unknown or ambiguous device, no peak or no dtype); NULL if none
+--   warning                 VARCHAR   why there is no peak (unknown or ambiguous device, no peak or no dtype), or that an achieved rate exceeds the device's peak (peak_exceeded); NULL if none
 WITH counted AS (
     SELECT * FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
     WHERE counted
@@ -92,11 +92,18 @@ SELECT run_id, device, name, input_dims, input_types, dtype, calls, ranks, flops
     CASE WHEN arithmetic_intensity(flops, bytes) >= peak_flops_per_s / peak_bytes_per_s THEN 'compute'
          WHEN arithmetic_intensity(flops, bytes) < peak_flops_per_s / peak_bytes_per_s THEN 'memory'
     END AS bound,
-    CASE WHEN dtype IS NULL THEN 'the op has no floating-point input to rate: give -p dtype='
-         WHEN peak_flops_per_s IS NULL OR peak_bytes_per_s IS NULL
-         THEN coalesce(device_note, 'no ' || dtype || ' peak for ' || device || ' in device_peaks')
-              || ': give -p device= or -p peak_flops= and -p peak_bytes_per_s='
-    END AS warning
+    NULLIF(concat_ws('; ',
+        CASE WHEN dtype IS NULL THEN 'the op has no floating-point input to rate: give -p dtype='
+             WHEN peak_flops_per_s IS NULL OR peak_bytes_per_s IS NULL
+             THEN coalesce(device_note, 'no ' || dtype || ' peak for ' || device || ' in device_peaks')
+                  || ': give -p device= or -p peak_flops= and -p peak_bytes_per_s='
+        END,
+        peak_exceeded(achieved_flops_per_s, peak_flops_per_s, 'FLOP/s',
+                      'dense ' || dtype || ' compute: the op''s device time is too short for its FLOPs, or the peak '
+                      || 'is not this device''s or dtype''s'),
+        peak_exceeded(achieved_bytes_per_s, peak_bytes_per_s, 'bytes/s',
+                      'memory bandwidth: the op''s device time is too short for its bytes, or it moves them between '
+                      || 'other memories (host offload, another device)')), '') AS warning
 FROM ranked
 WHERE row_in_run <= COALESCE(getvariable('top'), 20)
 ORDER BY run_id, row_in_run;

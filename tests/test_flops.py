@@ -323,7 +323,10 @@ def test_mfu_says_when_it_cannot_be_trusted(ingested):
     assert given.peak_flops_per_s[0] == 1e15 and given.mfu[0] > 0 and given.warning.isna()[0]
     too_high = tracesql.query("mfu", ingested(DATASETS / "hta_nccl_parser_config"), model_flops_per_step=1e15)
     assert (too_high.mfu > 1).all()
-    assert (too_high.warning == "MFU above 1: the model FLOPs, the step time or the peak is wrong").all()
+    peak = too_high.peak_flops_per_s[0]
+    assert (too_high.warning == [f"exceeds the device's peak: {mfu * peak:.4g} FLOP/s per device > {peak:.4g} FLOP/s "
+                                 "per device (MFU above 1: the model FLOPs, the step time or the peak is wrong)"
+                                 for mfu in too_high.mfu]).all()
 
 
 def test_hfu_takes_the_profilers_count_per_op_and_the_formula_elsewhere(tmp_path):

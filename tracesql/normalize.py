@@ -491,10 +491,8 @@ FROM (
         COALESCE(max(s.ts + s.dur) FILTER (WHERE NOT x.device), max(s.ts + s.dur))
             - COALESCE(min(s.ts) FILTER (WHERE NOT x.device), min(s.ts)) AS dur,
         count(*) FILTER (WHERE s.kind IN ({sql_list(DEVICE_TIME_KINDS)})) AS kernel_count,
-        -- a TPU op's time by the device's own clock (device_duration_ps, as XProf counts it): the timeline's
-        -- duration stretches or shrinks an op during which the device-to-host clock alignment was re-anchored
-        COALESCE(sum(COALESCE(round(TRY_CAST(json_extract(s.args, '$.device_duration_ps') AS BIGINT) / 1000)::BIGINT,
-                              s.dur)) FILTER (WHERE s.kind IN ({sql_list(DEVICE_TIME_KINDS)})), 0) AS device_ns
+        -- (a TPU op's slice lasts what its device measured, as XProf counts it: readers/xplane.py)
+        COALESCE(sum(s.dur) FILTER (WHERE s.kind IN ({sql_list(DEVICE_TIME_KINDS)})), 0) AS device_ns
     FROM xla_exec x JOIN slices s USING (slice_id) GROUP BY x.op_id
 ) e
 JOIN slices s ON s.slice_id = e.op_id
@@ -659,7 +657,11 @@ WITH ranges AS (  -- step_rules.find's: the rule that defines the rank's steps, 
     SELECT step, min(ts) AS device_ts, max(te) - min(ts) AS device_dur, sum(kernel_count) AS kernel_count
     FROM windows GROUP BY step
 )
-SELECT r.*, d.device_ts, d.device_dur, COALESCE(d.kernel_count, 0) AS kernel_count
+SELECT r.*,
+    -- a step marked on the device (XPlane's 'Steps' line) is its own device window: XProf's step time
+    CASE WHEN r.rule = 'xplane_steps' THEN r.ts ELSE d.device_ts END AS device_ts,
+    CASE WHEN r.rule = 'xplane_steps' THEN r.dur ELSE d.device_dur END AS device_dur,
+    COALESCE(d.kernel_count, 0) AS kernel_count
 FROM ranges r LEFT JOIN device d USING (step)
 ORDER BY r.ts, r.slice_id
 """

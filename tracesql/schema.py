@@ -37,7 +37,10 @@ SCHEMA_CHANGES = {
     7: "torch_npu memory (issue 25): memory holds torch_npu's memory_record.csv / operator_memory.csv / "
        "npu_module_mem.csv (device_type 'npu', allocator = the component: PTA, GE, APP, 'module <NAME>'); the memory "
        "queries give a row (curve) per device and allocator; total_reserved_bytes is NULL, not 0, where the trace "
-       "gives no such figure (PyTorch's CPU memory events)",
+       "gives no such figure (PyTorch's CPU memory events). XPlane against XProf (issue 25): a TPU op's "
+       "slices.ts/dur are the device's clock (device_offset_ps, device_duration_ps; the timeline's span in args.span_ts/span_ns); steps may come "
+       "from the device 'Steps' line (rule xplane_steps); xla_ops gains async_start (an async -done's -start op); "
+       "collectives gains warning (a bus bandwidth above the link's peak)",
 }
 OLDEST_READABLE = 1
 
@@ -140,8 +143,11 @@ TABLES: dict[str, Table] = {
                 ),
                 ("category", "VARCHAR", "The event's category as the source named it (Kineto `cat`)."),
                 ("name", "VARCHAR", "Event name (op, kernel, annotation text)."),
-                ("ts", "BIGINT", "Start, absolute nanoseconds."),
-                ("dur", "BIGINT", "Duration in nanoseconds (0 for instants)."),
+                ("ts", "BIGINT", "Start, absolute nanoseconds. XPlane device ops that the device timed "
+                 "(TPU): by the device's clock, anchored at the device's first op (the timeline's start: args.span_ts)."),
+                ("dur", "BIGINT", "Duration in nanoseconds (0 for instants). XPlane device ops that the device timed "
+                 "(TPU): the device's own duration (device_duration_ps), as XProf counts it; the timeline's span "
+                 "is args.span_ns."),
                 ("pid", "BIGINT", "Host process id; for device events the device index the source used as pid."),
                 ("tid", "BIGINT", "Host thread id; for device events the source's lane (stream)."),
                 ("device_id", "INTEGER", "Device index for device events; NULL on the host."),
@@ -298,6 +304,9 @@ TABLES: dict[str, Table] = {
                  "fusion wrapping a collective is '<collective> fusion'."),
                 ("collective", "VARCHAR", "The collective the op is or wraps (all_reduce, all_gather, reduce_scatter, "
                  "all_to_all, collective_permute, send, recv, broadcast); NULL for other ops."),
+                ("async_start", "VARCHAR", "For the -done half of an asynchronous pair (copy-done, all-reduce-done, "
+                 "collective-permute-done, all-gather-done, send-done, recv-done, async-done): the name of its "
+                 "-start op (copy-start, ..., send, recv, async-start), whose work it waits for; NULL for other ops."),
                 ("computation", "VARCHAR", "Computation the op is in: NULL for the entry computation, else a while "
                  "body, branch or called computation."),
                 ("output_shape", "VARCHAR", "Output shape as XLA prints it, with layout, tiling and memory space "
@@ -348,22 +357,26 @@ TABLES: dict[str, Table] = {
             "Steps per rank, on the host and projected onto the device: training steps (ProfilerStep#N ranges) or "
             "inference iterations (vLLM execute_..., SGLang step[...] ranges), or the ranges --step-pattern names "
             "at ingest. One rule defines a rank's steps: the user's pattern, else the first built-in rule that "
-            "matches (sglang, vllm, vllm_new_cached, profiler_step, vllm_execute_model).",
+            "matches (sglang, vllm, vllm_new_cached, profiler_step, vllm_execute_model, xplane_steps: the device "
+            "'Steps' line of an XPlane whose host marks no step, one row per step: its longest device's marker, "
+            "XProf's step time).",
             _cols(
                 *_RUN_RANK,
                 ("step", "INTEGER", "Step number: N of ProfilerStep#N (or the pattern's `step` group), else 0, 1, ... "
                  "in time order."),
                 ("name", "VARCHAR", "Name of the range that defines the step."),
                 ("slice_id", "BIGINT", "slice_id of that range."),
-                ("ts", "BIGINT", "Host start, ns."),
-                ("dur", "BIGINT", "Host duration, ns."),
+                ("ts", "BIGINT", "Host start, ns (xplane_steps: the device marker's)."),
+                ("dur", "BIGINT", "Host duration, ns (xplane_steps: the device marker's)."),
                 ("device_ts", "BIGINT", "Start of the step's device window: its first device event (launched in the "
-                 "step; work with no captured launch placed by its order on its stream, docs/concepts/steps.md)."),
+                 "step; work with no captured launch placed by its order on its stream, docs/concepts/steps.md); "
+                 "xplane_steps: the marker's start."),
                 ("device_dur", "BIGINT", "Length of the step's device window: up to the next step's first device event "
-                 "(the last step: to the last stepped device event). Windows of consecutive steps do not overlap."),
+                 "(the last step: to the last stepped device event). Windows of consecutive steps do not overlap. "
+                 "xplane_steps: the marker's duration (XProf's step time)."),
                 ("kernel_count", "BIGINT", "Device events of the step (kernels, copies, memsets)."),
                 ("rule", "VARCHAR", "The rule that recognised the range: profiler_step, sglang, vllm, vllm_new_cached, "
-                 "vllm_execute_model or user (--step-pattern)."),
+                 "vllm_execute_model, xplane_steps or user (--step-pattern)."),
                 ("phase", "VARCHAR", "Inference iterations: prefill, decode or mixed (both in one batch; 'idle' for "
                  "SGLang's idle batches), as the name says; NULL when it does not."),
                 ("batch_size", "INTEGER", "Requests in the iteration's batch, when the name says."),

@@ -36,6 +36,11 @@ class StepRule:
     doc: str
     quick: str | None = None  # a cheap SQL test every matching name passes (regular expressions cost 10x more)
 
+    def ranges(self, matches: list) -> list[tuple]:
+        """(slice_id, ts, dur, window_ts, end_ts, name, match) of each step range: the matched ranges, each
+        assigning the events that start within it."""
+        return [(slice_id, ts, dur, ts, ts + dur, name, m) for (slice_id, ts, dur, name, _), m in matches]
+
     def fields(self, m: re.Match) -> dict:
         """phase, batch_size, tokens, prefill_tokens (None when the name does not carry them) from a match."""
         g = {k: v for k, v in m.groupdict().items() if v is not None}
@@ -75,6 +80,23 @@ class _VLLMNewCached(StepRule):
     def fields(self, m):
         new, cached = int(m["new"]), int(m["cached"])
         return {"phase": _mix(new, cached), "batch_size": new + cached, "tokens": None, "prefill_tokens": None}
+
+
+class _DeviceSteps(StepRule):
+    """XPlane's device 'Steps' line (TPU cores; TensorFlow's GPU profiles): one event per device and step, named by
+    the step's number, XProf's step markers. As in XProf (StepDetails::StepTime), a step is its longest device's
+    event: the steps row is that event (its span: XProf's step time); the events of every device that start from
+    the first device's start of the step to the last device's end are the step's."""
+
+    def ranges(self, matches):
+        by_step: dict[int, list] = {}
+        for (slice_id, ts, dur, name, _), m in matches:
+            by_step.setdefault(int(m["step"]), []).append((slice_id, ts, dur, name, m))
+        out = []
+        for markers in by_step.values():
+            slice_id, ts, dur, name, m = max(markers, key=lambda r: (r[2], -r[1], -r[0]))
+            out.append((slice_id, ts, dur, min(r[1] for r in markers), max(r[1] + r[2] for r in markers), name, m))
+        return sorted(out, key=lambda r: (r[3], r[0]))
 
 
 def _mix(prefill_requests: int, decode_requests: int) -> str | None:
@@ -117,10 +139,15 @@ RULES: tuple[StepRule, ...] = (
     StepRule("vllm_execute_model", r"^\S*model_runner\.py\(\d+\): execute_model$", ("python_function",),
              "vLLM's model runner execute_model (with_stack traces that carry no iteration ranges)",
              "ends_with(name, ': execute_model')"),
+    _DeviceSteps("xplane_steps", r"^(?P<step>\d+)$", ("gpu_annotation",),
+                 "XPlane: the device 'Steps' line (TPU, TensorFlow GPU), when the host marks no step",
+                 "ends_with(track, ' / Steps')"),
 )
 
 #: The columns `find` returns (steps: ts, by slice id), and their types
-COLUMNS = pa.schema([("slice_id", pa.int64()), ("ts", pa.int64()), ("dur", pa.int64()), ("end_ts", pa.int64()),
+#: (window_ts, end_ts: where the events that belong to the step by time start; ts, dur: the range that names it)
+COLUMNS = pa.schema([("slice_id", pa.int64()), ("ts", pa.int64()), ("dur", pa.int64()), ("window_ts", pa.int64()),
+                     ("end_ts", pa.int64()),
                      ("step", pa.int32()), ("name", pa.string()), ("rule", pa.string()), ("phase", pa.string()),
                      ("batch_size", pa.int32()), ("tokens", pa.int64()), ("prefill_tokens", pa.int64())])
 
@@ -178,13 +205,14 @@ def find(con, table: str, pattern: str | None = None, notes: list | None = None)
     if chosen is None:
         return _table({c: [] for c in COLUMNS.names})
     out = {c: [] for c in COLUMNS.names}
-    for i, ((slice_id, ts, dur, name, _), m) in enumerate(matches):
+    for i, (slice_id, ts, dur, window_ts, end_ts, name, m) in enumerate(chosen.ranges(matches)):
         number = m.groupdict().get("step")
         fields = chosen.fields(m)
         out["slice_id"].append(slice_id)
         out["ts"].append(ts)
         out["dur"].append(dur)
-        out["end_ts"].append(ts + dur)
+        out["window_ts"].append(window_ts)
+        out["end_ts"].append(end_ts)
         out["step"].append(int(number) if number is not None and number.isdigit() and int(number) < 2**31 else i)
         out["name"].append(name)
         out["rule"].append(chosen.name)
@@ -211,7 +239,9 @@ def _table(columns: dict[str, list]) -> pa.Table:
 
 
 def as_numpy(steps: pa.Table) -> dict[str, np.ndarray]:
-    """ts, end_ts, step, slice_id, name as arrays (what the nesting pass and the checks read)."""
-    out = {c: to_numpy(steps[c]) for c in ("ts", "end_ts", "step", "slice_id")}
+    """ts (the window's start), end_ts, step, slice_id, name as arrays (what the nesting pass and the checks
+    read)."""
+    out = {c: to_numpy(steps[c]) for c in ("end_ts", "step", "slice_id")}
+    out["ts"] = to_numpy(steps["window_ts"])
     out["name"] = np.array(steps["name"].to_pylist(), object)
     return out

@@ -1031,6 +1031,17 @@ CREATE OR REPLACE MACRO attainable_flops(flops, bytes, peak_flops_per_s, peak_by
     least(peak_flops_per_s, arithmetic_intensity(flops, bytes) * peak_bytes_per_s)
 );
 
+-- What a row that reports a rate above the device's peak says in its `warning` column (NULL when the rate is
+-- within it): 'exceeds the device''s peak: 1.2e+15 bytes/s > 1.64e+12 bytes/s (memory bandwidth; ...)'. No device
+-- does it; such a rate means a time that is too short for the work (an async op's start timed alone, a kernel
+-- that overlaps others it waited for) or the wrong peak (device, dtype). `what` names the peak and the likely cause.
+CREATE OR REPLACE MACRO peak_exceeded(achieved, peak, unit, what) AS (
+    CASE WHEN achieved > peak
+         THEN 'exceeds the device''s peak: ' || format('{:.4g}', achieved) || ' ' || unit || ' > '
+              || format('{:.4g}', peak) || ' ' || unit || ' (' || what || ')'
+    END
+);
+
 -- Model FLOPs utilization: model FLOPs / (time × devices × peak FLOP/s per device). Given the FLOPs the
 -- hardware executed instead of the model's, it is HFU.
 CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS (
@@ -1055,9 +1066,29 @@ CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS 
 -- An op whose formula applies but whose shapes were not recorded has NULL flops and counts as having no formula.
 -- profiler_flops is `ops.flops` (what torch.profiler(with_flops=True) attached, when the trace carries it).
 -- XLA ops (family 'xla') take their FLOPs and bytes from `ops.flops` / `ops.bytes_accessed` (xla_ops) and are
--- always counted: one row per execution of an HLO op, none inside another.
+-- counted: one row per execution of an HLO op, none inside another; but an asynchronous pair (copy-start /
+-- copy-done, all-reduce-start / -done, collective-permute-start / -done, send / send-done, async-start / -done,
+-- ...: xla_ops.async_start) is one piece of work, which XLA's cost analysis gives to both halves: it is costed once,
+-- at its -start, and the -done (the wait for it) is not counted. Where the halves are device events (TPU ops),
+-- the -start's device time is the pair's async span, from its start to the end of the first execution of its
+-- -done on the same device lane after it: the 1-2 µs of the start op alone would credit it with moving gigabytes
+-- at petabytes per second (a TPU copy-start of 5.37 GB: 56,441,433 % of the roofline).
 CREATE OR REPLACE MACRO op_costs(attention_convention := 'flash') AS TABLE
-WITH signatures AS (
+WITH async_done AS (
+    SELECT d.run_id, d.rank, d.program_id, x.async_start AS name, d.pid, d.tid, d.ts, d.ts + d.dur AS te
+    FROM ops d
+    JOIN xla_ops x ON x.run_id = d.run_id AND x.rank = d.rank AND x.program_id = d.program_id AND x.name = d.name
+    JOIN slices s ON s.run_id = d.run_id AND s.rank = d.rank AND s.slice_id = d.op_id
+    WHERE x.async_start IS NOT NULL AND s.kind IN ('kernel', 'memcpy', 'memset')
+), async_span AS (
+    SELECT o.run_id, o.rank, o.op_id, d.te - o.ts AS span_ns
+    FROM (SELECT o.* FROM ops o JOIN slices s ON s.run_id = o.run_id AND s.rank = o.rank AND s.slice_id = o.op_id
+          WHERE o.program_id IS NOT NULL AND s.kind IN ('kernel', 'memcpy', 'memset')
+            AND EXISTS (SELECT 1 FROM async_done a WHERE a.run_id = o.run_id AND a.rank = o.rank
+                                                     AND a.program_id = o.program_id AND a.name = o.name)) o
+    ASOF JOIN async_done d ON d.run_id = o.run_id AND d.rank = o.rank AND d.program_id = o.program_id
+     AND d.name = o.name AND d.pid = o.pid AND d.tid = o.tid AND d.ts >= o.ts
+), signatures AS (
     -- the formulas once per distinct call (name, shapes, dtypes, scalar arguments: a few hundred in a run of
     -- millions of ops), joined back to the ops below
     SELECT name, input_dims, input_types, concrete_inputs, k.family,
@@ -1071,13 +1102,17 @@ WITH signatures AS (
                             WHERE program_id IS NULL))))
 ), costed AS (
     SELECT o.run_id, o.rank, o.op_id, o.name, o.step, o.pid, o.tid, o.ts, o.dur, o.op_depth, o.input_dims,
-        o.input_types, o.device_total_ns, o.flops AS profiler_flops,
+        o.input_types, COALESCE(a.span_ns, o.device_total_ns) AS device_total_ns, o.flops AS profiler_flops,
+        x.async_start IS NOT NULL AS async_done,
         -- XLA ops (program_id set) carry XLA's own FLOPs and bytes (cost analysis, or counted from the HLO)
         CASE WHEN o.program_id IS NOT NULL THEN 'xla' ELSE s.family END AS family,
         CASE WHEN o.program_id IS NOT NULL THEN o.flops ELSE s.op_flops END AS op_flops,
         CASE WHEN o.program_id IS NOT NULL THEN o.bytes_accessed ELSE s.op_bytes END AS op_bytes,
         CASE WHEN o.program_id IS NOT NULL THEN op_dtype(o.input_types) ELSE s.dtype END AS dtype
     FROM ops o
+    LEFT JOIN async_span a ON a.run_id = o.run_id AND a.rank = o.rank AND a.op_id = o.op_id
+    LEFT JOIN xla_ops x ON o.program_id IS NOT NULL AND x.run_id = o.run_id AND x.rank = o.rank
+     AND x.program_id = o.program_id AND x.name = o.name
     LEFT JOIN signatures s ON o.program_id IS NULL AND s.name IS NOT DISTINCT FROM o.name
      AND s.input_dims IS NOT DISTINCT FROM o.input_dims AND s.input_types IS NOT DISTINCT FROM o.input_types
      AND s.concrete_inputs IS NOT DISTINCT FROM o.concrete_inputs
@@ -1117,7 +1152,7 @@ SELECT c.run_id, c.rank, c.op_id, c.name, c.step, c.family, c.dtype, c.input_dim
     c.op_flops AS flops, c.op_bytes AS bytes, c.device_total_ns, c.profiler_flops,
     c.op_flops IS NOT NULL AND CASE
         WHEN c.family = 'view' THEN false
-        WHEN c.family = 'xla' THEN true
+        WHEN c.family = 'xla' THEN NOT c.async_done
         ELSE m.op_id IS NULL AND (c.family IN ('gemm', 'conv', 'attention') OR s.op_id IS NULL)
     END AS counted
 FROM costed c

@@ -33,20 +33,35 @@ CREATE OR REPLACE MACRO kernel_family(name) AS (
 -- contiguous, and cover all of its work that belongs to a step, so per-step sums add up to the run's totals over
 -- that span. A device event belongs to the step whose launch launched it (slices.step); work with no captured
 -- launch to the step of the launched work before it on its stream (docs/concepts/steps.md).
+-- A device whose steps are marked on the device itself (XPlane's 'Steps' line: steps.rule 'xplane_steps') has each
+-- step's marker as its window, as XProf's per-core step breakdown does (every event inside it counts).
 -- events: the step's device events in the analysis window (kernels, copies, memsets).
 CREATE OR REPLACE MACRO step_windows(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
-WITH firsts AS (
+WITH markers AS (
+    SELECT m.run_id, m.rank, m.device_id, st.step, m.ts, m.ts + m.dur AS te
+    FROM steps st JOIN slices m ON m.run_id = st.run_id AND m.rank = st.rank AND m.name = CAST(st.step AS VARCHAR)
+    WHERE st.rule = 'xplane_steps' AND m.kind = 'gpu_annotation' AND ends_with(m.track, ' / Steps')
+), activity AS (
+    SELECT * FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
+                                  time_unit_ns := time_unit_ns)
+), firsts AS (
     SELECT run_id, rank, device_id, step, min(ts) AS first_ts, count(*) AS events,
         max(max(ts + dur)) OVER (PARTITION BY run_id, rank, device_id) AS device_end
-    FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
-                         time_unit_ns := time_unit_ns)
+    FROM activity a
     WHERE step IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM markers m WHERE m.run_id = a.run_id AND m.rank = a.rank
+                                                AND m.device_id = a.device_id)
     GROUP BY run_id, rank, device_id, step
 )
 SELECT run_id, rank, device_id, step, first_ts AS ts,
     COALESCE(lead(first_ts) OVER (PARTITION BY run_id, rank, device_id ORDER BY first_ts, step), device_end) AS te,
     events
-FROM firsts;
+FROM firsts
+UNION ALL
+SELECT m.run_id, m.rank, m.device_id, m.step, m.ts, m.te, count(a.ts) AS events
+FROM markers m LEFT JOIN activity a ON a.run_id = m.run_id AND a.rank = m.rank AND a.device_id = m.device_id
+ AND a.ts >= m.ts AND a.ts < m.te
+GROUP BY ALL;
 
 -- The step windows (`step_windows`) cut at a common width (half the mean length of the non-empty ones), one row
 -- per window and bucket of that width it touches (an empty window: the bucket of its start): the window that

@@ -201,6 +201,17 @@ class Module:
             return self.frames.file_names[location.file_name_id - 1], location.line or None
         return None, None
 
+    def async_start(self, instruction) -> str | None:
+        """The -start op of an asynchronous pair's -done half (copy-done -> copy-start, all-reduce-done ->
+        all-reduce-start, send-done -> send, recv-done -> recv, async-done -> its async-start through any
+        async-update): the op whose operand chain it ends. None for any other op."""
+        if not instruction.opcode.endswith("-done"):
+            return None
+        op = instruction
+        while op is not None and op.operand_ids and (op is instruction or op.opcode == "async-update"):
+            op = self.instructions.get(op.operand_ids[0])
+        return op.name if op is not None and op is not instruction else None
+
     def flops(self, instruction) -> float | None:
         """FLOPs of one execution, from the shapes (None when tracesql has no formula for the opcode)."""
         opcode = instruction.opcode
@@ -297,6 +308,7 @@ def op_rows(module, program_id: str, trace_costs: dict | None = None) -> list[di
                 "fusion_kind": instruction.fusion_kind or None,
                 "category": traced.get("hlo_category") or category(instruction, fused_opcodes),
                 "collective": collective,
+                "async_start": index.async_start(instruction),
                 "computation": None if entry else computation.name,
                 "output_shape": shape_text(instruction.shape),
                 "output_type": dtype_name(leaf.element_type) if leaf is not None else None,
