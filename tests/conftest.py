@@ -40,13 +40,16 @@ def session_root(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-@pytest.fixture(autouse=True)
-def _test_environment(tmp_path_factory, monkeypatch):
-    """Raw-trace targets are ingested into a cache: keep it out of the user's home, one per test session. Tables
+@pytest.fixture(scope="session", autouse=True)
+def _test_environment(tmp_path_factory):
+    """Raw-trace targets are ingested into a cache: keep it out of the user's home, one per test session (set for
+    the whole session, so module fixtures use it too: the home cache may hold another tracesql's runs). Tables
     are laid out for the terminal's width: 120 columns (tracesql's default without a terminal) wherever the tests
     run, pytest-xdist's workers included (they report 80)."""
-    monkeypatch.setenv("TRACESQL_CACHE", str(session_root(tmp_path_factory) / "cache"))
-    monkeypatch.setenv("COLUMNS", "120")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRACESQL_CACHE", str(session_root(tmp_path_factory) / "cache"))
+        patch.setenv("COLUMNS", "120")
+        yield
 
 
 @pytest.fixture(scope="session")
