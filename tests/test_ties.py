@@ -101,9 +101,9 @@ def test_collective_last_rank_ties_go_to_the_higher_rank_then_the_later_call():
     got = answers(build, "collectives")
     assert len(got) == 1
     (rows,) = got
-    # the columns before the three link columns (link_bytes_per_s, predicted_ns, link_pct)
-    assert [r[-7] for r in rows] == [1, 1]  # last_rank: the higher rank when starts tie
-    assert rows[1][-5] == (0, 1, 1) and rows[1][-4] == (0, 50, 50)  # ranks, start_skew_ns, ordered by (rank, id)
+    # the columns before the three link columns (link_bytes_per_s, predicted_ns, link_pct) and warning
+    assert [r[-8] for r in rows] == [1, 1]  # last_rank: the higher rank when starts tie
+    assert rows[1][-6] == (0, 1, 1) and rows[1][-5] == (0, 50, 50)  # ranks, start_skew_ns, ordered by (rank, id)
     stragglers = answers(build, "collective_stragglers")
     assert len(stragglers) == 1
 
