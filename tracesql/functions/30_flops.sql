@@ -1081,13 +1081,14 @@ WITH async_done AS (
     JOIN slices s ON s.run_id = d.run_id AND s.rank = d.rank AND s.slice_id = d.op_id
     WHERE x.async_start IS NOT NULL AND s.kind IN ('kernel', 'memcpy', 'memset')
 ), async_span AS (
-    SELECT o.run_id, o.rank, o.op_id, d.te - o.ts AS span_ns
+    -- to the end of the first -done on the pair's lane at or after the -start (a join and arg_min, not an ASOF
+    -- join: Spark has none)
+    SELECT o.run_id, o.rank, o.op_id, arg_min(d.te, d.ts) - o.ts AS span_ns
     FROM (SELECT o.* FROM ops o JOIN slices s ON s.run_id = o.run_id AND s.rank = o.rank AND s.slice_id = o.op_id
-          WHERE o.program_id IS NOT NULL AND s.kind IN ('kernel', 'memcpy', 'memset')
-            AND EXISTS (SELECT 1 FROM async_done a WHERE a.run_id = o.run_id AND a.rank = o.rank
-                                                     AND a.program_id = o.program_id AND a.name = o.name)) o
-    ASOF JOIN async_done d ON d.run_id = o.run_id AND d.rank = o.rank AND d.program_id = o.program_id
+          WHERE o.program_id IS NOT NULL AND s.kind IN ('kernel', 'memcpy', 'memset')) o
+    JOIN async_done d ON d.run_id = o.run_id AND d.rank = o.rank AND d.program_id = o.program_id
      AND d.name = o.name AND d.pid = o.pid AND d.tid = o.tid AND d.ts >= o.ts
+    GROUP BY o.run_id, o.rank, o.op_id, o.ts
 ), signatures AS (
     -- the formulas once per distinct call (name, shapes, dtypes, scalar arguments: a few hundred in a run of
     -- millions of ops), joined back to the ops below
