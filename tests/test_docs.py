@@ -112,6 +112,7 @@ def test_site_builds_in_strict_mode_without_warnings(site):
     assert not warnings, "\n".join(warnings)
 
 
+@pytest.mark.docs
 def test_site_fetches_nothing_from_the_network(site):
     """Issue 24: the theme fetched web fonts (8 console errors offline, a slow first paint): the pages load no
     stylesheet, font or script from another host."""

@@ -294,6 +294,7 @@ OLD_CATEGORIES = {"cpu_op": "Operator", "cuda_runtime": "Runtime", "kernel": "Ke
                   "gpu_memset": "Memset"}
 
 
+@pytest.mark.slow
 def test_kineto_2021_category_names_read_as_today(tmp_path, ingested):
     """Traces from 2021's Kineto name their categories Operator/Runtime/Kernel/Memcpy/Memset (libkineto's
     ChromeTraceLogger then). The same trace with those names gives the same runs and the same numbers."""

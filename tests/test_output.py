@@ -102,6 +102,7 @@ def test_table_shows_units_and_right_aligns_numbers():
     assert lines[-1] == "(3 rows)"
 
 
+@pytest.mark.slow
 def test_headers_break_only_between_words(ingested):
     """Issue 24 (headers wrapped mid-word): at any width, every line of a wrapped header is whole `_`-separated
     pieces of it, for every curated query's real result."""

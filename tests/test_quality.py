@@ -87,6 +87,7 @@ def test_kernels_without_launch_and_repeated_correlation_ids(tmp_path):
     _queries_still_answer(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_step_that_never_ends(tmp_path):
     def no_dur(events):
         del next(e for e in events if e.get("name") == "ProfilerStep#552")["dur"]

@@ -26,6 +26,7 @@ def run_sql(run, sql):
     return tracesql.connect(run).execute(sql).fetchall()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["nsys", "rocprof", "perfetto"])
 def test_memory_is_bounded_by_the_limit(fmt, tmp_path):
     """300-600 k events, each naming one long name (what a templated kernel's name can be), and for Perfetto
@@ -126,6 +127,7 @@ def test_xplane_metadata_beyond_the_limit_is_refused(tmp_path):
         (20, readers.MAX_NAME_CHARS)]
 
 
+@pytest.mark.slow
 def test_ascend_streams_a_trace_far_beyond_what_it_could_hold(tmp_path):
     """A 104 MiB trace_view.json (200,000 tasks named by 150 characters, each with its torch_to_npu flow, and a
     malformed event every 1,000 tasks) is read an event at a time in two walks: at --memory-limit 256MB it ingests

@@ -247,6 +247,7 @@ def classes_in(events, device, a, b) -> dict[int, int]:
     return by
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(stepped_event, min_size=1, max_size=12), min_size=40, max_size=40))
 def test_per_step_queries_equal_a_brute_force_sweep(timelines):

@@ -102,6 +102,7 @@ def run(con, name: str, **params):
     return [dict(zip(rel.columns, row)) for row in rel.fetchall()]
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(timeline, min_size=TIMELINES_PER_EXAMPLE, max_size=TIMELINES_PER_EXAMPLE))
 def test_timeline_queries_equal_a_brute_force_sweep(timelines):
