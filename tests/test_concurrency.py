@@ -257,7 +257,12 @@ def test_query_verify_export_and_report_see_one_job_whole_while_ingests_alternat
     stop.touch()
     answers = {mode: [json.loads(line) for line in p.communicate(timeout=300)[0].splitlines()]
                for mode, p in readers.items()}
+    # a reader swapped under SWAP_ATTEMPTS times in a row (a report outlasting several ingests on a loaded machine)
+    # says so in one line (robustness.md): never a wrong answer; every mode still answers whole at least twice
+    refused = "Error: RUN: replaced by an ingest "
     for mode, seen in answers.items():
-        wrong = [a for a in seen if a not in expected[mode]]
+        wrong = [a for a in seen if a not in expected[mode] and not (a["code"] == 1 and a["out"].startswith(refused)
+                                                                    and a["out"].count("\n") == 1)]
         assert not wrong, (mode, len(wrong), len(seen), wrong[:2])
-    assert all(len(seen) >= 2 for seen in answers.values()), {m: len(a) for m, a in answers.items()}
+    assert all(sum(a in expected[m] for a in seen) >= 2 for m, seen in answers.items()), \
+        {m: len(a) for m, a in answers.items()}
