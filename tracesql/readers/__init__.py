@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from .. import limits
 from ..arrays import array, to_numpy
 from ..errors import TraceError
-from . import ascend, ascend_db, kineto, nsys, perfetto, rocprof, xplane
+from . import ascend, ascend_db, kineto, nsys, perfetto, rocpd, rocprof, rocprof_csv, xplane
 from .common import (  # noqa: F401  (the readers' shared helpers, also reachable as tracesql.readers.X)
     MAX_NAME_CHARS, OUT_BATCH_ROWS, READER_SLICE_TYPES, READER_SLICE_COLUMNS, DICTIONARY_COLUMNS, READER_SLICE_SCHEMA,
     slices_from_columns, as_reader_slices, mapped_slices, RowBatches, Budget, READER_COUNTER_TYPES,
@@ -28,8 +28,9 @@ from .common import (  # noqa: F401  (the readers' shared helpers, also reachabl
 )
 
 #: Tried in order; the first whose detect() says yes reads the file.
-READERS = [rocprof, ascend, kineto, xplane, perfetto, ascend_db, nsys]  # ascend (by name) before kineto: both Chrome
-# JSON; xplane (by name) before perfetto (by content): both protobuf; ascend_db (by its tables) before nsys: SQLite
+READERS = [rocprof, rocprof_csv, ascend, kineto, xplane, perfetto, ascend_db, rocpd, nsys]  # ascend (by name) before kineto: both
+# Chrome JSON; xplane (by name) before perfetto (by content): both protobuf; ascend_db and rocpd (by their tables)
+# before nsys, which takes any SQLite file
 
 
 def trace_suffixes() -> tuple[str, ...]:
@@ -44,8 +45,14 @@ def is_companion(path: Path) -> bool:
 
 #: SQLite databases of other tools, known by a table name only they have: what the file is, what to give instead
 _OTHER_DATABASES = (
-    (re.compile(r"^rocpd_"), "a rocprofv3 rocpd database (ROCm 7's default output), which tracesql does not read: "
-     "profile with rocprofv3 --output-format json, or convert it with rocpd convert -i FILE --output-format pftrace"),
+    (re.compile(r"^rocpd_op$"), "an RPD database (rocmProfileData's rocpd_op/rocpd_api tables), which tracesql does "
+     "not read: convert it with rocmProfileData's rpd2tracing.py FILE trace.json and ingest the JSON"),
+    (re.compile(r"^rocpd_"), "a rocpd database without rocprofv3's views (rocpd_kernel_dispatch, rocpd_region, ...), "
+     "which tracesql does not read: convert it with rocpd convert -i FILE --output-format csv and ingest the folder"),
+    (re.compile(r"^KERN$"), "a rocprof (v1) results database (its KERN table), which tracesql does not read: profile "
+     "with rocprofv3 and ingest its <pid>_results.db"),
+    (re.compile(r"^compute_workload$"), "a rocprof-compute (Omniperf) database of counters per kernel, not a trace: "
+     "profile with rocprofv3 --kernel-trace and ingest its <pid>_results.db"),
     (re.compile(r"^StepTraceTime$"), "torch_npu's analysis.db (its own analyses of a run), not a trace: ingest the "
      "export's ascend_pytorch_profiler_<rank>.db or ASCEND_PROFILER_OUTPUT/trace_view.json"),
     (re.compile(r"^TASK$"), "an msprof (CANN) database without torch_npu's tables, which tracesql does not read: "
@@ -66,11 +73,11 @@ def reader_for(path: Path):
     head = read_head(path)
     if not head:
         raise TraceError(path, "empty file" if path.stat().st_size == 0 else "not a trace: no readable content")
-    other = _other_database(path, head)
-    if other and not ascend_db.detect(path, head):
-        raise TraceError(path, other)
     for reader in READERS:
         if reader.detect(path, head):
+            other = _other_database(path, head) if reader is nsys else None  # nsys takes any SQLite file
+            if other:
+                raise TraceError(path, other)
             return reader
     encoding = _json_encoding(head)
     if encoding == "utf-8-sig":

@@ -41,11 +41,11 @@ _COPY_TASKS = {"MEMCPY_ASYNC", "PCIE_DMA_SQE", "SDMA_SQE", "MEMCPY", "SDMA"}
 
 
 def tables(path: Path) -> set[str]:
-    """The tables of an SQLite file (empty when it cannot be opened as one)."""
+    """The tables and views of an SQLite file (empty when it cannot be opened as one)."""
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
         try:
-            return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
         finally:
             con.close()
     except sqlite3.Error:
