@@ -60,6 +60,17 @@ _OTHER_DATABASES = (
 )
 
 
+#: Other tools' files no reader reads, known by their name: what the file is, what to give instead
+_OTHER_FILES = (
+    ((".nsys-rep", ".qdrep"), "an Nsight Systems report, which tracesql does not read: export it with nsys export "
+     "--type sqlite FILE and ingest the .sqlite"),
+    ((".ncu-rep",), "an Nsight Compute report (counters per kernel, no timeline), not a trace: profile with nsys and "
+     "ingest nsys export --type sqlite of its report"),
+    ((".otf2",), "an OTF2 archive, which tracesql does not read: with rocprofv3, ingest its <pid>_results.db (or "
+     "--output-format json)"),
+)
+
+
 def _other_database(path: Path, head: bytes) -> str | None:
     """What an SQLite file no reader reads looks like, when it is another tool's database."""
     if not head.startswith(b"SQLite format 3\x00"):
@@ -79,6 +90,9 @@ def reader_for(path: Path):
             if other:
                 raise TraceError(path, other)
             return reader
+    other = next((what for suffixes, what in _OTHER_FILES if path.name.lower().endswith(suffixes)), None)
+    if other:
+        raise TraceError(path, other)
     encoding = _json_encoding(head)
     if encoding == "utf-8-sig":
         raise TraceError(path, "JSON that starts with a UTF-8 byte-order mark (EF BB BF), which tracesql does not read: "
