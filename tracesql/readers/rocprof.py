@@ -57,6 +57,7 @@ class _Metadata(msgspec.Struct):
 
 class _Strings(msgspec.Struct):
     buffer_records: list[dict] = []
+    marker_api: object = ()  # a list of {"key": correlation id, "value": the roctx message}
 
 
 class _Process(msgspec.Struct):
@@ -254,7 +255,8 @@ def _columns(columns: dict[str, str]) -> str:
 
 _api_kinds = " ".join(f"WHEN '{d}' THEN '{k}'" for d, k in API_KINDS.items())
 # Every usable record in file order (slice_id: its position among the records of the domains read), what it is
-# (a kernel dispatch, a copy or an API call), on which device. The fields a
+# (a kernel dispatch, a copy or an API call; a roctx marker named by its message, as rocprofv3's CSV and its rocpd
+# converters name it), on which device. The fields a
 # record lacks take rocprofiler-sdk's defaults (0), as the SDK's own readers do.
 _SLICES = f"""
 WITH numbered AS (
@@ -271,7 +273,7 @@ WITH numbered AS (
     FROM numbered n JOIN record_files f ON f.file = parse_filename(n.filename)
     JOIN processes p ON p.carved = f.carved
 ), placed AS (
-    SELECT r.*, k.category, o.name AS operation_name,
+    SELECT r.*, k.category, o.name AS operation_name, m.message,
         CASE r.what WHEN 'kernel' THEN kernel_agent.device_id
                     WHEN 'memcpy' THEN COALESCE(dst_agent.device_id, src_agent.device_id) END AS device_id,
         s.name AS symbol, s.sgpr_count, s.arch_vgpr_count, s.accum_vgpr_count, k.kind IS NOT NULL AS known_kind
@@ -284,12 +286,14 @@ WITH numbered AS (
     LEFT JOIN gpu_agents src_agent
         ON src_agent.carved = r.carved AND src_agent.handle = COALESCE(r.src_agent_id.handle, 0)
     LEFT JOIN symbols s ON s.carved = r.symbols AND s.kernel_id = COALESCE(r.dispatch_info.kernel_id, 0)
+    LEFT JOIN markers m ON r.domain = 'marker_api' AND m.carved = r.carved
+        AND m.correlation = COALESCE(r.correlation_id.internal, 0)
 )
 SELECT slice_id, what AS kind,
     CASE WHEN known_kind THEN category ELSE domain END AS category,
     CASE what WHEN 'kernel' THEN COALESCE(NULLIF(symbol, ''), 'kernel ' || COALESCE(dispatch_info.kernel_id, 0))
               WHEN 'memcpy' THEN COALESCE(operation_name, 'memory copy ' || operation_index)
-              ELSE COALESCE(operation_name, domain || ' ' || operation_index) END AS name,
+              ELSE COALESCE(NULLIF(message, ''), operation_name, domain || ' ' || operation_index) END AS name,
     start_timestamp AS ts, end_timestamp - start_timestamp AS dur, pid, thread AS tid, device_id,
     CASE what WHEN 'kernel' THEN queue WHEN 'memcpy' THEN COALESCE(hip_stream, -1) END AS stream,
     CASE WHEN what IN ('kernel', 'memcpy')
@@ -432,6 +436,10 @@ def _lookups(con, processes: list[_Process], carver: _Carver, scratch: Path) -> 
         carved = proc.buffer_records
         rows["processes"].append((carved, proc.metadata.pid, proc.kernel_symbols))
         rows["gpu_agents"] += [(carved, handle, device_id) for handle, device_id in gpus.items()]
+        listed = proc.strings.marker_api if isinstance(proc.strings.marker_api, list) else ()
+        messages = {m["key"]: _text(m.get("value")) for m in listed
+                    if isinstance(m, dict) and isinstance(m.get("key"), int) and -2**63 <= m["key"] < 2**63}
+        rows["markers"] += [(carved, key, message) for key, message in messages.items()]
         for k, domain in enumerate(proc.strings.buffer_records):
             rows["kinds"].append((carved, k, _text(domain.get("kind"))))
             rows["operations"] += [(carved, k, o, _text(name)) for o, name in enumerate(domain.get("operations") or [])]
@@ -454,6 +462,7 @@ _LOOKUPS = {"processes": ("carved BIGINT", "pid BIGINT", "symbols BIGINT"),
             "gpu_agents": ("carved BIGINT", "handle BIGINT", "device_id INTEGER"),
             "kinds": ("carved BIGINT", "kind BIGINT", "category VARCHAR"),
             "operations": ("carved BIGINT", "kind BIGINT", "operation BIGINT", "name VARCHAR"),
+            "markers": ("carved BIGINT", "correlation BIGINT", "message VARCHAR"),
             "record_files": ("file VARCHAR", "carved BIGINT", "domain VARCHAR"),
             "symbol_files": ("file VARCHAR", "carved BIGINT")}
 
