@@ -110,7 +110,7 @@ KEPT_SEEDS = Path(__file__).resolve().parent / "seeds"
 def _candidates(scratch: Path) -> list[Path]:
     files = sorted(p for p in KEPT_SEEDS.iterdir() if p.is_file() and p.suffix in (".gz", ".json", ".sqlite"))
     files += sorted(p for p in DATASETS.rglob("*") if p.is_file()
-                    and p.suffix in (".gz", ".pb", ".json", ".sqlite", ".db"))
+                    and p.suffix in (".gz", ".pb", ".json", ".sqlite", ".db", ".csv"))
     if CORPUS.exists():
         files += sorted((p for p in CORPUS.rglob("*") if p.is_file() and p.stat().st_size <= MAX_SEED_BYTES
                          and "reference" not in p.parts), key=lambda p: p.stat().st_size)
@@ -142,6 +142,8 @@ def seeds(scratch: Path) -> dict[str, list[Seed]]:
             shrunk = json.dumps(_shrink_json(json.loads(data))).encode()
         elif data.startswith(b"SQLite format 3\x00"):
             shrunk = _shrink_sqlite(data)
+        elif path.suffix == ".csv":  # rocprofv3's CSV: the header and the first rows
+            shrunk = b"".join(data.splitlines(keepends=True)[:SEED_ITEMS + 1])
         else:
             shrunk = data
         suffix = _suffix(path, reader)
