@@ -250,3 +250,10 @@ def test_bundled_json_is_the_corpus_records():
     whole = json.loads(gzip.open(corpus).read())["rocprofiler-sdk-tool"][0]["buffer_records"]["kernel_dispatch"]
     cut = json.loads(gzip.open(JSON).read())["rocprofiler-sdk-tool"][0]["buffer_records"]["kernel_dispatch"]
     assert cut == whole[20000:21000]
+
+
+@pytest.mark.parametrize("query", ["hotspots", "overlap", "collectives", "kernel_breakdown"])
+def test_queries_answer_the_same_on_the_three_formats(ingested, query):
+    answers = [tracesql.query(query, ingested(source)).drop(columns="run_id", errors="ignore")
+               for source in (DB, CSV, JSON)]
+    assert len(answers[0]) and answers[0].equals(answers[1]) and answers[0].equals(answers[2])
