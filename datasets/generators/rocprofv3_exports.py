@@ -3,11 +3,11 @@
 No public rocpd database or CSV export is paired with a public JSON export of the same run, and making one needs
 ROCm and an AMD GPU. This writes the records of a real JSON export (`<pid>_results.json[.gz]`) the way
 rocprofiler-sdk's own writers do (ROCm 7.0: `source/lib/output/generateRocpd.cpp` and `generateCSV.cpp` of
-ROCm/rocm-systems, branch filtered/rocprofiler-sdk-7.0, 749a2ee463ba9a4aee3337e1987beae5ff9c2e05): the database through the SDK's own schema files
-(`source/share/rocprofiler-sdk-rocpd/*.sql`, given by path: their tables, views and indexes, with a `{{uuid}}`
-suffix on every table), one row per record as the SDK maps it (a kernel dispatch's id is its dispatch id, a thread's
-and a queue's id their handles, an API call with a duration a region, one without a sample on its category's
-track; every record an event holding its correlation ids; an agent's extdata without its list of caches, 90 % of
+ROCm/rocm-systems, branch filtered/rocprofiler-sdk-7.0, 749a2ee463ba9a4aee3337e1987beae5ff9c2e05): the database
+through the SDK's own schema files (`source/share/rocprofiler-sdk-rocpd/*.sql`, given by path: their tables, views
+and indexes, with a `{{uuid}}` suffix on every table), one row per record as the SDK maps it (a kernel
+dispatch's id is its dispatch id, a thread's and a queue's id their handles, an API call with a duration a region,
+one without a sample on its category's track; every record an event holding its correlation ids; an agent's extdata without its list of caches, 90 % of
 the file otherwise); the CSV files with the SDK's headers and columns.
 
     python datasets/generators/rocprofv3_exports.py JSON SDK_SHARE_DIR OUT_DIR [--kernels START:STOP]

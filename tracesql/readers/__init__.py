@@ -28,9 +28,9 @@ from .common import (  # noqa: F401  (the readers' shared helpers, also reachabl
 )
 
 #: Tried in order; the first whose detect() says yes reads the file.
-READERS = [rocprof, rocprof_csv, ascend, kineto, xplane, perfetto, ascend_db, rocpd, nsys]  # ascend (by name) before kineto: both
-# Chrome JSON; xplane (by name) before perfetto (by content): both protobuf; ascend_db and rocpd (by their tables)
-# before nsys, which takes any SQLite file
+READERS = [rocprof, rocprof_csv, ascend, kineto, xplane, perfetto, ascend_db, rocpd, nsys]
+# ascend (by name) before kineto: both Chrome JSON; xplane (by name) before perfetto (by content): both protobuf;
+# ascend_db and rocpd (by their tables) before nsys, which takes any SQLite file
 
 
 def trace_suffixes() -> tuple[str, ...]:

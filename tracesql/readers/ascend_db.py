@@ -27,9 +27,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..errors import TraceError
 from . import ascend
-from .common import READER_SLICE_TYPES, RowBatches, TraceData, mapped_slices
+from .common import READER_SLICE_TYPES, RowBatches, TraceData, mapped_slices, read_sqlite, sqlite_int
 
 FORMAT = "torch_npu_db"
 SUFFIXES = (".db",)
@@ -65,9 +64,7 @@ def _split_ids(global_tid):
     return (global_tid >> 32, global_tid & 0xFFFFFFFF) if _int(global_tid) is not None else (None, None)
 
 
-def _int(value) -> int | None:
-    """An integer the schema's BIGINT / INTEGER columns hold, else None (SQLite stores any type anywhere)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and -2**62 < value < 2**62 else None
+_int = sqlite_int
 
 
 def _span(start, end) -> tuple[int, int] | None:
@@ -77,16 +74,7 @@ def _span(start, end) -> tuple[int, int] | None:
 
 
 def read(path: Path, threads: int | None = None) -> TraceData:
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
-    except sqlite3.Error as e:
-        raise TraceError(path, f"not a readable SQLite database: {e}") from None
-    try:
-        return _read(path, con)
-    except sqlite3.Error as e:
-        raise TraceError(path, f"not a readable torch_npu database: {e}") from None
-    finally:
-        con.close()
+    return read_sqlite(path, "torch_npu database", lambda con: _read(path, con))
 
 
 def _read(path: Path, con: sqlite3.Connection) -> TraceData:

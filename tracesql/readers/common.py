@@ -367,3 +367,27 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
         except zlib.error:
             return b""
     return head
+
+
+def read_sqlite(path: Path, what: str, read):
+    """read(connection) on the SQLite file `path` opened read-only; SQLite's errors as one line saying the file is
+    not a readable `what`."""
+    import sqlite3
+
+    from ..errors import TraceError
+
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    except sqlite3.Error as e:
+        raise TraceError(path, f"not a readable SQLite database: {e}") from None
+    try:
+        return read(con)
+    except sqlite3.Error as e:
+        raise TraceError(path, f"not a readable {what}: {e}") from None
+    finally:
+        con.close()
+
+
+def sqlite_int(value) -> int | None:
+    """An integer the schema's BIGINT / INTEGER columns hold, else None (SQLite stores any type anywhere)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and -2**62 < value < 2**62 else None

@@ -27,7 +27,8 @@ import pyarrow as pa
 
 from ..errors import TraceError
 from . import rocprof
-from .common import MAX_NAME_CHARS, READER_SLICE_TYPES, RowBatches, TraceData, mapped_slices
+from .common import MAX_NAME_CHARS, READER_SLICE_TYPES, RowBatches, TraceData, mapped_slices, read_sqlite
+from .common import sqlite_int as _int
 
 FORMAT = "rocpd"
 SUFFIXES = ("_results.db",)
@@ -49,20 +50,7 @@ def api_kind(category: str | None) -> str | None:
 
 
 def read(path: Path, threads: int | None = None) -> TraceData:
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
-    except sqlite3.Error as e:
-        raise TraceError(path, f"not a readable SQLite database: {e}") from None
-    try:
-        return _read(path, con)
-    except sqlite3.Error as e:
-        raise TraceError(path, f"not a readable rocpd database: {e}") from None
-    finally:
-        con.close()
-
-
-def _int(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and -2**62 < value < 2**62 else None
+    return read_sqlite(path, "rocpd database", lambda con: _read(path, con))
 
 
 def _extdata(text) -> dict:
@@ -117,9 +105,9 @@ def _read(path: Path, con: sqlite3.Connection) -> TraceData:
         agent = _extdata(extdata) or {"logical_node_type_id": type_index, "node_id": id_, "name": name,
                                       "product_name": product}
         if type_ == "GPU":
-            device = rocprof._device_id(agent)
+            device = rocprof.agent_device_id(agent)
             gpus[(guid, id_)] = device
-            devices.setdefault(device, rocprof._device(device, agent))
+            devices.setdefault(device, rocprof.agent_device(device, agent))
     skipped: dict[str, int] = {}
     unread: dict[str, int] = {}
 
@@ -141,7 +129,8 @@ def _read(path: Path, con: sqlite3.Connection) -> TraceData:
                                                                               0) + 1
                 continue
             grid, workgroup, (private, group, sgpr, arch_vgpr, accum_vgpr) = sizes[:3], sizes[3:6], sizes[6:]
-            yield dict(kind="kernel", category=category, name=(display or symbol or f"kernel {kernel}")[:MAX_NAME_CHARS],
+            name = (display or symbol or f"kernel {kernel}")[:MAX_NAME_CHARS]
+            yield dict(kind="kernel", category=category, name=name,
                        ts=times[0], dur=times[1], pid=_int(pid), tid=_int(tid), device_id=device, stream=_int(queue),
                        track=f"device {device} / stream {queue}", correlation=_int(internal) or 0,
                        external_id=_int(external) or None,

@@ -428,9 +428,10 @@ def _lookups(con, processes: list[_Process], carver: _Carver, scratch: Path) -> 
     devices: dict[int, dict] = {}
     for proc in processes:
         agents = {a.get("id", {}).get("handle"): a for a in proc.agents if isinstance(a.get("id"), dict)}
-        gpus = {h: _device_id(a) for h, a in agents.items() if a.get("type") == GPU_AGENT_TYPE and isinstance(h, int)}
+        gpus = {h: agent_device_id(a) for h, a in agents.items()
+                if a.get("type") == GPU_AGENT_TYPE and isinstance(h, int)}
         for handle, device_id in gpus.items():
-            devices.setdefault(device_id, _device(device_id, agents[handle]))
+            devices.setdefault(device_id, agent_device(device_id, agents[handle]))
         if proc.buffer_records is None:
             continue
         carved = proc.buffer_records
@@ -472,7 +473,7 @@ def _text(value) -> str | None:
         if value is not None else None
 
 
-def _device_id(agent: dict) -> int:
+def agent_device_id(agent: dict) -> int:
     """The GPU's index as HIP numbers devices (gpu_index), else its index among GPU nodes."""
     for key in ("gpu_index", "logical_node_type_id"):
         if isinstance(agent.get(key), int) and agent[key] >= 0:
@@ -480,7 +481,7 @@ def _device_id(agent: dict) -> int:
     return agent.get("node_id", 0)
 
 
-def _device(device_id: int, agent: dict) -> dict:
+def agent_device(device_id: int, agent: dict) -> dict:
     banks = agent.get("mem_banks") or []
     local = sum(b.get("size_in_bytes", 0) for b in banks if isinstance(b, dict) and b.get("heap_type") == 1)
     return {
