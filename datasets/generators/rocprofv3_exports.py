@@ -7,8 +7,8 @@ ROCm/rocm-systems, branch filtered/rocprofiler-sdk-7.0, 749a2ee463ba9a4aee3337e1
 through the SDK's own schema files (`source/share/rocprofiler-sdk-rocpd/*.sql`, given by path: their tables, views
 and indexes, with a `{{uuid}}` suffix on every table), one row per record as the SDK maps it (a kernel
 dispatch's id is its dispatch id, a thread's and a queue's id their handles, an API call with a duration a region,
-one without a sample on its category's track; every record an event holding its correlation ids; an agent's extdata without its list of caches, 90 % of
-the file otherwise); the CSV files with the SDK's headers and columns.
+one without a sample on its category's track; every record an event holding its correlation ids; an agent's
+extdata without its list of caches, 90 % of the file otherwise); the CSV files with the SDK's headers and columns.
 
     python datasets/generators/rocprofv3_exports.py JSON SDK_SHARE_DIR OUT_DIR [--kernels START:STOP]
 
