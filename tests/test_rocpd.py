@@ -257,3 +257,20 @@ def test_queries_answer_the_same_on_the_three_formats(ingested, query):
     answers = [tracesql.query(query, ingested(source)).drop(columns="run_id", errors="ignore")
                for source in (DB, CSV, JSON)]
     assert len(answers[0]) and answers[0].equals(answers[1]) and answers[0].equals(answers[2])
+
+
+def test_a_folder_of_all_three_formats_is_read_once(tmp_path):
+    """rocprofv3 --output-format rocpd csv json writes the same process three times: the JSON export is read."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    for source in (DB, JSON, *CSV.iterdir()):
+        shutil.copy(source, folder / source.name)
+    tracesql.ingest([folder], tmp_path / "run")
+    con = tracesql.connect(tmp_path / "run")
+    assert con.execute("SELECT count(*), sum(dur) FROM slices").fetchone() == (1000, 48_894_080)
+    assert con.execute("SELECT source_format FROM ranks").fetchall() == [("rocprof",)]
+    (folder / JSON.name).unlink()  # then the database
+    tracesql.ingest([folder], tmp_path / "run2")
+    con = tracesql.connect(tmp_path / "run2")
+    assert con.execute("SELECT count(*), any_value(source_format) FROM ranks JOIN slices USING (rank)").fetchone() \
+        == (1000, "rocpd")

@@ -45,6 +45,13 @@ def detect(path: Path, head: bytes) -> bool:
     return head.startswith(_MAGIC) and _VIEWS <= tables(path)
 
 
+def is_companion(path: Path) -> bool:
+    """A database beside the JSON export of the same process (`--output-format rocpd json`): the JSON is read (it
+    keeps what the database drops: the name of a call without a duration)."""
+    stem = path.name[:-len(".db")] if path.name.endswith(SUFFIXES) else None
+    return stem is not None and any((path.parent / f"{stem}{s}").exists() for s in rocprof.SUFFIXES_OF_STEM)
+
+
 def api_kind(category: str | None) -> str | None:
     return next((kind for prefix, kind in _API_KINDS.items() if (category or "").startswith(prefix)), None)
 

@@ -28,6 +28,7 @@ from .common import MAX_NAME_CHARS, OUT_BATCH_ROWS
 
 FORMAT = "rocprof"
 SUFFIXES = ("_results.json", "_results.json.gz")
+SUFFIXES_OF_STEM = (".json", ".json.gz")  # `<pid>_results` + these: the JSON export of a process
 
 _TOOL_KEY = b'"rocprofiler-sdk-tool"'
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from ..errors import TraceError
 from .common import MAX_NAME_CHARS, READER_SLICE_TYPES, RowBatches, TraceData, mapped_slices
+from . import rocprof
 from .rocpd import api_kind
 
 FORMAT = "rocprof_csv"
@@ -47,14 +48,18 @@ def detect(path: Path, head: bytes) -> bool:
 
 
 def is_companion(path: Path) -> bool:
-    """agent_info.csv, and a trace file of a prefix whose earlier file (in TRACE_FILES order) is there too."""
+    """agent_info.csv; a trace file of a prefix whose earlier file (in TRACE_FILES order) is there too; and every
+    file of a prefix whose JSON export or database (`<prefix>results.json[.gz]`, `.db`) is beside them: that is
+    read (the CSV files leave out a copy's thread and the external correlation ids)."""
     if path.name.endswith(AGENT_FILE):
         return True
     split = _split(path)
     if split is None:
         return False
     prefix, kind = split
-    return any((path.parent / f"{prefix}{k}").exists() for k in TRACE_FILES[:TRACE_FILES.index(kind)])
+    fuller = [f"{prefix}results{s}" for s in (*rocprof.SUFFIXES_OF_STEM, ".db")]
+    return any((path.parent / name).exists()
+               for name in fuller + [f"{prefix}{k}" for k in TRACE_FILES[:TRACE_FILES.index(kind)]])
 
 
 def _int(text) -> int | None:
