@@ -242,6 +242,7 @@ def test_damaged_csv_is_one_line(tmp_path):
     assert "no timed records" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # the whole corpus file, parsed twice
 def test_bundled_json_is_the_corpus_records():
     """The bundled JSON's dispatches are positions 20,000-20,999 of the corpus file, unchanged."""
     from conftest import corpus_path
@@ -259,6 +260,7 @@ def test_queries_answer_the_same_on_the_three_formats(ingested, query):
     assert len(answers[0]) and answers[0].equals(answers[1]) and answers[0].equals(answers[2])
 
 
+@pytest.mark.slow  # two ingests
 def test_a_folder_of_all_three_formats_is_read_once(tmp_path):
     """rocprofv3 --output-format rocpd csv json writes the same process three times: the JSON export is read."""
     folder = tmp_path / "out"
