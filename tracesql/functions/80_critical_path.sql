@@ -33,7 +33,8 @@ CREATE OR REPLACE MACRO is_queued_launch(name) AS (
 -- the host events that start in it and last (ops are nodes, other ranges only hold them), the device work
 -- those host calls launched, and the synchronisations whose host call is in it. What-if: `faster` (a regex of
 -- kernel or op names) takes faster_pct % off their time; hide_communication = 1 makes communication kernels
--- weigh 0; remove_syncs = 1 removes the synchronisations (scale 0: the host no longer waits for the device).
+-- weigh 0; remove_syncs = 1 removes the synchronisations and the host calls that wait for them (scale 0: the host
+-- no longer waits for the device).
 -- The changes take effect when critical_path_walk is given a gaps_scale.
 CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
         faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0) AS TABLE
@@ -98,7 +99,8 @@ WITH windows AS (
              ELSE 'op' END AS role,
         h.ts, h.dur, h.pid, h.tid, NULL::BIGINT AS stream, NULL::BIGINT AS launch, NULL::BIGINT AS queue_at_launch,
         NULL::BIGINT AS queue_at_start, NULL::BIGINT AS waits_on,
-        CASE WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100 END AS scale
+        CASE WHEN remove_syncs = 1 AND critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync' THEN 0
+             WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100 END AS scale
     FROM windows w
     JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
     WHERE h.device_id IS NULL AND h.dur > 0

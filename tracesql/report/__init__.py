@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import engine, queries, store
+from .. import engine, findings, queries, store
 from ..errors import TraceError
 from ..ingestion import find_traces
 from . import charts, gates
@@ -95,6 +95,7 @@ class Report:
     charts: list[tuple[str, str, dict]] = field(default_factory=list)  # (section, title, figure)
     focus_tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     traces: list[StepTrace] = field(default_factory=list)  # written into perfetto/ by write()
+    findings: pd.DataFrame | None = None  # the latest run's, largest saving first (tracesql findings)
 
     @property
     def failed(self) -> list[gates.Verdict]:
@@ -186,6 +187,7 @@ def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs:
 
     report = Report(fleet, base_id, focus, threshold, parsed, verdicts, regressions)
     _focus_details(report, paths[focus], device, top)
+    report.findings = findings.of_run(paths[focus], top)
     _step_traces(report, paths, by_step)
     for name in METRICS:
         if name in fleet.runs:
