@@ -33,7 +33,7 @@ SELECT p.run_id, p.rank, p.step, 'data_loader' AS finding,
            l.calls, l.total_ns / 1e6, l.longest, 100 * p.input_share) AS evidence,
     p.saving_ns, p.saving_pct,
     printf('tracesql query what_if %s -p ''faster=%s'' -p faster_pct=100 -p rank=%d -p instance=%d',
-           getvariable('run'), data_loading_pattern(), p.rank, p.instance) AS query
+           COALESCE(getvariable('run'), 'RUN'), data_loading_pattern(), p.rank, p.instance) AS query
 FROM priced p
 JOIN loading l ON l.run_id = p.run_id AND l.rank = p.rank AND l.instance = p.instance
 WHERE p.saving_pct >= COALESCE(getvariable('min_saving_pct'), 5);

@@ -36,7 +36,7 @@ SELECT p.run_id, p.rank, p.step, 'exposed_communication' AS finding,
            c.total_ns / 1e6, 100 * p.communication_share, c.longest, c.longest_ns / 1e6) AS evidence,
     p.saving_ns, p.saving_pct,
     printf('tracesql query what_if %s -p hide_communication=1 -p rank=%d -p instance=%d',
-           getvariable('run'), p.rank, p.instance) AS query
+           COALESCE(getvariable('run'), 'RUN'), p.rank, p.instance) AS query
 FROM priced p
 JOIN communication c ON c.run_id = p.run_id AND c.rank = p.rank AND c.instance = p.instance
 WHERE p.saving_pct >= COALESCE(getvariable('min_saving_pct'), 5);

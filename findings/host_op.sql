@@ -42,7 +42,7 @@ SELECT p.run_id, p.rank, p.step, 'host_op' AS finding,
            c.self_ns / 1e6, 100 * p.host_launch_share) AS evidence,
     p.saving_ns, p.saving_pct,
     printf('tracesql query what_if %s -p ''faster=^%s$'' -p faster_pct=100 -p rank=%d -p instance=%d',
-           getvariable('run'), regexp_escape(c.name), p.rank, p.instance) AS query
+           COALESCE(getvariable('run'), 'RUN'), regexp_escape(c.name), p.rank, p.instance) AS query
 FROM priced p
 JOIN calls c ON c.run_id = p.run_id AND c.rank = p.rank AND c.instance = p.instance
 WHERE p.saving_pct >= COALESCE(getvariable('min_saving_pct'), 5);

@@ -38,7 +38,7 @@ SELECT p.run_id, p.rank, p.step, 'host_sync' AS finding,
            p.replayed_ns / 1e6, c.syncs, c.sync_ns / 1e6, c.copies_to_host, 100 * p.sync_share) AS evidence,
     p.saving_ns, p.saving_pct,
     printf('tracesql query what_if %s -p remove_syncs=1 -p rank=%d -p instance=%d',
-           getvariable('run'), p.rank, p.instance) AS query
+           COALESCE(getvariable('run'), 'RUN'), p.rank, p.instance) AS query
 FROM priced p
 JOIN calls c ON c.run_id = p.run_id AND c.rank = p.rank AND c.instance = p.instance
-WHERE p.saving_pct >= COALESCE(getvariable('min_saving_pct'), 5);
+WHERE p.saving_pct >= COALESCE(getvariable('min_saving_pct'), 5) AND c.syncs + c.copies_to_host > 0;

@@ -37,7 +37,7 @@ SELECT p.run_id, p.rank, p.step, 'launch_overhead' AS finding,
            k.median_ns / 1e3, 100 * p.host_launch_share) AS evidence,
     p.saving_ns, p.saving_pct,
     printf('tracesql query what_if %s -p no_launch_overhead=1 -p rank=%d -p instance=%d',
-           getvariable('run'), p.rank, p.instance) AS query
+           COALESCE(getvariable('run'), 'RUN'), p.rank, p.instance) AS query
 FROM priced p
 JOIN kernels k ON k.run_id = p.run_id AND k.rank = p.rank AND k.instance = p.instance
 WHERE p.saving_pct >= COALESCE(getvariable('min_saving_pct'), 5);

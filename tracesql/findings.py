@@ -1,6 +1,6 @@
 """The findings: what limits each step and what fixing it would save, one rule per SQL file.
 
-Each rule is a plain `.sql` file of `findings/` (packaged as `tracesql/findings`) with the curated queries' header
+Each rule is a plain `.sql` file of `findings/` (packaged as `tracesql/rules`) with the curated queries' header
 (tracesql/queries.py: what it detects, its thresholds as parameters with defaults, its columns), returning one row
 per (run, rank, step) where it fires, with the columns of FINDING_COLUMNS. Every rule prices its cause with the
 what-if replay (the what_if table macro): saving_ns is the step time the replay says the fix saves. `findings`
@@ -29,7 +29,7 @@ FINDING_COLUMNS = (
 
 def rules_dir() -> Path:
     """Where the rules are: inside the installed package, or the repository's `findings/`."""
-    packaged = Path(__file__).parent / "findings"
+    packaged = Path(__file__).parent / "rules"
     return packaged if packaged.is_dir() else Path(__file__).parent.parent / "findings"
 
 
