@@ -68,15 +68,3 @@ def run(con, target: str, params: dict | None = None):
     order = [("saving_ns", "descending")] + [(c, "ascending") for c in ("run_id", "rank", "step", "finding")]
     return con.from_arrow(found.sort_by(order))
 
-
-def of_run(path, limit: int | None = None):
-    """The findings of the run folder `path` as a DataFrame, the `limit` largest savings (all: None); the report's
-    Findings section."""
-    from . import engine
-
-    con = engine.connect(path, names=names_used())
-    try:
-        found = run(con, str(path)).df()
-    finally:
-        con.close()
-    return found if limit is None else found.head(limit)

@@ -119,6 +119,15 @@ def _straggler(ranks: pd.DataFrame) -> dict | None:
             "ranks": len(ranks), "mean_lateness_ns": float(top.mean_lateness_ns)}
 
 
+def _findings(path: Path, top: int) -> pd.DataFrame:
+    """The run's `top` findings (tracesql findings), largest saving first."""
+    con = engine.connect(path, names=findings.names_used())
+    try:
+        return findings.run(con, str(path)).df().head(top)
+    finally:
+        con.close()
+
+
 def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs: str = "latest",
           threshold: float = 5.0, mfu_params: dict | None = None, device: str | None = None,
           top: int = 10) -> Report:
@@ -187,7 +196,7 @@ def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs:
 
     report = Report(fleet, base_id, focus, threshold, parsed, verdicts, regressions)
     _focus_details(report, paths[focus], device, top)
-    report.findings = findings.of_run(paths[focus], top)
+    report.findings = _findings(paths[focus], top)
     _step_traces(report, paths, by_step)
     for name in METRICS:
         if name in fleet.runs:
