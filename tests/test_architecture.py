@@ -29,7 +29,7 @@ LAYERS = {
     "normalize": ["quality", "step_rules", "normalize"],
     "store": ["store", "views", "ingestion"],
     "engines": ["engine"],
-    "queries": ["queries"],
+    "queries": ["queries", "findings"],
     "plug-ins": ["transpile", "spark"],
     "outputs": ["output", "json_schemas", "info", "export", "report", "report.*", "api"],
     "front": ["cli", "mcp_server", "__main__", "tracesql"],

@@ -33,7 +33,7 @@ def valid(instance, schema) -> None:
 
 def test_schemas_are_versioned_and_valid():
     found = json_schemas.commands()
-    assert len(found) == len(queries.catalogue()) + 3
+    assert len(found) == len(queries.catalogue()) + 4
     for schema in found.values():
         jsonschema.Draft202012Validator.check_schema(schema)
         assert schema["$id"].startswith(f"urn:tracesql:{__version__}:")

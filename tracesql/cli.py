@@ -251,6 +251,44 @@ def query(query, target, params, fmt, columns, output, engine, master, sandbox):
         click.echo(f"Note: {why}.", err=True)
 
 
+@main.command(short_help="What limits each step and what fixing it would save, largest saving first.")
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("-p", "--param", "params", multiple=True, metavar="NAME=VALUE",
+              help="A rule parameter, for every rule that takes it (e.g. min_saving_pct=2); repeatable.")
+@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table: for people (fits the terminal, one unit per column); the others keep raw values.")
+@click.option("-c", "--columns", metavar="NAMES", help=COLUMNS_HELP)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result to this file.")
+@_errors_as_messages
+def findings(target, params, fmt, columns, output):
+    """What limits each step and what fixing it would save: every rule of findings/ that fires above its
+    threshold, one row per rank and step, largest saving first.
+
+    TARGET is a run folder, a folder of runs, or raw traces. Each saving is the what-if replay's (the what_if
+    query's), and each row's `query` is the command that shows its evidence.
+
+    Example:
+
+    \b
+        tracesql findings runs/1234/ -c rank,step,finding,saving_ns,evidence
+    """
+    import shlex
+
+    from . import engine as duckdb_engine
+    from . import findings as rules
+
+    params = rules.check(_parse_params(params))  # before the target is opened
+    check_output(output)
+    picked = _show().parse_columns(columns)
+    rows, deliver = duckdb_engine.on_fresh_connection(
+        target, lambda con: _prepare(rules.run(con, shlex.quote(str(target)), params), fmt, output, picked),
+        names=rules.names_used())
+    deliver(_echo)
+    if rows == 0:
+        click.echo("Note: no finding: no rule fired above its threshold (`tracesql query bound` says what bounds "
+                   "each step).", err=True)
+
+
 def check_output(output: Path | None, makes_folders: bool = False) -> None:
     """Refuse an --output that cannot be a file to write, before any work is done (`makes_folders`: the command
     creates missing folders)."""

@@ -36,6 +36,7 @@ between kernels; with gaps_scale NULL nothing changes.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import pyarrow as pa
@@ -251,6 +252,29 @@ def _longest(g: Graph, weight: list) -> list[int]:
 BOUND_BY = {"launch": "gpu_kernel_launch_overhead", "kernel_gap": "gpu_kernel_kernel_overhead"}
 
 
+def _wakers(g: Graph, ev: dict, unanchored: list[int]) -> dict[int, int]:
+    """For the replay: the host node that each first op of a thread (nothing leads to it) hangs off, the latest
+    one of another thread before it: the work that woke it, as far as the trace tells (the autograd thread
+    starts when the main thread calls backward). Unchanged, the edge lasts the time between them, as the
+    window's start would; with earlier work made faster, the thread starts earlier."""
+    host = sorted((g.ts[v], v) for v in range(len(g.ts) - 2)
+                  if g.event[v] >= 0 and ev["role"][g.event[v]] in OPS)
+    thread = [None] * len(g.ts)
+    for _, v in host:
+        thread[v] = (ev["pid"][g.event[v]], ev["tid"][g.event[v]])
+    times = [ts for ts, _ in host]
+    woken = {}
+    for v in unanchored:
+        if thread[v] is None:
+            continue
+        for k in range(bisect.bisect_right(times, g.ts[v]) - 1, -1, -1):
+            u = host[k][1]
+            if thread[u] != thread[v]:
+                woken[v] = u
+                break
+    return woken
+
+
 def path(ev: dict, window: tuple[int, int] | None = None, gaps_scale: float | None = None) -> list[dict]:
     """The segments of the window's critical path, in order. window None: HTA's path (edges that weigh 0 left
     out). A window (start, end): the what-if replay, from the window's start to the later of its end and the
@@ -271,9 +295,10 @@ def path(ev: dict, window: tuple[int, int] | None = None, gaps_scale: float | No
     if window is not None:  # the window's edges: its start to each first node, each last node to its end
         has_in, has_out = set(g.dst), set(g.src)
         first, last = g.node(window[0], -1, True), g.node(max([window[1]] + g.ts), -1, False)
+        woken = _wakers(g, ev, [v for v in range(len(g.ts) - 2) if v not in has_in])
         for v in range(len(g.ts) - 2):
             if v not in has_in:
-                g.edge(first, v, "window")
+                g.edge(woken.get(v, first), v, "window")
             if v not in has_out:
                 g.edge(v, last, "window")
     if not g.src:

@@ -177,7 +177,8 @@ def connect(target, *, threads: int | None = None, names=None, sandbox: bool = F
     if listed:
         con.execute(views_sql(listed, present)).fetchall()
     functions.install(con, names=names)
-    if names is None or "critical_path_walk" in names:  # the one function of Python, not SQL: see its module
+    # the one function of Python, not SQL (see its module): for SQL that calls it, or a macro that does (what_if)
+    if names is None or "critical_path_walk" in names | functions.words("\n".join(functions.needed(names)[0])):
         from . import critical_path
 
         critical_path.register(con)

@@ -63,6 +63,14 @@ def diff() -> dict:
     return rows("diff", f"tracesql diff -f json: {q.title}", q.columns)
 
 
+def findings() -> dict:
+    """`tracesql findings RUN -f json`: one object per finding, largest saving first (tracesql/findings.py)."""
+    from . import findings as rules
+
+    return rows("findings", "tracesql findings RUN -f json: what limits each step and what fixing it would save",
+                list(rules.FINDING_COLUMNS))
+
+
 def _fields(fields) -> dict:
     columns = {(t, c.name): c for t in ("ranks", "warnings") for c in schema.TABLES[t].columns}
     return {"type": "object", "additionalProperties": False, "required": [f for f, _, _ in fields],
@@ -97,6 +105,6 @@ def info() -> dict:
 
 def commands() -> dict[str, dict]:
     """Every command's `-f json` shape: command line -> JSON Schema."""
-    return {"tracesql info RUN": info(), "tracesql diff BEFORE AFTER": diff(),
+    return {"tracesql info RUN": info(), "tracesql diff BEFORE AFTER": diff(), "tracesql findings RUN": findings(),
             "tracesql query FILE.sql TARGET": own_sql(),
             **{f"tracesql query {q.name} TARGET": query(q) for q in queries.catalogue()}}

@@ -660,7 +660,9 @@ def _quiet_sqlglot():
 
 def to_spark(sql: str, variables: dict[str, str] | None = None) -> list[str]:
     """The statements of DuckDB `sql` as Spark SQL, with `variables` (name -> SQL literal) for getvariable()."""
-    python = [f for f in DUCKDB_ONLY if f in functions.words(sql)]
+    used = functions.words(sql)  # and the macros it calls (what_if's calls critical_path_walk)
+    used |= functions.words("\n".join(functions.needed(used)[0]))
+    python = [f for f in DUCKDB_ONLY if f in used]
     if python:
         raise Untranspilable(f"{python[0]}() is a Python function of tracesql's DuckDB engine (use --engine duckdb)")
     statements = [s for s in sqlglot.parse(sql, read=READ) if s is not None]

@@ -41,6 +41,9 @@ class Example:
 
 EXAMPLES: dict[str, Example] = {
     "annotations": Example("query annotations datasets/hta_nccl_parser_config/ -p top=5", 5),
+    "bound": Example(
+        "query bound datasets/hta_trace_filter/",
+        note="HTA's sampled trace keeps few ops: its steps are bound by host work (Python between the ops)."),
     "bubbles": Example("query bubbles datasets/hta_trace_filter/ -p scope=device", 6),
     "bubbles_largest": Example("query bubbles_largest datasets/hta_trace_filter/ -p top=3", 6),
     "collective_stragglers": Example(
@@ -131,6 +134,38 @@ def _cell(text: str) -> str:
     return _plain(escape_html(text)).replace("|", "\\|")
 
 
+def params_table(q) -> str:
+    """A query's or findings rule's parameters as a Markdown table."""
+    out = ["| parameter | default | values | meaning |", "|---|---|---|---|"]
+    for p in q.params.values():
+        rule = p.rule or ""
+        meaning = p.doc[len(rule) + 1:].strip() if rule and p.doc.startswith(rule) else p.doc
+        out.append(f"| `{p.name}` | `{_cell(p.default)}` | {_cell(rule)} | {_cell(meaning)} |")
+    return "\n".join(out)
+
+
+def findings_page() -> str:
+    """The findings rules (findings/*.sql), each from its header, with its SQL."""
+    from tracesql import findings
+
+    rules = findings.catalogue()
+    out = ["# Findings rules\n",
+           "The rules `tracesql findings` runs (and the report's Findings section): plain SQL files in `findings/` "
+           "with the curated queries' header; each prices its cause with the what-if replay (the `what_if` table "
+           "macro). Every rule returns the same columns; `-p NAME=VALUE` sets a parameter of every rule that takes "
+           "it. See the [findings guide](../guides/findings.md).\n",
+           "| rule | detects |\n|---|---|"]
+    out += [f"| [`{r.name}`](#{r.name}) | {_cell(r.title)} |" for r in rules]
+    out.append("\n## Columns\n\n| column | type | meaning |\n|---|---|---|")
+    out += [f"| `{name}` | {typ} | {_cell(doc)} |" for name, typ, doc in findings.FINDING_COLUMNS]
+    for r in rules:
+        out += [f"\n## {r.name}\n", f"{_text(r.title)}\n", f"{_text(r.doc)}\n"]
+        if r.needs:
+            out.append(f"**Needs:** {_text(r.needs)}.\n")
+        out += [params_table(r), f"\n`findings/{r.name}.sql`:\n\n```sql\n{r.sql.rstrip()}\n```"]
+    return "\n".join(out) + "\n"
+
+
 def query_page(q, work: Workdir) -> str:
     from tracesql import queries
 
@@ -141,11 +176,7 @@ def query_page(q, work: Workdir) -> str:
         out.append(f"**Needs:** {_text(q.needs)}.\n" if not q.needs.endswith(".") else f"**Needs:** {_text(q.needs)}\n")
     out.append("## Parameters\n")
     if q.params:
-        out.append("| parameter | default | values | meaning |\n|---|---|---|---|")
-        for p in q.params.values():
-            rule = p.rule or ""
-            meaning = p.doc[len(rule) + 1:].strip() if rule and p.doc.startswith(rule) else p.doc
-            out.append(f"| `{p.name}` | `{_cell(p.default)}` | {_cell(rule)} | {_cell(meaning)} |")
+        out.append(params_table(q))
         out.append("\nGive them as `-p name=value` (CLI), keyword arguments (`tracesql.query(...)`), or "
                    "`SET VARIABLE name = value;` in a plain DuckDB session; a value outside the allowed ones is "
                    "refused before the query runs.\n")
@@ -373,6 +404,7 @@ def generate() -> dict[str, str]:
         "reference/cli.md": cli_page(),
         "reference/json.md": json_page(),
         "reference/datasets.md": datasets_page(),
+        "reference/findings.md": findings_page(),
     }
     with Workdir() as work:
         for q in queries.catalogue():

@@ -16,6 +16,11 @@ WHERE (ranges IN ('annotations', 'phases') AND s.kind = 'user_annotation' AND NO
    OR (ranges = 'phases' AND s.kind = 'cpu_op'
        AND (starts_with(s.name, 'autograd::engine::evaluate_function: ') OR b.op_id IS NOT NULL));
 
+-- The names of data-loading ranges and ops (a regular expression, any case): range_phase's 'data_loading', the
+-- findings rule data_loader's what-if.
+CREATE OR REPLACE MACRO data_loading_pattern() AS
+    '(?i)dataloader|data_load|data load|fetch_batch|get_batch|next_batch';
+
 -- The training phase a host range's name says it runs ('## backward ##', 'Optimizer.step#AdamW.step',
 -- 'enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__', 'DistributedDataParallel.forward', an
 -- 'nn.Module: Linear_0' call, ...), or NULL. Checked in this order: backward, optimizer, data_loading, forward.
@@ -23,8 +28,7 @@ CREATE OR REPLACE MACRO range_phase(name) AS (
     CASE WHEN starts_with(name, 'autograd::engine::evaluate_function: ') OR regexp_matches(lower(name), 'backward')
               THEN 'backward'
          WHEN regexp_matches(lower(name), 'optimi[sz]er|zero_grad') THEN 'optimizer'
-         WHEN regexp_matches(lower(name), 'dataloader|data_load|data load|fetch_batch|get_batch|next_batch')
-              THEN 'data_loading'
+         WHEN regexp_matches(name, data_loading_pattern()) THEN 'data_loading'
          WHEN regexp_matches(lower(name), 'forward') OR starts_with(name, 'nn.Module: ') THEN 'forward' END
 );
 

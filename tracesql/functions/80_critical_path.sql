@@ -33,7 +33,8 @@ CREATE OR REPLACE MACRO is_queued_launch(name) AS (
 -- the host events that start in it and last (ops are nodes, other ranges only hold them), the device work
 -- those host calls launched, and the synchronisations whose host call is in it. What-if: `faster` (a regex of
 -- kernel or op names) takes faster_pct % off their time; hide_communication = 1 makes communication kernels
--- weigh 0; remove_syncs = 1 removes the synchronisations (scale 0: the host no longer waits for the device).
+-- weigh 0; remove_syncs = 1 removes the synchronisations and the host calls that wait for them (scale 0: the host
+-- no longer waits for the device).
 -- The changes take effect when critical_path_walk is given a gaps_scale.
 CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
         faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0) AS TABLE
@@ -98,7 +99,8 @@ WITH windows AS (
              ELSE 'op' END AS role,
         h.ts, h.dur, h.pid, h.tid, NULL::BIGINT AS stream, NULL::BIGINT AS launch, NULL::BIGINT AS queue_at_launch,
         NULL::BIGINT AS queue_at_start, NULL::BIGINT AS waits_on,
-        CASE WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100 END AS scale
+        CASE WHEN remove_syncs = 1 AND critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync' THEN 0
+             WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100 END AS scale
     FROM windows w
     JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
     WHERE h.device_id IS NULL AND h.dur > 0
@@ -149,3 +151,60 @@ CREATE OR REPLACE MACRO critical_path_cause(edge, kind, name, class) AS (
          WHEN range_phase(name) = 'data_loading' THEN 'input'
          ELSE 'host' END
 );
+
+-- The what_if query's rows (see queries/what_if.sql, which documents the parameters and columns): each window
+-- replayed unchanged and with the changes, its measured, replayed and predicted time, and what bounds its
+-- critical path. A table macro so that the findings rules (findings/*.sql) price their causes with it.
+CREATE OR REPLACE MACRO what_if(annotation := NULL, occurrence := NULL, rank_filter := NULL, faster := NULL,
+        faster_pct := 0, hide_communication := 0, no_launch_overhead := 0, remove_syncs := 0) AS TABLE
+WITH windows AS (
+    -- the end of its last node (op or device work; ranges and syncs are none)
+    SELECT *, list_max([e.ts + e.dur FOR e IN events
+                        IF e.role NOT IN ('range', 'stream_sync', 'context_sync', 'event_sync')]) AS work_end
+    FROM critical_path_events(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter,
+        faster := faster, faster_pct := faster_pct, hide_communication := hide_communication,
+        remove_syncs := remove_syncs)
+), walked AS (
+    SELECT run_id, rank, window_name, instance, step, window_ts, window_te, work_end,
+        critical_path_walk(events, NULL, NULL, NULL) AS path,
+        critical_path_walk(events, window_ts, window_te, NULL) AS replayed,
+        critical_path_walk(events, window_ts, window_te,
+            CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END) AS predicted
+    FROM windows
+), causes AS (
+    SELECT w.run_id, w.rank, w.window_name, w.instance,
+        CASE critical_path_cause(w.s.edge, e.kind, e.name, d.class)
+            WHEN 'compute' THEN 'compute' WHEN 'communication' THEN 'communication' WHEN 'input' THEN 'input'
+            WHEN 'sync' THEN 'sync' WHEN 'memory_copy' THEN 'memory_copy' ELSE 'host_launch' END AS cause,
+        sum(w.s.dur_ns) AS dur_ns
+    FROM (SELECT run_id, rank, window_name, instance, unnest(path) AS s FROM walked) w
+    LEFT JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.s.event_id
+    LEFT JOIN device_activity() d ON d.run_id = w.run_id AND d.rank = w.rank AND d.slice_id = w.s.event_id
+    GROUP BY ALL
+), shares AS (
+    SELECT run_id, rank, window_name, instance, sum(dur_ns) AS path_ns, arg_max(cause, dur_ns) AS bound,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'compute'), 0) AS compute_ns,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'communication'), 0) AS communication_ns,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'host_launch'), 0) AS host_launch_ns,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'input'), 0) AS input_ns,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'sync'), 0) AS sync_ns,
+        COALESCE(sum(dur_ns) FILTER (WHERE cause = 'memory_copy'), 0) AS memory_copy_ns
+    FROM causes
+    GROUP BY ALL
+), per_window AS (
+    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.window_te - w.window_ts AS range_ns,
+        greatest(w.window_te, w.work_end) - w.window_ts AS measured_ns,
+        CAST(list_sum([s.dur_ns FOR s IN w.replayed]) AS BIGINT) AS replayed_ns,
+        CAST(list_sum([s.dur_ns FOR s IN w.predicted]) AS BIGINT) AS predicted_ns
+    FROM walked w
+)
+SELECT p.run_id, p.rank, p.window_name, p.instance, p.step, p.range_ns, p.measured_ns, p.replayed_ns,
+    p.predicted_ns, p.replayed_ns - p.predicted_ns AS saving_ns,
+    round(100 * (p.replayed_ns - p.predicted_ns) / p.replayed_ns, 2) AS saving_pct,
+    CAST(s.path_ns AS BIGINT) AS path_ns, s.bound,
+    s.compute_ns / s.path_ns AS compute_share, s.communication_ns / s.path_ns AS communication_share,
+    s.host_launch_ns / s.path_ns AS host_launch_share, s.input_ns / s.path_ns AS input_share,
+    s.sync_ns / s.path_ns AS sync_share, s.memory_copy_ns / s.path_ns AS memory_copy_share
+FROM per_window p
+LEFT JOIN shares s ON s.run_id = p.run_id AND s.rank = p.rank AND s.window_name = p.window_name
+ AND s.instance = p.instance;

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import engine, queries, store
+from .. import engine, findings, queries, store
 from ..errors import TraceError
 from ..ingestion import find_traces
 from . import charts, gates
@@ -95,6 +95,7 @@ class Report:
     charts: list[tuple[str, str, dict]] = field(default_factory=list)  # (section, title, figure)
     focus_tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     traces: list[StepTrace] = field(default_factory=list)  # written into perfetto/ by write()
+    findings: pd.DataFrame | None = None  # the latest run's, largest saving first (tracesql findings)
 
     @property
     def failed(self) -> list[gates.Verdict]:
@@ -116,6 +117,15 @@ def _straggler(ranks: pd.DataFrame) -> dict | None:
         return None
     return {"rank": int(top["rank"]), "times_last": int(top.times_last), "instances": int(top.instances),
             "ranks": len(ranks), "mean_lateness_ns": float(top.mean_lateness_ns)}
+
+
+def _findings(path: Path, top: int) -> pd.DataFrame:
+    """The run's `top` findings (tracesql findings), largest saving first."""
+    con = engine.connect(path, names=findings.names_used())
+    try:
+        return findings.run(con, str(path)).df().head(top)
+    finally:
+        con.close()
 
 
 def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs: str = "latest",
@@ -186,6 +196,7 @@ def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs:
 
     report = Report(fleet, base_id, focus, threshold, parsed, verdicts, regressions)
     _focus_details(report, paths[focus], device, top)
+    report.findings = _findings(paths[focus], top)
     _step_traces(report, paths, by_step)
     for name in METRICS:
         if name in fleet.runs:

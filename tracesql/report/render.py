@@ -130,11 +130,24 @@ def html_page(report) -> str:
         version=__version__, diffs_shown=DIFFS_SHOWN, grammar=GATE_GRAMMAR.split("\n\n", 1)[1].strip())
 
 
+def findings_markdown(report) -> list[str]:
+    """The Findings section of summary.md: the latest run's, largest saving first."""
+    found = report.findings
+    if found is None or found.empty:
+        return [f"**Findings ({md(report.focus)}):** none above the rules' thresholds.", ""]
+    lines = [f"### Findings: what limits the steps of {md(report.focus)}", "",
+             "| rank | step | finding | saving | evidence |", "|---:|---:|---|---:|---|"]
+    lines += [f"| {f.rank} | {f.step} | {f.finding} | {_fmt_ns(f.saving_ns)} ({f.saving_pct:.1f} %) | {md(f.evidence, 200)} |"
+              for f in found.itertuples()]
+    return lines + [""]
+
+
 def markdown(report) -> str:
     runs = report.metrics.runs
     rows = runs.set_index("run_id", drop=False)
     base = rows.loc[report.baseline]
     lines = [f"## tracesql report: {len(runs)} run(s), baseline {md(report.baseline)}, latest {md(report.focus)}", ""]
+    lines += findings_markdown(report)
     if report.verdicts:
         failed = report.failed
         lines.append(f"**Gates: {len(failed)} of {len(report.verdicts)} failed**" if failed else

@@ -1,0 +1,48 @@
+-- host_op: Steps bound by one host op: the CPU work the device waits for.
+--
+-- The host op (cpu_op) with the most self time in the run's steps, launch, synchronising and copy calls and data
+-- loading left out (other rules price those); priced by the what-if replay of each step with that op taking no
+-- time (the what_if query's faster = its name, faster_pct = 100): what the step waited for it. Evidence: its calls
+-- and self time in the step, and the host share of the step's critical path. The fix: make that op cheaper or
+-- move it off the step's path (another thread, the device, fewer calls).
+--
+-- Needs: host ops and the device work the step launched (Kineto GPU traces with correlation ids)
+-- Parameters:
+--   run = 'RUN'             text: the run as the user named it, for the query column's command
+--   min_saving_pct = 5      number >= 0: fires when the fix saves at least this % of the step
+-- Columns:
+--   run_id      VARCHAR  run
+--   rank        INTEGER  rank
+--   step        INTEGER  step
+--   finding     VARCHAR  the rule that fired (its file's name)
+--   evidence    VARCHAR  what it saw, with the numbers
+--   saving_ns   BIGINT   step time the what-if replay says the fix saves (0 when it saves none)
+--   saving_pct  DOUBLE   saving_ns in % of the step's replayed time
+--   query       VARCHAR  the tracesql command that shows the evidence
+WITH top_op AS (
+    SELECT o.name, sum(o.self_dur) AS self_ns
+    FROM ops o
+    JOIN critical_path_windows() w ON w.run_id = o.run_id AND w.rank = o.rank AND o.ts BETWEEN w.ts AND w.te
+    WHERE critical_path_cause(NULL, 'cpu_op', o.name, NULL) = 'host'
+    GROUP BY o.name
+    ORDER BY self_ns DESC, o.name
+    LIMIT 1
+), priced AS (
+    SELECT * FROM what_if(faster := (SELECT '^' || regexp_escape(name) || '$' FROM top_op), faster_pct := 100)
+), calls AS (
+    SELECT w.run_id, w.rank, w.instance, any_value(o.name) AS name, count(*) AS calls, sum(o.self_dur) AS self_ns
+    FROM critical_path_windows() w
+    JOIN ops o ON o.run_id = w.run_id AND o.rank = w.rank AND o.ts BETWEEN w.ts AND w.te
+    WHERE o.name = (SELECT name FROM top_op)
+    GROUP BY ALL
+)
+SELECT p.run_id, p.rank, p.step, 'host_op' AS finding,
+    printf('without %s the step takes %.2f ms less of %.2f ms: %d calls, %.2f ms self time; host and launches are '
+           || '%.0f %% of the critical path', c.name, p.saving_ns / 1e6, p.replayed_ns / 1e6, c.calls,
+           c.self_ns / 1e6, 100 * p.host_launch_share) AS evidence,
+    p.saving_ns, p.saving_pct,
+    printf('tracesql query what_if %s -p ''faster=^%s$'' -p faster_pct=100 -p rank=%d -p instance=%d',
+           COALESCE(getvariable('run'), 'RUN'), regexp_escape(c.name), p.rank, p.instance) AS query
+FROM priced p
+JOIN calls c ON c.run_id = p.run_id AND c.rank = p.rank AND c.instance = p.instance
+WHERE p.saving_pct >= COALESCE(getvariable('min_saving_pct'), 5);

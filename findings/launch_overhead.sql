@@ -1,0 +1,43 @@
+-- launch_overhead: Steps bound by kernel launches: many small kernels, each waiting for the host to launch it.
+--
+-- Priced by the what-if replay of each step with launch delays and the gaps between kernels taking no time (the
+-- what_if query's no_launch_overhead = 1): the time the device spent waiting for launches. Evidence: the kernels
+-- the step launched, how many are shorter than tiny_kernel_ns, their median length, and the host and launch share
+-- of the step's critical path. The fix: fewer, larger kernels (fusion, torch.compile, CUDA graphs).
+--
+-- Needs: host ops and the device work they launched (Kineto GPU traces with correlation ids)
+-- Parameters:
+--   run = 'RUN'             text: the run as the user named it, for the query column's command
+--   min_saving_pct = 5      number >= 0: fires when the fix saves at least this % of the step
+--   tiny_kernel_ns = 10000  integer >= 0: a kernel shorter than this counts as tiny in the evidence
+-- Columns:
+--   run_id      VARCHAR  run
+--   rank        INTEGER  rank
+--   step        INTEGER  step
+--   finding     VARCHAR  the rule that fired (its file's name)
+--   evidence    VARCHAR  what it saw, with the numbers
+--   saving_ns   BIGINT   step time the what-if replay says the fix saves (0 when it saves none)
+--   saving_pct  DOUBLE   saving_ns in % of the step's replayed time
+--   query       VARCHAR  the tracesql command that shows the evidence
+WITH priced AS (
+    SELECT * FROM what_if(no_launch_overhead := 1)
+), kernels AS (
+    SELECT d.run_id, d.rank, w.instance, count(*) AS kernels,
+        count(*) FILTER (WHERE d.dur < COALESCE(getvariable('tiny_kernel_ns'), 10000)) AS tiny,
+        median(d.dur) AS median_ns
+    FROM device_activity() d
+    JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
+    JOIN critical_path_windows() w ON w.run_id = d.run_id AND w.rank = d.rank AND l.ts BETWEEN w.ts AND w.te
+    GROUP BY ALL
+)
+SELECT p.run_id, p.rank, p.step, 'launch_overhead' AS finding,
+    printf('without launch overhead the step takes %.2f ms less of %.2f ms: %d kernels, %d of them shorter than '
+           || '%.0f us, median %.1f us; host and launches are %.0f %% of the critical path', p.saving_ns / 1e6,
+           p.replayed_ns / 1e6, k.kernels, k.tiny, COALESCE(getvariable('tiny_kernel_ns'), 10000) / 1e3,
+           k.median_ns / 1e3, 100 * p.host_launch_share) AS evidence,
+    p.saving_ns, p.saving_pct,
+    printf('tracesql query what_if %s -p no_launch_overhead=1 -p rank=%d -p instance=%d',
+           COALESCE(getvariable('run'), 'RUN'), p.rank, p.instance) AS query
+FROM priced p
+JOIN kernels k ON k.run_id = p.run_id AND k.rank = p.rank AND k.instance = p.instance
+WHERE p.saving_pct >= COALESCE(getvariable('min_saving_pct'), 5);

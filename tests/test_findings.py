@@ -1,0 +1,89 @@
+"""`tracesql findings`: the rules' headers, their rows on a real run checked against the what_if query they cite,
+and the planted-cause benchmark on a bundled trace (benchmarks/bench_findings.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+import tracesql
+from conftest import DATASETS, REPO
+from tracesql import findings, json_schemas
+from tracesql.cli import main
+
+RULES = findings.catalogue()
+TRACE_FILTER = DATASETS / "hta_trace_filter"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_findings", REPO / "benchmarks" / "bench_findings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_rule_headers(rule):
+    """Each rule says what it detects and needs, returns FINDING_COLUMNS, takes its threshold and the run's name,
+    and its header's defaults are its SQL's."""
+    assert rule.title and rule.doc and rule.needs
+    assert rule.columns == list(findings.FINDING_COLUMNS)
+    assert {"run", "min_saving_pct"} <= set(rule.params)
+    in_sql = dict(re.findall(r"COALESCE\(getvariable\('(\w+)'\),\s*('[^']*'|[\w.]+)\)", rule.sql))
+    assert in_sql == {name: p.default for name, p in rule.params.items()}
+    assert f"'{rule.name}' AS finding" in rule.sql
+
+
+@pytest.mark.slow  # five what-if replays of every step, and one per rule to cross-check
+def test_findings_match_the_what_if_they_cite(ingested):
+    """On HTA's sampled two-rank trace every rule runs; with no threshold each rule whose cause the step holds
+    has a row (this trace is bound by Python between its few ops: no fix the rules price saves anything), never
+    NULL; each row's command, run, shows that saving (the what_if query: a second path to the number)."""
+    run = ingested(TRACE_FILTER)
+    con = tracesql.connect(run)
+    found = findings.run(con, "RUN", {"min_saving_pct": 0}).df()
+    assert list(found.columns) == [c for c, _, _ in findings.FINDING_COLUMNS]
+    assert found.groupby("finding").size().to_dict() == {r.name: 4 for r in RULES}
+    assert found[found.finding == "host_op"].evidence.str.startswith("without aten::_foreach_mul_ ").all()
+    assert found.saving_ns.notna().all() and (found.saving_ns >= 0).all()
+    assert list(found.saving_ns) == sorted(found.saving_ns, reverse=True)
+    for row in found.drop_duplicates("finding").itertuples():
+        argv = shlex.split(row.query)
+        assert argv[:3] == ["tracesql", "query", "what_if"] and argv[3] == "RUN"
+        done = CliRunner().invoke(main, argv[1:3] + [str(run)] + argv[4:] + ["-f", "json"], catch_exceptions=False)
+        (cited,) = json.loads(done.stdout)
+        assert (cited["rank"], cited["step"], cited["saving_ns"]) == (row.rank, row.step, row.saving_ns)
+    # the trace is bound by Python between ops: no rule saves 5 % of a step (the default threshold)
+    assert findings.run(con, "RUN").df().empty
+
+
+@pytest.mark.slow
+def test_findings_command(ingested):
+    run = ingested(TRACE_FILTER)
+    done = CliRunner().invoke(main, ["findings", str(run), "-p", "min_saving_pct=0", "-f", "json"])
+    assert done.exit_code == 0, done.output
+    rows = json.loads(done.stdout)
+    assert len(rows) == 4 * len(RULES)  # each rule on each of 2 ranks × 2 steps
+    import jsonschema
+
+    jsonschema.Draft202012Validator(json_schemas.findings()).validate(rows)
+    bad = CliRunner().invoke(main, ["findings", str(run), "-p", "min_saving=1"])
+    assert bad.exit_code == 1
+    assert bad.output.startswith("Error: findings: no rule takes a parameter min_saving (they take: ")
+
+
+@pytest.mark.slow
+def test_planted_host_stall_is_the_top_finding(tmp_path):
+    """The benchmark's CI part: a host stall of 30 % of each step planted in rank 0 of HTA's sampled trace is the
+    top finding of both steps, its saving within 25 % of what it cost, and the original has no finding."""
+    bench = _bench()
+    result = bench.evaluate(TRACE_FILTER / "sampled_rank-0.json.gz", "host_stall", 0.3, tmp_path)
+    (row,) = result["rows"]
+    assert row["hits"] == row["steps"] == 2
+    assert row["cost_ns"] > 150_000_000 and abs(row["error"]) <= 0.25
+    assert result["false"] == 0

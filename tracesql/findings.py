@@ -1,0 +1,70 @@
+"""The findings: what limits each step and what fixing it would save, one rule per SQL file.
+
+Each rule is a plain `.sql` file of `findings/` (packaged as `tracesql/rules`) with the curated queries' header
+(tracesql/queries.py: what it detects, its thresholds as parameters with defaults, its columns), returning one row
+per (run, rank, step) where it fires, with the columns of FINDING_COLUMNS. Every rule prices its cause with the
+what-if replay (the what_if table macro): saving_ns is the step time the replay says the fix saves. `findings`
+runs them all and ranks their rows by saving_ns, largest first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import queries
+from .errors import TraceError
+
+#: The columns every rule returns, in this order (a test checks each rule's header and result against them).
+FINDING_COLUMNS = (
+    ("run_id", "VARCHAR", "run"),
+    ("rank", "INTEGER", "rank"),
+    ("step", "INTEGER", "step"),
+    ("finding", "VARCHAR", "the rule that fired (its file's name)"),
+    ("evidence", "VARCHAR", "what it saw, with the numbers"),
+    ("saving_ns", "BIGINT", "step time the what-if replay says the fix saves (0 when it saves none)"),
+    ("saving_pct", "DOUBLE", "saving_ns in % of the step's replayed time"),
+    ("query", "VARCHAR", "the tracesql command that shows the evidence"),
+)
+
+
+def rules_dir() -> Path:
+    """Where the rules are: inside the installed package, or the repository's `findings/`."""
+    packaged = Path(__file__).parent / "rules"
+    return packaged if packaged.is_dir() else Path(__file__).parent.parent / "findings"
+
+
+def catalogue() -> list[queries.Query]:
+    return [queries.parse(p) for p in sorted(rules_dir().glob("*.sql"))]
+
+
+def names_used() -> set[str]:
+    """The identifiers the rules use: what `engine.connect(names=...)` must create for them."""
+    return set().union(*(queries.names_used(rule) for rule in catalogue()))
+
+
+def check(params: dict) -> dict:
+    """`params` if some rule takes each of them, with a value it allows; else a TraceError naming what is."""
+    rules = catalogue()
+    for name, value in params.items():
+        takers = [rule for rule in rules if name in rule.params]
+        if not takers or name == "run":
+            known = sorted({p for rule in rules for p in rule.params} - {"run"})
+            raise TraceError("findings", f"no rule takes a parameter {name} (they take: {', '.join(known)})")
+        for rule in takers:
+            queries.check(rule, {name: value})
+    return params
+
+
+def run(con, target: str, params: dict | None = None):
+    """Every rule's rows on `con`, largest saving first, as a DuckDB relation on `con`. `target`: the run as the
+    user named it, written into each row's `query` command; `params` (name -> value) go to the rules that take
+    them (e.g. min_saving_pct, every rule's threshold)."""
+    import pyarrow as pa
+
+    params = check(dict(params or {}))
+    found = pa.concat_tables([
+        queries.run(con, rule, {"run": target} | {k: v for k, v in params.items() if k in rule.params})
+        .to_arrow_table() for rule in catalogue()])
+    order = [("saving_ns", "descending")] + [(c, "ascending") for c in ("run_id", "rank", "step", "finding")]
+    return con.from_arrow(found.sort_by(order))
+
