@@ -8,14 +8,16 @@
 -- stream's queue held at or above it.
 -- changes, mean_length, std_length and the quartiles are taken over the change points, as HTA's summary
 -- (pandas describe) takes them; time_weighted_mean weighs each value by how long it held. With
--- analysis_window = 'hta' they equal HTA 0.5's get_queue_length_summary (and its time spent blocked on a full
--- queue) on HTA's test traces, except where a launch and a device start share a timestamp: HTA orders those with
--- an unstable sort, tracesql counts the device start first, so mean and std may differ in the fourth digit.
+-- analysis_window = 'hta' and time_unit_ns = 1000 they equal HTA 0.5's get_queue_length_summary (and its time
+-- spent blocked on a full queue) on HTA's test traces, except where a launch and a device start share a
+-- timestamp: HTA orders those with an unstable sort, tracesql counts the device start first, so the mean and std
+-- may differ (by at most 2 x the changes at such timestamps / changes; 0.5 % on HTA's nccl test trace).
 --
 -- Needs: device work with its launching host calls (correlation ids)
 -- Parameters:
 --   max_queue_length = 1024    integer >= 1: the length at which launches block (CUDA: 1024 per stream)
 --   analysis_window = 'all'    one of all, hta: 'all' device work, or 'hta' (launched before the last ProfilerStep began)
+--   time_unit_ns = 1           integer >= 1: 1 = exact ns; 1000 = HTA's whole µs (starts rounded up)
 -- Columns:
 --   run_id              VARCHAR  run
 --   rank                INTEGER  rank
@@ -46,7 +48,8 @@ SELECT q.run_id, q.rank, q.device_id, q.stream,
             AS BIGINT) AS at_max_ns,
        round(100.0 * COALESCE(sum(q.held_ns) FILTER (WHERE q.queue_length >= COALESCE(getvariable('max_queue_length'), 1024)), 0)
              / nullif(any_value(r.trace_end_ns - r.trace_start_ns), 0), 4) AS at_max_pct
-FROM queue_changes(analysis_window := COALESCE(getvariable('analysis_window'), 'all')) q
+FROM queue_changes(analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
+                   time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1)) q
 JOIN ranks r ON r.run_id = q.run_id AND r.rank = q.rank
 GROUP BY q.run_id, q.rank, q.device_id, q.stream
 ORDER BY q.run_id, q.rank, q.device_id, q.stream

@@ -4,11 +4,13 @@
 -- Launch queue per stream: +1 when a host launch call (is_queued_launch: HTA's list) starts, -1 when the device
 -- event it launched starts. Only device events whose launching call is in the trace take part (both sides of a
 -- pair, as HTA does). At equal timestamps a start on the device is counted before a launch. analysis_window as
--- in device_activity ('hta': the device work launched before the last ProfilerStep began, HTA's default).
-CREATE OR REPLACE MACRO queue_changes(analysis_window := 'all') AS TABLE
+-- in device_activity ('hta': the device work launched before the last ProfilerStep began, HTA's default);
+-- time_unit_ns 1000 rounds both starts up to whole µs, as HTA reads fractional-µs Kineto timestamps.
+CREATE OR REPLACE MACRO queue_changes(analysis_window := 'all', time_unit_ns := 1) AS TABLE
 WITH launched AS (
-    SELECT d.run_id, d.rank, d.device_id, d.stream, d.slice_id, d.ts AS device_ts, l.ts AS launch_ts
-    FROM device_activity(analysis_window := analysis_window) d
+    SELECT d.run_id, d.rank, d.device_id, d.stream, d.slice_id, d.ts AS device_ts,
+           (l.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS launch_ts
+    FROM device_activity(analysis_window := analysis_window, time_unit_ns := time_unit_ns) d
     JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
     WHERE d.stream IS NOT NULL AND is_queued_launch(l.name)
 ), changes AS (
