@@ -30,10 +30,8 @@
 --   p50_gbps    DOUBLE   median
 --   p75_gbps    DOUBLE   third quartile
 --   max_gbps    DOUBLE   highest
-WITH window_choice AS (
-    SELECT COALESCE(getvariable('analysis_window'), 'all') AS w
-), series AS (
-    SELECT c.* FROM window_choice, copy_bandwidth_changes(analysis_window := w) c
+WITH series AS (
+    SELECT * FROM copy_bandwidth_changes(analysis_window := COALESCE(getvariable('analysis_window'), 'all'))
 ), points AS (
     -- a running sum may leave a rounding residue where no copy runs: below 1e-9 GB/s is none
     SELECT run_id, rank, copy_kind, count(*) AS points, avg(gbps) AS mean_gbps, stddev_samp(gbps) AS std_gbps,
@@ -49,7 +47,7 @@ WITH window_choice AS (
                 ELSE 'Memcpy Unknown' END AS copy_kind,
            count(*) AS copies,
            CAST(sum(TRY_CAST(json_extract(args, '$.bytes') AS BIGINT)) AS BIGINT) AS bytes
-    FROM window_choice, device_activity(analysis_window := w)
+    FROM device_activity(analysis_window := COALESCE(getvariable('analysis_window'), 'all'))
     WHERE kind IN ('memcpy', 'memset') AND json_extract(args, '$."memory bandwidth (GB/s)"') IS NOT NULL
     GROUP BY ALL
 )

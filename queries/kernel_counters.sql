@@ -34,7 +34,8 @@ WITH RECURSIVE ranges AS (
 ), paired AS (
     -- only ranks where both counts agree (HTA's condition)
     SELECT r.*, l.slice_id AS launch_id, l.ts, l.op_id
-    FROM ranges r JOIN launches l USING (run_id, rank, kernel_index)
+    FROM ranges r
+    JOIN launches l ON l.run_id = r.run_id AND l.rank = r.rank AND l.kernel_index = r.kernel_index
     WHERE (SELECT count(*) FROM ranges x WHERE x.run_id = r.run_id AND x.rank = r.rank)
         = (SELECT count(*) FROM launches x WHERE x.run_id = r.run_id AND x.rank = r.rank)
 ), stack AS (
@@ -46,16 +47,25 @@ WITH RECURSIVE ranges AS (
 ), stacks AS (
     SELECT run_id, rank, kernel_index, list(name ORDER BY op_depth) AS op_stack FROM stack GROUP BY ALL
 ), sass AS (
-    SELECT p.run_id, p.rank, p.kernel_index,
-           sum(CAST(j.value AS DOUBLE) * CASE WHEN contains(j.key, 'fma') THEN 2 ELSE 1 END) AS sass_flops
-    FROM paired p, json_each(p.args) j
-    WHERE regexp_matches(j.key, '^smsp__sass_thread_inst_executed_op_[hfd](fma|mul|add)_pred_on\.sum$')
-    GROUP BY ALL
+    -- HTA's nine SASS instruction counters (half, single, double precision: fma, mul, add)
+    SELECT run_id, rank, kernel_index,
+           CASE WHEN contains(CAST(args AS VARCHAR), 'smsp__sass_thread_inst_executed_op_') THEN
+               2 * COALESCE(TRY_CAST(json_extract(args, '$."smsp__sass_thread_inst_executed_op_hfma_pred_on.sum"') AS DOUBLE), 0)
+             + 1 * COALESCE(TRY_CAST(json_extract(args, '$."smsp__sass_thread_inst_executed_op_hmul_pred_on.sum"') AS DOUBLE), 0)
+             + 1 * COALESCE(TRY_CAST(json_extract(args, '$."smsp__sass_thread_inst_executed_op_hadd_pred_on.sum"') AS DOUBLE), 0)
+             + 2 * COALESCE(TRY_CAST(json_extract(args, '$."smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"') AS DOUBLE), 0)
+             + 1 * COALESCE(TRY_CAST(json_extract(args, '$."smsp__sass_thread_inst_executed_op_fmul_pred_on.sum"') AS DOUBLE), 0)
+             + 1 * COALESCE(TRY_CAST(json_extract(args, '$."smsp__sass_thread_inst_executed_op_fadd_pred_on.sum"') AS DOUBLE), 0)
+             + 2 * COALESCE(TRY_CAST(json_extract(args, '$."smsp__sass_thread_inst_executed_op_dfma_pred_on.sum"') AS DOUBLE), 0)
+             + 1 * COALESCE(TRY_CAST(json_extract(args, '$."smsp__sass_thread_inst_executed_op_dmul_pred_on.sum"') AS DOUBLE), 0)
+             + 1 * COALESCE(TRY_CAST(json_extract(args, '$."smsp__sass_thread_inst_executed_op_dadd_pred_on.sum"') AS DOUBLE), 0)
+           END AS sass_flops
+    FROM paired
 )
 SELECT p.run_id, p.rank, p.kernel_index, p.name, p.ts, p.launch_id,
        s.op_stack[1] AS top_level_op, s.op_stack[-1] AS bottom_level_op, COALESCE(s.op_stack, []) AS op_stack,
        f.sass_flops, p.args AS counters
 FROM paired p
-LEFT JOIN stacks s USING (run_id, rank, kernel_index)
-LEFT JOIN sass f USING (run_id, rank, kernel_index)
+LEFT JOIN stacks s ON s.run_id = p.run_id AND s.rank = p.rank AND s.kernel_index = p.kernel_index
+LEFT JOIN sass f ON f.run_id = p.run_id AND f.rank = p.rank AND f.kernel_index = p.kernel_index
 ORDER BY p.run_id, p.rank, p.kernel_index

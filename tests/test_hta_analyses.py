@@ -21,8 +21,8 @@ HTA_CALL_GRAPH_ARTIFACTS = {("negative_queue_length_values_check", "aten::item")
 
 
 def run_of(name: str, ingested):
-    if name == "nccl_parser_config":
-        return ingested(DATASETS / "hta_nccl_parser_config")
+    if name in ("nccl_parser_config", "cupti_profiler"):
+        return ingested(DATASETS / f"hta_{name}")
     return ingested(corpus_path("hta", "tests", "data", *name.split("/")))
 
 
@@ -127,8 +127,7 @@ def test_kernel_sequences_of_bundled_trace(ingested):
 
 
 def test_kernel_counters_equal_hta(ingested):
-    run = ingested(corpus_path("hta", "tests", "data", "cupti_profiler"))
-    got = tracesql.query("kernel_counters", run)
+    got = tracesql.query("kernel_counters", run_of("cupti_profiler", ingested))
     reference = REFERENCE["cupti_profiler"]["counters"]
     assert len(got) == len(reference) == 77
     for row, ref in zip(got.itertuples(), reference):

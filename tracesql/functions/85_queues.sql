@@ -20,10 +20,10 @@ WITH launched AS (
 )
 SELECT run_id, rank, device_id, stream, ts,
        sum(delta) OVER w AS queue_length,
-       lead(ts) OVER w - ts AS held_ns
+       lead(ts) OVER o - ts AS held_ns
 FROM changes
-WINDOW w AS (PARTITION BY run_id, rank, device_id, stream ORDER BY ts, delta, slice_id
-             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW);
+WINDOW o AS (PARTITION BY run_id, rank, device_id, stream ORDER BY ts, delta, slice_id),
+       w AS (o ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW);
 
 -- Memory-copy bandwidth per kind of copy ('Memcpy HtoD', 'Memcpy DtoH', 'Memcpy DtoD', 'Memset', 'Memcpy
 -- Unknown': HTA's prefixes): the summed bandwidth (GB/s, the source's 'memory bandwidth (GB/s)' argument) of
@@ -46,7 +46,7 @@ WITH copies AS (
 )
 SELECT run_id, rank, copy_kind, ts,
        sum(delta) OVER w AS gbps,
-       lead(ts) OVER w - ts AS held_ns
+       lead(ts) OVER o - ts AS held_ns
 FROM changes
-WINDOW w AS (PARTITION BY run_id, rank, copy_kind ORDER BY ts, delta, slice_id
-             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW);
+WINDOW o AS (PARTITION BY run_id, rank, copy_kind ORDER BY ts, delta, slice_id),
+       w AS (o ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW);
