@@ -65,6 +65,14 @@ EXAMPLES: dict[str, Example] = {
              "launches the graph and returns while the device runs for 10.7 ms."),
     "kernel_breakdown": Example("query kernel_breakdown datasets/hta_trace_filter/", 8),
     "launch": Example("query launch datasets/hta_trace_filter/", 6),
+    "queue_length": Example(
+        "query queue_length datasets/hta_nccl_parser_config/ -p max_queue_length=8",
+        note="DDP on an A100: the compute stream's queue holds 10 launches at most, so the host never ran far "
+             "ahead of the device; CUDA would block the host at 1024."),
+    "copy_bandwidth": Example("query copy_bandwidth datasets/hta_nccl_parser_config/"),
+    "kernel_sequences": Example("query kernel_sequences datasets/hta_nccl_parser_config/ -p operator=aten::conv -p top=3", 3),
+    "kernel_counters": Example(
+        "query kernel_counters datasets/hta_cupti_profiler/ -c kernel_index,name,bottom_level_op,sass_flops", 4),
     "memory": Example("query memory datasets/torch_gloo_2rank/"),
     "memory_curve": Example("query memory_curve datasets/torch_gloo_2rank/ -p points=4"),
     "memory_ops": Example("query memory_ops datasets/torch_gloo_2rank/ -p top=3", 6),

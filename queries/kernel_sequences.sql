@@ -1,0 +1,71 @@
+-- kernel_sequences: The kernel sequences an operator launches, grouped into patterns and ranked by how often they repeat (HTA's frequent CUDA kernel sequences; fusion candidates).
+--
+-- Roots are the host events whose name contains `operator` (HTA's rule; '' = every host event), at the
+-- shallowest nesting depth any of them has, that launched at least min_pattern_len device events (kernels,
+-- copies, memsets) from inside them on their thread. A root's pattern is its name followed by the names of the
+-- device events it launched, in the order they ran on the device. Patterns that repeat many times with many short
+-- kernels are candidates for fusion (torch.compile, a fused kernel) or CUDA graphs. Sorted by occurrences, then
+-- pattern, as HTA sorts them; equal to HTA 0.5's get_frequent_cuda_kernel_sequences on HTA's test traces where
+-- HTA's call graph keeps each kernel under the op that launched it (see docs/guides/hta.md for the traces where
+-- it does not).
+--
+-- Needs: host operators with the device work they launched (correlation ids)
+-- Parameters:
+--   operator = ''            text: a part of the launching events' names (e.g. aten::linear); '' = any
+--   min_pattern_len = 3      integer >= 1: roots launching fewer device events are left out
+--   top = 0                  integer >= 0: patterns per rank, most frequent first (0 = all)
+--   analysis_window = 'all'  one of all, hta: 'all' device work, or 'hta' (launched before the last ProfilerStep began)
+-- Columns:
+--   run_id         VARCHAR    run
+--   rank           INTEGER    rank
+--   pattern_rank   BIGINT     1 = the most frequent pattern of the rank
+--   root           VARCHAR    name of the launching event
+--   occurrences    BIGINT     how many roots launched exactly this sequence
+--   kernels        BIGINT     device events in the sequence
+--   kernel_ns      BIGINT     summed duration of the sequence's device events over its occurrences
+--   root_ns        BIGINT     summed duration of the roots over its occurrences
+--   pattern        VARCHAR    root and device event names joined with '|' (HTA's pattern string)
+--   kernel_names   VARCHAR[]  the sequence's device event names, in order
+WITH cutoff AS (
+    -- analysis_window 'hta': HTA keeps the host events that start before the last ProfilerStep began, and the
+    -- device work they launched (when the trace names at least two steps)
+    SELECT run_id, rank, max(ts) AS last_start FROM steps
+    WHERE COALESCE(getvariable('analysis_window'), 'all') = 'hta' AND rule = 'profiler_step'
+    GROUP BY run_id, rank HAVING count(*) >= 2
+), candidates AS (
+    SELECT s.run_id, s.rank, s.slice_id, s.name, s.ts, s.dur, s.pid, s.tid, s.depth, c.last_start
+    FROM slices s LEFT JOIN cutoff c ON c.run_id = s.run_id AND c.rank = s.rank
+    WHERE s.device_id IS NULL AND s.dur > 0 AND contains(s.name, COALESCE(getvariable('operator'), ''))
+      AND (c.last_start IS NULL OR s.ts < c.last_start)
+), launched AS (
+    -- each candidate with the device events launched from inside it on its thread (kernels, copies, memsets
+    -- and the device side of stream waits)
+    SELECT c.run_id, c.rank, c.slice_id AS root_id, c.name AS root, c.dur AS root_dur, c.depth,
+           d.name AS kernel, d.ts AS kernel_ts, d.slice_id AS kernel_id, d.dur AS kernel_dur
+    FROM candidates c
+    JOIN slices l ON l.run_id = c.run_id AND l.rank = c.rank AND l.pid = c.pid AND l.tid = c.tid
+                 AND l.ts >= c.ts AND l.ts <= c.ts + c.dur AND l.kind IN ('runtime', 'driver')
+                 AND (c.last_start IS NULL OR l.ts < c.last_start)
+    JOIN slices d ON d.run_id = l.run_id AND d.rank = l.rank AND d.launch_id = l.slice_id
+    WHERE d.device_id IS NOT NULL
+), shallowest AS (
+    SELECT run_id, rank, min(depth) AS depth FROM candidates GROUP BY run_id, rank
+), roots AS (
+    SELECT l.run_id, l.rank, l.root_id, any_value(l.root) AS root, any_value(l.root_dur) AS root_dur,
+           list(l.kernel ORDER BY l.kernel_ts, l.kernel_id) AS kernel_names, sum(l.kernel_dur) AS kernel_dur
+    FROM launched l JOIN shallowest s ON s.run_id = l.run_id AND s.rank = l.rank AND s.depth = l.depth
+    GROUP BY l.run_id, l.rank, l.root_id
+    HAVING count(*) >= COALESCE(getvariable('min_pattern_len'), 3)
+), patterns AS (
+    SELECT run_id, rank, root, kernel_names, count(*) AS occurrences, len(kernel_names) AS kernels,
+           CAST(sum(kernel_dur) AS BIGINT) AS kernel_ns, CAST(sum(root_dur) AS BIGINT) AS root_ns,
+           root || '|' || array_to_string(kernel_names, '|') AS pattern
+    FROM roots GROUP BY run_id, rank, root, kernel_names
+), ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY run_id, rank ORDER BY occurrences DESC, pattern) AS pattern_rank
+    FROM patterns
+)
+SELECT run_id, rank, pattern_rank, root, occurrences, kernels, kernel_ns, root_ns, pattern, kernel_names
+FROM ranked
+WHERE COALESCE(getvariable('top'), 0) = 0 OR pattern_rank <= COALESCE(getvariable('top'), 0)
+ORDER BY run_id, rank, pattern_rank

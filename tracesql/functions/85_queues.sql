@@ -1,0 +1,52 @@
+-- Counter-style series of the device side, as HTA's TraceCounters computes them: each stream's launch queue and
+-- each kind of memory copy's bandwidth, as one row per change (a step function: the value holds until the next).
+
+-- Launch queue per stream: +1 when a host launch call (is_queued_launch: HTA's list) starts, -1 when the device
+-- event it launched starts. Only device events whose launching call is in the trace take part (both sides of a
+-- pair, as HTA does). At equal timestamps a start on the device is counted before a launch. analysis_window as
+-- in device_activity ('hta': the device work launched before the last ProfilerStep began, HTA's default);
+-- time_unit_ns 1000 rounds both starts up to whole µs, as HTA reads fractional-µs Kineto timestamps.
+CREATE OR REPLACE MACRO queue_changes(analysis_window := 'all', time_unit_ns := 1) AS TABLE
+WITH launched AS (
+    SELECT d.run_id, d.rank, d.device_id, d.stream, d.slice_id, d.ts AS device_ts,
+           (l.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS launch_ts
+    FROM device_activity(analysis_window := analysis_window, time_unit_ns := time_unit_ns) d
+    JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
+    WHERE d.stream IS NOT NULL AND is_queued_launch(l.name)
+), changes AS (
+    SELECT run_id, rank, device_id, stream, slice_id, launch_ts AS ts, 1 AS delta FROM launched
+    UNION ALL
+    SELECT run_id, rank, device_id, stream, slice_id, device_ts, -1 FROM launched
+)
+SELECT run_id, rank, device_id, stream, ts,
+       sum(delta) OVER w AS queue_length,
+       lead(ts) OVER o - ts AS held_ns
+FROM changes
+WINDOW o AS (PARTITION BY run_id, rank, device_id, stream ORDER BY ts, delta, slice_id),
+       w AS (o ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW);
+
+-- Memory-copy bandwidth per kind of copy ('Memcpy HtoD', 'Memcpy DtoH', 'Memcpy DtoD', 'Memset', 'Memcpy
+-- Unknown': HTA's prefixes): the summed bandwidth (GB/s, the source's 'memory bandwidth (GB/s)' argument) of
+-- the copies of that kind running at each change, over all devices of the rank, as HTA sums it. A copy that
+-- lasted 0 ns counts as lasting min_dur_ns (HTA: one unit of the trace's clock, 1 µs). analysis_window as in
+-- device_activity.
+CREATE OR REPLACE MACRO copy_bandwidth_changes(analysis_window := 'all', min_dur_ns := 1000) AS TABLE
+WITH copies AS (
+    SELECT run_id, rank, slice_id, ts, CASE WHEN dur = 0 THEN min_dur_ns ELSE dur END AS dur,
+           CASE WHEN starts_with(name, 'Memset') THEN 'Memset'
+                WHEN starts_with(name, 'Memcpy') THEN left(name, 11)
+                ELSE 'Memcpy Unknown' END AS copy_kind,
+           TRY_CAST(json_extract(args, '$."memory bandwidth (GB/s)"') AS DOUBLE) AS gbps
+    FROM device_activity(analysis_window := analysis_window)
+    WHERE kind IN ('memcpy', 'memset')
+), changes AS (
+    SELECT run_id, rank, copy_kind, slice_id, ts, gbps AS delta FROM copies WHERE gbps IS NOT NULL
+    UNION ALL
+    SELECT run_id, rank, copy_kind, slice_id, ts + dur, -gbps FROM copies WHERE gbps IS NOT NULL
+)
+SELECT run_id, rank, copy_kind, ts,
+       sum(delta) OVER w AS gbps,
+       lead(ts) OVER o - ts AS held_ns
+FROM changes
+WINDOW o AS (PARTITION BY run_id, rank, copy_kind ORDER BY ts, delta, slice_id),
+       w AS (o ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW);
