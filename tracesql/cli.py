@@ -139,12 +139,17 @@ def main():
 @click.option("--step-pattern", metavar="REGEX",
               help="Ranges whose names match REGEX are the steps (named groups step, phase, batch, tokens, "
                    "prefill_tokens), before the built-in rules (ProfilerStep, vLLM, SGLang iterations).")
+@click.option("--label", "label", multiple=True, metavar="KEY=VALUE",
+              help="A label of the run's configuration, e.g. remat=full (repeatable; see docs/guides/ci.md).")
+@click.option("--label-pattern", metavar="REGEX",
+              help="Labels from the sources' folder names: the named groups of REGEX, e.g. 'dp(?P<dp>\\d+)'.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
               help="spark: read the files in Spark tasks (see --master), one file per task.")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @_errors_as_messages
-def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, step_pattern, quiet, engine, master):
+def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, step_pattern, label, label_pattern,
+           quiet, engine, master):
     """Read trace files (or folders of them) into a run folder of Parquet tables.
 
     Unchanged files already in the run are not read again. On any error the run folder is left as it was.
@@ -160,7 +165,8 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, s
     spark = _spark_session(master) if engine == "spark" else None
     result = api.ingest(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
                         progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
-                        max_events=max_events, step_pattern=step_pattern, spark=spark)
+                        max_events=max_events, step_pattern=step_pattern, spark=spark, label=label,
+                        label_pattern=label_pattern)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:
@@ -186,6 +192,8 @@ def _parse_params(pairs) -> dict:
 
 SANDBOX_HELP = ("SQL reads the run's tables and nothing else: no other file, no network, no COPY ... TO, ATTACH, "
                 "INSTALL or LOAD, no SET; for SQL that a program feeds in.")
+STEPS_HELP = ("Only these steps count (the steady state): e.g. 3..9; auto drops the warm-up (leading steps slower "
+              "than the rest by more than their spread); default all.")
 COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-separated (e.g. "
                 "'rank,step,*_ns').")
 
@@ -202,8 +210,9 @@ COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-sep
               help="spark: transpile the query to Spark SQL and run it on Spark (see --master).")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @click.option("--sandbox", is_flag=True, help=SANDBOX_HELP)
+@click.option("--steps", "steps_text", metavar="FIRST..LAST|auto|all", help=STEPS_HELP)
 @_errors_as_messages
-def query(query, target, params, fmt, columns, output, engine, master, sandbox):
+def query(query, target, params, fmt, columns, output, engine, master, sandbox, steps_text):
     """Run a curated query (by name, e.g. `overlap`) or your own .sql file on a run.
 
     TARGET is a run folder, a folder of runs, or raw traces (ingested on the fly into a cache).
@@ -217,10 +226,13 @@ def query(query, target, params, fmt, columns, output, engine, master, sandbox):
     \b
         tracesql query overlap runs/1234/ --param class_scheme=hta -c rank,step,*_pct
     """
-    from . import queries
+    from . import queries, steady
 
     q = queries.find(query)
     params = queries.check(q, _parse_params(params))  # before the target is opened or Spark starts
+    steps = steady.parse(steps_text)
+    if steps.mode != "all" and engine == "spark":
+        raise click.UsageError("--steps runs on DuckDB: not with --engine spark")
     check_output(output)
     if sandbox and (engine == "spark" or fmt == "parquet"):
         raise click.UsageError("--sandbox writes no file and runs on DuckDB: not with --engine spark or -f parquet "
@@ -238,10 +250,13 @@ def query(query, target, params, fmt, columns, output, engine, master, sandbox):
         from . import engine as duckdb_engine
 
         def run_and_explain(con):  # printed after: a second attempt (the run swapped meanwhile) prints once
+            if steps.mode != "all":
+                steady.apply(con, steps)
             rows, deliver = _prepare(queries.run(con, q, params), fmt, output, picked)
             return rows, deliver, queries.explain(con, q, params, rows)
 
-        rows, deliver, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=queries.names_used(q),
+        names = None if steps.mode != "all" else queries.names_used(q)  # --steps reads the steps query too
+        rows, deliver, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=names,
                                                                sandbox=sandbox)
         deliver(_echo)
     if rows == 0:
