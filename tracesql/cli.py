@@ -477,7 +477,9 @@ def shell(target, sandbox):
 @click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=Path("report"), show_default=True,
               help="Folder for index.html, summary.md, metrics.json, metrics.parquet.")
-@click.option("--baseline", type=click.Path(path_type=Path), help="The run to compare with (default: the first).")
+@click.option("--baseline", metavar="RUN|KEY=VALUE,...",
+              help="The run to compare with, or a label set naming the baseline runs (default: the runs sharing the "
+                   "gated run's labels; see docs/guides/ci.md).")
 @click.option("--fail-on", "fail_on", multiple=True, metavar="GATE",
               help="Exit with status 3 when the gate holds, e.g. 'step_time_p50>+5%' or 'overlap<-10pp' (repeatable).")
 @click.option("--gate", "gate_runs", type=click.Choice(["latest", "all"]), default="latest", show_default=True,
@@ -491,13 +493,20 @@ def shell(target, sandbox):
 @click.option("--tokens-per-step", type=float, help="Tokens the whole job processes per step.")
 @click.option("--device", help="device_peaks key for MFU/HFU and the roofline (e.g. H100-SXM); default: from the trace.")
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Rows of the hotspot, bubble and diff tables.")
+@click.option("--steps", "steps_text", metavar="FIRST..LAST|auto|all", help=STEPS_HELP)
+@click.option("--confidence", type=float, default=0.99, show_default=True,
+              help="A change gate fails only when the change exceeds the noise at this confidence.")
+@click.option("--strict", is_flag=True, help="Gates fail on their threshold alone, whatever the noise.")
+@click.option("--history", type=click.Path(path_type=Path),
+              help="A folder keeping each report's metrics (Parquet): trends span earlier reports too.")
 @_errors_as_messages
 def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_flops, n_params, tokens_per_step,
-           device, top):
+           device, top, steps_text, confidence, strict, history):
     """A report over many runs: metrics per run and rank, trend, regressions with what explains them, gates.
 
     TARGETS are run folders, folders of runs, or folders of raw-trace folders (one run per subfolder, ingested
-    into the cache incrementally). Exit status: 0, 1 on bad input, 3 when a --fail-on gate failed (one line each).
+    into the cache incrementally). Exit status: 0, 1 on bad input, 3 when a --fail-on gate failed (one line each):
+    a change gate fails only when the change is larger than the noise (unless --strict).
 
     Example:
 
@@ -517,7 +526,8 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
     def build_and_write():
         result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order,
                                  gate_runs=gate_runs, threshold=threshold, mfu_params=mfu_params or None,
-                                 device=device, top=top)
+                                 device=device, top=top, steps=steps_text, confidence=confidence, strict=strict,
+                                 history=history)
         with render.folder_locked(out):  # another report into `out` waits until this one has said what it wrote
             result.write(out)
             click.echo(f"{out}: index.html, summary.md, metrics.json, metrics.parquet — "
@@ -525,7 +535,8 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
                        f"{len(result.regressions)} regressed")
         return result
 
-    runs = reporting.find_runs(list(targets)) + (duckdb_engine.resolve(baseline) if baseline else [])
+    base_run = baseline is not None and reporting.baseline_labels(baseline) is None
+    runs = reporting.find_runs(list(targets)) + (duckdb_engine.resolve(baseline) if base_run else [])
     try:
         result = duckdb_engine.while_unchanged(runs, build_and_write)  # again if an ingest swaps a run in
     except OSError as e:
@@ -533,6 +544,8 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
     for v in result.verdicts:
         if not v.passed:
             click.echo(f"FAIL {v.gate.text}: {v.reason}", err=True)
+        elif "passes (the change is within noise" in v.reason:
+            click.echo(f"WITHIN NOISE {v.gate.text}: {v.reason}", err=True)
     if result.failed:
         sys.exit(3)
 
