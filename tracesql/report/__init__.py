@@ -17,7 +17,8 @@ import pandas as pd
 from .. import engine, labels, queries, steady, store
 from ..errors import TraceError
 from ..ingestion import find_traces
-from . import charts, gates
+from . import charts, gates, sweeps
+from . import history as kept
 from .metrics import DIFFS_SHOWN, METRICS, PER_STEP, FleetMetrics, collect
 
 TRACES_WRITTEN = 10  # regressed runs whose slowest step is written as a Perfetto trace (the most regressed first)
@@ -99,7 +100,8 @@ class Report:
     confidence: float = 0.99
     replicates: dict[str, list[str]] = field(default_factory=dict)  # gated run -> the runs its gates compared with
     sweep: pd.DataFrame | None = None  # one row per configuration (sweeps.table), when runs have given labels
-    history: pd.DataFrame | None = None  # earlier reports' metrics (history.read), when --history is given
+    history: Path | None = None  # --history: write() adds this report's metrics there
+    earlier: pd.DataFrame | None = None  # runs of earlier reports (history.earlier_runs) drawn in the trends
 
     @property
     def failed(self) -> list[gates.Verdict]:
@@ -258,9 +260,22 @@ def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs:
                     confidence=confidence, replicates=replicates)
     _focus_details(report, paths[focus], device, top)
     _step_traces(report, paths, by_step)
+    report.sweep = sweeps.table(fleet.runs)
+    if report.sweep is not None:
+        figure = charts.sweep(report.sweep)
+        if figure:
+            report.charts.append(("sweep", "sweep", figure))
+    trend_runs = fleet.runs
+    if history is not None:
+        report.history = Path(history)
+        report.earlier = kept.earlier_runs(kept.read(report.history), set(fleet.runs.run_id))
+        if len(report.earlier):
+            trend_runs = pd.concat([report.earlier, fleet.runs], ignore_index=True).sort_values(
+                ["start_ns", "run_id"], kind="stable")
+    earlier = set() if report.earlier is None else set(report.earlier.run_id)
     for name in METRICS:
-        if name in fleet.runs:
-            figure = charts.trend(name, fleet.runs, base_id, threshold)
+        if name in trend_runs:
+            figure = charts.trend(name, trend_runs, base_id, threshold, earlier)
             if figure:
                 report.charts.append(("trend", name, figure))
     return report
