@@ -19,6 +19,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from . import archives, db, labels, limits, quality, schema, store, views
 from .arrays import array, strings
@@ -399,12 +400,10 @@ def _write_run_labels(staging: Path, run_id: str, given: dict) -> None:
              for t in ("ranks", "devices", "process_groups")}
     con.execute(views.views_sql(files)).fetchall()
     run_labels, sources = labels.merged(labels.recorded(con), given)
-    (staging / "runs").mkdir(exist_ok=True)
-    row = con.sql(f"SELECT {schema.select_list('runs')} FROM (SELECT $run_id AS run_id, $labels AS labels, "
-                  "$sources AS label_sources)",
-                  params={"run_id": run_id, "labels": json.dumps(run_labels), "sources": json.dumps(sources)})
-    store.write_relation(row, staging / "runs" / f"run-{store.generation(staging)}.parquet")
     con.close()
+    (staging / "runs").mkdir(exist_ok=True)
+    row = pa.table({"run_id": [run_id], "labels": [json.dumps(run_labels)], "label_sources": [json.dumps(sources)]})
+    pq.write_table(schema.conform("runs", row), staging / "runs" / f"run-{store.generation(staging)}.parquet")
 
 
 def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool,
