@@ -248,3 +248,18 @@ def test_report_gate_within_noise_passes_and_says_so_strict_fails(fleet):
     regressed = cli("report", *reps, folder / "reg-10pct", "-o", folder.parent / "r", "--order", "given",
                     "--baseline", "config=gloo2", "--fail-on", "step_time_p50>+5%")
     assert regressed.exit_code == 3 and "significant at 99 %" in regressed.output
+
+
+@pytest.mark.browser
+def test_sweep_chart_renders_in_headless_chromium(dp_runs, tmp_path):
+    from test_report import CHROMIUM, open_in_browser
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    two, four = dp_runs
+    assert cli("report", two, four, "-o", tmp_path / "r", "--steps", "3..4").exit_code == 0
+    seen = open_in_browser(tmp_path / "r" / "index.html", tmp_path / "sweep.png")
+    assert seen["charts"] == seen["rendered"] and seen["console"] == [] and seen["dialogs"] == []
+    assert "Sweep: runs by configuration" in seen["text"] and "ridge" not in seen["chart_text"]
+    assert "dp=2" in seen["chart_text"] and "dp=4" in seen["chart_text"]  # the sweep chart's points, labelled
+    assert all(url.startswith("file:") for url in seen["requests"])

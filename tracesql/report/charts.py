@@ -180,9 +180,9 @@ def sweep(table: pd.DataFrame) -> dict | None:
     data = [{"type": "scatter", "mode": "markers+text", "x": (rows.peak_memory / 2**30).round(4).tolist(),
              "y": (rows.step_time_p50 / 1e6).round(4).tolist(), "text": names, "textposition": "top center",
              "error_y": {"type": "data", "array": _clean((rows.step_time_p50_sd / 1e6).round(4).tolist()),
-                         "visible": True},
+                         "visible": True, "color": "#666"},  # (their default, the marker's colors, is no color)
              "error_x": {"type": "data", "array": _clean((rows.peak_memory_sd / 2**30).round(4).tolist()),
-                         "visible": True},
+                         "visible": True, "color": "#666"},
              "marker": {"size": [16 if b else 9 for b in rows.best], "symbol": ["star" if b else "circle"
                                                                              for b in rows.best],
                         "color": ["#54A24B" if b else "#4C78A8" for b in rows.best]},
