@@ -83,7 +83,8 @@ def test_given_labels_from_file_folder_pattern_and_option_override_in_order(tmp_
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda d: cli("ingest", d, "-o", d.parent / "r", "--label", "no-equals"), "--label 'no-equals': expected KEY=VALUE"),
+    (lambda d: cli("ingest", d, "-o", d.parent / "r", "--label", "no-equals"),
+     "--label 'no-equals': expected KEY=VALUE"),
     (lambda d: (d / "labels.json").write_text("[1, 2]") and cli("ingest", d, "-o", d.parent / "r"),
      "labels.json: expected key = value pairs"),
     (lambda d: (d / "tracesql.toml").write_text("a = ") and cli("ingest", d, "-o", d.parent / "r"),
@@ -241,7 +242,8 @@ def test_report_gate_within_noise_passes_and_says_so_strict_fails(fleet):
     result = cli("report", *reps, "-o", folder.parent / "r", "--order", "given", "--fail-on", "step_time_p50>-5%")
     assert result.exit_code == 0, result.output
     (line,) = [x for x in result.output.splitlines() if x.startswith("WITHIN NOISE")]
-    assert "9 replicate runs" in line and "within noise at 99 %" in line and "passes (the change is within noise" in line
+    assert "9 replicate runs" in line and "within noise at 99 %" in line
+    assert "passes (the change is within noise" in line
     strict = cli("report", *reps, "-o", folder.parent / "r", "--order", "given", "--fail-on", "step_time_p50>-5%",
                  "--strict")
     assert strict.exit_code == 3
