@@ -265,3 +265,21 @@ def test_sweep_chart_renders_in_headless_chromium(dp_runs, tmp_path):
     assert "Sweep: runs by configuration" in seen["text"] and "ridge" not in seen["chart_text"]
     assert "dp=2" in seen["chart_text"] and "dp=4" in seen["chart_text"]  # the sweep chart's points, labelled
     assert all(url.startswith("file:") for url in seen["requests"])
+
+
+@pytest.mark.slow
+def test_roofline_draws_each_roof_and_its_ridge_point(ingested):
+    """B200 bf16: 2,250 TFLOP/s dense over 8 TB/s puts the ridge at 281.25 FLOP/byte, from the peaks table."""
+    from tracesql import report
+
+    run = ingested(DATASETS / "tracelens_b200_eager")
+    fig = next(f for _, name, f in report.build([run]).charts if name == "roofline")
+    con = tracesql.connect(run)
+    peaks = {d: (f, b) for d, f, b in con.sql(
+        "SELECT DISTINCT dtype, peak_flops_per_s, peak_bytes_per_s FROM rank_device_peaks(device_key := NULL) "
+        "WHERE peak_flops_per_s IS NOT NULL").fetchall()}
+    ridges = {t["name"].split()[1]: (t["x"][0], t["y"][0]) for t in fig["data"] if t["name"].endswith("ridge point")}
+    assert ridges and ridges["bf16"] == (281.25, 2250.0)
+    for dtype, (x, y) in ridges.items():
+        flops, bandwidth = peaks[dtype]
+        assert x == pytest.approx(flops / bandwidth) and y == pytest.approx(flops / 1e12)
