@@ -65,6 +65,7 @@ def test_xplane_metadata_gives_framework_versions(ingested):
     assert found["jax_version"] == found["jaxlib_version"] == "0.10.2" and found["world_size"] == "1"
 
 
+@pytest.mark.slow
 def test_given_labels_from_file_folder_pattern_and_option_override_in_order(tmp_path):
     src = tmp_path / "sweep" / "dp4-remat_full"
     shutil.copytree(DATASETS / "viztracer_counters", src)
