@@ -238,12 +238,12 @@ def test_noise_aware_gate_raises_no_false_alarm_and_catches_both_regressions(fle
 @pytest.mark.slow
 def test_report_gate_within_noise_passes_and_says_so_strict_fails(fleet):
     folder, _ = fleet
-    reps = sorted(folder.glob("rep-*"))
+    reps = sorted(folder.glob("rep-*"))[:5]  # 5 of the 10: a report over fewer runs is quicker
     # any replicate is within 5 % below or above the others: the threshold holds, the noise does not let it trip
     result = cli("report", *reps, "-o", folder.parent / "r", "--order", "given", "--fail-on", "step_time_p50>-5%")
     assert result.exit_code == 0, result.output
     (line,) = [x for x in result.output.splitlines() if x.startswith("WITHIN NOISE")]
-    assert "9 replicate runs" in line and "within noise at 99 %" in line
+    assert "4 replicate runs" in line and "within noise at 99 %" in line
     assert "passes (the change is within noise" in line
     strict = cli("report", *reps, "-o", folder.parent / "r", "--order", "given", "--fail-on", "step_time_p50>-5%",
                  "--strict")
