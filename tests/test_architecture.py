@@ -26,10 +26,10 @@ ARCHITECTURE_DOC = REPO / "docs" / "concepts" / "architecture.md"
 LAYERS = {
     "foundation": ["version", "errors", "limits", "arrays", "db", "schema", "functions", "critical_path"],
     "readers": ["archives", "readers", "readers.*"],
-    "normalize": ["quality", "step_rules", "normalize"],
+    "normalize": ["quality", "step_rules", "labels", "normalize"],
     "store": ["store", "views", "ingestion"],
     "engines": ["engine"],
-    "queries": ["queries", "findings"],
+    "queries": ["queries", "findings", "steady"],
     "plug-ins": ["transpile", "spark"],
     "outputs": ["output", "json_schemas", "info", "export", "report", "report.*", "api"],
     "front": ["cli", "mcp_server", "__main__", "tracesql"],

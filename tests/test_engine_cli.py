@@ -36,7 +36,10 @@ def test_views_have_the_schema_types(ingested):
 
 def test_parquet_files_are_plain_parquet_with_the_schema(ingested):
     run = ingested(TRACE_FILTER)
-    for name in schema.TABLES:
+    (runs_file,) = (run / "runs").iterdir()  # the runs table: one file per run, not per rank
+    assert re.fullmatch(r"run-[0-9a-f]{12}\.parquet", runs_file.name)
+    assert pq.read_schema(runs_file).names == schema.TABLES["runs"].column_names
+    for name in set(schema.TABLES) - set(schema.RUN_TABLES):
         files = sorted((run / name).glob("rank*.parquet"))
         assert len(files) == 2, name  # one per rank (and `warnings` has the run's own checks besides)
         others = sorted({p.name for p in (run / name).iterdir()} - {f.name for f in files})

@@ -40,15 +40,21 @@ def fleet(tmp_path: Path, *datasets: Path) -> Path:
     return folder
 
 
-def step_p50_from_json(folder: Path) -> float:
-    """The report's step time, the second way: per ProfilerStep the slowest rank's host range (CPU-only traces),
-    then the median over steps, in ns."""
-    per_step: dict[str, float] = {}
+def step_times_from_json(folder: Path) -> list[float]:
+    """The report's step times, the second way: per ProfilerStep the slowest rank's host range (CPU-only traces),
+    in ns, in step order."""
+    per_step: dict[int, float] = {}
     for f in folder.glob("*.json.gz"):
         for e in raw_events(f):
             if e.get("name", "").startswith("ProfilerStep#"):
-                per_step[e["name"]] = max(per_step.get(e["name"], 0), e["dur"] * 1000)
-    return statistics.median(per_step.values())
+                n = int(e["name"].split("#")[1])
+                per_step[n] = max(per_step.get(n, 0), e["dur"] * 1000)
+    return [per_step[n] for n in sorted(per_step)]
+
+
+def step_p50_from_json(folder: Path) -> float:
+    """The report's step time, the second way: the median of step_times_from_json, in ns."""
+    return statistics.median(step_times_from_json(folder))
 
 
 def device_step_windows_from_json(path: Path) -> list[float]:
@@ -134,8 +140,14 @@ def test_gate_fails_on_the_slower_run_with_one_line_per_failed_gate(gloo_report)
     assert round(base) == 27_892_281 and round(slow) == 70_051_947
     change = (slow - base) / base * 100
     fails = [line for line in result.output.splitlines() if line.startswith("FAIL")]
+    # 3 steps against 3 cannot show a change at 99 % (a rank test's best p is 1 / C(6, 3) = 0.05): the gate says
+    # so and keeps its threshold; the within-run spread is 1.4826 × the median absolute deviation of the steps
+    times = step_times_from_json(GLOO4)
+    mad = 1.4826 * statistics.median(abs(t - slow) for t in times)
     assert fails == [f"FAIL step_time_p50>+5%: torch_gloo_4rank_straggler: step_time_p50 {slow / 1e6:.2f} ms vs "
-                     f"{base / 1e6:.2f} ms in baseline torch_gloo_2rank (+{change:.1f}%)"]
+                     f"{base / 1e6:.2f} ms in baseline torch_gloo_2rank (+{change:.1f}%); noise ±{100 * mad / slow:.1f} "
+                     "% within the run (per step): not judged at 99 % (3 vs 3 steps reach p = 0.05 at best): "
+                     "threshold only"]
     data = json.loads((tmp / "report" / "metrics.json").read_text())
     runs = {r["run_id"]: r for r in data["runs"]}
     assert runs["torch_gloo_2rank"]["step_time_p50"] == pytest.approx(base, abs=1)
@@ -194,7 +206,7 @@ def test_run_against_itself_passes_every_change_gate(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "r" / "metrics.json").read_text())
     assert [g["passed"] for g in data["gates"]] == [True, True] and data["regressions"] == []
-    assert data["gates"][0]["reason"].endswith("(+0.0%)")
+    assert "(+0.0%); noise ±0.6 % within the run (per step)" in data["gates"][0]["reason"]
 
 
 def test_bad_gate_and_bad_input_are_one_line_errors(tmp_path):
@@ -254,12 +266,21 @@ def test_corpus_trace_diff_gate_and_explanation(tmp_path):
     result = cli("report", pair, "-o", tmp_path / "r", "--baseline", pair / "control", "--fail-on",
                  "step_time_p50>+5%", "--fail-on", "overlap<-10pp")
     assert result.exit_code == 3, result.output
-    control = statistics.median(device_step_windows_from_json(pair / "control" / "control.json.gz"))
-    test = statistics.median(device_step_windows_from_json(pair / "test" / "test.json.gz"))
+    control_steps = device_step_windows_from_json(pair / "control" / "control.json.gz")
+    test_steps = device_step_windows_from_json(pair / "test" / "test.json.gz")
+    control, test = statistics.median(control_steps), statistics.median(test_steps)
     assert (control, test) == (76_887_500, 114_715_500)  # disjoint device windows, as `steps` reports
+    # the noise, from the raw windows: the steps' robust spread, and the one-sided rank test of 6 steps against 6
+    from scipy.stats import mannwhitneyu
+
+    spread = 1.4826 * statistics.median(abs(t - test) for t in test_steps) / test * 100
+    p = mannwhitneyu(test_steps, control_steps, alternative="greater").pvalue
     assert [line for line in result.output.splitlines() if line.startswith("FAIL")] == [
         f"FAIL step_time_p50>+5%: test: step_time_p50 114.72 ms vs 76.89 ms in baseline control "
-        f"(+{(test - control) / control * 100:.1f}%)"]
+        f"(+{(test - control) / control * 100:.1f}%); noise ±{spread:.1f} % within the run (per step): "
+        f"significant at 99 % (rank test p = {p:.2g})"] == [
+        "FAIL step_time_p50>+5%: test: step_time_p50 114.72 ms vs 76.89 ms in baseline control (+49.2%); noise "
+        "±30.7 % within the run (per step): significant at 99 % (rank test p = 0.0011)"]
     data = json.loads((tmp_path / "r" / "metrics.json").read_text())
     (reg,) = data["regressions"]
     diff = pd.DataFrame(reg["diff"])

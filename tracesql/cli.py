@@ -139,12 +139,17 @@ def main():
 @click.option("--step-pattern", metavar="REGEX",
               help="Ranges whose names match REGEX are the steps (named groups step, phase, batch, tokens, "
                    "prefill_tokens), before the built-in rules (ProfilerStep, vLLM, SGLang iterations).")
+@click.option("--label", "label", multiple=True, metavar="KEY=VALUE",
+              help="A label of the run's configuration, e.g. remat=full (repeatable; see docs/guides/ci.md).")
+@click.option("--label-pattern", metavar="REGEX",
+              help="Labels from the sources' folder names: the named groups of REGEX, e.g. 'dp(?P<dp>\\d+)'.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
               help="spark: read the files in Spark tasks (see --master), one file per task.")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @_errors_as_messages
-def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, step_pattern, quiet, engine, master):
+def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, step_pattern, label, label_pattern,
+           quiet, engine, master):
     """Read trace files (or folders of them) into a run folder of Parquet tables.
 
     Unchanged files already in the run are not read again. On any error the run folder is left as it was.
@@ -160,7 +165,8 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, s
     spark = _spark_session(master) if engine == "spark" else None
     result = api.ingest(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
                         progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
-                        max_events=max_events, step_pattern=step_pattern, spark=spark)
+                        max_events=max_events, step_pattern=step_pattern, spark=spark, label=label,
+                        label_pattern=label_pattern)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:
@@ -186,6 +192,8 @@ def _parse_params(pairs) -> dict:
 
 SANDBOX_HELP = ("SQL reads the run's tables and nothing else: no other file, no network, no COPY ... TO, ATTACH, "
                 "INSTALL or LOAD, no SET; for SQL that a program feeds in.")
+STEPS_HELP = ("Only these steps count (the steady state): e.g. 3..9; auto drops the warm-up (leading steps slower "
+              "than the rest by more than their spread); default all.")
 COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-separated (e.g. "
                 "'rank,step,*_ns').")
 
@@ -202,8 +210,9 @@ COLUMNS_HELP = ("Only these columns, in this order: names or patterns, comma-sep
               help="spark: transpile the query to Spark SQL and run it on Spark (see --master).")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @click.option("--sandbox", is_flag=True, help=SANDBOX_HELP)
+@click.option("--steps", "steps_text", metavar="FIRST..LAST|auto|all", help=STEPS_HELP)
 @_errors_as_messages
-def query(query, target, params, fmt, columns, output, engine, master, sandbox):
+def query(query, target, params, fmt, columns, output, engine, master, sandbox, steps_text):
     """Run a curated query (by name, e.g. `overlap`) or your own .sql file on a run.
 
     TARGET is a run folder, a folder of runs, or raw traces (ingested on the fly into a cache).
@@ -217,10 +226,13 @@ def query(query, target, params, fmt, columns, output, engine, master, sandbox):
     \b
         tracesql query overlap runs/1234/ --param class_scheme=hta -c rank,step,*_pct
     """
-    from . import queries
+    from . import queries, steady
 
     q = queries.find(query)
     params = queries.check(q, _parse_params(params))  # before the target is opened or Spark starts
+    steps = steady.parse(steps_text)
+    if steps.mode != "all" and engine == "spark":
+        raise click.UsageError("--steps runs on DuckDB: not with --engine spark")
     check_output(output)
     if sandbox and (engine == "spark" or fmt == "parquet"):
         raise click.UsageError("--sandbox writes no file and runs on DuckDB: not with --engine spark or -f parquet "
@@ -238,10 +250,13 @@ def query(query, target, params, fmt, columns, output, engine, master, sandbox):
         from . import engine as duckdb_engine
 
         def run_and_explain(con):  # printed after: a second attempt (the run swapped meanwhile) prints once
+            if steps.mode != "all":
+                steady.apply(con, steps)
             rows, deliver = _prepare(queries.run(con, q, params), fmt, output, picked)
             return rows, deliver, queries.explain(con, q, params, rows)
 
-        rows, deliver, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=queries.names_used(q),
+        names = None if steps.mode != "all" else queries.names_used(q)  # --steps reads the steps query too
+        rows, deliver, why = duckdb_engine.on_fresh_connection(target, run_and_explain, names=names,
                                                                sandbox=sandbox)
         deliver(_echo)
     if rows == 0:
@@ -500,7 +515,9 @@ def shell(target, sandbox):
 @click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=Path("report"), show_default=True,
               help="Folder for index.html, summary.md, metrics.json, metrics.parquet.")
-@click.option("--baseline", type=click.Path(path_type=Path), help="The run to compare with (default: the first).")
+@click.option("--baseline", metavar="RUN|KEY=VALUE,...",
+              help="The run to compare with, or a label set naming the baseline runs (default: the runs sharing the "
+                   "gated run's labels; see docs/guides/ci.md).")
 @click.option("--fail-on", "fail_on", multiple=True, metavar="GATE",
               help="Exit with status 3 when the gate holds, e.g. 'step_time_p50>+5%' or 'overlap<-10pp' (repeatable).")
 @click.option("--gate", "gate_runs", type=click.Choice(["latest", "all"]), default="latest", show_default=True,
@@ -514,13 +531,20 @@ def shell(target, sandbox):
 @click.option("--tokens-per-step", type=float, help="Tokens the whole job processes per step.")
 @click.option("--device", help="device_peaks key for MFU/HFU and the roofline (e.g. H100-SXM); default: from the trace.")
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Rows of the hotspot, bubble and diff tables.")
+@click.option("--steps", "steps_text", metavar="FIRST..LAST|auto|all", help=STEPS_HELP)
+@click.option("--confidence", type=float, default=0.99, show_default=True,
+              help="A change gate fails only when the change exceeds the noise at this confidence.")
+@click.option("--strict", is_flag=True, help="Gates fail on their threshold alone, whatever the noise.")
+@click.option("--history", type=click.Path(path_type=Path),
+              help="A folder keeping each report's metrics (Parquet): trends span earlier reports too.")
 @_errors_as_messages
 def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_flops, n_params, tokens_per_step,
-           device, top):
+           device, top, steps_text, confidence, strict, history):
     """A report over many runs: metrics per run and rank, trend, regressions with what explains them, gates.
 
     TARGETS are run folders, folders of runs, or folders of raw-trace folders (one run per subfolder, ingested
-    into the cache incrementally). Exit status: 0, 1 on bad input, 3 when a --fail-on gate failed (one line each).
+    into the cache incrementally). Exit status: 0, 1 on bad input, 3 when a --fail-on gate failed (one line each):
+    a change gate fails only when the change is larger than the noise (unless --strict).
 
     Example:
 
@@ -540,7 +564,8 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
     def build_and_write():
         result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order,
                                  gate_runs=gate_runs, threshold=threshold, mfu_params=mfu_params or None,
-                                 device=device, top=top)
+                                 device=device, top=top, steps=steps_text, confidence=confidence, strict=strict,
+                                 history=history)
         with render.folder_locked(out):  # another report into `out` waits until this one has said what it wrote
             result.write(out)
             click.echo(f"{out}: index.html, summary.md, metrics.json, metrics.parquet — "
@@ -548,7 +573,8 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
                        f"{len(result.regressions)} regressed")
         return result
 
-    runs = reporting.find_runs(list(targets)) + (duckdb_engine.resolve(baseline) if baseline else [])
+    base_run = baseline is not None and reporting.baseline_labels(baseline) is None
+    runs = reporting.find_runs(list(targets)) + (duckdb_engine.resolve(baseline) if base_run else [])
     try:
         result = duckdb_engine.while_unchanged(runs, build_and_write)  # again if an ingest swaps a run in
     except OSError as e:
@@ -556,6 +582,8 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
     for v in result.verdicts:
         if not v.passed:
             click.echo(f"FAIL {v.gate.text}: {v.reason}", err=True)
+        elif "passes (the change is within noise" in v.reason:
+            click.echo(f"WITHIN NOISE {v.gate.text}: {v.reason}", err=True)
     if result.failed:
         sys.exit(3)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import shutil
 import signal
@@ -18,8 +19,9 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from . import archives, db, limits, quality, schema, store, views
+from . import archives, db, labels, limits, quality, schema, store, views
 from .arrays import array, strings
 from .errors import TraceError
 
@@ -34,10 +36,11 @@ class IngestResult:
     removed: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     rows: dict[str, int] = field(default_factory=dict)  # rows of each table in the run (all sources)
+    relabeled: bool = False  # the run's given labels changed (then it is published again)
 
     @property
     def changed(self) -> bool:
-        return bool(self.ingested or self.removed)
+        return bool(self.ingested or self.removed or self.relabeled)
 
 
 def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path, list[Path]]:
@@ -227,6 +230,8 @@ def ingest(
     max_events: int | None = None,
     step_pattern: str | None = None,
     read_files=None,
+    label: tuple | list = (),
+    label_pattern: str | None = None,
 ) -> IngestResult:
     """Ingest trace files or folders into the run folder `out`. Unchanged files already in `out` are not re-read.
     `memory_limit` caps DuckDB's working memory per file (it spills to disk beyond it); `max_events` reads only
@@ -235,7 +240,9 @@ def ingest(
     tasks), yielding (rel, summary) per file as `read_file` returns it; the run is published the same way.
     `step_pattern`: a regular expression naming the ranges that are steps (named groups step, phase, batch,
     tokens, prefill_tokens; see tracesql.step_rules), tried before the built-in rules; files are read again when
-    it changes.
+    it changes. `label` (KEY=VALUE texts) and `label_pattern` (a regex with named groups over the sources'
+    paths), with tracesql.toml / labels.json beside the traces, give the run's labels (tracesql.labels); each
+    ingest sets them anew.
 
     >>> tracesql.ingest(["traces/run-1234/"], "runs/1234")          # doctest: +SKIP
     """
@@ -251,6 +258,7 @@ def ingest(
     sources = [Path(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     root, files = find_traces(sources, exclude=out)
     wanted = _sources(root, files)
+    given = labels.given(sources, label, label_pattern)  # bad labels are refused before anything is read
     if rank is not None and not (isinstance(rank, int) and 0 <= rank < 2**31):
         raise TraceError("--rank", f"{rank!r} is not a rank (an integer from 0 to {2**31 - 1})")
     if rank is not None and len(wanted) > 1:
@@ -261,7 +269,7 @@ def ingest(
             scratch = store.new_scratch(out)  # archive members are unpacked here
             try:
                 return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim, read_files,
-                                      step_pattern)
+                                      step_pattern, given)
             finally:
                 archives.remove(scratch)
     except OSError as e:  # the run's folder cannot be written (permissions, disk full, ...)
@@ -273,7 +281,8 @@ def ingest(
 
 
 def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress,
-                   lim: limits.Limits, read_files, step_pattern: str | None = None) -> IngestResult:
+                   lim: limits.Limits, read_files, step_pattern: str | None = None,
+                   given: dict | None = None) -> IngestResult:
     if out.exists() and not out.is_dir():
         raise TraceError(out, "exists and is not a tracesql run: a file (refusing to write over it)")
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
@@ -300,7 +309,9 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
             todo[rel] = (f, fp)
     result.reused = sorted(keep)
     result.removed = sorted(set(old_sources) - set(wanted))
-    if not todo and not result.removed:
+    given_labels = {k: list(v) for k, v in (given or {}).items()}  # as the manifest's JSON holds them
+    result.relabeled = bool(old) and old.get("labels", {}) != given_labels
+    if not todo and not result.removed and not result.relabeled:
         return result
     members = [src for src, _ in todo.values() if isinstance(src, archives.Member)]
     unpacked = archives.extract(members, scratch) if members else {}
@@ -339,8 +350,9 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
             for table, n in entry["rows"].items():
                 result.rows[table] = result.rows.get(table, 0) + n
         _write_run_checks(staging)
+        _write_run_labels(staging, run_id, given or {})
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
-                    "warnings": result.warnings}
+                    "warnings": result.warnings, "labels": given_labels}
         store.publish(staging, out, manifest, views.init_sql, known_files=(old or {}).get("files"))
     except BaseException:
         store.discard(staging)
@@ -379,6 +391,19 @@ def _write_run_checks(staging: Path) -> None:
                    params={"ranks": ranks})
     store.write_relation(rows, staging / "warnings" / store.run_checks_name(staging))
     con.close()
+
+
+def _write_run_labels(staging: Path, run_id: str, given: dict) -> None:
+    """The run's row of the `runs` table: the labels its traces record, overridden by the given ones."""
+    con = db.connect(1)
+    files = {t: [str(staging / rel) for rel in store.parquet_files(staging) if rel.split("/")[0] == t]
+             for t in ("ranks", "devices", "process_groups")}
+    con.execute(views.views_sql(files)).fetchall()
+    run_labels, sources = labels.merged(labels.recorded(con), given)
+    con.close()
+    (staging / "runs").mkdir(exist_ok=True)
+    row = pa.table({"run_id": [run_id], "labels": [json.dumps(run_labels)], "label_sources": [json.dumps(sources)]})
+    pq.write_table(schema.conform("runs", row), staging / "runs" / f"run-{store.generation(staging)}.parquet")
 
 
 def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool,

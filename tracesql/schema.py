@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -41,8 +41,13 @@ SCHEMA_CHANGES = {
        "slices.ts/dur are the device's clock (device_offset_ps, device_duration_ps; the timeline's span in args.span_ts/span_ns); steps may come "
        "from the device 'Steps' line (rule xplane_steps); xla_ops gains async_start (an async -done's -start op); "
        "collectives gains warning (a bus bandwidth above the link's peak)",
+    8: "run configuration (issue 30): added table runs (one row per run: its labels, key = value, from --label, "
+       "a tracesql.toml or labels.json beside the traces, --label-pattern over folder names and what the traces "
+       "record; older runs have no row)",
 }
 OLDEST_READABLE = 1
+#: Tables written once per run at ingest (not a part per source file).
+RUN_TABLES = ("runs",)
 
 
 #: What names a PyTorch step range: 'ProfilerStep#3', also with a trailing label ('ProfilerStep#3 (train.py:20)':
@@ -85,6 +90,17 @@ _RUN_RANK = (
 TABLES: dict[str, Table] = {
     t.name: t
     for t in [
+        Table(
+            "runs",
+            "One row per run: its configuration as labels (key = value), which group replicate runs and sweeps "
+            "(docs/guides/ci.md). Runs of schema version 7 and older have no row.",
+            _cols(
+                ("run_id", "VARCHAR", "Name of the run."),
+                ("labels", "JSON", "Every label of the run, key -> value (strings): `labels->>'dp'`."),
+                ("label_sources", "JSON", "Where each label came from, key -> 'option' (--label), 'file' "
+                 "(tracesql.toml, labels.json), 'folder' (--label-pattern) or 'trace' (what the traces record)."),
+            ),
+        ),
         Table(
             "ranks",
             "One row per ingested trace file: which rank it is, where it came from, and its time span.",

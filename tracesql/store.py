@@ -258,6 +258,8 @@ def new_scratch(out: Path) -> Path:
 def reuse_part(old_run: Path, staging: Path, part: str) -> None:
     """Carry an unchanged source's files into the new run (hard links: no copy, no rewrite)."""
     for name in schema.TABLES:
+        if name in schema.RUN_TABLES:
+            continue
         (staging / name).mkdir(exist_ok=True)
         src, dst = old_run / name / part, staging / name / part
         try:

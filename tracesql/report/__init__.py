@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import engine, findings, queries, store
+from .. import engine, findings, labels, queries, steady, store
 from ..errors import TraceError
 from ..ingestion import find_traces
-from . import charts, gates
-from .metrics import DIFFS_SHOWN, METRICS, FleetMetrics, collect
+from . import charts, gates, sweeps
+from . import history as kept
+from .metrics import DIFFS_SHOWN, METRICS, PER_STEP, FleetMetrics, collect
 
 TRACES_WRITTEN = 10  # regressed runs whose slowest step is written as a Perfetto trace (the most regressed first)
 GROUP_RUNS = 50  # runs per DuckDB session when collecting the metrics: memory bounded by a group, not the fleet
@@ -96,6 +97,12 @@ class Report:
     focus_tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     traces: list[StepTrace] = field(default_factory=list)  # written into perfetto/ by write()
     findings: pd.DataFrame | None = None  # the latest run's, largest saving first (tracesql findings)
+    steps: str = "all"  # --steps as given
+    confidence: float = 0.99
+    replicates: dict[str, list[str]] = field(default_factory=dict)  # gated run -> the runs its gates compared with
+    sweep: pd.DataFrame | None = None  # one row per configuration (sweeps.table), when runs have given labels
+    history: Path | None = None  # --history: write() adds this report's metrics there
+    earlier: pd.DataFrame | None = None  # runs of earlier reports (history.earlier_runs) drawn in the trends
 
     @property
     def failed(self) -> list[gates.Verdict]:
@@ -128,12 +135,67 @@ def _findings(path: Path, top: int) -> pd.DataFrame:
         con.close()
 
 
+def baseline_labels(baseline) -> dict[str, str] | None:
+    """--baseline as a label set ('dp=4,remat=full'), or None when it names a run (an existing path)."""
+    if baseline is None or Path(baseline).exists() or "=" not in str(baseline):
+        return None
+    return labels.parse_set(str(baseline))
+
+
+def replicates_of(runs: pd.DataFrame, gated: str, base_id: str | None = None,
+                  label_set: dict | None = None) -> list[str]:
+    """The runs a gate on `gated` compares with (docs/guides/ci.md): every other run with the gated run's given
+    labels; with a baseline run, the runs with that run's labels (the gated run left out, unless it is the only
+    one); with a label set, the runs whose labels include it. A run alone in its report is its own baseline."""
+    given = runs.set_index("run_id").given
+    if label_set is not None:
+        found = [r for r in runs.run_id if label_set.items() <= given[r].items()]
+    else:
+        want = given[base_id if base_id is not None else gated]
+        found = [r for r in runs.run_id if given[r] == want]
+    others = [r for r in found if r != gated]
+    return others or ([gated] if base_id == gated or len(runs) == 1 else [])
+
+
+def gate_run(parsed: list[gates.Gate], fleet: FleetMetrics, gated: str, replicates: list[str],
+             confidence: float, strict: bool) -> list[gates.Verdict]:
+    """Every gate on the run `gated` against `replicates` (their pooled steps and their spread)."""
+    rows = fleet.runs.set_index("run_id", drop=False)
+    samples = fleet.tables["per_step"]
+    mine, pooled = samples[samples.run_id == gated], samples[samples.run_id.isin(replicates)]
+    verdicts = []
+    for g in parsed:
+        if g.mode != "value" and not replicates:
+            verdicts.append(gates.Verdict(g, gated, False, f"{gated}: no baseline: no other run has its labels "
+                                          f"{rows.given[gated] or '{}'} (name one with --baseline RUN or KEY=VALUE)"))
+            continue
+        base_row = rows.loc[replicates[0]] if replicates else rows.loc[gated]
+        noise = None
+        if g.mode != "value":
+            column = PER_STEP.get(g.metric)
+            noise = gates.judge(g, rows.at[gated, g.metric], mine[column] if column else [],
+                                pooled[column] if column else [], rows.loc[replicates, g.metric], confidence)
+        name = (f"baseline {replicates[0]}" if len(replicates) == 1 else
+                f"{len(replicates)} replicate runs ({', '.join(replicates[:3])}{', …' if len(replicates) > 3 else ''})")
+        verdicts.append(gates.evaluate(g, rows.loc[gated], base_row, noise, strict, name))
+    return verdicts
+
+
 def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs: str = "latest",
           threshold: float = 5.0, mfu_params: dict | None = None, device: str | None = None,
-          top: int = 10) -> Report:
-    """Collect the metrics of every run under `targets`, compare them with the baseline (a path; default the first
-    run in order) and evaluate the gates (`fail_on`, see gates.py) on the latest run (gate_runs='latest') or on
-    every run but the baseline ('all')."""
+          top: int = 10, steps: str | None = None, confidence: float = 0.99, strict: bool = False,
+          history=None) -> Report:
+    """Collect the metrics of every run under `targets` over the steps that count (`steps`: tracesql.steady),
+    compare them with the baseline (a run path, or a label set KEY=VALUE,...; default the first run in order)
+    and evaluate the gates (`fail_on`, see gates.py) on the latest run (gate_runs='latest') or on every run but
+    the baseline ('all'), each against its replicates at `confidence` (see replicates_of, gates.judge).
+    `history`: a folder keeping each report's metrics (report.history)."""
+    steps_spec = steady.parse(steps)
+    if not 0.5 <= confidence < 1:
+        raise TraceError(f"--confidence {confidence}", "expected a probability from 0.5 to below 1, e.g. 0.99")
+    label_set = baseline_labels(baseline)
+    if label_set is not None:
+        baseline = None
     parsed = [gates.parse(g) for g in fail_on]
     if any(g.metric in ("mfu",) for g in parsed) and not mfu_params:
         raise TraceError("--fail-on mfu", "MFU needs the model's FLOPs: --model-flops, or --params with "
@@ -158,18 +220,28 @@ def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs:
     flops = dict(mfu_params or {})
     if flops and device:
         flops["device"] = device
-    fleet = collect_grouped(runs, mfu_params=flops or None, top=top)
+    fleet = collect_grouped(runs, mfu_params=flops or None, top=top, steps=steps_spec)
     given = {rid: i for i, rid in enumerate(run_ids)}
     key = fleet.runs.run_id.map(given) if order == "given" else fleet.runs.start_ns
     fleet.runs = fleet.runs.assign(_key=key).sort_values(["_key", "run_id"]).drop(columns="_key")
     fleet.runs.insert(1, "order", range(1, len(fleet.runs) + 1))
-    base_id = next(rid for rid, p in paths.items() if p == base_path) if base_path else fleet.runs.run_id.iloc[0]
+    focus = fleet.runs.run_id.iloc[-1]
+    if label_set is not None:
+        in_set = replicates_of(fleet.runs, focus, label_set=label_set)
+        if not in_set:
+            raise TraceError(f"--baseline {label_set}", "no run has these labels")
+        base_id = in_set[0]
+    elif base_path:
+        base_id = next(rid for rid, p in paths.items() if p == base_path)
+    else:  # the first run sharing the latest run's labels (every run when none has labels), else the first run
+        base_id = (replicates_of(fleet.runs, focus) or list(fleet.runs.run_id))[0]
     rows = fleet.runs.set_index("run_id", drop=False)
     base_row = rows.loc[base_id]
-    focus = fleet.runs.run_id.iloc[-1]
 
     gated = [focus] if gate_runs == "latest" else [r for r in fleet.runs.run_id if r != base_id] or [base_id]
-    verdicts = [gates.evaluate(g, rows.loc[rid], base_row) for rid in gated for g in parsed]
+    replicates = {rid: replicates_of(fleet.runs, rid, base_id=base_id if base_path else None, label_set=label_set)
+                  for rid in gated}
+    verdicts = [v for rid in gated for v in gate_run(parsed, fleet, rid, replicates[rid], confidence, strict)]
 
     regressions = []
     failed_runs = {v.run_id for v in verdicts if not v.passed}
@@ -194,20 +266,34 @@ def build(targets, *, baseline=None, fail_on=(), order: str = "time", gate_runs:
         finally:
             con.close()
 
-    report = Report(fleet, base_id, focus, threshold, parsed, verdicts, regressions)
+    report = Report(fleet, base_id, focus, threshold, parsed, verdicts, regressions, steps=str(steps_spec),
+                    confidence=confidence, replicates=replicates)
     _focus_details(report, paths[focus], device, top)
     report.findings = _findings(paths[focus], top)
     _step_traces(report, paths, by_step)
+    report.sweep = sweeps.table(fleet.runs)
+    if report.sweep is not None:
+        figure = charts.sweep(report.sweep)
+        if figure:
+            report.charts.append(("sweep", "sweep", figure))
+    trend_runs = fleet.runs
+    if history is not None:
+        report.history = Path(history)
+        report.earlier = kept.earlier_runs(kept.read(report.history), set(fleet.runs.run_id))
+        if len(report.earlier):
+            trend_runs = pd.concat([report.earlier, fleet.runs], ignore_index=True).sort_values(
+                ["start_ns", "run_id"], kind="stable")
+    earlier = set() if report.earlier is None else set(report.earlier.run_id)
     for name in METRICS:
-        if name in fleet.runs:
-            figure = charts.trend(name, fleet.runs, base_id, threshold)
+        if name in trend_runs:
+            figure = charts.trend(name, trend_runs, base_id, threshold, earlier)
             if figure:
                 report.charts.append(("trend", name, figure))
     return report
 
 
 def collect_grouped(runs: list[Path], *, mfu_params: dict | None = None, top: int = 10,
-                    group: int | None = None) -> FleetMetrics:
+                    group: int | None = None, steps: steady.Steps = steady.Steps("all")) -> FleetMetrics:
     """collect() over the runs GROUP_RUNS at a time, each group in its own DuckDB session: the same rows as one
     session over the whole fleet (every query is per run), with memory bounded by a group however many runs."""
     group = group or GROUP_RUNS
@@ -215,7 +301,7 @@ def collect_grouped(runs: list[Path], *, mfu_params: dict | None = None, top: in
     for k in range(0, len(runs), group):
         con = engine.connect(runs[k:k + group])
         try:
-            parts.append(collect(con, mfu_params=mfu_params, top=top))
+            parts.append(collect(con, mfu_params=mfu_params, top=top, steps=steps))
         finally:
             con.close()
     return FleetMetrics.concat(parts)

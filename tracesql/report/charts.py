@@ -35,9 +35,10 @@ def _clean(values) -> list:
     return [None if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in values]
 
 
-def trend(metric: str, runs: pd.DataFrame, baseline: str, threshold: float) -> dict | None:
+def trend(metric: str, runs: pd.DataFrame, baseline: str, threshold: float, earlier=frozenset()) -> dict | None:
     """One metric over the runs in order; the baseline as a dashed line inside its no-regression band
-    (± threshold % for amounts, ± threshold pp for percentages)."""
+    (± threshold % for amounts, ± threshold pp for percentages); runs of earlier reports (`earlier`, from
+    --history) in grey."""
     values = runs[metric]
     if values.isna().all():
         return None
@@ -58,7 +59,7 @@ def trend(metric: str, runs: pd.DataFrame, baseline: str, threshold: float) -> d
             {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": b, "y1": b,
              "line": {"color": "#54A24B", "dash": "dash", "width": 1}},
         ]
-    colors = ["#54A24B" if r == baseline else "#4C78A8" for r in runs.run_id]
+    colors = ["#54A24B" if r == baseline else "#BAB0AC" if r in earlier else "#4C78A8" for r in runs.run_id]
     data = [{"type": "scatter", "mode": "lines+markers", "x": labels, "y": y, "marker": {"color": colors, "size": 8},
              "line": {"color": "#4C78A8"}, "hovertemplate": "%{x}: %{y:.3g} " + unit + "<extra></extra>"}]
     return {"data": data, "layout": layout}
@@ -142,10 +143,17 @@ def roofline(points: pd.DataFrame, peaks: pd.DataFrame, title: str) -> dict | No
     data = []
     for row in peaks.itertuples():
         ridge = row.peak_flops_per_s / row.peak_bytes_per_s
-        data.append({"type": "scatter", "mode": "lines", "name": text(f"{row.device} {row.dtype} roof"),
+        name = text(f"{row.device} {row.dtype}")
+        data.append({"type": "scatter", "mode": "lines", "name": f"{name} roofs: {row.peak_bytes_per_s / 1e12:.3g} "
+                     f"TB/s, {row.peak_flops_per_s / 1e12:.4g} TFLOP/s",
                      "x": [lo, ridge, hi], "y": [lo * row.peak_bytes_per_s / 1e12, row.peak_flops_per_s / 1e12,
                                                  row.peak_flops_per_s / 1e12],
                      "line": {"width": 2, "dash": "dot"}, "hoverinfo": "name"})
+        data.append({"type": "scatter", "mode": "markers+text", "name": f"{name} ridge point", "x": [ridge],
+                     "y": [row.peak_flops_per_s / 1e12], "text": [f"ridge {ridge:.3g} FLOP/B"],
+                     "textposition": "bottom right", "marker": {"symbol": "diamond", "size": 10, "color": "#333"},
+                     "hovertemplate": f"{name}: ridge point at {ridge:.4g} FLOP/byte (peak FLOP/s ÷ peak bytes/s)"
+                                      "<extra></extra>"})
     biggest = points.device_ns.max() or 1
     for dtype, group in points.groupby("dtype", dropna=False):
         hover = [f"{text(n, 80)}<br>{text(d, 160)}<br>{c} calls, {ns / 1e6:.3f} ms, {p:.1f} % of the roof"
@@ -158,6 +166,30 @@ def roofline(points: pd.DataFrame, peaks: pd.DataFrame, title: str) -> dict | No
                                 "opacity": 0.75, "line": {"width": 1, "color": "#333"}}})
     layout = _layout(title, height=420, xaxis={"type": "log", "title": {"text": "arithmetic intensity, FLOP/byte"}},
                      yaxis={"type": "log", "title": {"text": "TFLOP/s"}}, legend={"orientation": "h", "y": -0.2})
+    return {"data": data, "layout": layout}
+
+
+def sweep(table: pd.DataFrame) -> dict | None:
+    """Step time against peak memory, a point per configuration (sweeps.table), replicates' spread as error bars,
+    the best configuration as a star: the trade-off remat policies and batch sizes make."""
+    rows = table.dropna(subset=["step_time_p50", "peak_memory"])
+    if rows.empty:
+        return None
+    keys = table.attrs.get("keys", [])
+    names = [text(", ".join(f"{k}={r[k]}" for k in keys), 60) for _, r in rows.iterrows()]
+    data = [{"type": "scatter", "mode": "markers+text", "x": (rows.peak_memory / 2**30).round(4).tolist(),
+             "y": (rows.step_time_p50 / 1e6).round(4).tolist(), "text": names, "textposition": "top center",
+             "error_y": {"type": "data", "array": _clean((rows.step_time_p50_sd / 1e6).round(4).tolist()),
+                         "visible": True, "color": "#666"},  # (their default, the marker's colors, is no color)
+             "error_x": {"type": "data", "array": _clean((rows.peak_memory_sd / 2**30).round(4).tolist()),
+                         "visible": True, "color": "#666"},
+             "marker": {"size": [16 if b else 9 for b in rows.best], "symbol": ["star" if b else "circle"
+                                                                             for b in rows.best],
+                        "color": ["#54A24B" if b else "#4C78A8" for b in rows.best]},
+             "hovertemplate": "%{text}<br>%{y:.3f} ms, %{x:.3f} GiB<extra></extra>"}]
+    layout = _layout("Sweep: step time against peak memory (mean ± spread of replicates; star: best)", height=360,
+                     showlegend=False, xaxis={"title": {"text": "peak memory, GiB"}},
+                     yaxis={"title": {"text": "step time (median of steady steps), ms"}})
     return {"data": data, "layout": layout}
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .. import queries
+from .. import labels, queries, steady
 
 DIFFS_SHOWN = 20  # regressed runs explained with a diff (the most regressed first)
 
@@ -102,8 +102,40 @@ def _quantiles(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return pd.DataFrame({"step_time_p50": grouped.quantile(0.5), "step_time_p90": grouped.quantile(0.9)})
 
 
-def collect(con, *, mfu_params: dict | None = None, top: int = 10) -> FleetMetrics:
-    """Run the curated queries on `con` (a fleet) and derive every metric per run and per rank."""
+PER_STEP = {"step_time_p50": "step_ns", "step_time_p90": "step_ns", "exposed_comm": "exposed_comm",
+            "idle": "idle", "compute": "compute"}  # the metrics with a value per step: their within-run noise
+
+
+def run_labels(con) -> pd.DataFrame:
+    """run_id, labels (dict), given (dict: the labels that identify a configuration, tracesql.labels.GIVEN)."""
+    import json
+
+    rows = con.sql("SELECT run_id, CAST(labels AS VARCHAR), CAST(label_sources AS VARCHAR) FROM runs").fetchall()
+    out = []
+    for run_id, text, sources in rows:
+        found, origin = json.loads(text or "{}"), json.loads(sources or "{}")
+        out.append({"run_id": run_id, "labels": found,
+                    "given": {k: v for k, v in found.items() if origin.get(k) in labels.GIVEN}})
+    return pd.DataFrame(out, columns=["run_id", "labels", "given"])
+
+
+def _per_step_shares(con) -> pd.DataFrame:
+    """run_id, step, and the shares of each step's device window (ranks summed): the per-step values of
+    exposed_comm, idle and compute."""
+    rows = _run(con, "temporal_breakdown", per="step")
+    rows = rows[rows.step.notna()]
+    sums = rows.groupby(["run_id", "step"], as_index=False)[["window_ns", "compute_ns", "exposed_comm_ns",
+                                                             "idle_ns"]].sum()
+    window = sums.window_ns.where(sums.window_ns > 0)
+    return pd.DataFrame({"run_id": sums.run_id, "step": sums.step, **{
+        name: 100 * sums[f"{name}_ns"] / window for name in ("exposed_comm", "idle", "compute")}})
+
+
+def collect(con, *, mfu_params: dict | None = None, top: int = 10,
+            steps: steady.Steps = steady.Steps("all")) -> FleetMetrics:
+    """Run the curated queries on `con` (a fleet), restricted to the steps that count (`steps`), and derive every
+    metric per run and per rank."""
+    used = steady.apply(con, steps)
     info = con.sql("""
         SELECT r.run_id, count(DISTINCT r.rank) AS ranks, min(r.trace_start_ns) AS start_ns,
             max(r.trace_end_ns) AS end_ns,
@@ -124,7 +156,7 @@ def collect(con, *, mfu_params: dict | None = None, top: int = 10) -> FleetMetri
 
     # steps: per step the slowest rank sets the pace; per rank its own steps
     steps["step_ns"] = steps.device_ns.astype("float64").fillna(steps.cpu_ns.astype("float64"))
-    per_step = steps.groupby(["run_id", "step"], as_index=False).step_ns.max()
+    per_step = steady.step_times(steps)
     run_steps = _quantiles(per_step, ["run_id"]).join(per_step.groupby("run_id").step_ns.count().rename("steps"))
     rank_steps = _quantiles(steps, ["run_id", "rank"])
 
@@ -166,6 +198,11 @@ def collect(con, *, mfu_params: dict | None = None, top: int = 10) -> FleetMetri
             if name in frame:
                 frame[name] = frame[name].astype("float64")
     runs["steps"] = runs["steps"].fillna(0).astype("int64")
+    runs["steps_used"] = runs.run_id.map(used).fillna("no steps")
+    found = run_labels(con).set_index("run_id")
+    runs["labels"] = [found.labels.get(r, {}) for r in runs.run_id]  # older runs (no runs row): none
+    runs["given"] = [found.given.get(r, {}) for r in runs.run_id]
+    samples = per_step.merge(_per_step_shares(con), on=["run_id", "step"], how="outer")
     return FleetMetrics(runs=runs, ranks=ranks, tables={
         "hotspots": hotspots, "bubbles": bubbles, "collectives": collectives, "memory": memory,
-        "breakdown": breakdown, "steps": steps, "mfu": mfu})
+        "breakdown": breakdown, "steps": steps, "mfu": mfu, "per_step": samples})

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from ..version import __version__
 from ..errors import TraceError
 from .gates import __doc__ as GATE_GRAMMAR
+from . import history
 from .metrics import DIFFS_SHOWN, METRICS, change, display
 
 MARKDOWN_RUNS = 20  # rows of the Markdown runs table (the baseline and the latest runs)
@@ -101,6 +102,35 @@ def straggler_summary(straggler: dict) -> str:
             f"{_fmt_ns(straggler['mean_lateness_ns'])} late on average (from the collective_stragglers query).")
 
 
+def label_keys(runs: pd.DataFrame, given_only: bool = False) -> list[str]:
+    """The label columns of the runs table: the given labels (a run's configuration) first, then the recorded."""
+    given = sorted({k for g in runs.given for k in g})
+    if given_only:
+        return given
+    return given + sorted({k for found in runs.labels for k in found} - set(given))
+
+
+def _spread(name: str, mean, sd) -> str:
+    """'12.40 ms ± 0.08 ms' (± only when replicates give a spread)."""
+    text = display(name, mean)
+    return text if pd.isna(sd) or pd.isna(mean) else f"{text} ± {display(name, sd)}"
+
+
+def sweep_markdown(sweep: pd.DataFrame) -> list[str]:
+    """The sweep table (sweeps.table) in Markdown, the best configuration in bold with a ★."""
+    keys = sweep.attrs["keys"]
+    lines = ["| " + " | ".join(md(k) for k in keys) + " | runs | step time | MFU | exposed comm | peak memory |",
+             "|" + "---|" * len(keys) + "---:|---:|---:|---:|---:|"]
+    for r in sweep.itertuples():
+        cells = [md(sweep.at[r.Index, k]) for k in keys]
+        values = [_spread(m, sweep.at[r.Index, m], sweep.at[r.Index, f"{m}_sd"])
+                  for m in ("step_time_p50", "mfu", "exposed_comm", "peak_memory")]
+        if r.best:
+            values[0] = f"**{values[0]}** ★"
+        lines.append("| " + " | ".join(cells) + f" | {r.runs} | " + " | ".join(values) + " |")
+    return lines
+
+
 def html_page(report) -> str:
     import jinja2
     from plotly.offline import get_plotlyjs
@@ -122,7 +152,7 @@ def html_page(report) -> str:
            + "; style-src 'unsafe-inline'; img-src data: blob:; font-src data:")
     return env.get_template("report.html.j2").render(
         report=report, runs=runs, base=base, shown=shown, metrics=METRICS, charts=charts,
-        change=change, display=display, worse={(r.run_id, m) for r in report.regressions for m, _ in r.changes}, plotly_js=plotly_js, init_js=_INIT_JS, csp=csp,
+        label_keys=label_keys(runs), spread=_spread, change=change, display=display, worse={(r.run_id, m) for r in report.regressions for m, _ in r.changes}, plotly_js=plotly_js, init_js=_INIT_JS, csp=csp,
         generated=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         start=lambda ns: "–" if pd.isna(ns) else datetime.datetime.fromtimestamp(
             ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
@@ -161,8 +191,9 @@ def markdown(report) -> str:
     if len(picked) < len(runs):
         lines.append(f"The baseline and the latest {len(picked) - 1} of {len(runs)} runs (all in index.html):")
         lines.append("")
-    lines.append("| # | run | ranks | " + " | ".join(shown) + " |")
-    lines.append("|---:|---|---:|" + "---:|" * len(shown))
+    keys = label_keys(runs, given_only=True)
+    lines.append("| # | run | " + "".join(f"{md(k)} | " for k in keys) + "ranks | steps | " + " | ".join(shown) + " |")
+    lines.append("|---:|---|" + "---|" * len(keys) + "---:|---|" + "---:|" * len(shown))
     for r in picked.itertuples():
         cells = []
         for m in shown:
@@ -170,8 +201,13 @@ def markdown(report) -> str:
             delta = "" if r.run_id == report.baseline else f" ({change(m, value, base[m])})"
             cells.append(display(m, value) + (delta if delta != " (–)" else ""))
         mark = " (baseline)" if r.run_id == report.baseline else ""
-        lines.append(f"| {r.order} | {md(r.run_id, 50)}{mark} | {r.ranks} | " + " | ".join(cells) + " |")
+        labels = "".join(f"{md(r.given.get(k, ''), 30)} | " for k in keys)
+        lines.append(f"| {r.order} | {md(r.run_id, 50)}{mark} | {labels}{r.ranks} | {md(r.steps_used)} | "
+                     + " | ".join(cells) + " |")
     lines.append("")
+    if report.sweep is not None:
+        lines += ["### Sweep: configurations (replicates merged: mean ± spread)", ""]
+        lines += sweep_markdown(report.sweep) + [""]
     if report.regressions:
         lines.append(f"### Regressions against {md(report.baseline)} (threshold {report.threshold:g} % / pp)")
         lines.append("")
@@ -209,8 +245,11 @@ def metrics_json(report) -> dict:
         "tracesql_version": __version__, "baseline": report.baseline, "latest": report.focus,
         "threshold": report.threshold,
         "metrics": {m.name: {"kind": m.kind, "worse": m.worse, "doc": m.doc} for m in METRICS.values()},
+        "steps": report.steps, "confidence": report.confidence, "replicates": report.replicates,
         "runs": _records(report.metrics.runs), "ranks": _records(report.metrics.ranks),
-        "gates": [{"gate": v.gate.text, "run_id": v.run_id, "passed": v.passed, "reason": v.reason}
+        "sweep": [] if report.sweep is None else _records(report.sweep),
+        "gates": [{"gate": v.gate.text, "run_id": v.run_id, "passed": v.passed, "significant": v.significant,
+                   "reason": v.reason}
                   for v in report.verdicts],
         "traces": [{"why": t.why, "run_id": t.run_id, "rank": t.rank, "step": t.step, "step_ns": t.step_ns,
                     "file": t.file} for t in report.traces],
@@ -304,4 +343,5 @@ def write(report, out: Path) -> list[Path]:
     tmp = out / f".metrics.parquet.{uuid.uuid4().hex[:8]}.tmp"
     pq.write_table(metrics_table(report), tmp)
     os.replace(tmp, out / "metrics.parquet")
-    return written + [out / "metrics.parquet"] + traces
+    kept = [history.append(report.history, report.metrics.runs)] if report.history is not None else []
+    return written + [out / "metrics.parquet"] + traces + kept
