@@ -1,0 +1,73 @@
+-- cost_coverage: How much of each rank's compute time the cost model rates: compute time under an op with FLOPs or bytes, and the largest part without.
+--
+-- The roofline, mfu's HFU and every "how far from the roof" verdict see only the ops that have a cost
+-- (`op_costs()`: FLOPs or bytes from a formula, or XLA's cost analysis). A compute kernel (class 'compute' of
+-- `kernel_classes`: not communication, not copies) is *costed* when the op that launched it (`slices.op_id`), or an
+-- op it is nested in, is one that op_costs() counts; every other compute kernel is time the roofline cannot rate.
+-- Times are summed kernel durations (concurrent streams add up), so that costed and uncosted time add up to
+-- compute_ns. An uncosted kernel is named by the innermost op that launched it (vllm::moe_forward, aten::sort),
+-- or by its own name when no op launched it (a CUDA-graph replay without its capture trace, a kernel of an
+-- untraced thread).
+--
+-- Needs: device kernels and ops with recorded shapes (record_shapes=True)
+-- Parameters:
+--   per = 'rank'                     one of rank, kernel: one row per run and rank, or one row per uncosted op (or kernel without op) and rank
+--   top = 5                          integer >= 1: entries of top_uncosted (per = 'kernel': rows per rank)
+--   attention_convention = 'flash'   one of flash, torch: as in roofline (which ops are costed does not depend on it)
+-- Columns:
+--   run_id         VARCHAR  run
+--   rank           INTEGER  rank
+--   name           VARCHAR  per = 'kernel': the uncosted op, or the kernel's name when no op launched it; NULL per rank
+--   has_op         BOOLEAN  per = 'kernel': whether name is an op (false: a kernel no op launched); NULL per rank
+--   kernels        BIGINT   compute kernels of the rank (per = 'kernel': of that name)
+--   compute_ns     BIGINT   summed duration of the rank's compute kernels
+--   costed_ns      BIGINT   the part under a costed op (per = 'kernel': NULL)
+--   uncosted_ns    BIGINT   compute_ns − costed_ns (per = 'kernel': that name's)
+--   costed_pct     DOUBLE   costed_ns / compute_ns · 100, 2 decimals (per = 'kernel': NULL)
+--   uncosted_pct   DOUBLE   uncosted_ns / compute_ns · 100, 2 decimals
+--   top_uncosted   STRUCT(name VARCHAR, ns BIGINT)[]  the largest uncosted names and their time, largest first (per = 'kernel': NULL)
+WITH RECURSIVE costed_ops AS (
+    SELECT run_id, rank, op_id FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
+    WHERE counted
+), covered AS (
+    -- the costed ops and every op nested in them (costed ops never nest in each other: op_costs)
+    SELECT run_id, rank, op_id FROM costed_ops
+    UNION ALL
+    SELECT o.run_id, o.rank, o.op_id
+    FROM covered c JOIN ops o ON o.run_id = c.run_id AND o.rank = c.rank AND o.parent_op_id = c.op_id
+), compute AS (
+    SELECT k.run_id, k.rank, k.dur,
+        -- an XLA op on a TPU/CPU is its own device event (op_id = slice_id)
+        c.op_id IS NOT NULL OR x.op_id IS NOT NULL AS costed,
+        COALESCE(o.name, k.name) AS name, o.name IS NOT NULL AS has_op
+    FROM device_activity() k
+    LEFT JOIN covered c ON c.run_id = k.run_id AND c.rank = k.rank AND c.op_id = k.op_id
+    LEFT JOIN costed_ops x ON x.run_id = k.run_id AND x.rank = k.rank AND x.op_id = k.slice_id
+    LEFT JOIN ops o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
+    WHERE k.class = 'compute'
+), ranks AS (
+    SELECT run_id, rank, count(*) AS kernels, CAST(sum(dur) AS BIGINT) AS compute_ns,
+        CAST(COALESCE(sum(dur) FILTER (WHERE costed), 0) AS BIGINT) AS costed_ns
+    FROM compute
+    GROUP BY run_id, rank
+), uncosted AS (
+    SELECT run_id, rank, name, has_op, count(*) AS kernels, CAST(sum(dur) AS BIGINT) AS uncosted_ns,
+        row_number() OVER (PARTITION BY run_id, rank ORDER BY sum(dur) DESC, name, has_op) AS nth
+    FROM compute
+    WHERE NOT costed
+    GROUP BY run_id, rank, name, has_op
+)
+SELECT r.run_id, r.rank, CAST(NULL AS VARCHAR) AS name, CAST(NULL AS BOOLEAN) AS has_op, r.kernels, r.compute_ns,
+    r.costed_ns, r.compute_ns - r.costed_ns AS uncosted_ns,
+    round(100.0 * r.costed_ns / r.compute_ns, 2) AS costed_pct,
+    round(100.0 * (r.compute_ns - r.costed_ns) / r.compute_ns, 2) AS uncosted_pct,
+    (SELECT list({'name': u.name, 'ns': u.uncosted_ns} ORDER BY u.nth) FROM uncosted u
+     WHERE u.run_id = r.run_id AND u.rank = r.rank AND u.nth <= COALESCE(getvariable('top'), 5)) AS top_uncosted
+FROM ranks r
+WHERE COALESCE(getvariable('per'), 'rank') = 'rank'
+UNION ALL
+SELECT u.run_id, u.rank, u.name, u.has_op, u.kernels, r.compute_ns, NULL, u.uncosted_ns, NULL,
+    round(100.0 * u.uncosted_ns / r.compute_ns, 2), NULL
+FROM uncosted u JOIN ranks r ON r.run_id = u.run_id AND r.rank = u.rank
+WHERE COALESCE(getvariable('per'), 'rank') = 'kernel' AND u.nth <= COALESCE(getvariable('top'), 5)
+ORDER BY run_id, rank, uncosted_ns DESC, name;
