@@ -16,7 +16,10 @@
 --   one; 2 for addcmul/addcdiv/lerp); reductions 1 per input element (var/std 3, norms 2, logsumexp 3);
 --   layer/group/batch norm 5 per element (batch norm on running statistics 2, RMS norm 4), backward 8 for
 --   grad_input + 2 for grad_weight + 1 for grad_bias as output_mask asks; softmax 5; bilinear and other
---   interpolation one multiply-add per tap; copies, casts, nearest upsampling, gathers and views 0.
+--   interpolation one multiply-add per tap; copies, casts, nearest upsampling, gathers and views 0;
+-- - Inductor's generated Triton kernels (triton_poi_* pointwise, triton_red_* / triton_per_* reductions: the
+--   launch is recorded as an op with the kernel's tensor arguments): 0 FLOPs (the fused arithmetic is not
+--   recorded) and each tensor argument moved once (a buffer read and written in place counts once: a lower bound).
 -- Bytes are what the op must read and write at least (metrics.md: each tensor input read once, the output
 -- written once), the minimum traffic that the memory roof assumes, in the real dtypes: an `out=` tensor is only
 -- written (and sets the result dtype); an in-place op reads and writes its first argument once; the result of
@@ -827,7 +830,28 @@ CREATE OR REPLACE MACRO index_bytes(k, core, d, a, c) AS (
 -- _C::rms_norm(out, input, weight, eps), _C::fused_add_rms_norm(input, residual, weight, eps) (in place:
 -- residual += input, input = rms_norm(residual)), _C::silu_and_mul / gelu_and_mul (out, input[..., 2d]),
 -- _C::static_scaled_fp8_quant / dynamic_scaled_fp8_quant (out, input, scale), _C::rotary_embedding(positions,
--- query, key, head_size, cos_sin_cache, is_neox) (in place on query and key).
+-- query, key, head_size, cos_sin_cache, is_neox) (in place on query and key);
+-- aiter::add_rmsnorm(out, input, residual_in, residual_out, weight, eps); aiter::_groupnorm_run(input,
+-- num_groups, weight, bias, eps) (group norm, no statistics kept); KV-cache writes: vLLM's
+-- _C_cache_ops::reshape_and_cache(_flash)(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+-- k_scale, v_scale) and SGLang's sglang::store_cache(k, v, k_cache, v_cache, indices, ...) write each new token's
+-- key and value into its cache slot (in the cache's dtype: an fp8 cache is uint8).
+-- Other engines' ops with one of these layouts, by the name of the one they share it with: SGLang's sgl_kernel
+-- ops are vLLM's, aiter::rmsnorm(out, input, weight, eps) is _C::rms_norm. NULL: no such fused kernel.
+CREATE OR REPLACE MACRO fused_kernel(name) AS (
+    CASE
+        WHEN name IN ('_C::rms_norm', '_C::fused_add_rms_norm', '_C::silu_and_mul', '_C::gelu_and_mul',
+                      '_C::gelu_tanh_and_mul', '_C::static_scaled_fp8_quant', '_C::dynamic_scaled_fp8_quant',
+                      '_C::rotary_embedding', 'aiter::add_rmsnorm', 'aiter::_groupnorm_run',
+                      '_C_cache_ops::reshape_and_cache', 'sglang::store_cache') THEN name
+        WHEN name = 'aiter::rmsnorm' THEN '_C::rms_norm'
+        WHEN name IN ('sgl_kernel::silu_and_mul', 'sgl_kernel::gelu_and_mul', 'sgl_kernel::gelu_tanh_and_mul',
+                      'sgl_kernel::rotary_embedding') THEN replace(name, 'sgl_kernel::', '_C::')
+        WHEN name = '_C_cache_ops::reshape_and_cache_flash' THEN '_C_cache_ops::reshape_and_cache'
+    END
+);
+
+-- name = fused_kernel(op name).
 CREATE OR REPLACE MACRO fused_flops(name, a) AS (
     CASE name
         WHEN '_C::rms_norm' THEN 4 * a[2].numel
@@ -838,6 +862,11 @@ CREATE OR REPLACE MACRO fused_flops(name, a) AS (
         WHEN '_C::static_scaled_fp8_quant' THEN 2 * a[2].numel
         WHEN '_C::dynamic_scaled_fp8_quant' THEN 3 * a[2].numel
         WHEN '_C::rotary_embedding' THEN 3 * (a[2].numel + coalesce(a[3].numel, 0))
+        WHEN 'aiter::add_rmsnorm' THEN 5 * a[2].numel
+        WHEN 'aiter::_groupnorm_run' THEN 5 * a[1].numel
+        -- a copy into the cache (an fp8 cache's scaling is not counted, as a cast's)
+        WHEN '_C_cache_ops::reshape_and_cache' THEN 0
+        WHEN 'sglang::store_cache' THEN 0
     END
 );
 
@@ -853,6 +882,13 @@ CREATE OR REPLACE MACRO fused_bytes(name, d, a) AS (
         -- positions, and query and key read and written; the cache rows of those positions read
         WHEN '_C::rotary_embedding' THEN read_bytes(a, [1]) + 2 * read_bytes(a, [2, 3])
                                          + a[1].numel * d[5][-1] * a[5].bpe
+        -- input, residual_in and weight read; out and residual_out written
+        WHEN 'aiter::add_rmsnorm' THEN read_bytes(a, [2, 3, 5]) + read_bytes(a, [1, 4])
+        WHEN 'aiter::_groupnorm_run' THEN read_bytes(a, [1, 3, 4]) + a[1].numel * a[1].bpe
+        -- key, value and the slots read; key and value written in the cache's dtype
+        WHEN '_C_cache_ops::reshape_and_cache' THEN read_bytes(a, [1, 2, 5]) + a[1].numel * a[3].bpe
+                                                    + a[2].numel * a[4].bpe
+        WHEN 'sglang::store_cache' THEN read_bytes(a, [1, 2, 5]) + a[1].numel * a[3].bpe + a[2].numel * a[4].bpe
     END
 );
 
@@ -871,7 +907,7 @@ CREATE OR REPLACE MACRO op_is_view(core) AS (
 
 -- ---------------------------------------------------------------------------------------------------------
 -- Which formula an op name takes: 'gemm', 'conv', 'attention' (the math that FLOPs are usually about),
--- 'elementwise', 'reduction', 'norm', 'softmax', 'copy', 'upsample', 'index', 'fused' (memory-bound work),
+-- 'elementwise', 'reduction', 'norm', 'softmax', 'copy', 'upsample', 'index', 'fused', 'triton' (memory-bound work),
 -- 'view' (views and allocations: nothing moved); NULL when tracesql has no formula for it.
 CREATE OR REPLACE MACRO op_base_family(name, base) AS (
     list_transform([op_core_name(base)], lambda fc: CASE
@@ -902,9 +938,8 @@ CREATE OR REPLACE MACRO op_base_family(name, base) AS (
                     'aten::scatter_reduce', 'aten::index_add', 'aten::index_copy', 'aten::index_put',
                     'aten::_index_put_impl', 'aten::embedding_dense_backward')
             THEN 'index'
-        WHEN name IN ('_C::rms_norm', '_C::fused_add_rms_norm', '_C::silu_and_mul', '_C::gelu_and_mul',
-                      '_C::gelu_tanh_and_mul', '_C::static_scaled_fp8_quant', '_C::dynamic_scaled_fp8_quant',
-                      '_C::rotary_embedding') THEN 'fused'
+        WHEN fused_kernel(name) IS NOT NULL THEN 'fused'
+        WHEN regexp_matches(name, '^triton_(poi|red|per)_') THEN 'triton'
     END)[1]
 );
 
@@ -959,7 +994,8 @@ CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
         WHEN 'copy' THEN CASE WHEN copy_bytes(k.base, d, a, c) IS NOT NULL THEN 0 END
         WHEN 'upsample' THEN upsample_flops(k.base, d, c)
         WHEN 'index' THEN index_flops(k.core, d, a, c)
-        WHEN 'fused' THEN fused_flops(k.name, a)
+        WHEN 'fused' THEN fused_flops(fused_kernel(k.name), a)
+        WHEN 'triton' THEN CASE WHEN len(tensor_positions(a, 99)) > 0 THEN 0 END
     END AS DOUBLE)
 );
 
@@ -986,7 +1022,8 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
         WHEN 'copy' THEN copy_bytes(k.base, d, a, c)
         WHEN 'upsample' THEN upsample_bytes(k.base, d, a, c)
         WHEN 'index' THEN index_bytes(k, k.core, d, a, c)
-        WHEN 'fused' THEN fused_bytes(k.name, d, a)
+        WHEN 'fused' THEN fused_bytes(fused_kernel(k.name), d, a)
+        WHEN 'triton' THEN read_bytes(a, tensor_positions(a, 99))
     END AS DOUBLE)
 );
 
