@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import tracesql
-from conftest import DATASETS, corpus_path, raw_events
+from conftest import DATASETS, corpus_path, raw_events, write_trace
 
 B200 = DATASETS / "tracelens_b200_eager"
 GRAPH = DATASETS / "tracelens_vllm_graph_execution"
@@ -78,3 +78,23 @@ def test_h100_kernels_without_launch_match_the_raw_trace(ingested):
     orphan_rows = rows[rows.reason == "no launch recorded"]
     assert orphan_rows.kernels.sum() == len(orphans) == 436
     assert orphan_rows.uncosted_ns.sum() == 13_672_640 == pytest.approx(sum(e["dur"] for e in orphans) * 1000, abs=436)
+
+
+def test_capture_traces_folder_is_not_a_second_rank(tmp_path):
+    """vLLM and SGLang write their graph-capture traces to capture_traces/ beside the profile, with the same rank:
+    a folder holding both is one rank (the capture folder is named in a warning), not a rank clash."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5}]
+    job = tmp_path / "job"
+    (job / "capture_traces").mkdir(parents=True)
+    write_trace(job / "trace.json", events, distributedInfo={"rank": 0, "world_size": 1})
+    write_trace(job / "capture_traces" / "bs_32_rank0.json", events, distributedInfo={"rank": 0, "world_size": 1})
+    result = tracesql.ingest([job], tmp_path / "run")
+    ranks = tracesql.connect(tmp_path / "run").execute("SELECT rank, source_path FROM ranks").fetchall()
+    assert ranks == [(0, "trace.json")]
+    assert [w for w in result.warnings if "capture_traces" in w] == [
+        f"{job / 'capture_traces'}: graph-capture traces, not read as ranks (the kernels of a graph replay keep the "
+        f"graph launch as their op)"]
+    # named itself, the folder is read
+    tracesql.ingest([job / "capture_traces"], tmp_path / "capture")
+    assert tracesql.connect(tmp_path / "capture").execute("SELECT source_path FROM ranks").fetchall() == [
+        ("bs_32_rank0.json",)]
