@@ -24,7 +24,8 @@
 --   uncosted_ns    BIGINT   compute_ns − costed_ns (per = 'kernel': that name's)
 --   costed_pct     DOUBLE   costed_ns / compute_ns · 100, 2 decimals (per = 'kernel': NULL)
 --   uncosted_pct   DOUBLE   uncosted_ns / compute_ns · 100, 2 decimals
---   top_uncosted   STRUCT(name VARCHAR, ns BIGINT)[]  the largest uncosted names and their time, largest first (per = 'kernel': NULL)
+--   top_uncosted      VARCHAR[]  the largest uncosted names (as `name` per kernel), largest first (per = 'kernel': NULL)
+--   top_uncosted_ns   BIGINT[]   their uncosted time, in the same order (per = 'kernel': NULL)
 WITH RECURSIVE op_costs_all AS (
     SELECT * FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
 ), costed_ops AS (
@@ -69,13 +70,15 @@ SELECT r.run_id, r.rank, CAST(NULL AS VARCHAR) AS name, CAST(NULL AS VARCHAR) AS
     r.costed_ns, r.compute_ns - r.costed_ns AS uncosted_ns,
     round(100.0 * r.costed_ns / r.compute_ns, 2) AS costed_pct,
     round(100.0 * (r.compute_ns - r.costed_ns) / r.compute_ns, 2) AS uncosted_pct,
-    (SELECT list({'name': u.name, 'ns': u.uncosted_ns} ORDER BY u.nth) FROM uncosted u
-     WHERE u.run_id = r.run_id AND u.rank = r.rank AND u.nth <= COALESCE(getvariable('top'), 5)) AS top_uncosted
+    t.top_uncosted, t.top_uncosted_ns
 FROM ranks r
+LEFT JOIN (SELECT run_id, rank, list(name ORDER BY nth) AS top_uncosted, list(uncosted_ns ORDER BY nth) AS top_uncosted_ns
+           FROM uncosted WHERE nth <= COALESCE(getvariable('top'), 5) GROUP BY run_id, rank) t
+  ON t.run_id = r.run_id AND t.rank = r.rank
 WHERE COALESCE(getvariable('per'), 'rank') = 'rank'
 UNION ALL
 SELECT u.run_id, u.rank, u.name, u.reason, u.kernels, r.compute_ns, NULL, u.uncosted_ns, NULL,
-    round(100.0 * u.uncosted_ns / r.compute_ns, 2), NULL
+    round(100.0 * u.uncosted_ns / r.compute_ns, 2), NULL, NULL
 FROM uncosted u JOIN ranks r ON r.run_id = u.run_id AND r.rank = u.rank
 WHERE COALESCE(getvariable('per'), 'rank') = 'kernel' AND u.nth <= COALESCE(getvariable('top'), 5)
 ORDER BY run_id, rank, uncosted_ns DESC, name;

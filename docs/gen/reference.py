@@ -49,7 +49,7 @@ EXAMPLES: dict[str, Example] = {
     "collectives": Example("query collectives datasets/torch_gloo_4rank_straggler/", 6),
     "cost_coverage": Example(
         "query cost_coverage datasets/tracelens_b200_eager/ -p per=kernel", 5,
-        note="GPT-OSS with MXFP4 experts on a B200: 18 % of the compute time is under an op with a cost; vLLM's MoE "
+        note="GPT-OSS with MXFP4 experts on a B200: 20 % of the compute time is under an op with a cost; vLLM's MoE "
              "op records the hidden states and router logits but not the experts' weights, so its grouped GEMMs "
              "cannot be rated."),
     "critical_path": Example(
