@@ -176,6 +176,23 @@ CASES = {
                                 [B, B, B, "Scalar"], ["", "", "", "1e-05"],
                                 ("fused", 5 * 888 * 2880, 2 * 888 * 2880 * 2 + 2880 * 2 + 2 * 888 * 2880 * 2)),
     "view": ("aten::view", [[64, 32], []], [F, "ScalarList"], ["", "[2048]"], ("view", 0, 0)),
+    # --- grouped GEMMs (MoE): layouts as torch 2.13 records them; the work of one GEMM over the uncut dims, the
+    # output per layout (torch ran each: [256, 48], [4, 64, 48], [4, 64, 48], [64, 192]). FlopCounterMode has no
+    # formula for them (it counts 0), so these are hand counts.
+    "grouped_mm_tokens_by_expert": ("aten::_grouped_mm", [[256, 32], [4, 32, 48], [4], [], []],
+                                    [B, B, "int", "", ""], None,
+                                    ("gemm", 2 * 256 * 32 * 48, 256 * 32 * 2 + 4 * 32 * 48 * 2 + 256 * 48 * 2)),
+    "grouped_mm_k_cut": ("aten::_grouped_mm", [[64, 128], [128, 48], [4], [], []], [B, B, "int", "", ""], None,
+                         ("gemm", 2 * 64 * 128 * 48, 64 * 128 * 2 + 128 * 48 * 2 + 4 * 64 * 48 * 2)),
+    "grouped_mm_batched": ("aten::_grouped_mm", [[4, 64, 32], [4, 32, 48], [], [], []], [B, B, "", "", ""], None,
+                           ("gemm", 2 * 4 * 64 * 32 * 48, 4 * 64 * 32 * 2 + 4 * 32 * 48 * 2 + 4 * 64 * 48 * 2)),
+    "grouped_mm_n_cut": ("aten::_grouped_mm", [[4, 64, 32], [32, 192], [4], [], []], [B, B, "int", "", ""], None,
+                         ("gemm", 2 * 64 * 32 * 192, 4 * 64 * 32 * 2 + 32 * 192 * 2 + 64 * 192 * 2)),
+    # FP8 operands (1 byte), their row scales (float32) read, the bf16 output (no out_dtype)
+    "scaled_grouped_mm_fp8": ("aten::_scaled_grouped_mm", [[256, 32], [4, 32, 48], [256], [4, 48], [4], [], [], [], []],
+                              ["c10::Float8_e4m3fn", "c10::Float8_e4m3fn", F, F, "int", "", "", "", "Scalar"],
+                              ["", "", "", "", "", "", "", "", "False"],
+                              ("gemm", 2 * 256 * 32 * 48, 256 * 32 + 4 * 32 * 48 + 256 * 4 + 4 * 48 * 4 + 256 * 48 * 2)),
     # --- other engines' fused kernels, with the argument layouts of the corpus' SGLang/vLLM/xDiT traces ------
     "aiter_rmsnorm": ("aiter::rmsnorm", [[15360, 4096], [15360, 4096], [4096], []], [B, B, B, "Scalar"],
                       ["", "", "", "1e-06"],  # out, input, weight, eps: input and weight read, out written

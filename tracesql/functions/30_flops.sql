@@ -75,7 +75,13 @@ CREATE OR REPLACE MACRO scalar_type_bytes(code) AS (
 -- ---------------------------------------------------------------------------------------------------------
 -- GEMM. Input Dims layouts (record_shapes): mm(a, b), addmm(bias, a, b, beta, alpha), bmm(a, b),
 -- baddbmm(c, a, b, beta, alpha), linear(x, weight[N, K], bias), matmul(a, b) with broadcasting batch dims and
--- 1-D operands, _scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum).
+-- 1-D operands, _scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum); the grouped
+-- GEMMs of MoE layers _grouped_mm(a, b, offs, bias, out_dtype) and _scaled_grouped_mm(a, b, scale_a, scale_b,
+-- offs, bias, scale_result, out_dtype, use_fast_accum), whose `offs` (G group ends) cut one operand into G groups:
+-- a [M_total, K] · b [G, K, N] (tokens routed to G experts: row group g times expert g) -> [M_total, N];
+-- a [G, M, K] · b [G, K, N] (no offs: a batch) -> [G, M, N]; a [M, K_total] · b [K_total, N] (K cut: the
+-- experts' weight gradients) -> [G, M, N]; a [G, M, K] · b [K, N_total] (N cut) -> [M, N_total]. Each row, column
+-- or K slice meets one group only, so the work is that of one GEMM over the uncut dims.
 
 -- Elements in the broadcast batch of torch.matmul(a, b): the dims before the last two, aligned from the right.
 CREATE OR REPLACE MACRO matmul_batch(a, b) AS (
@@ -89,12 +95,29 @@ CREATE OR REPLACE MACRO matmul_batch(a, b) AS (
 -- How many leading arguments of a GEMM op are its operands (bias included); _scaled_mm's bias (5th) is
 -- left out, it is tiny next to the matrices.
 CREATE OR REPLACE MACRO gemm_operands(name) AS (
-    CASE WHEN name IN ('aten::addmm', 'aten::baddbmm', 'aten::linear') THEN 3 ELSE 2 END
+    CASE WHEN name IN ('aten::addmm', 'aten::baddbmm', 'aten::linear') THEN 3
+         -- the scales of a grouped FP8/MX GEMM (per row, or per block of 32: not tiny)
+         WHEN name = 'aten::_scaled_grouped_mm' THEN 4
+         ELSE 2 END
+);
+
+-- How many [M, N] output matrices a GEMM writes per batch element: G for a grouped GEMM cut along K (its offs'
+-- length), else 1.
+CREATE OR REPLACE MACRO gemm_out_matrices(name, d) AS (
+    CASE WHEN name IN ('aten::_grouped_mm', 'aten::_scaled_grouped_mm') AND len(d[1]) = 2 AND len(d[2]) = 2
+         THEN d[CASE WHEN name = 'aten::_grouped_mm' THEN 3 ELSE 5 END][1]
+         ELSE 1 END
 );
 
 -- (batch, M, K, N) of a GEMM op; NULL when its shapes are not recorded.
 CREATE OR REPLACE MACRO gemm_mkn(name, d) AS (
     CAST(CASE
+            WHEN name IN ('aten::_grouped_mm', 'aten::_scaled_grouped_mm') THEN CASE
+                WHEN len(d[1]) = 2 AND len(d[2]) = 3 THEN {'batch': 1, 'm': d[1][1], 'k': d[1][2], 'n': d[2][3]}
+                WHEN len(d[1]) = 3 AND len(d[2]) = 3 THEN {'batch': d[1][1], 'm': d[1][2], 'k': d[1][3], 'n': d[2][3]}
+                WHEN len(d[1]) = 2 AND len(d[2]) = 2 THEN {'batch': 1, 'm': d[1][1], 'k': d[1][2], 'n': d[2][2]}
+                WHEN len(d[1]) = 3 AND len(d[2]) = 2 THEN {'batch': 1, 'm': d[1][2], 'k': d[1][3], 'n': d[2][2]}
+            END
             WHEN name IN ('aten::mm', 'aten::_scaled_mm') AND len(d[1]) = 2 AND len(d[2]) = 2
                 THEN {'batch': 1, 'm': d[1][1], 'k': d[1][2], 'n': d[2][2]}
             WHEN name = 'aten::addmm' AND len(d[2]) = 2 AND len(d[3]) = 2
@@ -912,7 +935,8 @@ CREATE OR REPLACE MACRO op_is_view(core) AS (
 CREATE OR REPLACE MACRO op_base_family(name, base) AS (
     list_transform([op_core_name(base)], lambda fc: CASE
         WHEN base IN ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm', 'aten::linear',
-                                    'aten::matmul', 'aten::_scaled_mm') THEN 'gemm'
+                                    'aten::matmul', 'aten::_scaled_mm', 'aten::_grouped_mm',
+                                    'aten::_scaled_grouped_mm') THEN 'gemm'
         WHEN base IN ('aten::conv1d', 'aten::conv2d', 'aten::conv3d', 'aten::convolution',
                                     'aten::_convolution', 'aten::conv_transpose1d', 'aten::conv_transpose2d',
                                     'aten::conv_transpose3d', 'aten::cudnn_convolution',
@@ -1005,9 +1029,11 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
             -- only the operands (and bias): an `out=` tensor recorded after them is the output, counted below
             list_transform([gemm_mkn(k.base, d)], lambda g: CASE WHEN g IS NOT NULL THEN
                 args_bytes(a[1:gemm_operands(k.base)])
-                + g.batch * g.m * g.n
+                + g.batch * g.m * g.n * gemm_out_matrices(k.base, d)
                   * CASE WHEN k.base = 'aten::_scaled_mm'
                          THEN coalesce(scalar_type_bytes(c[7]), 2)  -- out_dtype, else bf16
+                         WHEN k.base = 'aten::_scaled_grouped_mm' THEN coalesce(scalar_type_bytes(c[8]), 2)
+                         WHEN k.base = 'aten::_grouped_mm' THEN coalesce(scalar_type_bytes(c[5]), a[1].bpe)
                          -- the output has the dtype of the first matrix
                          ELSE a[CASE WHEN k.base IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END].bpe
                     END
