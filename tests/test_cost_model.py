@@ -176,6 +176,59 @@ CASES = {
                                 [B, B, B, "Scalar"], ["", "", "", "1e-05"],
                                 ("fused", 5 * 888 * 2880, 2 * 888 * 2880 * 2 + 2880 * 2 + 2 * 888 * 2880 * 2)),
     "view": ("aten::view", [[64, 32], []], [F, "ScalarList"], ["", "[2048]"], ("view", 0, 0)),
+    # --- grouped GEMMs (MoE): layouts as torch 2.13 records them; the work of one GEMM over the uncut dims, the
+    # output per layout (torch ran each: [256, 48], [4, 64, 48], [4, 64, 48], [64, 192]). FlopCounterMode has no
+    # formula for them (it counts 0), so these are hand counts.
+    "grouped_mm_tokens_by_expert": ("aten::_grouped_mm", [[256, 32], [4, 32, 48], [4], [], []],
+                                    [B, B, "int", "", ""], None,
+                                    ("gemm", 2 * 256 * 32 * 48, 256 * 32 * 2 + 4 * 32 * 48 * 2 + 256 * 48 * 2)),
+    "grouped_mm_k_cut": ("aten::_grouped_mm", [[64, 128], [128, 48], [4], [], []], [B, B, "int", "", ""], None,
+                         ("gemm", 2 * 64 * 128 * 48, 64 * 128 * 2 + 128 * 48 * 2 + 4 * 64 * 48 * 2)),
+    "grouped_mm_batched": ("aten::_grouped_mm", [[4, 64, 32], [4, 32, 48], [], [], []], [B, B, "", "", ""], None,
+                           ("gemm", 2 * 4 * 64 * 32 * 48, 4 * 64 * 32 * 2 + 4 * 32 * 48 * 2 + 4 * 64 * 48 * 2)),
+    "grouped_mm_n_cut": ("aten::_grouped_mm", [[4, 64, 32], [32, 192], [4], [], []], [B, B, "int", "", ""], None,
+                         ("gemm", 2 * 64 * 32 * 192, 4 * 64 * 32 * 2 + 32 * 192 * 2 + 64 * 192 * 2)),
+    # FP8 operands (1 byte), their row scales (float32) read, the bf16 output (no out_dtype)
+    "scaled_grouped_mm_fp8": ("aten::_scaled_grouped_mm", [[256, 32], [4, 32, 48], [256], [4, 48], [4], [], [], [], []],
+                              ["c10::Float8_e4m3fn", "c10::Float8_e4m3fn", F, F, "int", "", "", "", "Scalar"],
+                              ["", "", "", "", "", "", "", "", "False"],
+                              ("gemm", 2 * 256 * 32 * 48, 256 * 32 + 4 * 32 * 48 + 256 * 4 + 4 * 48 * 4 + 256 * 48 * 2)),
+    # --- other engines' fused kernels, with the argument layouts of the corpus' SGLang/vLLM/xDiT traces ------
+    "aiter_rmsnorm": ("aiter::rmsnorm", [[15360, 4096], [15360, 4096], [4096], []], [B, B, B, "Scalar"],
+                      ["", "", "", "1e-06"],  # out, input, weight, eps: input and weight read, out written
+                      ("fused", 4 * 15360 * 4096, 15360 * 4096 * 2 + 4096 * 2 + 15360 * 4096 * 2)),
+    "aiter_add_rmsnorm": ("aiter::add_rmsnorm", [[15360, 4096]] * 4 + [[4096], []], [B] * 5 + ["Scalar"],
+                          ["", "", "", "", "", "1e-06"],  # input, residual_in, weight read; out, residual_out written
+                          ("fused", 5 * 15360 * 4096, 4 * 15360 * 4096 * 2 + 4096 * 2)),
+    "sgl_silu_and_mul": ("sgl_kernel::silu_and_mul", [[15360, 12288], [15360, 24576]], [B, B], None,
+                         ("fused", 2 * 15360 * 12288, 15360 * 24576 * 2 + 15360 * 12288 * 2)),
+    "sgl_rotary_embedding": ("sgl_kernel::rotary_embedding",
+                             [[15360], [15360, 4096], [15360, 1024], [], [41216, 128], []],
+                             [L, B, B, "Scalar", B, "Scalar"], ["", "", "", "128", "", "True"],
+                             # positions read; query and key read and written; one cache row per position read
+                             ("fused", 3 * 15360 * (4096 + 1024),
+                              15360 * 8 + 2 * 15360 * (4096 + 1024) * 2 + 15360 * 128 * 2)),
+    "sglang_store_cache": ("sglang::store_cache", [[15360, 1024], [15360, 1024], [835874, 1024], [835874, 1024],
+                                                   [15360], [], []],
+                           [B, B, B, B, L, "Scalar", "Scalar"], ["", "", "", "", "", "2048", "0"],
+                           ("fused", 0, 2 * 15360 * 1024 * 2 + 15360 * 8 + 2 * 15360 * 1024 * 2)),
+    # an fp8 KV cache (uint8): key and value read in bf16, written as one byte per element
+    "vllm_reshape_and_cache_flash": ("_C_cache_ops::reshape_and_cache_flash",
+                                     [[888, 1, 64], [888, 1, 64], [4213816, 16, 1, 64], [4213816, 16, 1, 64],
+                                      [888], [], [], []],
+                                     [B, B, "unsigned char", "unsigned char", L, "", F, F], None,
+                                     ("fused", 0, 2 * 888 * 64 * 2 + 888 * 8 + 2 * 888 * 64)),
+    "aiter_groupnorm": ("aiter::_groupnorm_run", [[1, 512, 64, 64], [], [512], [512], []],
+                        [B, "Scalar", B, B, "Scalar"], ["", "32", "", "", "1e-06"],
+                        ("fused", 5 * 512 * 4096, 512 * 4096 * 2 + 2 * 512 * 2 + 512 * 4096 * 2)),
+    # Inductor's Triton kernels: each tensor argument once (in_out_ptr0 [2, 2432] and the bias), no FLOPs
+    "triton_pointwise": ("triton_poi_fused_addmm_silu_2", [[2, 2432], [2432], []], [B, B, "Scalar"],
+                         ["", "", "4864"], ("triton", 0, 2 * 2432 * 2 + 2432 * 2)),
+    "triton_mixed_dtypes": ("triton_poi_fused_add_bitwise_and_bitwise_not_bitwise_or_ge_lt_mul_sub_0",
+                            [[888], [888], [888], [], []], ["int", L, "bool", "Scalar", "Scalar"], None,
+                            ("triton", 0, 888 * 4 + 888 * 8 + 888)),
+    "triton_template_has_no_formula": ("triton_tem_fused_mm_0", [[64, 32], [32, 16], [64, 16], []],
+                                       [B, B, B, "Scalar"], None, (None, None, None)),
 }
 
 

@@ -43,8 +43,19 @@ class IngestResult:
         return bool(self.ingested or self.removed or self.relabeled)
 
 
+#: Where vLLM and SGLang write the traces of their CUDA/HIP-graph captures, beside the profile: a second trace of
+#: the same rank (the ops that launched each kernel of the graph, at capture time), not a rank of the job.
+CAPTURE_FOLDER = "capture_traces"
+
+
+def capture_folders(sources: list[Path]) -> list[Path]:
+    """The graph-capture folders inside the folders in `sources`, which find_traces leaves out."""
+    return sorted(d for src in sources if src.is_dir() for d in src.rglob(CAPTURE_FOLDER) if d.is_dir())
+
+
 def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path, list[Path]]:
-    """The trace files named or found (recursively) under `sources`, and the folder their paths are relative to."""
+    """The trace files named or found (recursively) under `sources`, and the folder their paths are relative to.
+    A `capture_traces` folder inside a source folder is not searched (capture_folders); named itself, it is."""
     from .readers import is_companion, trace_suffixes
 
     suffixes = trace_suffixes()
@@ -52,7 +63,8 @@ def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path,
     for src in sources:
         if src.is_dir():
             for root, dirs, names in os.walk(src):
-                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and Path(root, d) != exclude)
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and Path(root, d) != exclude
+                                 and d != CAPTURE_FOLDER)
                 files += [Path(root, n) for n in sorted(names) if n.endswith(suffixes) and not n.startswith(".")
                           and not is_companion(Path(root, n))]
         elif src.exists():
@@ -269,7 +281,7 @@ def ingest(
             scratch = store.new_scratch(out)  # archive members are unpacked here
             try:
                 return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim, read_files,
-                                      step_pattern, given)
+                                      step_pattern, given, capture_folders(sources))
             finally:
                 archives.remove(scratch)
     except OSError as e:  # the run's folder cannot be written (permissions, disk full, ...)
@@ -282,7 +294,7 @@ def ingest(
 
 def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress,
                    lim: limits.Limits, read_files, step_pattern: str | None = None,
-                   given: dict | None = None) -> IngestResult:
+                   given: dict | None = None, captures: list[Path] = ()) -> IngestResult:
     if out.exists() and not out.is_dir():
         raise TraceError(out, "exists and is not a tracesql run: a file (refusing to write over it)")
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
@@ -294,6 +306,8 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
     result = IngestResult(run=out, run_id=run_id)
     if damage:
         result.warnings.append(f"{damage}; all its sources are read again")
+    result.warnings += [f"{d}: graph-capture traces, not read as ranks (the kernels of a graph replay keep the "
+                        f"graph launch as their op)" for d in captures]
 
     old_sources = (old or {}).get("sources", {})
     if old and old["schema_version"] != schema.SCHEMA_VERSION:  # its files lack what this version writes

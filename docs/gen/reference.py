@@ -50,6 +50,11 @@ EXAMPLES: dict[str, Example] = {
         "query collective_stragglers datasets/torch_gloo_4rank_straggler/",
         note="Rank 2 of this job sleeps 5 ms before each collective (it was made so): it is last 23 times out of 27."),
     "collectives": Example("query collectives datasets/torch_gloo_4rank_straggler/", 6),
+    "cost_coverage": Example(
+        "query cost_coverage datasets/tracelens_b200_eager/ -p per=kernel", 5,
+        note="GPT-OSS with MXFP4 experts on a B200: 20 % of the compute time is under an op with a cost; vLLM's MoE "
+             "op records the hidden states and router logits but not the experts' weights, so its grouped GEMMs "
+             "cannot be rated."),
     "critical_path": Example(
         "query critical_path datasets/hta_trace_filter/ -p rank=0 -p instance=0", 6,
         note="HTA's sampled trace keeps few ops: the path is mostly host time between them (cpu_bound); "

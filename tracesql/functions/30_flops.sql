@@ -16,7 +16,10 @@
 --   one; 2 for addcmul/addcdiv/lerp); reductions 1 per input element (var/std 3, norms 2, logsumexp 3);
 --   layer/group/batch norm 5 per element (batch norm on running statistics 2, RMS norm 4), backward 8 for
 --   grad_input + 2 for grad_weight + 1 for grad_bias as output_mask asks; softmax 5; bilinear and other
---   interpolation one multiply-add per tap; copies, casts, nearest upsampling, gathers and views 0.
+--   interpolation one multiply-add per tap; copies, casts, nearest upsampling, gathers and views 0;
+-- - Inductor's generated Triton kernels (triton_poi_* pointwise, triton_red_* / triton_per_* reductions: the
+--   launch is recorded as an op with the kernel's tensor arguments): 0 FLOPs (the fused arithmetic is not
+--   recorded) and each tensor argument moved once (a buffer read and written in place counts once: a lower bound).
 -- Bytes are what the op must read and write at least (metrics.md: each tensor input read once, the output
 -- written once), the minimum traffic that the memory roof assumes, in the real dtypes: an `out=` tensor is only
 -- written (and sets the result dtype); an in-place op reads and writes its first argument once; the result of
@@ -72,7 +75,13 @@ CREATE OR REPLACE MACRO scalar_type_bytes(code) AS (
 -- ---------------------------------------------------------------------------------------------------------
 -- GEMM. Input Dims layouts (record_shapes): mm(a, b), addmm(bias, a, b, beta, alpha), bmm(a, b),
 -- baddbmm(c, a, b, beta, alpha), linear(x, weight[N, K], bias), matmul(a, b) with broadcasting batch dims and
--- 1-D operands, _scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum).
+-- 1-D operands, _scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum); the grouped
+-- GEMMs of MoE layers _grouped_mm(a, b, offs, bias, out_dtype) and _scaled_grouped_mm(a, b, scale_a, scale_b,
+-- offs, bias, scale_result, out_dtype, use_fast_accum), whose `offs` (G group ends) cut one operand into G groups:
+-- a [M_total, K] · b [G, K, N] (tokens routed to G experts: row group g times expert g) -> [M_total, N];
+-- a [G, M, K] · b [G, K, N] (no offs: a batch) -> [G, M, N]; a [M, K_total] · b [K_total, N] (K cut: the
+-- experts' weight gradients) -> [G, M, N]; a [G, M, K] · b [K, N_total] (N cut) -> [M, N_total]. Each row, column
+-- or K slice meets one group only, so the work is that of one GEMM over the uncut dims.
 
 -- Elements in the broadcast batch of torch.matmul(a, b): the dims before the last two, aligned from the right.
 CREATE OR REPLACE MACRO matmul_batch(a, b) AS (
@@ -86,12 +95,29 @@ CREATE OR REPLACE MACRO matmul_batch(a, b) AS (
 -- How many leading arguments of a GEMM op are its operands (bias included); _scaled_mm's bias (5th) is
 -- left out, it is tiny next to the matrices.
 CREATE OR REPLACE MACRO gemm_operands(name) AS (
-    CASE WHEN name IN ('aten::addmm', 'aten::baddbmm', 'aten::linear') THEN 3 ELSE 2 END
+    CASE WHEN name IN ('aten::addmm', 'aten::baddbmm', 'aten::linear') THEN 3
+         -- the scales of a grouped FP8/MX GEMM (per row, or per block of 32: not tiny)
+         WHEN name = 'aten::_scaled_grouped_mm' THEN 4
+         ELSE 2 END
+);
+
+-- How many [M, N] output matrices a GEMM writes per batch element: G for a grouped GEMM cut along K (its offs'
+-- length), else 1.
+CREATE OR REPLACE MACRO gemm_out_matrices(name, d) AS (
+    CASE WHEN name IN ('aten::_grouped_mm', 'aten::_scaled_grouped_mm') AND len(d[1]) = 2 AND len(d[2]) = 2
+         THEN d[CASE WHEN name = 'aten::_grouped_mm' THEN 3 ELSE 5 END][1]
+         ELSE 1 END
 );
 
 -- (batch, M, K, N) of a GEMM op; NULL when its shapes are not recorded.
 CREATE OR REPLACE MACRO gemm_mkn(name, d) AS (
     CAST(CASE
+            WHEN name IN ('aten::_grouped_mm', 'aten::_scaled_grouped_mm') THEN CASE
+                WHEN len(d[1]) = 2 AND len(d[2]) = 3 THEN {'batch': 1, 'm': d[1][1], 'k': d[1][2], 'n': d[2][3]}
+                WHEN len(d[1]) = 3 AND len(d[2]) = 3 THEN {'batch': d[1][1], 'm': d[1][2], 'k': d[1][3], 'n': d[2][3]}
+                WHEN len(d[1]) = 2 AND len(d[2]) = 2 THEN {'batch': 1, 'm': d[1][1], 'k': d[1][2], 'n': d[2][2]}
+                WHEN len(d[1]) = 3 AND len(d[2]) = 2 THEN {'batch': 1, 'm': d[1][2], 'k': d[1][3], 'n': d[2][2]}
+            END
             WHEN name IN ('aten::mm', 'aten::_scaled_mm') AND len(d[1]) = 2 AND len(d[2]) = 2
                 THEN {'batch': 1, 'm': d[1][1], 'k': d[1][2], 'n': d[2][2]}
             WHEN name = 'aten::addmm' AND len(d[2]) = 2 AND len(d[3]) = 2
@@ -827,7 +853,28 @@ CREATE OR REPLACE MACRO index_bytes(k, core, d, a, c) AS (
 -- _C::rms_norm(out, input, weight, eps), _C::fused_add_rms_norm(input, residual, weight, eps) (in place:
 -- residual += input, input = rms_norm(residual)), _C::silu_and_mul / gelu_and_mul (out, input[..., 2d]),
 -- _C::static_scaled_fp8_quant / dynamic_scaled_fp8_quant (out, input, scale), _C::rotary_embedding(positions,
--- query, key, head_size, cos_sin_cache, is_neox) (in place on query and key).
+-- query, key, head_size, cos_sin_cache, is_neox) (in place on query and key);
+-- aiter::add_rmsnorm(out, input, residual_in, residual_out, weight, eps); aiter::_groupnorm_run(input,
+-- num_groups, weight, bias, eps) (group norm, no statistics kept); KV-cache writes: vLLM's
+-- _C_cache_ops::reshape_and_cache(_flash)(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+-- k_scale, v_scale) and SGLang's sglang::store_cache(k, v, k_cache, v_cache, indices, ...) write each new token's
+-- key and value into its cache slot (in the cache's dtype: an fp8 cache is uint8).
+-- Other engines' ops with one of these layouts, by the name of the one they share it with: SGLang's sgl_kernel
+-- ops are vLLM's, aiter::rmsnorm(out, input, weight, eps) is _C::rms_norm. NULL: no such fused kernel.
+CREATE OR REPLACE MACRO fused_kernel(name) AS (
+    CASE
+        WHEN name IN ('_C::rms_norm', '_C::fused_add_rms_norm', '_C::silu_and_mul', '_C::gelu_and_mul',
+                      '_C::gelu_tanh_and_mul', '_C::static_scaled_fp8_quant', '_C::dynamic_scaled_fp8_quant',
+                      '_C::rotary_embedding', 'aiter::add_rmsnorm', 'aiter::_groupnorm_run',
+                      '_C_cache_ops::reshape_and_cache', 'sglang::store_cache') THEN name
+        WHEN name = 'aiter::rmsnorm' THEN '_C::rms_norm'
+        WHEN name IN ('sgl_kernel::silu_and_mul', 'sgl_kernel::gelu_and_mul', 'sgl_kernel::gelu_tanh_and_mul',
+                      'sgl_kernel::rotary_embedding') THEN replace(name, 'sgl_kernel::', '_C::')
+        WHEN name = '_C_cache_ops::reshape_and_cache_flash' THEN '_C_cache_ops::reshape_and_cache'
+    END
+);
+
+-- name = fused_kernel(op name).
 CREATE OR REPLACE MACRO fused_flops(name, a) AS (
     CASE name
         WHEN '_C::rms_norm' THEN 4 * a[2].numel
@@ -838,6 +885,11 @@ CREATE OR REPLACE MACRO fused_flops(name, a) AS (
         WHEN '_C::static_scaled_fp8_quant' THEN 2 * a[2].numel
         WHEN '_C::dynamic_scaled_fp8_quant' THEN 3 * a[2].numel
         WHEN '_C::rotary_embedding' THEN 3 * (a[2].numel + coalesce(a[3].numel, 0))
+        WHEN 'aiter::add_rmsnorm' THEN 5 * a[2].numel
+        WHEN 'aiter::_groupnorm_run' THEN 5 * a[1].numel
+        -- a copy into the cache (an fp8 cache's scaling is not counted, as a cast's)
+        WHEN '_C_cache_ops::reshape_and_cache' THEN 0
+        WHEN 'sglang::store_cache' THEN 0
     END
 );
 
@@ -853,6 +905,13 @@ CREATE OR REPLACE MACRO fused_bytes(name, d, a) AS (
         -- positions, and query and key read and written; the cache rows of those positions read
         WHEN '_C::rotary_embedding' THEN read_bytes(a, [1]) + 2 * read_bytes(a, [2, 3])
                                          + a[1].numel * d[5][-1] * a[5].bpe
+        -- input, residual_in and weight read; out and residual_out written
+        WHEN 'aiter::add_rmsnorm' THEN read_bytes(a, [2, 3, 5]) + read_bytes(a, [1, 4])
+        WHEN 'aiter::_groupnorm_run' THEN read_bytes(a, [1, 3, 4]) + a[1].numel * a[1].bpe
+        -- key, value and the slots read; key and value written in the cache's dtype
+        WHEN '_C_cache_ops::reshape_and_cache' THEN read_bytes(a, [1, 2, 5]) + a[1].numel * a[3].bpe
+                                                    + a[2].numel * a[4].bpe
+        WHEN 'sglang::store_cache' THEN read_bytes(a, [1, 2, 5]) + a[1].numel * a[3].bpe + a[2].numel * a[4].bpe
     END
 );
 
@@ -871,12 +930,13 @@ CREATE OR REPLACE MACRO op_is_view(core) AS (
 
 -- ---------------------------------------------------------------------------------------------------------
 -- Which formula an op name takes: 'gemm', 'conv', 'attention' (the math that FLOPs are usually about),
--- 'elementwise', 'reduction', 'norm', 'softmax', 'copy', 'upsample', 'index', 'fused' (memory-bound work),
+-- 'elementwise', 'reduction', 'norm', 'softmax', 'copy', 'upsample', 'index', 'fused', 'triton' (memory-bound work),
 -- 'view' (views and allocations: nothing moved); NULL when tracesql has no formula for it.
 CREATE OR REPLACE MACRO op_base_family(name, base) AS (
     list_transform([op_core_name(base)], lambda fc: CASE
         WHEN base IN ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm', 'aten::linear',
-                                    'aten::matmul', 'aten::_scaled_mm') THEN 'gemm'
+                                    'aten::matmul', 'aten::_scaled_mm', 'aten::_grouped_mm',
+                                    'aten::_scaled_grouped_mm') THEN 'gemm'
         WHEN base IN ('aten::conv1d', 'aten::conv2d', 'aten::conv3d', 'aten::convolution',
                                     'aten::_convolution', 'aten::conv_transpose1d', 'aten::conv_transpose2d',
                                     'aten::conv_transpose3d', 'aten::cudnn_convolution',
@@ -902,9 +962,8 @@ CREATE OR REPLACE MACRO op_base_family(name, base) AS (
                     'aten::scatter_reduce', 'aten::index_add', 'aten::index_copy', 'aten::index_put',
                     'aten::_index_put_impl', 'aten::embedding_dense_backward')
             THEN 'index'
-        WHEN name IN ('_C::rms_norm', '_C::fused_add_rms_norm', '_C::silu_and_mul', '_C::gelu_and_mul',
-                      '_C::gelu_tanh_and_mul', '_C::static_scaled_fp8_quant', '_C::dynamic_scaled_fp8_quant',
-                      '_C::rotary_embedding') THEN 'fused'
+        WHEN fused_kernel(name) IS NOT NULL THEN 'fused'
+        WHEN regexp_matches(name, '^triton_(poi|red|per)_') THEN 'triton'
     END)[1]
 );
 
@@ -959,7 +1018,8 @@ CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
         WHEN 'copy' THEN CASE WHEN copy_bytes(k.base, d, a, c) IS NOT NULL THEN 0 END
         WHEN 'upsample' THEN upsample_flops(k.base, d, c)
         WHEN 'index' THEN index_flops(k.core, d, a, c)
-        WHEN 'fused' THEN fused_flops(k.name, a)
+        WHEN 'fused' THEN fused_flops(fused_kernel(k.name), a)
+        WHEN 'triton' THEN CASE WHEN len(tensor_positions(a, 99)) > 0 THEN 0 END
     END AS DOUBLE)
 );
 
@@ -969,9 +1029,11 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
             -- only the operands (and bias): an `out=` tensor recorded after them is the output, counted below
             list_transform([gemm_mkn(k.base, d)], lambda g: CASE WHEN g IS NOT NULL THEN
                 args_bytes(a[1:gemm_operands(k.base)])
-                + g.batch * g.m * g.n
+                + g.batch * g.m * g.n * gemm_out_matrices(k.base, d)
                   * CASE WHEN k.base = 'aten::_scaled_mm'
                          THEN coalesce(scalar_type_bytes(c[7]), 2)  -- out_dtype, else bf16
+                         WHEN k.base = 'aten::_scaled_grouped_mm' THEN coalesce(scalar_type_bytes(c[8]), 2)
+                         WHEN k.base = 'aten::_grouped_mm' THEN coalesce(scalar_type_bytes(c[5]), a[1].bpe)
                          -- the output has the dtype of the first matrix
                          ELSE a[CASE WHEN k.base IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END].bpe
                     END
@@ -986,7 +1048,8 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
         WHEN 'copy' THEN copy_bytes(k.base, d, a, c)
         WHEN 'upsample' THEN upsample_bytes(k.base, d, a, c)
         WHEN 'index' THEN index_bytes(k, k.core, d, a, c)
-        WHEN 'fused' THEN fused_bytes(k.name, d, a)
+        WHEN 'fused' THEN fused_bytes(fused_kernel(k.name), d, a)
+        WHEN 'triton' THEN read_bytes(a, tensor_positions(a, 99))
     END AS DOUBLE)
 );
 

@@ -423,6 +423,8 @@ def _focus_details(report: Report, path: Path, device: str | None, top: int) -> 
     figure = charts.roofline(roof, peaks, f"{rid}: roofline (ops by shape)")
     if figure:
         report.charts.append(("focus", "roofline", figure))
+    # what the roofline cannot rate: compute time under no op with a cost, per rank
+    coverage = queries.run(con, queries.find("cost_coverage")).df()
     bubbles = tables["bubbles"][tables["bubbles"].run_id == rid].nlargest(top, "dur")
     coll = tables["collectives"][tables["collectives"].run_id == rid]
     report.focus_tables = {
@@ -431,4 +433,5 @@ def _focus_details(report: Report, path: Path, device: str | None, top: int) -> 
             instances=("seq", "size"), size_bytes=("size_bytes", "sum"), busbw_gbps=("busbw_gbps", "median"),
             max_skew_ns=("max_skew_ns", "max")) if len(coll) else coll,
         "ranks": report.metrics.ranks[report.metrics.ranks.run_id == rid],
+        "cost_coverage": coverage[coverage.run_id == rid],
     }

@@ -1,0 +1,84 @@
+-- cost_coverage: How much of each rank's compute time the cost model rates: compute time under an op with FLOPs or bytes, and the largest part without.
+--
+-- The roofline, mfu's HFU and every "how far from the roof" verdict see only the ops that have a cost
+-- (`op_costs()`: FLOPs or bytes from a formula, or XLA's cost analysis). A compute kernel (class 'compute' of
+-- `kernel_classes`: not communication, not copies) is *costed* when the op that launched it (`slices.op_id`), or an
+-- op it is nested in, is one that op_costs() counts; every other compute kernel is time the roofline cannot rate.
+-- Times are summed kernel durations (concurrent streams add up), so that costed and uncosted time add up to
+-- compute_ns. An uncosted kernel is named by the innermost op that launched it (vllm::moe_forward, aten::sort),
+-- or by its own name when no op launched it or it is a CUDA/HIP-graph replay; `reason` says why it has no cost.
+--
+-- Needs: device kernels and ops with recorded shapes (record_shapes=True)
+-- Parameters:
+--   per = 'rank'                     one of rank, kernel: one row per run and rank, or one row per uncosted op (or kernel without op) and rank
+--   top = 5                          integer >= 1: entries of top_uncosted (per = 'kernel': rows per rank)
+--   attention_convention = 'flash'   one of flash, torch: as in roofline (which ops are costed does not depend on it)
+-- Columns:
+--   run_id         VARCHAR  run
+--   rank           INTEGER  rank
+--   name           VARCHAR  per = 'kernel': the uncosted op, or the kernel's name when no op launched it; NULL per rank
+--   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, e.g. a TensorList's), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay: the capture trace names its ops), 'no launch recorded' (launched before the profile's host events began or by an untraced thread); NULL per rank
+--   kernels        BIGINT   compute kernels of the rank (per = 'kernel': of that name)
+--   compute_ns     BIGINT   summed duration of the rank's compute kernels
+--   costed_ns      BIGINT   the part under a costed op (per = 'kernel': NULL)
+--   uncosted_ns    BIGINT   compute_ns − costed_ns (per = 'kernel': that name's)
+--   costed_pct     DOUBLE   costed_ns / compute_ns · 100, 2 decimals (per = 'kernel': NULL)
+--   uncosted_pct   DOUBLE   uncosted_ns / compute_ns · 100, 2 decimals
+--   top_uncosted      VARCHAR[]  the largest uncosted names (as `name` per kernel), largest first (per = 'kernel': NULL)
+--   top_uncosted_ns   BIGINT[]   their uncosted time, in the same order (per = 'kernel': NULL)
+WITH RECURSIVE op_costs_all AS (
+    SELECT * FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
+), costed_ops AS (
+    SELECT run_id, rank, op_id FROM op_costs_all WHERE counted
+), covered AS (
+    -- the costed ops and every op nested in them (costed ops never nest in each other: op_costs)
+    SELECT run_id, rank, op_id FROM costed_ops
+    UNION ALL
+    SELECT o.run_id, o.rank, o.op_id
+    FROM covered c JOIN ops o ON o.run_id = c.run_id AND o.rank = c.rank AND o.parent_op_id = c.op_id
+), compute AS (
+    SELECT k.run_id, k.rank, k.dur,
+        -- an XLA op on a TPU/CPU is its own device event (op_id = slice_id)
+        c.op_id IS NOT NULL OR x.op_id IS NOT NULL AS costed,
+        -- a graph replay's kernels by their own names (the op that launched the graph ran none of them)
+        CASE WHEN l.name ILIKE '%GraphLaunch%' THEN k.name ELSE COALESCE(o.name, k.name) END AS name,
+        CASE WHEN l.name ILIKE '%GraphLaunch%' THEN 'graph replay'
+             WHEN o.op_id IS NULL THEN 'no launch recorded'
+             WHEN oc.family IS NULL THEN 'no formula'
+             WHEN oc.flops IS NULL THEN 'shapes not recorded'
+             ELSE 'not counted' END AS reason
+    FROM device_activity() k
+    LEFT JOIN covered c ON c.run_id = k.run_id AND c.rank = k.rank AND c.op_id = k.op_id
+    LEFT JOIN costed_ops x ON x.run_id = k.run_id AND x.rank = k.rank AND x.op_id = k.slice_id
+    LEFT JOIN ops o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
+    LEFT JOIN op_costs_all oc ON oc.run_id = k.run_id AND oc.rank = k.rank AND oc.op_id = k.op_id
+    LEFT JOIN slices l ON l.run_id = k.run_id AND l.rank = k.rank AND l.slice_id = k.launch_id
+    WHERE k.class = 'compute'
+), ranks AS (
+    SELECT run_id, rank, count(*) AS kernels, CAST(sum(dur) AS BIGINT) AS compute_ns,
+        CAST(COALESCE(sum(dur) FILTER (WHERE costed), 0) AS BIGINT) AS costed_ns
+    FROM compute
+    GROUP BY run_id, rank
+), uncosted AS (
+    SELECT run_id, rank, name, reason, count(*) AS kernels, CAST(sum(dur) AS BIGINT) AS uncosted_ns,
+        row_number() OVER (PARTITION BY run_id, rank ORDER BY sum(dur) DESC, name, reason) AS nth
+    FROM compute
+    WHERE NOT costed
+    GROUP BY run_id, rank, name, reason
+)
+SELECT r.run_id, r.rank, CAST(NULL AS VARCHAR) AS name, CAST(NULL AS VARCHAR) AS reason, r.kernels, r.compute_ns,
+    r.costed_ns, r.compute_ns - r.costed_ns AS uncosted_ns,
+    round(100.0 * r.costed_ns / r.compute_ns, 2) AS costed_pct,
+    round(100.0 * (r.compute_ns - r.costed_ns) / r.compute_ns, 2) AS uncosted_pct,
+    t.top_uncosted, t.top_uncosted_ns
+FROM ranks r
+LEFT JOIN (SELECT run_id, rank, list(name ORDER BY nth) AS top_uncosted, list(uncosted_ns ORDER BY nth) AS top_uncosted_ns
+           FROM uncosted WHERE nth <= COALESCE(getvariable('top'), 5) GROUP BY run_id, rank) t
+  ON t.run_id = r.run_id AND t.rank = r.rank
+WHERE COALESCE(getvariable('per'), 'rank') = 'rank'
+UNION ALL
+SELECT u.run_id, u.rank, u.name, u.reason, u.kernels, r.compute_ns, NULL, u.uncosted_ns, NULL,
+    round(100.0 * u.uncosted_ns / r.compute_ns, 2), NULL, NULL
+FROM uncosted u JOIN ranks r ON r.run_id = u.run_id AND r.rank = u.rank
+WHERE COALESCE(getvariable('per'), 'rank') = 'kernel' AND u.nth <= COALESCE(getvariable('top'), 5)
+ORDER BY run_id, rank, uncosted_ns DESC, name;

@@ -1,0 +1,100 @@
+"""cost_coverage: the share of compute time under an op the cost model counts, and what is left, on real traces.
+
+The second method: the same sums walked in pandas over the run's Parquet tables (ops' parent links, the kernels'
+launching ops) and, for the kernels no op launched, over the raw trace's events."""
+
+import pandas as pd
+import pytest
+
+import tracesql
+from conftest import DATASETS, corpus_path, raw_events, write_trace
+
+B200 = DATASETS / "tracelens_b200_eager"
+GRAPH = DATASETS / "tracelens_vllm_graph_execution"
+
+
+def walked(run) -> tuple[int, int]:
+    """(compute_ns, costed_ns) by walking each compute kernel's launching op up its parents to a counted op."""
+    con = tracesql.connect(run)
+    counted = set(con.sql("SELECT op_id FROM op_costs() WHERE counted").df().op_id)
+    parent = dict(con.sql("SELECT op_id, parent_op_id FROM ops").df().itertuples(index=False))
+    kernels = con.sql("SELECT op_id, dur FROM device_activity() WHERE class = 'compute'").df()
+
+    def costed(op_id) -> bool:
+        while not pd.isna(op_id):
+            if op_id in counted:
+                return True
+            op_id = parent[op_id]
+        return False
+
+    return int(kernels.dur.sum()), int(kernels[[costed(o) for o in kernels.op_id]].dur.sum())
+
+
+@pytest.mark.slow
+def test_b200_costed_share_walked_and_uncosted_rows_add_up(ingested):
+    run = ingested(B200)
+    rank = tracesql.query("cost_coverage", run).iloc[0]
+    compute_ns, costed_ns = walked(run)
+    assert (rank.compute_ns, rank.costed_ns) == (compute_ns, costed_ns) == (10_840_963, 2_148_176)
+    assert rank.costed_pct == 19.82 and rank.uncosted_ns == compute_ns - costed_ns
+    # vLLM's MoE with MXFP4 weights: its op records the hidden states and router logits, not the experts' weights
+    assert list(zip(rank.top_uncosted[:2], rank.top_uncosted_ns[:2])) == [
+        ("vllm::moe_forward", 6_078_426), ("symm_mem::multimem_all_reduce_", 2_119_548)]
+    rows = tracesql.query("cost_coverage", run, per="kernel", top=1000)
+    assert rows.uncosted_ns.sum() == rank.uncosted_ns and rows.kernels.sum() < rank.kernels
+    assert rows.costed_ns.isna().all() and (rows.compute_ns == compute_ns).all()
+    assert list(rows.name[:2]) == ["vllm::moe_forward", "symm_mem::multimem_all_reduce_"]
+    assert list(rows.reason[:2]) == ["no formula", "no formula"]
+    # the rows are what the rank's top_uncosted lists
+    assert list(zip(rank.top_uncosted, rank.top_uncosted_ns)) == list(zip(rows.name[:5], rows.uncosted_ns[:5]))
+
+
+def test_graph_replay_kernels_named_with_their_reason(ingested):
+    """vLLM's full CUDA graph: the kernels of a replay are the graph launch's (its correlation id in the raw
+    trace), none has a cost without the capture trace."""
+    run = ingested(GRAPH)
+    rows = tracesql.query("cost_coverage", run, per="kernel", top=1000)
+    replay = rows[rows.reason == "graph replay"]
+    events = raw_events(next(GRAPH.glob("*.json.gz")))
+    graph_launches = {e["args"]["correlation"] for e in events if e.get("name") in ("cudaGraphLaunch", "hipGraphLaunch")}
+    replayed = [e for e in events if e.get("cat") == "kernel" and e["args"]["correlation"] in graph_launches]
+    assert replay.kernels.sum() == len(replayed) == 421
+    assert replay.uncosted_ns.sum() == pytest.approx(sum(e["dur"] for e in replayed) * 1000, abs=len(replayed))
+    assert replay.name.iloc[0] == "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1"
+    assert (rows.compute_ns == 10_674_517).all()
+
+
+@pytest.mark.slow
+def test_h100_kernels_without_launch_match_the_raw_trace(ingested):
+    """A third of the Qwen trace's kernel time ran before its first host event: no launch, no op, no shapes."""
+    path = corpus_path("tracelens", "tests", "traces", "h100", "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
+    run = ingested(path)
+    rank = tracesql.query("cost_coverage", run).iloc[0]
+    assert walked(run) == (rank.compute_ns, rank.costed_ns) == (45_432_698, 29_740_772)
+    events = raw_events(path)
+    launched = {e["args"]["correlation"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    orphans = [e for e in events if e.get("cat") == "kernel" and e["args"]["correlation"] not in launched]
+    rows = tracesql.query("cost_coverage", run, per="kernel", top=1000)
+    orphan_rows = rows[rows.reason == "no launch recorded"]
+    assert orphan_rows.kernels.sum() == len(orphans) == 436
+    assert orphan_rows.uncosted_ns.sum() == 13_672_640 == pytest.approx(sum(e["dur"] for e in orphans) * 1000, abs=436)
+
+
+def test_capture_traces_folder_is_not_a_second_rank(tmp_path):
+    """vLLM and SGLang write their graph-capture traces to capture_traces/ beside the profile, with the same rank:
+    a folder holding both is one rank (the capture folder is named in a warning), not a rank clash."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5}]
+    job = tmp_path / "job"
+    (job / "capture_traces").mkdir(parents=True)
+    write_trace(job / "trace.json", events, distributedInfo={"rank": 0, "world_size": 1})
+    write_trace(job / "capture_traces" / "bs_32_rank0.json", events, distributedInfo={"rank": 0, "world_size": 1})
+    result = tracesql.ingest([job], tmp_path / "run")
+    ranks = tracesql.connect(tmp_path / "run").execute("SELECT rank, source_path FROM ranks").fetchall()
+    assert ranks == [(0, "trace.json")]
+    assert [w for w in result.warnings if "capture_traces" in w] == [
+        f"{job / 'capture_traces'}: graph-capture traces, not read as ranks (the kernels of a graph replay keep the "
+        f"graph launch as their op)"]
+    # named itself, the folder is read
+    tracesql.ingest([job / "capture_traces"], tmp_path / "capture")
+    assert tracesql.connect(tmp_path / "capture").execute("SELECT source_path FROM ranks").fetchall() == [
+        ("bs_32_rank0.json",)]
