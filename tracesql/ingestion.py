@@ -127,12 +127,16 @@ def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
     one rank each (and one part each). `scratch`: the folder for the readers' temporary files (the ingest's
     `.RUN.extract-*` folder beside the run, which the next ingest removes whatever killed this one)."""
     try:
-        with limits.using(lim), _temporary_files_in(scratch):
+        with limits.using(lim), _temporary_files_in(scratch), limits.watched(lim, shown):
             return _read_normalize_write(Path(path), rel, staging, ranks, run_id, threads, step_pattern)
     except TraceError as e:
         if e.path == path and shown != path:
             raise TraceError(shown, e.problem) from None
         raise
+    except duckdb.OutOfMemoryException as e:  # what DuckDB could not spill: the file and the limit, in one line
+        raise TraceError(shown, f"needs more memory than --memory-limit {lim.memory} gives DuckDB "
+                                f"({str(e).strip().splitlines()[0]}): ingest it with a larger --memory-limit") \
+            from None
 
 
 @contextlib.contextmanager
