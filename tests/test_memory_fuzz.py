@@ -35,7 +35,7 @@ def test_a_read_past_the_bound_is_stopped_and_refused_in_one_line(tmp_path, monk
     the read is stopped (its DuckDB queries interrupted, the reader's Python interrupted) and the file refused
     naming it and the limit; nothing of the run is written."""
     trace = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
-    monkeypatch.setattr(limits, "FIXED_OVERHEAD", -(256 << 20))  # stops at once: the heap is above 0
+    monkeypatch.setattr(limits, "FIXED_OVERHEAD", -(1 << 40))  # stops at once
     with pytest.raises(tracesql.TraceError) as e:
         tracesql.ingest([trace], tmp_path / "run", memory_limit="256MB")
     assert str(e.value).startswith(f"{trace}: needs more memory than --memory-limit 256MB allows"), e.value

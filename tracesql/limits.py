@@ -34,6 +34,9 @@ FIXED_OVERHEAD = 320 << 20
 #: The watch stops a read this far below the bound: what the read still allocates before it stops.
 STOP_MARGIN = 48 << 20
 WATCH_INTERVAL_S = 0.01
+#: A fresh tracesql process's heap when a read starts (~35 MB measured), with room to spare: a process holding
+#: more (a notebook's data) gets that much on top of the bound.
+OWN_HEAP = 128 << 20
 _SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$", re.IGNORECASE)
 
 
@@ -153,7 +156,9 @@ def watched(limits: Limits, path):
     if not os.path.exists("/proc/self/statm"):
         yield
         return
-    watch = MemoryWatch(limits.memory_bytes + FIXED_OVERHEAD - STOP_MARGIN)
+    # a process that holds much before the read (a notebook's data) keeps it on top: the bound is the read's
+    held = max(0, _anon_bytes() - OWN_HEAP)
+    watch = MemoryWatch(limits.memory_bytes + FIXED_OVERHEAD - STOP_MARGIN + held)
     try:
         with watch:
             yield

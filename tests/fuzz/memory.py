@@ -3,11 +3,10 @@ interned tables, whitespace, many tiny records, one huge string, millions of rec
 `--memory-limit` while the peak anonymous memory of the whole process tree is sampled.
 
 A shape is a function `make(path_stem, scale) -> Path` writing a valid file of its format: `scale` 1.0 is the
-size `tests/test_memory_fuzz.py` uses (large enough that a reader holding what the shape repeats would pass the
-bound), `benchmarks/bench_memory_fuzz.py --full` the size of issue 26's attack (several times larger). Files are
-written streaming, so making one takes little memory.
+size of issue 26's attack (what took the readers to 0.6-1.9 GB), `tests/test_memory_fuzz.py` ingests a share of
+it. Files are written streaming, so making one takes little memory.
 
-    python -m tests.fuzz.memory [--scale S] [--only REGEX]      # one shape at a time, a line each
+    python -m tests.fuzz.memory [--scale S] [--only REGEX] [--limit 256MB]   # one shape at a time, a line each
 """
 
 from __future__ import annotations
