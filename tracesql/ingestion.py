@@ -127,8 +127,9 @@ def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
     one rank each (and one part each). `scratch`: the folder for the readers' temporary files (the ingest's
     `.RUN.extract-*` folder beside the run, which the next ingest removes whatever killed this one)."""
     try:
-        with limits.using(lim), _temporary_files_in(scratch), limits.watched(lim, shown):
-            return _read_normalize_write(Path(path), rel, staging, ranks, run_id, threads, step_pattern)
+        with limits.using(lim), _temporary_files_in(scratch):
+            return limits.watched(lim, shown, _read_normalize_write, Path(path), rel, staging, ranks, run_id,
+                                  threads, step_pattern)
     except TraceError as e:
         if e.path == path and shown != path:
             raise TraceError(shown, e.problem) from None

@@ -17,6 +17,7 @@ import contextvars
 import ctypes
 import os
 import re
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -113,15 +114,23 @@ def _anon_bytes() -> int:
 
 
 class MemoryWatch:
-    """Samples the process's heap every WATCH_INTERVAL_S while a file is read; past `stop_at` it raises
+    """Samples the process's heap every WATCH_INTERVAL_S while `call` runs a read; past `stop_at` it raises
     MemoryBoundExceeded in the reading thread (at its next Python instruction) and interrupts the DuckDB queries
-    running meanwhile (`watch_connection`)."""
+    running meanwhile (`watch_connection`). It stops only a thread that is still inside `call`: an exception
+    raised in a thread asynchronously can land anywhere, and must not land after the read."""
 
     def __init__(self, stop_at: int):
         self.stop_at, self.peak, self.stopped = stop_at, 0, False
         self._thread_id = threading.get_ident()
+        self._frame = None  # the frame of `call`, while it runs
         self._done = threading.Event()
         self._sampler = threading.Thread(target=self._sample, name="tracesql-memory-watch", daemon=True)
+
+    def _reading(self) -> bool:
+        frame = sys._current_frames().get(self._thread_id)
+        while frame is not None and frame is not self._frame:
+            frame = frame.f_back
+        return frame is not None
 
     def _sample(self) -> None:
         while not self._done.wait(WATCH_INTERVAL_S):
@@ -131,41 +140,52 @@ class MemoryWatch:
                 self.stopped = True
             if self.stopped:  # again at every sample until the read ends: a reader may take an interrupted query
                 # for a damaged file and try another way
+                if not self._reading():
+                    return
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id),
                                                            ctypes.py_object(MemoryBoundExceeded))
                 for con in list(_connections):
                     with contextlib.suppress(Exception):
                         con.interrupt()
 
-    def __enter__(self) -> MemoryWatch:
+    def call(self, fn, *args):
+        self._frame = sys._getframe()
+        return fn(*args)
+
+    def start(self) -> None:
         self._sampler.start()
-        return self
 
-    def __exit__(self, *_) -> None:
+    def end(self) -> None:
+        """Stop sampling; withdraw a stop still pending (one that lands meanwhile is caught here)."""
         self._done.set()
-        self._sampler.join()
-        if self.stopped:  # the exception may still be pending, to land after this block: withdraw it
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+        while True:
+            try:
+                self._sampler.join()
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+                return
+            except MemoryBoundExceeded:
+                self.stopped = True
 
 
-@contextlib.contextmanager
-def watched(limits: Limits, path):
-    """Read a file under `limits`, its memory watched: a TraceError naming `path` when the process's heap passes
-    --memory-limit + FIXED_OVERHEAD (less STOP_MARGIN, what stopping still takes). Where /proc is not there
-    (not Linux), unwatched."""
+def watched(limits: Limits, path, fn, *args):
+    """`fn(*args)`, the read of the file `path` under `limits`, its memory watched: a TraceError naming `path`
+    when the process's heap passes --memory-limit + FIXED_OVERHEAD (less STOP_MARGIN, what stopping still takes).
+    Where /proc is not there (not Linux), unwatched."""
     if not os.path.exists("/proc/self/statm"):
-        yield
-        return
+        return fn(*args)
     # a process that holds much before the read (a notebook's data) keeps it on top: the bound is the read's
     held = max(0, _anon_bytes() - OWN_HEAP)
     watch = MemoryWatch(limits.memory_bytes + FIXED_OVERHEAD - STOP_MARGIN + held)
+    watch.start()
     try:
-        with watch:
-            yield
-    except BaseException as e:
-        if watch.stopped and isinstance(e, Exception | MemoryBoundExceeded):  # whatever the stop raised
-            raise TraceError(path, f"needs more memory than --memory-limit {limits.memory} allows (the ingest of "
-                                   f"a file may use the limit + {FIXED_OVERHEAD >> 20} MB; it had "
-                                   f"{watch.peak / 2**20:,.0f} MB): ingest it with a larger --memory-limit")\
-                from None
-        raise
+        try:
+            return watch.call(fn, *args)
+        finally:
+            watch.end()
+    except (Exception, MemoryBoundExceeded) as e:
+        watch.end()  # (again: a stop may have landed in the first)
+        if not watch.stopped:
+            raise
+        raise TraceError(path, f"needs more memory than --memory-limit {limits.memory} allows (the ingest of a file "
+                               f"may use the limit + {FIXED_OVERHEAD >> 20} MB; it had {watch.peak / 2**20:,.0f} "
+                               "MB): ingest it with a larger --memory-limit") from None
