@@ -27,6 +27,9 @@ from typing import Callable
 TESTS = Path(__file__).resolve().parent.parent
 REPO = TESTS.parent
 DATASETS = REPO / "datasets"
+sys.path.insert(0, str(TESTS))  # crafted: the other crafted inputs, and protobuf's encoding by hand
+
+from crafted import _field, _varint, nsys_export, xplane_trace  # noqa: E402
 
 LIMIT = "256MB"
 LIMIT_MB = 256
@@ -110,19 +113,6 @@ def kineto_huge_string(stem: Path, scale: float, suffix=".json") -> Path:
 
 
 # -- Perfetto protobuf (encoded by hand: a few bytes a packet) -------------------------------------------------------
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, body: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(body)) + body
-
 
 def _num(number: int, value: int) -> bytes:
     return _varint(number << 3) + _varint(value)
@@ -231,9 +221,6 @@ def rocprof_huge_name(stem: Path, scale: float) -> Path:
 # -- Nsight SQLite ---------------------------------------------------------------------------------------------------
 
 def _nsys(stem: Path, kernels: int, names: int, name_chars: int) -> Path:
-    sys.path.insert(0, str(TESTS))
-    from crafted import nsys_export
-
     path = nsys_export(Path(f"{stem}.sqlite"), kernels, huge=name_chars if names == 1 else 10)
     if names > 1:  # every kernel its own name
         with sqlite3.connect(path) as con:
@@ -320,9 +307,6 @@ def ascend_db_many_tasks(stem: Path, scale: float) -> Path:
 
 def xplane_many_events(stem: Path, scale: float) -> Path:
     """3 M kernels on one stream line."""
-    sys.path.insert(0, str(TESTS))
-    from crafted import xplane_trace
-
     return xplane_trace(Path(f"{stem}.xplane.pb"), _n(1_500_000, scale), huge=20)
 
 
