@@ -8,12 +8,15 @@ from pathlib import Path
 
 import duckdb
 
+from . import limits
+
 
 def connect(threads: int | None = None, memory_limit: str | None = None,
             database: Path | None = None) -> duckdb.DuckDBPyConnection:
     """`memory_limit` caps DuckDB's own working memory: beyond it, it spills to a temporary folder (beside
     `database`, a scratch database file, when given: then its tables live on disk, not in memory)."""
     con = duckdb.connect(str(database) if database else ":memory:", config={"threads": threads} if threads else {})
+    limits.watch_connection(con)  # interrupted when the read of a file passes the memory bound
     con.execute("SET enable_progress_bar = false").fetchall()
     if memory_limit:
         con.execute(f"SET memory_limit = '{memory_limit}'").fetchall()

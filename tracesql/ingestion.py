@@ -143,11 +143,16 @@ def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
     `.RUN.extract-*` folder beside the run, which the next ingest removes whatever killed this one)."""
     try:
         with limits.using(lim), _temporary_files_in(scratch):
-            return _read_normalize_write(Path(path), rel, staging, ranks, run_id, threads, step_pattern)
+            return limits.watched(lim, shown, _read_normalize_write, Path(path), rel, staging, ranks, run_id,
+                                  threads, step_pattern)
     except TraceError as e:
         if e.path == path and shown != path:
             raise TraceError(shown, e.problem) from None
         raise
+    except duckdb.OutOfMemoryException as e:  # what DuckDB could not spill: the file and the limit, in one line
+        raise TraceError(shown, f"needs more memory than --memory-limit {lim.memory} gives DuckDB "
+                                f"({str(e).strip().splitlines()[0]}): ingest it with a larger --memory-limit") \
+            from None
 
 
 @contextlib.contextmanager

@@ -160,6 +160,8 @@ def _load_events(con, path: Path, events_file: Path, notes: list[str], max_event
         try:
             con.execute(f"CREATE OR REPLACE TABLE events AS {sql}", {"file": str(events_file)})
             return
+        except duckdb.OutOfMemoryException:  # not the events' fault: the ingest names the file and the limit
+            raise
         except duckdb.Error as e:
             if "utf" in str(e).lower() and _UTF8_NOTE not in notes:
                 notes.append(_UTF8_NOTE)

@@ -56,6 +56,8 @@ _KERNEL, _MEMCPY, _MEMSET, _SYNC, _RUNTIME, _NVTX = (
     "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS")
 _DEVICE_WORK = (_KERNEL, _MEMCPY, _MEMSET)  # what makes a process a rank
 _BATCH_ROWS = 1 << 16
+#: Strings are read fewer at a time: a batch holds up to this many names of MAX_NAME_CHARS (32 MB)
+_STRING_BATCH_ROWS = 1 << 12
 _MAX_TIME = 2**62  # |start|, |end| beyond this cannot be a time in ns (readers.MAX_TS_NS)
 _MAX_BASE = 2**61
 _METADATA_ROWS = 10_000  # rows read of a metadata table (devices, export description): these are small
@@ -177,6 +179,8 @@ def read(path: Path, threads: int | None = None):
         if "[SQLite]" not in str(e):
             raise
         raise TraceError(path, f"damaged or unsupported SQLite export ({e})") from None
+    except duckdb.OutOfMemoryException:  # not the export's fault: the ingest names the file and the limit
+        raise
     except duckdb.Error as e:
         raise TraceError(path, f"unreadable export ({str(e).splitlines()[0]})") from None
     finally:
@@ -263,11 +267,11 @@ def _base_time(con, tables) -> tuple[int, list[str]]:
                "kept relative to the session start"]
 
 
-def _batches(source, sql: str):
-    """The query's rows from SQLite, as Arrow record batches."""
+def _batches(source, sql: str, rows: int = _BATCH_ROWS):
+    """The query's rows from SQLite, as Arrow record batches of `rows` rows."""
     cur = source.cursor()
     try:
-        cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(_BATCH_ROWS)})
+        cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(rows)})
         cur.execute(sql)
         yield from cur.fetch_record_batch()
     finally:
@@ -291,9 +295,10 @@ def _load_strings(source, duck, tables) -> list[str]:
     to MAX_NAME_CHARS."""
     duck.execute("CREATE TABLE strings (id BIGINT, value VARCHAR)")
     if {"id", "value"} <= tables.get("StringIds", set()):
-        sql = ("SELECT CASE WHEN typeof(id) = 'integer' THEN id END AS id, CAST(COALESCE(value, '') AS BLOB) AS value"
-               " FROM StringIds")
-        for batch in _batches(source, sql):
+        # cut in SQLite (one character over: cut is noted below), never a whole name of hundreds of MB in Arrow
+        sql = ("SELECT CASE WHEN typeof(id) = 'integer' THEN id END AS id, CAST(substr(COALESCE(value, ''), 1, "
+               f"{MAX_NAME_CHARS + 1}) AS BLOB) AS value FROM StringIds")
+        for batch in _batches(source, sql, _STRING_BATCH_ROWS):
             _insert(duck, "strings", pa.record_batch([batch["id"].cast(pa.int64()), _utf8(batch["value"])],
                                                      names=["id", "value"]))
     # a hand-made export may repeat an id: its first value, as a lookup by id would give

@@ -576,6 +576,8 @@ class _Reader:
             con.execute(_CATEGORY_KINDS)
             slices, counters = self._mapped(con, "slices.arrows", _SLICES), self._mapped(con, "counters.arrows",
                                                                                          _COUNTERS, counters=True)
+        except duckdb.OutOfMemoryException:  # not the trace's fault: the ingest names the file and the limit
+            raise
         except duckdb.Error as e:
             raise TraceError(self.path, f"cannot finish the tables ({str(e).splitlines()[0][:300]})") from None
         finally:

@@ -351,6 +351,8 @@ def read(path: Path, threads: int | None = None):
             raise TraceError(path, "empty trace: 'rocprofiler-sdk-tool' has no process")
         try:
             return _read(path, scratch, carver, processes, notes, threads)
+        except duckdb.OutOfMemoryException:  # not the records' fault: the ingest names the file and the limit
+            raise
         except duckdb.Error as e:
             raise TraceError(path, f"unreadable records ({str(e).splitlines()[0][:300]})") from None
 

@@ -1,0 +1,49 @@
+"""The memory fuzzer (issue 26, items 2-3): every reader, on every shape of input that took one past the documented
+bound (long distinct strings, large args, interned tables, whitespace, many tiny records, one huge string,
+millions of records; tests/fuzz/memory.py), ingested at --memory-limit 256MB in a fresh process: the peak heap of
+the whole process tree stays within the limit + 320 MB, and the ingest gives a run or one line naming the file.
+A reader added without a shape fails the suite."""
+
+from __future__ import annotations
+
+import pytest
+
+import tracesql
+from conftest import DATASETS
+from fuzz.memory import BOUND_MB, SHAPES, ingest_shape, outcome_problem
+from tracesql import limits, readers
+
+#: The share of each shape's size (tests/fuzz/memory.py: issue 26's attack) ingested here: half of the strings'
+#: shapes (still past the bound for a reader that holds them), a tenth of the shapes of millions of records (whose
+#: memory does not grow with their number, while their time does: a minute and more at full size).
+SCALE = 0.5
+MILLIONS_SCALE = 0.1
+
+
+def _scale(shape) -> float:
+    return MILLIONS_SCALE if shape.name.startswith(("many-", "tiny-")) else SCALE
+
+
+def test_every_reader_has_shapes():
+    assert {r.FORMAT for r in readers.READERS} <= {s.reader for s in SHAPES}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.id for s in SHAPES])
+def test_every_reader_stays_within_the_bound_on_every_shape(shape, tmp_path):
+    m = ingest_shape(shape, tmp_path, _scale(shape))
+    assert outcome_problem(m) is None, (outcome_problem(m), m["peak_mb"], BOUND_MB)
+
+
+def test_a_read_past_the_bound_is_stopped_and_refused_in_one_line(tmp_path, monkeypatch):
+    """The watch itself, on a real ingest in this process: with the bound lowered below what any ingest needs,
+    the read is stopped (its DuckDB queries interrupted, the reader's Python interrupted) and the file refused
+    naming it and the limit; nothing of the run is written."""
+    trace = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
+    monkeypatch.setattr(limits, "FIXED_OVERHEAD", -(1 << 40))  # stops at once
+    with pytest.raises(tracesql.TraceError) as e:
+        tracesql.ingest([trace], tmp_path / "run", memory_limit="256MB")
+    assert str(e.value).startswith(f"{trace}: needs more memory than --memory-limit 256MB allows"), e.value
+    assert not (tmp_path / "run").exists()
+    monkeypatch.undo()  # the watch gone with the read: the same ingest now reads
+    assert tracesql.ingest([trace], tmp_path / "run", memory_limit="256MB").rows["slices"] == 4811
