@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -41,8 +41,21 @@ SCHEMA_CHANGES = {
        "slices.ts/dur are the device's clock (device_offset_ps, device_duration_ps; the timeline's span in args.span_ts/span_ns); steps may come "
        "from the device 'Steps' line (rule xplane_steps); xla_ops gains async_start (an async -done's -start op); "
        "collectives gains warning (a bus bandwidth above the link's peak)",
+    8: "launches on the device events (issue 24): slices gains launch_ts, launch_dur, launch_pid and launch_tid, "
+       "the launching call's start, duration, process and thread, so that queries need not join each device "
+       "event to its launch (a run of an older version derives them from launch_id when read)",
 }
 OLDEST_READABLE = 1
+#: Columns that a run of an older version lacks but that its other columns give, derived when it is read
+#: (views.view_sql), so that queries read such a run as a current one: table -> (a join onto the table's rows, `t`,
+#: over `{files}` (the table's own files), {column: expression}).
+DERIVED_FOR_OLDER_RUNS = {
+    "slices": ("LEFT JOIN (SELECT run_id, rank, slice_id, ts, dur, pid, tid FROM read_parquet([{files}], "
+               "union_by_name = true)) launch ON launch.run_id = t.run_id AND launch.rank = t.rank "
+               "AND launch.slice_id = t.launch_id",
+               {"launch_ts": "launch.ts", "launch_dur": "launch.dur", "launch_pid": "launch.pid",
+                "launch_tid": "launch.tid"}),
+}
 
 
 #: What names a PyTorch step range: 'ProfilerStep#3', also with a trailing label ('ProfilerStep#3 (train.py:20)':
@@ -158,6 +171,10 @@ TABLES: dict[str, Table] = {
                 ("correlation", "BIGINT", "Correlation id linking a runtime launch and the device work it caused."),
                 ("external_id", "BIGINT", "Framework-level external id (Kineto 'External id')."),
                 ("launch_id", "BIGINT", "For device events: slice_id of the host runtime/driver call that launched it."),
+                ("launch_ts", "BIGINT", "For launched device events: start of the launching call (its `ts`)."),
+                ("launch_dur", "BIGINT", "For launched device events: duration of the launching call."),
+                ("launch_pid", "BIGINT", "For launched device events: process of the launching call (its `pid`)."),
+                ("launch_tid", "BIGINT", "For launched device events: thread of the launching call (its `tid`)."),
                 (
                     "op_id",
                     "BIGINT",
