@@ -46,6 +46,9 @@ VARIANTS = {
     "hotspots": [{"levels": "kernel_family,op_args"}, {"levels": "op", "inclusive": "true"}],
     "mfu": [{"device": "H100-SXM", "params": 1e9, "tokens_per_step": 4096}],
     "roofline": [{"device": "H100-SXM"}],
+    # issue 27's target: one step's path (the defaults walk every step of every rank)
+    "critical_path": [{"instance": 0}],
+    "what_if": [{"instance": 0}],
 }
 
 
