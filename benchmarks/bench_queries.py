@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -45,6 +46,9 @@ VARIANTS = {
     "hotspots": [{"levels": "kernel_family,op_args"}, {"levels": "op", "inclusive": "true"}],
     "mfu": [{"device": "H100-SXM", "params": 1e9, "tokens_per_step": 4096}],
     "roofline": [{"device": "H100-SXM"}],
+    # issue 27's target: one step's path (the defaults walk every step of every rank)
+    "critical_path": [{"instance": 0}],
+    "what_if": [{"instance": 0}],
 }
 
 
@@ -63,6 +67,9 @@ def serve() -> None:
     known = {q.name: q for q in queries.catalogue()}
     for line in sys.stdin:
         ask = json.loads(line)
+        if "ingest" in ask:
+            print(json.dumps({"changed": tracesql.ingest([Path(ask["ingest"])], Path(ask["run"])).changed}), flush=True)
+            continue
         query = known.get(ask.get("query"))
         if "sql" not in ask and (query is None or not set(ask["params"]) <= set(query.params)):
             print(json.dumps({"skip": True}), flush=True)
@@ -86,6 +93,10 @@ class Worker:
 
     def time(self, run: Path, query: str, params: dict) -> dict:
         return self._ask({"run": str(run), "query": query, "params": params})
+
+    def ingest(self, trace: Path, run: Path) -> bool:
+        """`trace` ingested into `run` by this checkout; whether anything was written."""
+        return self._ask({"ingest": str(trace), "run": str(run)})["changed"]
 
     def time_sql(self, run: Path, sql: str) -> dict:
         return self._ask({"run": str(run), "sql": sql})
@@ -134,6 +145,26 @@ def tiled_runs(trace: Path, tiles: list[int], scratch: Path) -> list[tuple[int, 
     return out
 
 
+def runs_of(worker: Worker, version: int, trace: Path, runs: list[tuple[int, Path, int]],
+            scratch: Path) -> list[tuple[int, Path, int]]:
+    """`runs` of `trace` ingested again by `worker`'s checkout, which writes schema `version` (a checkout reads no
+    run of a newer version, and a run of an older one may lack what its queries read), beside them (kept)."""
+    out = []
+    for k, run, slices in runs:
+        own = run.with_name(f"{run.name}-schema{version}")
+        start = time.perf_counter()
+        changed = worker.ingest(tiled_trace(trace, k, scratch), own)
+        print(f"{own.name}: " + (f"ingested in {time.perf_counter() - start:.1f} s" if changed else "already ingested"),
+              flush=True)
+        out.append((k, own, slices))
+    return out
+
+
+def schema_version(checkout: Path) -> int:
+    """The schema version `checkout` writes (tracesql/schema.py's SCHEMA_VERSION)."""
+    return int(re.search(r"^SCHEMA_VERSION = (\d+)", (checkout / "tracesql" / "schema.py").read_text(), re.M)[1])
+
+
 def exponent(seconds: list[float], growth: float) -> float | None:
     """b of seconds ∝ events^b between the first and the last tile (growth: log of their events' ratio)."""
     return math.log(max(seconds[-1], 1e-4) / max(seconds[0], 1e-4)) / growth if growth else None
@@ -149,16 +180,17 @@ def growth_of(runs: list[tuple[int, Path, int]]) -> float:
     return math.log(runs[-1][2] / runs[0][2]) if len(runs) > 1 and runs[-1][2] > runs[0][2] else 0
 
 
-def measure(workers: list[Worker], runs: list[tuple[int, Path, int]], catalogue, repeat: int):
-    """(query, params, best) for every query and variant, best[w][tile] = (CPU s, wall s, rows) of worker w, the
-    best of `repeat` (None where that worker's checkout lacks the query or parameter); the workers alternate."""
+def measure(workers: list[Worker], runs: list[list[tuple[int, Path, int]]], catalogue, repeat: int):
+    """(query, params, best) for every query and variant, best[w][tile] = (CPU s, wall s, rows) of worker w on its
+    runs (runs[w]), the best of `repeat` (None where that worker's checkout lacks the query or parameter); the
+    workers alternate."""
     for query in catalogue:
         for params in variants(query):
-            best = [[None] * len(runs) for _ in workers]
-            for i, (_, run, _) in enumerate(runs):
+            best = [[None] * len(runs[0]) for _ in workers]
+            for i in range(len(runs[0])):
                 for _ in range(repeat):
                     for w, worker in enumerate(workers):
-                        got = worker.time(run, query.name, params)
+                        got = worker.time(runs[w][i][1], query.name, params)
                         if "skip" in got:
                             continue
                         kept = best[w][i]
@@ -196,13 +228,17 @@ def main() -> None:
 
     print(f"{os.cpu_count()} CPUs; best of {args.repeat}, in a worker process, process CPU seconds"
           + (f"; before = {args.base}, after = {REPO}, alternating" if args.base else "") + "\n")
+    base_schema = args.base and schema_version(args.base)
     for trace in args.traces:
         runs = tiled_runs(trace, tiles, args.scratch)
         growth = growth_of(runs)
+        # a base of another schema version reads only runs it ingested itself
+        per_worker = ([runs_of(workers[0], base_schema, trace, runs, args.scratch) if base_schema != schema_version(REPO) else runs]
+                      if args.base else []) + [runs]
         both = " before / after" if args.base else ""
         print(f"\n| query | parameters | rows ×{tiles[0]} | " + " | ".join(f"×{k} CPU s{both}" for k in tiles)
               + f" | ×{tiles[-1]} wall s{both} | slope{both} |\n|---|---|---|" + "---|" * (len(tiles) + 2))
-        for query, params, best in measure(workers, runs, catalogue, args.repeat):
+        for query, params, best in measure(workers, per_worker, catalogue, args.repeat):
             cells = [column(best, i, 0) for i in range(len(runs))]
             slopes = " / ".join(slope([t[0] for t in b], growth) if all(b) else "–" for b in best)
             # one row count when the checkouts agree on every tile

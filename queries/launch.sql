@@ -32,9 +32,9 @@
 --   host_wait_share   DOUBLE   host_wait idle / all per-stream idle time (NULL without gaps)
 --   verdict           VARCHAR  'cpu_bound', 'not_cpu_bound' or NULL (see above)
 WITH launched AS (
-    SELECT d.run_id, d.rank, d.step, d.dur, d.ts - l.ts AS delay_ns, l.slice_id AS call_id, l.dur AS call_ns
-    FROM slices d JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
-    WHERE d.kind IN ('kernel', 'memcpy', 'memset')
+    SELECT run_id, rank, step, dur, ts - launch_ts AS delay_ns, launch_id AS call_id, launch_dur AS call_ns
+    FROM slices
+    WHERE kind IN ('kernel', 'memcpy', 'memset') AND launch_id IS NOT NULL
 ), per_step AS (
     -- whole: 1 for the whole-rank row (GROUPING), 0 for a step's; launches outside any step have no step row
     SELECT run_id, rank, step, grouping(step) AS whole, count(*) AS launches,

@@ -26,24 +26,40 @@
 --   peak_reserved_ts      BIGINT   when it was first reached
 --   final_allocated_bytes BIGINT   Total Allocated after the last event
 --   final_reserved_bytes  BIGINT   Total Reserved after the last event
-WITH ordered AS (
-    -- the op: the framework op on the allocating thread, else the op the allocator event names (XLA's tf_op)
-    SELECT m.* EXCLUDE (op_name), COALESCE(o.name, m.op_name) AS op_name,
-        row_number() OVER (device ORDER BY m.total_allocated_bytes DESC, m.ts, m.memory_id) AS allocated_order,
-        row_number() OVER (device ORDER BY m.total_reserved_bytes DESC, m.ts, m.memory_id) AS reserved_order,
-        row_number() OVER (device ORDER BY m.ts DESC, m.memory_id DESC) AS from_last
+WITH devices AS (
+    -- the rows the peaks and the end were reached at, by id (memory_id is unique in a rank): the first in the order
+    -- (total DESC NULLS LAST, ts, memory_id) for each peak, the last by (ts, memory_id) for the end (aggregates: a
+    -- row_number window per order sorted every event three times)
+    SELECT run_id, rank, device_type, device_id, allocator, count(*) AS events, min(ts) AS first_ts,
+        max(ts) AS last_ts, max(total_allocated_bytes) AS peak_allocated_bytes,
+        max(total_reserved_bytes) AS peak_reserved_bytes,
+        arg_min(memory_id, (total_allocated_bytes IS NULL, -COALESCE(total_allocated_bytes, 0), ts, memory_id))
+            AS allocated_id,
+        arg_min(memory_id, (total_reserved_bytes IS NULL, -COALESCE(total_reserved_bytes, 0), ts, memory_id))
+            AS reserved_id,
+        arg_max(memory_id, (ts, memory_id)) AS last_id
+    FROM memory
+    GROUP BY run_id, rank, device_type, device_id, allocator
+), marked AS (
+    -- those rows only, with their op: the framework op on the allocating thread, else the op the allocator event
+    -- names (XLA's tf_op)
+    SELECT m.run_id, m.rank, m.memory_id, m.ts, m.total_allocated_bytes, m.total_reserved_bytes,
+        COALESCE(o.name, m.op_name) AS op_name
     FROM memory m
     LEFT JOIN ops o ON o.run_id = m.run_id AND o.rank = m.rank AND o.op_id = m.op_id
-    WINDOW device AS (PARTITION BY m.run_id, m.rank, m.device_type, m.device_id, m.allocator)
+    SEMI JOIN devices d ON d.run_id = m.run_id AND d.rank = m.rank
+     AND m.memory_id IN (d.allocated_id, d.reserved_id, d.last_id)
 )
-SELECT run_id, rank, device_type, device_id, allocator, count(*) AS events, min(ts) AS first_ts, max(ts) AS last_ts,
-    max(total_allocated_bytes) AS peak_allocated_bytes,
-    any_value(ts) FILTER (WHERE allocated_order = 1 AND total_allocated_bytes IS NOT NULL) AS peak_allocated_ts,
-    any_value(op_name) FILTER (WHERE allocated_order = 1 AND total_allocated_bytes IS NOT NULL) AS peak_op,
-    max(total_reserved_bytes) AS peak_reserved_bytes,
-    any_value(ts) FILTER (WHERE reserved_order = 1 AND total_reserved_bytes IS NOT NULL) AS peak_reserved_ts,
-    any_value(total_allocated_bytes) FILTER (WHERE from_last = 1) AS final_allocated_bytes,
-    any_value(total_reserved_bytes) FILTER (WHERE from_last = 1) AS final_reserved_bytes
-FROM ordered
-GROUP BY run_id, rank, device_type, device_id, allocator
-ORDER BY run_id, rank, device_type, device_id, allocator;
+SELECT d.run_id, d.rank, d.device_type, d.device_id, d.allocator, d.events, d.first_ts, d.last_ts,
+    d.peak_allocated_bytes,
+    -- NULL when the trace gives no such figure (then the order's first row is merely the earliest)
+    CASE WHEN d.peak_allocated_bytes IS NOT NULL THEN a.ts END AS peak_allocated_ts,
+    CASE WHEN d.peak_allocated_bytes IS NOT NULL THEN a.op_name END AS peak_op,
+    d.peak_reserved_bytes,
+    CASE WHEN d.peak_reserved_bytes IS NOT NULL THEN r.ts END AS peak_reserved_ts,
+    l.total_allocated_bytes AS final_allocated_bytes, l.total_reserved_bytes AS final_reserved_bytes
+FROM devices d
+JOIN marked a ON a.run_id = d.run_id AND a.rank = d.rank AND a.memory_id = d.allocated_id
+JOIN marked r ON r.run_id = d.run_id AND r.rank = d.rank AND r.memory_id = d.reserved_id
+JOIN marked l ON l.run_id = d.run_id AND l.rank = d.rank AND l.memory_id = d.last_id
+ORDER BY d.run_id, d.rank, d.device_type, d.device_id, d.allocator;

@@ -36,37 +36,52 @@ WITH RECURSIVE ancestors AS (
     SELECT a.run_id, a.rank, a.op_id, o.name AS top_name
     FROM ancestors a JOIN ops o ON o.run_id = a.run_id AND o.rank = a.rank AND o.op_id = a.ancestor_id
     WHERE o.parent_op_id IS NULL
-), numbered AS (
-    SELECT *,
-        row_number() OVER (device ORDER BY ts, memory_id) AS n,
-        row_number() OVER (device ORDER BY total_allocated_bytes DESC, ts, memory_id) AS allocated_order
-    -- each allocator's own peak (torch_npu's components apart); '' keys a NULL allocator in the joins
-    FROM (SELECT *, COALESCE(allocator, '') AS allocator_key FROM memory)
-    WINDOW device AS (PARTITION BY run_id, rank, device_type, device_id, allocator_key)
-), events AS (
-    SELECT *,
-        lead(n) OVER (PARTITION BY run_id, rank, device_type, device_id, allocator_key, addr ORDER BY n) AS freed_n
-    FROM numbered
 ), peaks AS (
-    SELECT run_id, rank, device_type, device_id, allocator_key, n AS peak_n FROM events WHERE allocated_order = 1
-), allocations AS (
-    SELECT e.run_id, e.rank, e.device_type, e.device_id, e.bytes,
-        CASE COALESCE(getvariable('op_level'), 'self') WHEN 'top' THEN t.top_name ELSE COALESCE(o.name, e.op_name)
-        END AS op_name,
-        -- a block with no address (torch_npu's memory files) cannot be followed to its free: not known
-        CASE WHEN e.addr IS NOT NULL THEN e.n <= p.peak_n AND (e.freed_n IS NULL OR e.freed_n > p.peak_n) END
-            AS live_at_peak
-    FROM events e
+    -- each allocator's allocated peak: the first event (by ts, memory_id) with the highest Total Allocated, as in
+    -- `memory` (an aggregate: a row_number window sorted every event); '' keys a NULL allocator in the joins
+    SELECT p.run_id, p.rank, p.device_type, p.device_id, p.allocator_key, m.ts AS peak_ts, p.peak_id
+    FROM (
+        SELECT run_id, rank, device_type, device_id, COALESCE(allocator, '') AS allocator_key,
+            arg_min(memory_id, (total_allocated_bytes IS NULL, -COALESCE(total_allocated_bytes, 0), ts, memory_id))
+                AS peak_id
+        FROM memory
+        GROUP BY ALL
+    ) p
+    JOIN memory m ON m.run_id = p.run_id AND m.rank = p.rank AND m.memory_id = p.peak_id
+), events AS (
+    SELECT m.*, p.peak_ts, p.peak_id
+    FROM (SELECT *, COALESCE(allocator, '') AS allocator_key FROM memory) m
     JOIN peaks p USING (run_id, rank, device_type, device_id, allocator_key)
-    LEFT JOIN ops o ON o.run_id = e.run_id AND o.rank = e.rank AND o.op_id = e.op_id
-    LEFT JOIN top_ops t ON t.run_id = e.run_id AND t.rank = e.rank AND t.op_id = e.op_id
+), last_at_peak AS (
+    -- a block allocated at or before the peak is live there when no later event on its address comes at or before
+    -- the peak (its free is after the peak, or never): it is its address's last event up to the peak, in the
+    -- order (ts, memory_id). An aggregate per address, not a lead window over every event
+    SELECT run_id, rank, arg_max(memory_id, (ts, memory_id)) AS memory_id
+    FROM events
+    WHERE addr IS NOT NULL AND (ts < peak_ts OR (ts = peak_ts AND memory_id <= peak_id))
+    GROUP BY run_id, rank, device_type, device_id, allocator_key, addr
+), allocations AS (
+    SELECT e.run_id, e.rank, e.device_type, e.device_id, e.op_id, e.op_name, e.bytes,
+        -- a block with no address (torch_npu's memory files) cannot be followed to its free: not known
+        CASE WHEN e.addr IS NOT NULL THEN l.memory_id IS NOT NULL END AS live_at_peak
+    FROM events e
+    LEFT JOIN last_at_peak l ON l.run_id = e.run_id AND l.rank = e.rank AND l.memory_id = e.memory_id
     WHERE e.bytes > 0
+), named AS (
+    -- one branch per op_level, so that the constant level leaves out the other's join (and the ancestors' walk)
+    SELECT a.* EXCLUDE (op_name), COALESCE(o.name, a.op_name) AS op_name
+    FROM allocations a LEFT JOIN ops o ON o.run_id = a.run_id AND o.rank = a.rank AND o.op_id = a.op_id
+    WHERE COALESCE(getvariable('op_level'), 'self') = 'self'
+    UNION ALL
+    SELECT a.* EXCLUDE (op_name), t.top_name
+    FROM allocations a LEFT JOIN top_ops t ON t.run_id = a.run_id AND t.rank = a.rank AND t.op_id = a.op_id
+    WHERE COALESCE(getvariable('op_level'), 'self') = 'top'
 ), per_op AS (
     SELECT run_id, rank, device_type, device_id, op_name, count(*) AS allocations,
         CAST(sum(bytes) AS BIGINT) AS allocated_bytes, max(bytes) AS largest_bytes,
         CASE WHEN count(live_at_peak) > 0
              THEN CAST(COALESCE(sum(bytes) FILTER (WHERE live_at_peak), 0) AS BIGINT) END AS live_at_peak_bytes
-    FROM allocations
+    FROM named
     GROUP BY run_id, rank, device_type, device_id, op_name
 ), ranked AS (
     SELECT *, row_number() OVER (PARTITION BY run_id, rank, device_type, device_id

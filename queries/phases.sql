@@ -75,11 +75,12 @@ WITH named_phases AS (
              WHEN fs.tid IS NOT NULL THEN 'forward'
              ELSE 'other' END AS phase
     FROM device_activity() d
-    LEFT JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
     LEFT JOIN labelled lb ON lb.run_id = d.run_id AND lb.rank = d.rank AND lb.event_id = d.slice_id
-    LEFT JOIN threads bt ON bt.run_id = l.run_id AND bt.rank = l.rank AND bt.pid = l.pid AND bt.tid = l.tid
-    LEFT JOIN forward_spans fs ON fs.run_id = l.run_id AND fs.rank = l.rank AND fs.step IS NOT DISTINCT FROM l.step
-     AND fs.pid = l.pid AND fs.tid = l.tid AND l.ts >= fs.ts AND l.ts < fs.te
+    -- the launching call's thread, start and step (a launched event's step is its launch's)
+    LEFT JOIN threads bt ON bt.run_id = d.run_id AND bt.rank = d.rank AND bt.pid = d.launch_pid
+     AND bt.tid = d.launch_tid
+    LEFT JOIN forward_spans fs ON fs.run_id = d.run_id AND fs.rank = d.rank AND fs.step IS NOT DISTINCT FROM d.step
+     AND fs.pid = d.launch_pid AND fs.tid = d.launch_tid AND d.launch_ts >= fs.ts AND d.launch_ts < fs.te
 ), windows AS (
     SELECT run_id, rank, step, device_ts AS ts, device_ts + device_dur AS te
     FROM steps WHERE device_dur IS NOT NULL

@@ -46,6 +46,8 @@ def test_current_version_and_its_history_is_recorded():
     assert "xla_ops" in schema.SCHEMA_CHANGES[3] and "xla_ops" in schema.TABLES
     assert "prefill_tokens" in schema.SCHEMA_CHANGES[4] and "prefill_tokens" in schema.TABLES["steps"].column_names
     assert "fwd_op_id" in schema.SCHEMA_CHANGES[5] and "fwd_op_id" in schema.TABLES["ops"].column_names
+    assert all(c in schema.SCHEMA_CHANGES[8] and c in schema.TABLES["slices"].column_names
+               for c in ("launch_ts", "launch_dur", "launch_pid", "launch_tid"))
 
 
 def test_older_run_is_read_with_a_note(tmp_path):

@@ -233,7 +233,8 @@ FROM read_slices
 ORDER BY track, ts, dur DESC, slice_id
 """
 # Device work -> the runtime/driver call with its correlation id (the earliest such call: CUDA graphs launch
-# many kernels with one call). Launched work takes its launch's op, collective call and step; device work
+# many kernels with one call). Launched work takes its launch's op, collective call and step, and keeps the call's
+# start, duration, process and thread (slices.launch_*: queries then need no join back to the call); device work
 # nothing launched (XLA CPU thunks, TPU ops, launches not recorded) keeps its own op and call (by nesting).
 # Its step (kernels, copies, memsets) is placed by its order on its stream (docs/concepts/steps.md): the step of the last launched work
 # before it on the same device and stream (by start, then id), else that of the first launched work after it,
@@ -241,15 +242,18 @@ ORDER BY track, ts, dur DESC, slice_id
 # launched, the step it ran in by time (the host range enclosing its start).
 LINK_SQL = f"""
 CREATE OR REPLACE TABLE launchers AS
-SELECT correlation, min(slice_id) AS launch_id, count(*) AS calls FROM read_slices
+SELECT correlation, min(slice_id) AS launch_id, count(*) AS calls,
+    arg_min(ts, slice_id) AS launch_ts, arg_min(dur, slice_id) AS launch_dur, arg_min(pid, slice_id) AS launch_pid,
+    arg_min(tid, slice_id) AS launch_tid
+FROM read_slices
 WHERE kind IN ({sql_list(LAUNCH_KINDS)}) AND correlation IS NOT NULL GROUP BY correlation;
 CREATE OR REPLACE TABLE launch AS
-SELECT d.slice_id, l.launch_id
+SELECT d.slice_id, l.launch_id, l.launch_ts, l.launch_dur, l.launch_pid, l.launch_tid
 FROM read_slices d JOIN launchers l USING (correlation)
 WHERE d.kind IN ({sql_list(DEVICE_WORK_KINDS)});
 CREATE OR REPLACE TABLE links AS
 SELECT n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n.dur, n.self_time_child, n.device_time,
-    la.launch_id,
+    la.launch_id, la.launch_ts, la.launch_dur, la.launch_pid, la.launch_tid,
     CASE WHEN la.launch_id IS NULL THEN n.op_id ELSE h.op_id END AS op_id,
     CASE WHEN la.launch_id IS NULL THEN n.call_id ELSE h.call_id END AS call_id,
     CASE WHEN la.launch_id IS NULL THEN n.step ELSE h.step END AS step
@@ -284,7 +288,7 @@ WHERE NOT a.launched;
 UPDATE links SET step = s.step FROM stream_steps s WHERE links.slice_id = s.slice_id;
 """
 LINK_COLUMNS_SQL = """
-SELECT parent_id, depth, launch_id, COALESCE(x.op_id, l.op_id) AS op_id, step, CAST($run_id AS VARCHAR) AS run_id,
+SELECT parent_id, depth, launch_id, launch_ts, launch_dur, launch_pid, launch_tid, COALESCE(x.op_id, l.op_id) AS op_id, step, CAST($run_id AS VARCHAR) AS run_id,
     CAST($rank AS INTEGER) AS rank
 FROM links l JOIN slice_rows USING (slice_id) LEFT JOIN xla_exec x USING (slice_id) ORDER BY row
 """

@@ -43,11 +43,24 @@ SCHEMA_CHANGES = {
        "collectives gains warning (a bus bandwidth above the link's peak)",
     8: "run configuration (issue 30): added table runs (one row per run: its labels, key = value, from --label, "
        "a tracesql.toml or labels.json beside the traces, --label-pattern over folder names and what the traces "
-       "record; older runs have no row)",
+       "record; older runs have no row). Launches on the device events (issue 24): slices gains launch_ts, "
+       "launch_dur, launch_pid and launch_tid, the launching call's start, duration, process and thread, so that "
+       "queries need not join each device event to its launch (a run of an older version derives them from "
+       "launch_id when read)",
 }
 OLDEST_READABLE = 1
 #: Tables written once per run at ingest (not a part per source file).
 RUN_TABLES = ("runs",)
+#: Columns that a run of an older version lacks but that its other columns give, derived when it is read
+#: (views.view_sql), so that queries read such a run as a current one: table -> (a join onto the table's rows, `t`,
+#: over `{files}` (the table's own files), {column: expression}).
+DERIVED_FOR_OLDER_RUNS = {
+    "slices": ("LEFT JOIN (SELECT run_id, rank, slice_id, ts, dur, pid, tid FROM read_parquet([{files}], "
+               "union_by_name = true)) launch ON launch.run_id = t.run_id AND launch.rank = t.rank "
+               "AND launch.slice_id = t.launch_id",
+               {"launch_ts": "launch.ts", "launch_dur": "launch.dur", "launch_pid": "launch.pid",
+                "launch_tid": "launch.tid"}),
+}
 
 
 #: What names a PyTorch step range: 'ProfilerStep#3', also with a trailing label ('ProfilerStep#3 (train.py:20)':
@@ -174,6 +187,10 @@ TABLES: dict[str, Table] = {
                 ("correlation", "BIGINT", "Correlation id linking a runtime launch and the device work it caused."),
                 ("external_id", "BIGINT", "Framework-level external id (Kineto 'External id')."),
                 ("launch_id", "BIGINT", "For device events: slice_id of the host runtime/driver call that launched it."),
+                ("launch_ts", "BIGINT", "For launched device events: start of the launching call (its `ts`)."),
+                ("launch_dur", "BIGINT", "For launched device events: duration of the launching call."),
+                ("launch_pid", "BIGINT", "For launched device events: process of the launching call (its `pid`)."),
+                ("launch_tid", "BIGINT", "For launched device events: thread of the launching call (its `tid`)."),
                 (
                     "op_id",
                     "BIGINT",

@@ -28,14 +28,22 @@ def files_sql(files: list[str]) -> str:
 def view_sql(name: str, files_: list[str], have: set[str] | None = None) -> str:
     """One table as a view over its Parquet files (named one by one, never globbed); with none (runs of an older
     schema) an empty table of its columns. `have`: the columns the files have, when they may lack some (runs of
-    an older schema): the view reads the files by name and gives each missing column as NULL."""
+    an older schema): the view reads the files by name and gives each missing column as NULL, or derived from the
+    others (schema.DERIVED_FOR_OLDER_RUNS)."""
     table = schema.TABLES[name]
     files = files_sql(files_)
     empty = ", ".join(f'CAST(NULL AS {c.type}) AS "{c.name}"' for c in table.columns)
-    if files and have is not None and not set(table.column_names) <= have:
-        columns = ", ".join(f'"{c.name}"' if c.name in have else f'CAST(NULL AS {c.type}) AS "{c.name}"'
-                            for c in table.columns)
-        source = f"SELECT {columns} FROM read_parquet([{files}], union_by_name = true)"
+    join, derived = schema.DERIVED_FOR_OLDER_RUNS.get(name, ("", {}))
+    if files and have is not None and (derived or not set(table.column_names) <= have):
+        def column(c) -> str:
+            if c.name in derived:  # a file of an older run lacks it (NULL in union_by_name), the others have it
+                value = f't."{c.name}"' if c.name in have else "NULL"
+                return f'CAST(COALESCE({value}, {derived[c.name]}) AS {c.type}) AS "{c.name}"'
+            return f't."{c.name}"' if c.name in have else f'CAST(NULL AS {c.type}) AS "{c.name}"'
+
+        columns = ", ".join(column(c) for c in table.columns)
+        source = (f"SELECT {columns} FROM read_parquet([{files}], union_by_name = true) t "
+                  + join.format(files=files))
     else:
         source = f"SELECT * FROM read_parquet([{files}])" if files else f"SELECT {empty} WHERE false"
     return f"-- {table.doc}\nCREATE OR REPLACE VIEW {name} AS {source};"

@@ -91,13 +91,10 @@ FROM (
 CREATE OR REPLACE MACRO idle_gaps(scope := 'stream', class_scheme := 'default', analysis_window := 'all',
                                   time_unit_ns := 1, kernel_wait_ns := 30000, with_step := true) AS TABLE
 WITH events AS (
-    -- the start of each event's launching call, looked up here (device_activity does not: only gaps need it)
-    SELECT a.run_id, a.rank, a.device_id, CASE WHEN scope = 'device' THEN NULL ELSE a.stream END AS stream,
-        a.slice_id, a.name, a.ts, a.ts + a.dur AS te,
-        (l.ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS launch_ts
+    SELECT run_id, rank, device_id, CASE WHEN scope = 'device' THEN NULL ELSE stream END AS stream,
+        slice_id, name, ts, ts + dur AS te, (launch_ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS launch_ts
     FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
-                         time_unit_ns := time_unit_ns) a
-    LEFT JOIN slices l ON l.run_id = a.run_id AND l.rank = a.rank AND l.slice_id = a.launch_id
+                         time_unit_ns := time_unit_ns)
 ), ordered AS (
     SELECT *,
         max(te) OVER w AS gap_start,

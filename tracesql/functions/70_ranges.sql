@@ -59,12 +59,12 @@ WITH hosts AS (
     JOIN keys k ON k.run_id = h.run_id AND k.rank = h.rank AND k.pid IS NOT DISTINCT FROM h.pid
      AND k.tid IS NOT DISTINCT FROM h.tid AND k.depth IS NOT DISTINCT FROM h.depth
 ), probes AS (
-    SELECT k.kid, l.ts AS ts, 1 AS ord, k.run_id, k.rank, k.tid, k.depth, d.slice_id AS event_id,
-        l.tid AS launch_tid, d.ts AS event_ts, d.dur AS event_dur
+    SELECT k.kid, d.launch_ts AS ts, 1 AS ord, k.run_id, k.rank, k.tid, k.depth, d.slice_id AS event_id,
+        d.launch_tid, d.ts AS event_ts, d.dur AS event_dur
     FROM slices d
-    JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
-    JOIN keys k ON k.run_id = l.run_id AND k.rank = l.rank AND k.pid = l.pid AND (projection = 'process' OR k.tid = l.tid)
-    WHERE d.kind IN ('kernel', 'memcpy', 'memset')
+    JOIN keys k ON k.run_id = d.run_id AND k.rank = d.rank AND k.pid = d.launch_pid
+     AND (projection = 'process' OR k.tid = d.launch_tid)
+    WHERE d.kind IN ('kernel', 'memcpy', 'memset') AND d.launch_id IS NOT NULL
     UNION ALL
     SELECT kid, ts, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
     FROM found

@@ -41,17 +41,28 @@ CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := N
 WITH windows AS (
     SELECT * FROM critical_path_windows(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter)
 ), bounds AS (
-    SELECT run_id, rank, min(ts) AS ts FROM windows GROUP BY run_id, rank
+    SELECT run_id, rank, min(ts) AS ts, max(te) AS te FROM windows GROUP BY run_id, rank
+), horizon AS (
+    -- the latest time a queue length the windows' work reads can be taken at: the latest launch or start of
+    -- the device work launched between the rank's first window start and last window end (a superset of the
+    -- windows' own work). The queue's running sum at a time depends on the launches and starts up to it only,
+    -- so work launched and started after the horizon is left out (one step of a long trace reads one step's worth)
+    SELECT b.run_id, b.rank, b.ts, greatest(b.te, max(greatest(d.ts, d.launch_ts))) AS upto
+    FROM bounds b
+    LEFT JOIN slices d ON d.run_id = b.run_id AND d.rank = b.rank AND d.launch_ts BETWEEN b.ts AND b.te
+     AND d.kind IN ('kernel', 'memcpy', 'memset')
+    GROUP BY b.run_id, b.rank, b.ts, b.te
 ), work AS (
     -- the device work that starts after the rank's first window starts: what the windows launched, and all the
     -- queue lengths need (work that started before has left its stream's queue)
     SELECT d.run_id, d.rank, d.slice_id, d.name, d.ts, d.dur, d.pid, d.tid, d.stream, d.device_id, d.launch_id,
-        l.ts AS launch_ts, l.pid AS launch_pid, l.tid AS launch_tid, is_queued_launch(l.name) AS queued,
+        d.launch_ts, d.launch_pid, d.launch_tid, is_queued_launch(l.name) AS queued,
         d.class = 'communication' AS communication
     FROM device_activity() d
-    JOIN bounds b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts >= b.ts
+    JOIN horizon b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts >= b.ts
+     AND (d.launch_ts <= b.upto OR d.ts <= b.upto)
     JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
-    WHERE l.dur > 0
+    WHERE d.launch_dur > 0
 ), queue AS (
     -- each stream's queue length after each launch and after each start (HTA counts streams apart by number)
     SELECT run_id, rank, slice_id, at_start,
