@@ -557,7 +557,17 @@ WITH comm_kernels AS (
         COALESCE(xla_out, TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT), kernel_out_nelems)
             AS out_nelems,
         TRY_CAST(COALESCE(json_extract_string(args, '$.Seq'), json_extract_string(args, '$.seq')) AS BIGINT)
-            AS recorded_seq
+            AS recorded_seq,
+        -- a point-to-point call's peer: Kineto's global 'Dst Rank' / 'Src Rank', else its rank within the group
+        -- (record_param_comms' 'Rank' of a send or recv; c10d::send / recv_'s third argument, dstRank / srcRank)
+        CASE collective_kind(source_name)
+            WHEN 'send' THEN TRY_CAST(json_extract_string(args, '$."Dst Rank"') AS INTEGER)
+            WHEN 'recv' THEN TRY_CAST(json_extract_string(args, '$."Src Rank"') AS INTEGER)
+        END AS recorded_peer,
+        CASE WHEN collective_kind(source_name) IN ('send', 'recv')
+             THEN COALESCE(TRY_CAST(json_extract_string(args, '$.Rank') AS INTEGER),
+                           TRY_CAST(json_extract_string(args, '$."Concrete Inputs"[2]') AS INTEGER))
+        END AS peer_group_rank
     FROM (SELECT * FROM calls UNION ALL BY NAME SELECT * FROM kernel_only)
     WHERE source_name <> 'wait'  -- work.wait() is recorded like a collective but moves no data
 ), only_group AS (  -- a rank in a single process group: calls that name none ran on it
@@ -575,6 +585,10 @@ SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_des
          THEN COALESCE(r.out_nelems, r.in_nelems * COALESCE(r.group_size, g.group_size))
          ELSE r.in_nelems END * dtype_bytes(r.dtype) AS size_bytes,
     r.recorded_seq IS NOT NULL AS seq_recorded,
+    -- the peer's group rank made global by the group's ranks; on the default group (no group recorded, or the
+    -- whole world) the group rank is the global one
+    COALESCE(r.recorded_peer, COALESCE(r.group_ranks, g.group_ranks)[r.peer_group_rank + 1],
+             CASE WHEN COALESCE(r.group_ranks, g.group_ranks) IS NULL THEN r.peer_group_rank END) AS peer,
     -- numbered per group and class (collective_match_class: point-to-point calls apart from each collective);
     -- on a rank whose collectives no host call issues (XLA's SPMD ops, one set per device) per device too, and
     -- where host calls exist, the kernels none of them launched in the same count (else two counts collide)

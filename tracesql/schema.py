@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -41,6 +41,8 @@ SCHEMA_CHANGES = {
        "slices.ts/dur are the device's clock (device_offset_ps, device_duration_ps; the timeline's span in args.span_ts/span_ns); steps may come "
        "from the device 'Steps' line (rule xplane_steps); xla_ops gains async_start (an async -done's -start op); "
        "collectives gains warning (a bus bandwidth above the link's peak)",
+    8: "point-to-point pairs (issue 29): collectives gains peer (a send's destination, a recv's source, global "
+       "rank; NULL in older runs and for other calls)",
 }
 OLDEST_READABLE = 1
 
@@ -237,6 +239,9 @@ TABLES: dict[str, Table] = {
                     "True when the trace recorded seq; false when it counts the rank's calls in time order (then "
                     "ranks whose profiles start at different calls disagree).",
                 ),
+                ("peer", "INTEGER", "Global rank at the other end of a send (its destination) or recv (its "
+                 "source): Kineto's Dst/Src Rank, else the call's group rank mapped by group_ranks; NULL for "
+                 "other calls."),
                 ("dtype", "VARCHAR", "Element type."),
                 ("dtype_bytes", "INTEGER", "Bytes per element."),
                 ("in_nelems", "BIGINT", "Input elements."),
