@@ -1,0 +1,101 @@
+"""Pipeline parallelism on real traces (torch.distributed.pipelining over gloo, datasets/torch_pipeline_*): send/recv
+paired by peer, and the `pipeline` query's stages, bubbles and limiting stage, checked against the raw JSON."""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+
+import pytest
+
+import tracesql
+from conftest import DATASETS
+
+pytestmark = pytest.mark.slow  # each ingests a 2-4 rank run first (~3 CPU s each)
+
+GPIPE = DATASETS / "torch_pipeline_gpipe_4stage"
+SLOW = DATASETS / "torch_pipeline_1f1b_4stage_slow2"
+INTERLEAVED = DATASETS / "torch_pipeline_interleaved_2rank"
+
+
+def events(folder, rank):
+    return json.loads(gzip.open(folder / f"rank-{rank}.pt.trace.json.gz").read())["traceEvents"]
+
+
+def raw_p2p(folder, ranks):
+    """(src, dst) -> transfers, from each rank's c10d::send (dstRank) and c10d::recv_ (srcRank) in the raw JSON."""
+    sends, recvs = {}, {}
+    for r in ranks:
+        for e in events(folder, r):
+            if e.get("name") in ("c10d::send", "c10d::recv_"):
+                peer = int(e["args"]["Concrete Inputs"][2])
+                pair, into = ((r, peer), sends) if e["name"] == "c10d::send" else ((peer, r), recvs)
+                into[pair] = into.get(pair, 0) + 1
+    return sends, recvs
+
+
+def test_send_recv_paired_by_peer(ingested):
+    got = tracesql.query("collectives", ingested(GPIPE))
+    sends, recvs = raw_p2p(GPIPE, range(4))
+    assert sends == recvs and sum(sends.values()) == 48  # every send has its recv: 48 transfers
+    pairs = got[got.src_rank.notna()]
+    assert len(pairs) == len(got) == 48 and (pairs.ranks_seen == 2).all() and pairs.consistent.all()
+    counted = pairs.groupby(["src_rank", "dst_rank"]).size().to_dict()
+    assert counted == sends and set(sends) == {(0, 1), (1, 2), (2, 3), (1, 0), (2, 1), (3, 2)}
+    assert all(sorted(r) == sorted([s, d]) for r, s, d in zip(pairs.ranks, pairs.src_rank, pairs.dst_rank))
+
+
+def test_unbalanced_stage_is_the_limit(ingested):
+    """Stage 2 does 3x the work: it computes longest, so it limits every step, and is the straggler of the pairs."""
+    got = tracesql.query("pipeline", ingested(SLOW))
+    assert set(got.step) == {2, 3} and (got.stages == 4).all() and (got.microbatches == 8).all()
+    assert list(got[got.step == 2].sort_values("stage")["rank"]) == [0, 1, 2, 3]
+    limit = got[got.limiting]
+    assert list(limit["rank"]) == [2, 2]
+    for step, rows in got.groupby("step"):
+        s2 = rows.set_index("rank").loc[2]
+        others = rows[rows["rank"] != 2]
+        assert s2.compute_ns > 1.2 * others.compute_ns.max() and s2.imbalance_ns == 0
+        assert s2.bubble_pct < others.bubble_pct.min()  # the limit idles least
+    assert got.ideal_bubble_pct.round(6).eq(round(100 * 3 / 11, 6)).all()
+    assert got.zero_bubble_pct.round(6).eq(round(100 * 3 / 27, 6)).all()
+    st = tracesql.query("collective_stragglers", ingested(SLOW))
+    assert st.iloc[0]["rank"] == 2
+
+
+def test_idle_decompositions_add_up_and_compute_matches_the_json(ingested):
+    """Both splits of idle add up exactly; a stage's compute is the union of its host ops other than c10d calls
+    inside its ProfilerStep, recomputed here from the raw JSON."""
+    got = tracesql.query("pipeline", ingested(GPIPE))
+    assert (got.microbatches == 4).all()  # inferred from the sends; GPipe's "Forward i" ranges say the same
+    forwards = {e["name"] for e in events(GPIPE, 0) if re.fullmatch(r"Forward \d+", e.get("name", ""))}
+    assert len(forwards) == 4
+    idle = got.window_ns - got.compute_ns
+    assert (got.idle_ns == idle).all()
+    assert (got.warmup_ns + got.p2p_blocked_ns + got.cooldown_ns + got.other_idle_ns == idle).all()
+    assert (got.schedule_ns + got.imbalance_ns + got.overhead_ns == idle).all()
+    assert (got[["warmup_ns", "p2p_blocked_ns", "cooldown_ns"]] >= 0).all().all()
+    assert got.ideal_bubble_pct.round(6).eq(round(100 * 3 / 7, 6)).all()
+    row = got[(got["rank"] == 1) & (got.step == 3)].iloc[0]
+    ev = events(GPIPE, 1)
+    step = next(e for e in ev if e.get("name") == "ProfilerStep#3")
+    lo, hi = step["ts"] * 1000, (step["ts"] + step["dur"]) * 1000
+    spans = sorted((max(e["ts"] * 1000, lo), min((e["ts"] + e["dur"]) * 1000, hi)) for e in ev
+                   if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e["dur"] > 0
+                   and not e["name"].startswith("c10d::") and e["ts"] * 1000 < hi and (e["ts"] + e["dur"]) * 1000 > lo)
+    union, end = 0.0, None
+    for a, b in spans:
+        if end is None or a > end:
+            union, end = union + (b - a), b
+        elif b > end:
+            union, end = union + (b - end), b
+    assert row.compute_ns == pytest.approx(union, abs=len(spans))  # ns rounding of the µs timestamps
+
+
+def test_interleaved_chunks(ingested):
+    """Interleaved 1F1B, 2 ranks × 2 chunks: the first rank sends 2·4 activations and 4 gradients to the other per
+    step, so m = 12 / (v + v − 1) = 4, and the ideal bubble is (p − 1) / (v·m + p − 1) = 1/9."""
+    got = tracesql.query("pipeline", ingested(INTERLEAVED), chunks=2)
+    assert (got.microbatches == 4).all() and (got.stages == 2).all()
+    assert got.ideal_bubble_pct.round(6).eq(round(100 / 9, 6)).all()
+    assert got.groupby("step").limiting.sum().eq(1).all()
