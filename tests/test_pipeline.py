@@ -99,3 +99,27 @@ def test_interleaved_chunks(ingested):
     assert (got.microbatches == 4).all() and (got.stages == 2).all()
     assert got.ideal_bubble_pct.round(6).eq(round(100 / 9, 6)).all()
     assert got.groupby("step").limiting.sum().eq(1).all()
+
+
+def test_clock_offset_of_a_shifted_rank_is_recovered(ingested, tmp_path):
+    """The four ranks ran on one host (one clock). Rank 1's trace shifted by +5 ms: its offset comes out 5 ms
+    within 0.2 ms, the ranks measured through it keep theirs."""
+    before = tracesql.query("clock_offsets", ingested(GPIPE)).set_index("rank")
+    assert abs(before.loc[1].offset_ns) < 200_000 and before.loc[1].uncertainty_ns < 200_000
+    assert before.loc[1].evidence == 16 and before.loc[1].via_rank == 0
+    shift_us = 5000.0
+    folder = tmp_path / "shifted"
+    folder.mkdir()
+    for r in range(4):
+        data = json.loads(gzip.open(GPIPE / f"rank-{r}.pt.trace.json.gz").read())
+        if r == 1:
+            for e in data["traceEvents"]:
+                if "ts" in e:
+                    e["ts"] += shift_us
+        (folder / f"rank-{r}.pt.trace.json").write_text(json.dumps(data))
+    run = tmp_path / "run"
+    tracesql.ingest([folder], run)
+    after = tracesql.query("clock_offsets", run).set_index("rank")
+    assert after.loc[1].offset_ns == pytest.approx(shift_us * 1000, abs=200_000)
+    assert after.loc[1].offset_ns - before.loc[1].offset_ns == pytest.approx(shift_us * 1000, abs=1)
+    assert list(after.loc[[2, 3]].offset_ns) == list(before.loc[[2, 3]].offset_ns)
