@@ -21,12 +21,7 @@
 --   evidence        BIGINT   send/recv pairs used, summed along the chain
 --   warning         VARCHAR  offset (less its uncertainty) larger than the rank's median collective duration; NULL otherwise
 WITH RECURSIVE calls AS (
-    SELECT c.*, p2p_src_rank(c.collective, c.rank, c.peer) AS src_rank,
-        p2p_dst_rank(c.collective, c.rank, c.peer) AS dst_rank,
-        p2p_match_key(c.pg_name, src_rank, dst_rank,
-                      row_number() OVER (PARTITION BY c.run_id, c.rank, c.pg_name, src_rank, dst_rank
-                                         ORDER BY COALESCE(c.cpu_ts, c.device_ts), c.collective_id) - 1) AS match_key
-    FROM collectives c WHERE c.collective IN ('send', 'recv') AND c.peer IS NOT NULL
+    SELECT * FROM collective_calls() WHERE src_rank IS NOT NULL
 ), transfer_ends AS (  -- host recv calls: the end of the transfer annotation that starts inside the call
     SELECT c.run_id, c.rank, c.collective_id, max(s.ts + s.dur) AS done
     FROM calls c JOIN slices s ON s.run_id = c.run_id AND s.rank = c.rank AND s.kind = 'user_annotation'

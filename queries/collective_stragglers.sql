@@ -22,17 +22,10 @@
 --   wait_ns           BIGINT   summed duration beyond each instance's minimum duration
 WITH calls AS (
     -- timed as in collectives.sql; `wait` records are not collectives
-    SELECT run_id, rank, collective_id, pg_name, seq, collective, dtype,
-        p2p_src_rank(collective, rank, peer) AS src_rank, p2p_dst_rank(collective, rank, peer) AS dst_rank,
-        CASE WHEN src_rank IS NULL THEN collective_match_key(pg_name, collective, seq)
-             ELSE p2p_match_key(pg_name, src_rank, dst_rank,
-                                row_number() OVER (PARTITION BY run_id, rank, pg_name, src_rank, dst_rank
-                                                   ORDER BY COALESCE(cpu_ts, device_ts), collective_id) - 1)
-        END AS match_key,
+    SELECT run_id, rank, collective_id, pg_name, seq, collective, dtype, match_key,
         COALESCE(device_ts, cpu_ts) AS start_ns,
         CASE WHEN device_ts IS NOT NULL THEN device_dur ELSE cpu_dur END AS duration_ns
-    FROM collectives
-    WHERE collective <> 'wait'
+    FROM collective_calls()
 ), matched AS (
     SELECT *,
         start_ns - min(start_ns) OVER instance AS lateness_ns,

@@ -57,22 +57,15 @@ WITH links AS (
     FROM rank_device_peaks(device_key := COALESCE(getvariable('device'), NULL))
 ), calls AS (
     SELECT c.run_id, c.rank, c.collective_id, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
-        p2p_src_rank(c.collective, c.rank, c.peer) AS src_rank, p2p_dst_rank(c.collective, c.rank, c.peer) AS dst_rank,
-        CASE WHEN src_rank IS NOT NULL
-             THEN row_number() OVER (PARTITION BY c.run_id, c.rank, c.pg_name, src_rank, dst_rank
-                                     ORDER BY COALESCE(c.cpu_ts, c.device_ts), c.collective_id) - 1
-        END AS pair_seq,
-        CASE WHEN src_rank IS NULL THEN collective_match_key(c.pg_name, c.collective, c.seq)
-             ELSE p2p_match_key(c.pg_name, src_rank, dst_rank, pair_seq) END AS match_key,
+        c.src_rank, c.dst_rank, c.pair_seq, c.match_key,
         COALESCE(c.group_size, r.world_size) AS group_size,
         CASE WHEN c.device_ts IS NOT NULL THEN 'device' ELSE 'host' END AS timing,
         COALESCE(c.device_ts, c.cpu_ts) AS start_ns,
         CASE WHEN c.device_ts IS NOT NULL THEN c.device_dur ELSE c.cpu_dur END AS duration_ns,
         CAST(coalesce(COALESCE(getvariable('link_bytes_per_s'), NULL), l.link_bytes_per_s) AS DOUBLE) AS link_bytes_per_s
-    FROM collectives c
+    FROM collective_calls() c
     LEFT JOIN ranks r ON r.run_id = c.run_id AND r.rank = c.rank
     LEFT JOIN links l ON l.run_id = c.run_id AND l.rank = c.rank
-    WHERE c.collective <> 'wait'
 ), skewed AS (
     SELECT *,
         start_ns - min(start_ns) OVER (PARTITION BY run_id, match_key) AS skew_ns,
