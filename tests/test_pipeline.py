@@ -101,25 +101,65 @@ def test_interleaved_chunks(ingested):
     assert got.groupby("step").limiting.sum().eq(1).all()
 
 
-def test_clock_offset_of_a_shifted_rank_is_recovered(ingested, tmp_path):
-    """The four ranks ran on one host (one clock). Rank 1's trace shifted by +5 ms: its offset comes out 5 ms
-    within 0.2 ms, the ranks measured through it keep theirs."""
-    before = tracesql.query("clock_offsets", ingested(GPIPE)).set_index("rank")
-    assert abs(before.loc[1].offset_ns) < 200_000 and before.loc[1].uncertainty_ns < 200_000
-    assert before.loc[1].evidence == 16 and before.loc[1].via_rank == 0
-    shift_us = 5000.0
-    folder = tmp_path / "shifted"
+SHIFT_US = 5000.0
+
+
+@pytest.fixture(scope="module")
+def shifted(tmp_path_factory):
+    """The GPipe run with rank 1's trace shifted by +5 ms (all four ranks ran on one host: one clock)."""
+    folder = tmp_path_factory.mktemp("shifted") / "traces"
     folder.mkdir()
     for r in range(4):
         data = json.loads(gzip.open(GPIPE / f"rank-{r}.pt.trace.json.gz").read())
         if r == 1:
             for e in data["traceEvents"]:
                 if "ts" in e:
-                    e["ts"] += shift_us
+                    e["ts"] += SHIFT_US
         (folder / f"rank-{r}.pt.trace.json").write_text(json.dumps(data))
-    run = tmp_path / "run"
+    run = folder.parent / "run"
     tracesql.ingest([folder], run)
-    after = tracesql.query("clock_offsets", run).set_index("rank")
-    assert after.loc[1].offset_ns == pytest.approx(shift_us * 1000, abs=200_000)
-    assert after.loc[1].offset_ns - before.loc[1].offset_ns == pytest.approx(shift_us * 1000, abs=1)
+    return run
+
+
+def test_clock_offset_of_a_shifted_rank_is_recovered(ingested, shifted):
+    """Rank 1's offset comes out 5 ms within 0.2 ms; the ranks measured through it keep theirs."""
+    before = tracesql.query("clock_offsets", ingested(GPIPE)).set_index("rank")
+    assert abs(before.loc[1].offset_ns) < 200_000 and before.loc[1].uncertainty_ns < 200_000
+    assert before.loc[1].evidence == 16 and before.loc[1].via_rank == 0
+    after = tracesql.query("clock_offsets", shifted).set_index("rank")
+    assert after.loc[1].offset_ns == pytest.approx(SHIFT_US * 1000, abs=200_000)
+    assert after.loc[1].offset_ns - before.loc[1].offset_ns == pytest.approx(SHIFT_US * 1000, abs=1)
     assert list(after.loc[[2, 3]].offset_ns) == list(before.loc[[2, 3]].offset_ns)
+
+
+def test_all_ranks_export_one_process_per_rank_aligned_and_linked(ingested, shifted, tmp_path):
+    """--all-ranks on the shifted run, step 3, read back with the perfetto package's protos: a process per rank,
+    rank 1 moved back onto the others' clock (its sends where the unshifted trace has them, within 0.2 ms), one
+    flow per send/recv pair of the step from one rank's call to the other's."""
+    from tracesql.export import export_all_ranks, read
+
+    result = export_all_ranks(shifted, tmp_path / "all.pftrace", step=3)
+    assert set(result.offsets) == {1} and result.offsets[1] == pytest.approx(SHIFT_US * 1000, abs=200_000)
+    tracks, owner, begins, open_ = {}, {}, [], {}
+    for p in read(tmp_path / "all.pftrace"):
+        if p.HasField("track_descriptor"):
+            d = p.track_descriptor
+            tracks[d.uuid] = d
+            owner[d.uuid] = p.trusted_packet_sequence_id
+        elif p.track_event.type == p.track_event.TYPE_SLICE_BEGIN and p.track_event.categories[0] != "tracesql":
+            begins.append((owner[p.track_event.track_uuid] - 1, p.timestamp, p.track_event))
+    processes = sorted(d.process.process_name for d in tracks.values() if d.HasField("process"))
+    assert processes == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert len(begins) == sum(part.slices for part in result.parts)
+    sends = [(r, ts) for r, ts, e in begins if e.name == "c10d::send" and r == 1]
+    con = tracesql.connect(ingested(GPIPE))
+    original = [t for (t,) in con.execute("SELECT ts FROM slices WHERE rank = 1 AND name = 'c10d::send' AND step = 3 "
+                                          "ORDER BY ts").fetchall()]
+    assert len(sends) == len(original) == 8
+    assert all(abs(ts - o) < 200_000 for (_, ts), o in zip(sorted(sends), original))
+    outs = {f: r for r, _, e in begins for f in e.flow_ids if f >= 1 << 62}
+    ins = {f: r for r, _, e in begins for f in e.terminating_flow_ids if f >= 1 << 62}
+    assert outs.keys() == ins.keys() and len(outs) == result.links
+    assert all(outs[f] != ins[f] for f in outs)  # each links two ranks
+    pairs = tracesql.query("collectives", shifted)
+    assert result.links == len(pairs[pairs.step == 3]) == 24
