@@ -517,7 +517,7 @@ WITH comm_kernels AS (
         min(json_extract_string(args, '$."Process Group Name"')) AS kernel_pg_name
     FROM comm_kernels WHERE collective_call IS NOT NULL GROUP BY collective_call
 ), calls AS (
-    SELECT s.run_id, s.rank, s.slice_id AS collective_id, s.args, s.step, s.ts AS cpu_ts, s.dur AS cpu_dur,
+    SELECT s.run_id, s.rank, s.slice_id AS collective_id, s.args, s.step, s.ts AS cpu_ts, s.dur AS cpu_dur, s.tid,
         -- (with x in it, the filter on the name below runs after the join: not on every slice's args)
         CASE WHEN x.is_collective_call THEN COALESCE(json_extract_string(s.args, '$."Collective name"'), s.name)
         END AS source_name,
@@ -525,6 +525,15 @@ WITH comm_kernels AS (
         k.kernel_in_nelems, k.kernel_out_nelems, k.kernel_pg_name
     FROM slices s JOIN extra x USING (slice_id) LEFT JOIN per_call k ON k.collective_call = s.slice_id
     WHERE x.is_collective_call
+), annotated AS (
+    -- a c10d call of a TensorList (gloo's send/recv_) records no dtype; the backend's transfer annotation that
+    -- starts inside it on its thread (gloo:send, gloo:recv) records the tensor's
+    SELECT c.collective_id, min(json_extract_string(a.args, '$."Input type"[0]')) AS annotation_dtype
+    FROM calls c JOIN slices a ON a.rank = c.rank AND a.tid = c.tid AND a.kind = 'user_annotation'
+     AND a.ts >= c.cpu_ts AND a.ts <= c.cpu_ts + c.cpu_dur
+    WHERE c.kernel_count IS NULL AND json_extract_string(c.args, '$."Input type"[0]') = 'TensorList'
+      AND collective_kind(a.name) = collective_kind(c.source_name)
+    GROUP BY c.collective_id
 ), kernel_only AS (
     -- XLA collectives take size, type and groups from their HLO op: the replica group holding the device
     SELECT c.run_id, c.rank, c.slice_id AS collective_id, c.args, c.step, NULL AS cpu_ts, NULL AS cpu_dur,
@@ -548,7 +557,7 @@ WITH comm_kernels AS (
             AS group_ranks,
         COALESCE(xla_dtype, json_extract_string(args, '$.dtype'),
                  list_filter(TRY_CAST(json_extract(args, '$."Input type"') AS VARCHAR[]),
-                             lambda t: dtype_bytes(t) IS NOT NULL)[1], kernel_dtype) AS dtype,
+                             lambda t: dtype_bytes(t) IS NOT NULL)[1], kernel_dtype, annotation_dtype) AS dtype,
         -- without metadata the message is the op's input tensor: the second one of c10d's *_base_ ops
         -- (output, input), the first otherwise
         COALESCE(xla_in, TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT), kernel_in_nelems,
@@ -568,7 +577,7 @@ WITH comm_kernels AS (
              THEN COALESCE(TRY_CAST(json_extract_string(args, '$.Rank') AS INTEGER),
                            TRY_CAST(json_extract_string(args, '$."Concrete Inputs"[2]') AS INTEGER))
         END AS peer_group_rank
-    FROM (SELECT * FROM calls UNION ALL BY NAME SELECT * FROM kernel_only)
+    FROM (SELECT * FROM calls LEFT JOIN annotated USING (collective_id) UNION ALL BY NAME SELECT * FROM kernel_only)
     WHERE source_name <> 'wait'  -- work.wait() is recorded like a collective but moves no data
 ), only_group AS (  -- a rank in a single process group: calls that name none ran on it
     SELECT any_value(pg_name) AS pg_name, any_value(pg_desc) AS pg_desc, any_value(group_size) AS group_size,
