@@ -163,3 +163,31 @@ def test_all_ranks_export_one_process_per_rank_aligned_and_linked(ingested, shif
     assert all(outs[f] != ins[f] for f in outs)  # each links two ranks
     pairs = tracesql.query("collectives", shifted)
     assert result.links == len(pairs[pairs.step == 3]) == 24
+
+
+def test_comm_matrix_pairs_and_rings(ingested):
+    """Send/recv links carry the bytes of the raw trace's sends (Input Dims × 4 bytes of gloo:send's float); the
+    ring collectives of the 4-rank gloo run put (n − 1)/n of each reduce_scatter/all_gather (2(n − 1)/n of an
+    all_reduce) on each next-rank link and size/n of an all_to_all on every link, as the collectives query's
+    instances say."""
+    got = tracesql.query("comm_matrix", ingested(GPIPE)).set_index(["src_rank", "dst_rank"])
+    expect: dict = {}
+    for r in range(4):
+        for e in events(GPIPE, r):
+            if e.get("name") == "c10d::send":
+                (dims,) = e["args"]["Input Dims"][0]
+                key = (r, int(e["args"]["Concrete Inputs"][2]))
+                expect[key] = expect.get(key, 0) + dims[0] * dims[1] * 4
+    assert got.p2p_bytes.to_dict() == expect and (got.collective_bytes == 0).all()
+    assert (got.transfers == 8).all() and got.slowest.sum() == 1
+    assert got[got.slowest].gbps.iloc[0] == got.gbps.min()
+
+    gloo = DATASETS / "torch_gloo_4rank_straggler"
+    matrix = tracesql.query("comm_matrix", ingested(gloo)).set_index(["src_rank", "dst_rank"])
+    inst = tracesql.query("collectives", ingested(gloo))
+    inst = inst[inst.size_bytes.notna() & (inst.ranks_seen >= 2)]
+    factor = {"all_reduce": 2 * 3 / 4, "all_gather": 3 / 4, "reduce_scatter": 3 / 4}
+    ring = sum(round(s * factor[c]) for c, s in zip(inst.collective, inst.size_bytes) if c in factor)
+    a2a = sum(round(s / 4) for c, s in zip(inst.collective, inst.size_bytes) if c == "all_to_all")
+    assert matrix.loc[(0, 1)].collective_bytes == ring + a2a and matrix.loc[(0, 2)].collective_bytes == a2a
+    assert len(matrix) == 12 and (matrix.p2p_bytes == 0).all()
