@@ -46,7 +46,11 @@ EXAMPLES: dict[str, Example] = {
     "collective_stragglers": Example(
         "query collective_stragglers datasets/torch_gloo_4rank_straggler/",
         note="Rank 2 of this job sleeps 5 ms before each collective (it was made so): it is last 23 times out of 27."),
+    "clock_offsets": Example(
+        "query clock_offsets datasets/torch_pipeline_gpipe_4stage/",
+        note="The four ranks ran on one host (one clock): the offsets are within their uncertainty of 0."),
     "collectives": Example("query collectives datasets/torch_gloo_4rank_straggler/", 6),
+    "comm_matrix": Example("query comm_matrix datasets/torch_pipeline_gpipe_4stage/", 6),
     "critical_path": Example(
         "query critical_path datasets/hta_trace_filter/ -p rank=0 -p instance=0", 6,
         note="HTA's sampled trace keeps few ops: the path is mostly host time between them (cpu_bound); "
@@ -79,6 +83,10 @@ EXAMPLES: dict[str, Example] = {
         "query phases datasets/hta_nccl_parser_config/",
         note="DDP on an A100: backward (on the autograd thread) takes twice the forward; the device idles 77 % of "
              "each step, and 10 to 19 ms of communication per step is not hidden under compute."),
+    "pipeline": Example(
+        "query pipeline datasets/torch_pipeline_1f1b_4stage_slow2/", 4,
+        note="Stage 2 does three times the others' work: it computes longest and limits the pipeline "
+             "(limiting); the other stages wait for it (imbalance_ns)."),
     "roofline": Example("query roofline datasets/tracelens_b200_eager/ -p top=4", 4),
     "steps": Example("query steps datasets/hta_trace_filter/"),
     "temporal_breakdown": Example("query temporal_breakdown datasets/hta_trace_filter/ -p per=step"),
