@@ -119,16 +119,18 @@ WITH p2p AS (
     GROUP BY run_id, pipeline, step, rank, island
 ), blocked_busy AS (  -- of which the stage computed (both unions are disjoint: overlaps add up)
     SELECT b.run_id, b.pipeline, b.step, b.rank,
-        sum(b.end_ts - b.ts) AS blocked_ns,
-        COALESCE(sum((SELECT sum(greatest(0, least(w.end_ts, b.end_ts) - greatest(w.ts, b.ts))) FROM busy w
-                      WHERE w.run_id = b.run_id AND w.pipeline = b.pipeline AND w.step = b.step AND w.rank = b.rank
-                        AND w.end_ts > b.ts AND w.ts < b.end_ts)), 0) AS computing_ns
-    FROM blocked b GROUP BY b.run_id, b.pipeline, b.step, b.rank
+        sum(greatest(0, least(w.end_ts, b.end_ts) - greatest(w.ts, b.ts))) AS computing_ns
+    FROM blocked b JOIN busy w ON w.run_id = b.run_id AND w.pipeline = b.pipeline AND w.step = b.step
+     AND w.rank = b.rank AND w.end_ts > b.ts AND w.ts < b.end_ts
+    GROUP BY b.run_id, b.pipeline, b.step, b.rank
+), blocked_total AS (
+    SELECT run_id, pipeline, step, rank, sum(end_ts - ts) AS blocked_ns FROM blocked
+    GROUP BY run_id, pipeline, step, rank
+), first_busy AS (
+    SELECT run_id, pipeline, step, rank, min(ts) AS ts FROM busy GROUP BY run_id, pipeline, step, rank
 ), anchored AS (  -- when the stage's first input arrived: its first recv's end; the first stage: its first compute
-    SELECT st.*, COALESCE(st.first_input, (SELECT min(b.ts) FROM busy b WHERE b.run_id = st.run_id
-                                           AND b.pipeline = st.pipeline AND b.step = st.step AND b.rank = st.rank),
-                          st.w_start) AS input_at
-    FROM stages st
+    SELECT st.*, COALESCE(st.first_input, f.ts, st.w_start) AS input_at
+    FROM stages st LEFT JOIN first_busy f USING (run_id, pipeline, step, rank)
 ), per_stage AS (
     SELECT st.run_id, st.pipeline, st.step, st.stage, st.rank, st.stages,
         COALESCE(any_value(b.timing), 'host') AS timing,
@@ -150,13 +152,14 @@ WITH p2p AS (
     WHERE p.collective = 'send'
     GROUP BY p.run_id, p.pipeline, p.step
 ), shape AS (
-    SELECT s.*, COALESCE(bb.blocked_ns - bb.computing_ns, 0) AS p2p_blocked_ns,
+    SELECT s.*, COALESCE(bt.blocked_ns, 0) - COALESCE(bb.computing_ns, 0) AS p2p_blocked_ns,
         CAST(COALESCE(getvariable('chunks'), 1) AS BIGINT) AS chunks,
         CAST(COALESCE(getvariable('microbatches'),
                       round(f.sends / (chunks + CASE WHEN s.stages = 2 THEN chunks - 1 ELSE 0 END))) AS BIGINT)
             AS microbatches,
         max(s.compute_ns) OVER (PARTITION BY s.run_id, s.pipeline, s.step) AS limit_compute_ns
     FROM per_stage s
+    LEFT JOIN blocked_total bt USING (run_id, pipeline, step, rank)
     LEFT JOIN blocked_busy bb USING (run_id, pipeline, step, rank)
     LEFT JOIN first_link f USING (run_id, pipeline, step)
 )

@@ -191,3 +191,28 @@ def test_comm_matrix_pairs_and_rings(ingested):
     a2a = sum(round(s / 4) for c, s in zip(inst.collective, inst.size_bytes) if c == "all_to_all")
     assert matrix.loc[(0, 1)].collective_bytes == ring + a2a and matrix.loc[(0, 2)].collective_bytes == a2a
     assert len(matrix) == 12 and (matrix.p2p_bytes == 0).all()
+
+
+def test_parallel_dimensions_by_name_and_by_layout(ingested):
+    """DeviceMesh's groups are described mesh_dp / mesh_tp; the layout tp=2,dp=2 (tp fastest) gives the same
+    labels from the groups' ranks alone, and dp=2,tp=2 swaps them."""
+    mesh = ingested(DATASETS / "torch_mesh_dp2_tp2")
+
+    def labels(**params):
+        got = tracesql.query("parallelism", mesh, per="group", **params)
+        return {g[0]: (d, by) for g, d, by in zip(got.groups, got.dimension, got.labelled_by)}
+
+    named = labels()
+    ranks = {e["pg_name"]: (e["pg_desc"], e["ranks"]) for e in json.loads(
+        gzip.open(DATASETS / "torch_mesh_dp2_tp2" / "rank-0.pt.trace.json.gz").read())["distributedInfo"]["pg_config"]}
+    assert named["0"] == ("world", "world")
+    assert {n for n, (d, _) in named.items() if d == "TP"} == {"3", "4"}  # mesh_tp: [0, 1], [2, 3]
+    assert {n for n, (d, _) in named.items() if d == "DP"} == {"1", "2"}  # mesh_dp: [0, 2], [1, 3]
+    assert ranks["3"] == ("mesh_tp", [0, 1]) and ranks["1"] == ("mesh_dp", [0, 2])
+    laid_out = labels(parallelism="tp=2,dp=2")
+    assert {n: d for n, (d, _) in laid_out.items()} == {n: d for n, (d, _) in named.items()}
+    assert {by for n, (_, by) in laid_out.items() if n != "0"} == {"layout"}
+    swapped = labels(parallelism="dp=2,tp=2")
+    assert {n for n, (d, _) in swapped.items() if d == "TP"} == {"1", "2"}
+    steps = tracesql.query("parallelism", mesh)
+    assert list(steps.step) == [2, 3] and (steps.calls == 8).all()  # gloo's calls record no group: 'unknown'

@@ -83,6 +83,10 @@ EXAMPLES: dict[str, Example] = {
         "query phases datasets/hta_nccl_parser_config/",
         note="DDP on an A100: backward (on the autograd thread) takes twice the forward; the device idles 77 % of "
              "each step, and 10 to 19 ms of communication per step is not hidden under compute."),
+    "parallelism": Example(
+        "query parallelism datasets/torch_mesh_dp2_tp2/ -p per=group",
+        note="DeviceMesh names its groups mesh_dp and mesh_tp; -p parallelism=tp=2,dp=2 labels them from the "
+             "layout instead, with the same result."),
     "pipeline": Example(
         "query pipeline datasets/torch_pipeline_1f1b_4stage_slow2/", 4,
         note="Stage 2 does three times the others' work: it computes longest and limits the pipeline "
