@@ -52,8 +52,8 @@ WITH instances AS (  -- matched and timed as in `collectives` (collective_calls;
     FROM groups, range(1, len(ring) + 1) s(a), range(1, len(ring) + 1) d(b)
     WHERE collective = 'all_to_all' AND a <> b
 ), links AS (
-    SELECT run_id, src_rank, dst_rank, count(*) AS transfers, sum(p2p_bytes) AS p2p_bytes,
-        sum(collective_bytes) AS collective_bytes, sum(duration_ns) AS time_ns
+    SELECT run_id, src_rank, dst_rank, count(*) AS transfers, CAST(sum(p2p_bytes) AS BIGINT) AS p2p_bytes,
+        CAST(sum(collective_bytes) AS BIGINT) AS collective_bytes, CAST(sum(duration_ns) AS BIGINT) AS time_ns
     FROM (SELECT * FROM p2p UNION ALL SELECT * FROM ring_links UNION ALL SELECT * FROM all_to_all_links)
     GROUP BY run_id, src_rank, dst_rank
 ), rated AS (

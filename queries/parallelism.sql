@@ -30,10 +30,10 @@
 --   busbw_gbps    DOUBLE     Σ size · busbw factor / Σ time (GB/s)
 --   step_share    DOUBLE     comm_ns / the ranks' summed step time
 WITH layout AS (
-    SELECT list_transform(string_split(getvariable('parallelism'), ','),
+    SELECT list_transform(string_split(COALESCE(getvariable('parallelism'), NULL), ','),
                           lambda x: {'name': upper(trim(split_part(x, '=', 1))),
                                      'size': CAST(trim(split_part(x, '=', 2)) AS INTEGER)}) AS dims
-    WHERE getvariable('parallelism') IS NOT NULL
+    WHERE COALESCE(getvariable('parallelism'), NULL) IS NOT NULL
 ), strided AS (  -- each dimension: its size and stride (the product of the sizes before it)
     SELECT k, dims[k].name AS name, dims[k].size AS size,
         CAST(COALESCE(list_product(list_transform(dims[1:k - 1], lambda d: d.size)), 1) AS BIGINT) AS stride
@@ -97,7 +97,7 @@ SELECT c.run_id, c.step, c.dimension, any_value(c.labelled_by) AS labelled_by,
 FROM (SELECT * FROM calls WHERE COALESCE(getvariable('per'), 'step') = 'step'
       UNION ALL BY NAME  -- per group: each process group, with no calls
       SELECT run_id, pg_name, dimension, labelled_by, group_size, intra_node FROM labelled
-      WHERE getvariable('per') = 'group') c
+      WHERE COALESCE(getvariable('per'), 'step') = 'group') c
 LEFT JOIN step_time s ON s.run_id = c.run_id AND s.step IS NOT DISTINCT FROM c.step
-GROUP BY c.run_id, c.step, c.dimension, CASE WHEN getvariable('per') = 'group' THEN c.pg_name END
+GROUP BY c.run_id, c.step, c.dimension, CASE WHEN COALESCE(getvariable('per'), 'step') = 'group' THEN c.pg_name END
 ORDER BY c.run_id, c.step NULLS LAST, c.dimension, groups;

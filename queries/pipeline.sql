@@ -119,12 +119,12 @@ WITH p2p AS (
     GROUP BY run_id, pipeline, step, rank, island
 ), blocked_busy AS (  -- of which the stage computed (both unions are disjoint: overlaps add up)
     SELECT b.run_id, b.pipeline, b.step, b.rank,
-        sum(greatest(0, least(w.end_ts, b.end_ts) - greatest(w.ts, b.ts))) AS computing_ns
+        CAST(sum(greatest(0, least(w.end_ts, b.end_ts) - greatest(w.ts, b.ts))) AS BIGINT) AS computing_ns
     FROM blocked b JOIN busy w ON w.run_id = b.run_id AND w.pipeline = b.pipeline AND w.step = b.step
      AND w.rank = b.rank AND w.end_ts > b.ts AND w.ts < b.end_ts
     GROUP BY b.run_id, b.pipeline, b.step, b.rank
 ), blocked_total AS (
-    SELECT run_id, pipeline, step, rank, sum(end_ts - ts) AS blocked_ns FROM blocked
+    SELECT run_id, pipeline, step, rank, CAST(sum(end_ts - ts) AS BIGINT) AS blocked_ns FROM blocked
     GROUP BY run_id, pipeline, step, rank
 ), first_busy AS (
     SELECT run_id, pipeline, step, rank, min(ts) AS ts FROM busy GROUP BY run_id, pipeline, step, rank
@@ -135,9 +135,10 @@ WITH p2p AS (
     SELECT st.run_id, st.pipeline, st.step, st.stage, st.rank, st.stages,
         COALESCE(any_value(b.timing), 'host') AS timing,
         st.w_end - st.w_start AS window_ns,
-        COALESCE(sum(b.end_ts - b.ts), 0) AS compute_ns,
-        st.input_at - st.w_start - COALESCE(sum(greatest(0, least(b.end_ts, st.input_at) - b.ts)), 0) AS warmup_ns,
-        st.w_end - st.last_p2p - COALESCE(sum(greatest(0, b.end_ts - greatest(b.ts, st.last_p2p))), 0)
+        CAST(COALESCE(sum(b.end_ts - b.ts), 0) AS BIGINT) AS compute_ns,
+        CAST(st.input_at - st.w_start - COALESCE(sum(greatest(0, least(b.end_ts, st.input_at) - b.ts)), 0) AS BIGINT)
+            AS warmup_ns,
+        CAST(st.w_end - st.last_p2p - COALESCE(sum(greatest(0, b.end_ts - greatest(b.ts, st.last_p2p))), 0) AS BIGINT)
             AS cooldown_ns
     FROM anchored st LEFT JOIN busy b USING (run_id, pipeline, step, rank)
     GROUP BY st.run_id, st.pipeline, st.step, st.stage, st.rank, st.stages, st.w_start, st.w_end, st.input_at,
@@ -154,7 +155,7 @@ WITH p2p AS (
 ), shape AS (
     SELECT s.*, COALESCE(bt.blocked_ns, 0) - COALESCE(bb.computing_ns, 0) AS p2p_blocked_ns,
         CAST(COALESCE(getvariable('chunks'), 1) AS BIGINT) AS chunks,
-        CAST(COALESCE(getvariable('microbatches'),
+        CAST(COALESCE(COALESCE(getvariable('microbatches'), NULL),
                       round(f.sends / (chunks + CASE WHEN s.stages = 2 THEN chunks - 1 ELSE 0 END))) AS BIGINT)
             AS microbatches,
         max(s.compute_ns) OVER (PARTITION BY s.run_id, s.pipeline, s.step) AS limit_compute_ns

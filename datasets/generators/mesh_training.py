@@ -11,24 +11,17 @@ gradient shard over its dp group (data parallel: 256×128 float32). torch.profil
 schedule(wait=1, warmup=1, active=2), prof.step() per step.
 """
 import argparse
-import gzip
 import os
-import shutil
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch_jobs import free_port, gzip_trace
 
 WAIT, WARMUP, ACTIVE = 1, 1, 2
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker(rank: int, world: int, port: int, args) -> None:
@@ -54,11 +47,7 @@ def worker(rank: int, world: int, port: int, args) -> None:
             prof.step()
     dist.barrier()
     dist.destroy_process_group()
-    dst = os.path.join(args.out_dir, f"rank-{rank}.pt.trace.json.gz")
-    with open(raw, "rb") as src, open(dst, "wb") as fo:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz:
-            shutil.copyfileobj(src, gz)
-    os.remove(raw)
+    gzip_trace(raw)
 
 
 def main() -> None:

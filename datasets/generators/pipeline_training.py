@@ -18,10 +18,7 @@ schedule(wait=1, warmup=1, active=ACTIVE) and prof.step() after each training st
 Everything is seeded; timings of course differ between runs.
 """
 import argparse
-import gzip
 import os
-import shutil
-import socket
 
 import torch
 import torch.distributed as dist
@@ -29,16 +26,12 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.profiler import ProfilerActivity, profile, schedule
+from torch_jobs import free_port, gzip_trace
 
 WAIT, WARMUP, ACTIVE = 1, 1, 2
 WIDTH, BLOCKS_PER_STAGE, BATCH = 256, 2, 64
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Block(nn.Module):
@@ -99,12 +92,7 @@ def worker(rank: int, world: int, port: int, args) -> None:
 
     dist.barrier()
     dist.destroy_process_group()
-    dst = os.path.join(args.out_dir, f"rank-{rank}.pt.trace.json.gz")
-    # mtime=0 and no embedded filename: a reproducible gzip header
-    with open(raw, "rb") as src, open(dst, "wb") as fo:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz:
-            shutil.copyfileobj(src, gz)
-    os.remove(raw)
+    gzip_trace(raw)
 
 
 def main() -> None:
