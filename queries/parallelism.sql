@@ -53,8 +53,7 @@ WITH layout AS (
     GROUP BY g.run_id, g.pg_name
 ), hosts AS (
     SELECT g.run_id, g.pg_name, count(DISTINCT r.host_name) AS hosts, count(r.host_name) AS known
-    FROM groups g, unnest(g.group_ranks) u(rank)
-    JOIN ranks r ON r.run_id = g.run_id AND r.rank = u.rank
+    FROM groups g JOIN ranks r ON r.run_id = g.run_id AND list_contains(g.group_ranks, r.rank)
     GROUP BY g.run_id, g.pg_name
 ), labelled AS (
     SELECT g.run_id, g.pg_name, g.group_size,
