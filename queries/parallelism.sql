@@ -88,7 +88,7 @@ WITH layout AS (
     SELECT run_id, step, sum(dur) AS step_ns FROM steps GROUP BY run_id, step
 )
 SELECT c.run_id, c.step, c.dimension, any_value(c.labelled_by) AS labelled_by,
-    list_sort(list_distinct(list(c.pg_name))) AS groups, max(c.group_size) AS group_size,
+    list_sort(list_filter(list_distinct(list(c.pg_name)), lambda g: g IS NOT NULL)) AS groups, max(c.group_size) AS group_size,
     bool_and(c.intra_node) AS intra_node, count(c.duration_ns) AS calls, CAST(sum(c.size_bytes) AS BIGINT) AS bytes,
     CAST(sum(c.duration_ns) AS BIGINT) AS comm_ns,
     sum(c.bus_bytes) / NULLIF(sum(c.duration_ns) FILTER (WHERE c.bus_bytes IS NOT NULL), 0) AS busbw_gbps,
