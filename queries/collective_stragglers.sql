@@ -1,6 +1,7 @@
 -- collective_stragglers: Which ranks arrive last at collectives, how often and how late.
 --
--- Calls are matched across ranks into instances by (pg_name, kind, seq) (collective_match_key) and timed as in `collectives` (kernels when the
+-- Calls are matched across ranks into instances as in `collectives` (by (pg_name, kind, seq), collective_match_key;
+-- a send and its peer's recv as a pair, p2p_match_key) and timed as there (kernels when the
 -- call has them, else the host call). Only instances recorded by at least two ranks of the run and consistent
 -- (one call per rank, all of one dtype) count. For each rank: how often it started last (ties: the
 -- higher rank), its lateness = its start − the instance's earliest start (the start skew), and wait_ns = how much
@@ -21,11 +22,10 @@
 --   wait_ns           BIGINT   summed duration beyond each instance's minimum duration
 WITH calls AS (
     -- timed as in collectives.sql; `wait` records are not collectives
-    SELECT run_id, rank, collective_id, pg_name, seq, collective, dtype, collective_match_key(pg_name, collective, seq) AS match_key,
+    SELECT run_id, rank, collective_id, pg_name, seq, collective, dtype, match_key,
         COALESCE(device_ts, cpu_ts) AS start_ns,
         CASE WHEN device_ts IS NOT NULL THEN device_dur ELSE cpu_dur END AS duration_ns
-    FROM collectives
-    WHERE collective <> 'wait'
+    FROM collective_calls()
 ), matched AS (
     SELECT *,
         start_ns - min(start_ns) OVER instance AS lateness_ns,

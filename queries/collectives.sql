@@ -4,7 +4,10 @@
 -- when it has kernels, else as its host call (timing = 'host': CPU backends such as gloo, where the host call only
 -- enqueues the work, so host durations show dispatch, not the transfer). Calls are matched across ranks by
 -- (pg_name, kind, seq) (collective_match_key: a send meets the recv of its peer, any other call only its own kind,
--- so a trace without process groups never pairs, say, a send with an all_reduce): one instance. Its duration_ns is the minimum over ranks, since the other ranks' durations include
+-- so a trace without process groups never pairs, say, a send with an all_reduce): one instance. Point-to-point
+-- calls whose peer the trace records are paired by peer instead: the n-th send from rank a to rank b in a group
+-- meets the n-th recv on b from a (p2p_match_key), one row per pair: collective 'send', src_rank → dst_rank,
+-- ranks_seen 2; without a peer, they are matched as before. Its duration_ns is the minimum over ranks, since the other ranks' durations include
 -- waiting for the last to arrive; algbw = size_bytes / duration_ns (bytes/ns = GB/s), busbw = algbw ×
 -- busbw_factor(collective, group_size) (nccl-tests). start_skew_ns = each rank's start − the earliest start (aligned
 -- with `ranks`); last_rank arrived last (ties: the higher rank). Across hosts, skews include clock offsets.
@@ -26,8 +29,10 @@
 -- Columns:
 --   run_id           VARCHAR    run
 --   pg_name          VARCHAR    process group (NULL: not recorded)
---   seq              BIGINT     sequence number of the call within the group
---   collective       VARCHAR    all_reduce, all_gather, ... (the smallest name if the ranks disagree)
+--   seq              BIGINT     sequence number of the call within the group (of a pair: of the transfer from src_rank to dst_rank)
+--   collective       VARCHAR    all_reduce, all_gather, ... (the smallest name if the ranks disagree); 'send' for a send/recv pair
+--   src_rank         INTEGER    a send/recv pair's sending rank (NULL: a collective, or a peer not recorded)
+--   dst_rank         INTEGER    a send/recv pair's receiving rank
 --   step             INTEGER    earliest step any rank recorded the call in
 --   timing           VARCHAR    'device' (kernels) or 'host' (host call only); the smallest if ranks differ
 --   group_size       INTEGER    ranks in the group
@@ -52,16 +57,15 @@ WITH links AS (
     FROM rank_device_peaks(device_key := COALESCE(getvariable('device'), NULL))
 ), calls AS (
     SELECT c.run_id, c.rank, c.collective_id, c.pg_name, c.seq, c.collective, c.dtype, c.size_bytes, c.step,
-        collective_match_key(c.pg_name, c.collective, c.seq) AS match_key,
+        c.src_rank, c.dst_rank, c.pair_seq, c.match_key,
         COALESCE(c.group_size, r.world_size) AS group_size,
         CASE WHEN c.device_ts IS NOT NULL THEN 'device' ELSE 'host' END AS timing,
         COALESCE(c.device_ts, c.cpu_ts) AS start_ns,
         CASE WHEN c.device_ts IS NOT NULL THEN c.device_dur ELSE c.cpu_dur END AS duration_ns,
         CAST(coalesce(COALESCE(getvariable('link_bytes_per_s'), NULL), l.link_bytes_per_s) AS DOUBLE) AS link_bytes_per_s
-    FROM collectives c
+    FROM collective_calls() c
     LEFT JOIN ranks r ON r.run_id = c.run_id AND r.rank = c.rank
     LEFT JOIN links l ON l.run_id = c.run_id AND l.rank = c.rank
-    WHERE c.collective <> 'wait'
 ), skewed AS (
     SELECT *,
         start_ns - min(start_ns) OVER (PARTITION BY run_id, match_key) AS skew_ns,
@@ -69,7 +73,9 @@ WITH links AS (
                                                           collective_id DESC) AS arrival_from_last
     FROM calls
 ), instances AS (
-    SELECT run_id, any_value(pg_name) AS pg_name, any_value(seq) AS seq, min(collective) AS collective, min(step) AS step, min(timing) AS timing,
+    SELECT run_id, any_value(pg_name) AS pg_name, COALESCE(any_value(pair_seq), any_value(seq)) AS seq,
+        CASE WHEN any_value(src_rank) IS NOT NULL THEN 'send' ELSE min(collective) END AS collective,
+        any_value(src_rank) AS src_rank, any_value(dst_rank) AS dst_rank, min(step) AS step, min(timing) AS timing,
         max(group_size) AS group_size, count(*) AS ranks_seen,
         count(DISTINCT rank) = count(*) AND count(DISTINCT dtype) <= 1 AS consistent,
         max(size_bytes) AS size_bytes, min(start_ns) AS start_ns, min(duration_ns) AS duration_ns,
@@ -81,7 +87,7 @@ WITH links AS (
     FROM skewed
     GROUP BY run_id, match_key
 )
-SELECT run_id, pg_name, seq, collective, step, timing, group_size, ranks_seen, consistent, size_bytes, start_ns,
+SELECT run_id, pg_name, seq, collective, src_rank, dst_rank, step, timing, group_size, ranks_seen, consistent, size_bytes, start_ns,
     duration_ns, max_duration_ns,
     size_bytes / NULLIF(duration_ns, 0) AS algbw_gbps,
     algbw_gbps * busbw_factor(collective, group_size) AS busbw_gbps,

@@ -32,8 +32,8 @@ pytest.importorskip("sqlglot", reason="needs sqlglot: pip install '.[spark]' (th
 from tracesql import spark as tsp  # noqa: E402
 
 BUNDLED = ["hta_trace_filter", "torch_gloo_4rank_straggler", "jax_cpu_mlp", "tracelens_b200_eager",
-           "tracelens_mi210_gpu_only", "hta_cupti_profiler"]
-# diverse formats and features: collectives metadata, GEMM/attention shapes, XPlane, Nsight, MTIA, rocprof
+           "tracelens_mi210_gpu_only", "hta_cupti_profiler", "torch_pipeline_1f1b_2stage"]
+# diverse formats and features: send/recv pairs of a pipeline, collectives metadata, GEMM/attention shapes, XPlane, Nsight, MTIA, rocprof
 CORPUS_RUNS = {
     "nccl_parser_config": "hta/tests/data/nccl_parser_config/nccl_data.json.gz",
     "qwen_h100": "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",

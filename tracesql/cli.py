@@ -692,22 +692,37 @@ def _calls(before: float, after: float) -> str:
 @click.option("--run-id", help="The run, when RUN is a folder of several runs.")
 @click.option("--class-scheme", type=click.Choice(["default", "hta"]), default="default", show_default=True,
               help="Kernel class rules for the tracesql lanes (kernel_classes).")
+@click.option("--all-ranks", is_flag=True,
+              help="Every rank in one trace: a process per rank on aligned clocks (clock_offsets), flows between "
+                   "the ranks' parts of each collective and send/recv pair.")
+@click.option("--host-depth", type=click.IntRange(0), metavar="N",
+              help="With --all-ranks: leave out host slices nested deeper than N (communication calls stay; "
+                   "default: all up to 16 ranks, 2 beyond).")
 @_errors_as_messages
-def export(run, out, rank, step, run_id, class_scheme):
+def export(run, out, rank, step, run_id, class_scheme, all_ranks, host_depth):
     """Write one rank's step (or whole trace) of RUN as a Perfetto trace, to open in https://ui.perfetto.dev.
 
     Host threads and device streams as tracks, flows from launches to kernels, and tracesql's view as extra
     tracks per device: compute, communication, memory, exposed communication and idle (as `temporal_breakdown`
-    counts them), the run's warnings as instants.
+    counts them), the run's warnings as instants. With --all-ranks, every rank's in one trace.
 
     Example:
 
     \b
         tracesql export runs/1234 --rank 3 --step 120 -o step120.pftrace
+        tracesql export runs/1234 --all-ranks --step 120 -o step120-all.pftrace
     """
-    from .export import export as write_trace, summary
+    from .export import export as write_trace, export_all_ranks, summary, summary_all
 
     check_output(out, makes_folders=True)
+    if all_ranks:
+        if rank is not None:
+            raise click.UsageError("--rank and --all-ranks exclude each other")
+        click.echo(summary_all(export_all_ranks(run, out, step=step, run_id=run_id, class_scheme=class_scheme,
+                                                host_depth=host_depth)))
+        return
+    if host_depth is not None:
+        raise click.UsageError("--host-depth goes with --all-ranks")
     click.echo(summary(write_trace(run, out, rank=rank, step=step, run_id=run_id, class_scheme=class_scheme)))
 
 

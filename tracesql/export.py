@@ -137,48 +137,140 @@ def _export(con, target, out, rank: int | None, step: int | None, rid: str, clas
         rank = ranks[0]
     elif rank not in ranks:
         raise TraceError(f"--rank {rank}", f"no such rank in {rid} (ranks: {_span(ranks)})")
+    part = _collect(con, target, out, rank, step, rid, class_scheme)
+    _write(*part)
+    return part[0]
 
+
+#: Ranks up to which export_all_ranks keeps every host slice; beyond, host slices nested deeper than HOST_DEPTH
+#: are left out (communication calls, device work and tracesql's lanes are always kept), so that a trace of 64+
+#: ranks stays small enough to open.
+FULL_RANKS = 16
+HOST_DEPTH = 2
+
+
+@dataclass
+class AllRanks:
+    """What export_all_ranks wrote: each rank's part, the clock offsets applied, the flows across ranks."""
+
+    path: Path
+    run_id: str
+    step: int | None
+    parts: list[Exported]
+    offsets: dict[int, int]  # rank -> ns subtracted from its times (clock_offsets)
+    links: int = 0  # flows between the ranks' parts of a collective or a send/recv pair
+    host_depth: int | None = None
+
+
+def export_all_ranks(target, out, *, step: int | None = None, run_id: str | None = None,
+                     class_scheme: str = "default", host_depth: int | None = None) -> AllRanks:
+    """Every rank of the run (step `step`, else whole traces) in one Perfetto trace: a process per rank, its
+    times shifted by its clock offset (the `clock_offsets` query, where the offset exceeds its uncertainty;
+    elsewhere the clock as recorded), flows from each rank's
+    part of a collective instance or send/recv pair to the next rank's. `host_depth`: host slices nested deeper
+    are left out (default: none up to FULL_RANKS ranks, HOST_DEPTH beyond)."""
+    if class_scheme not in CLASS_SCHEMES:
+        raise TraceError("--class-scheme", f"one of {', '.join(CLASS_SCHEMES)}, not {class_scheme!r}")
+    path, rid = pick_run(target, run_id)
+    return engine.on_fresh_connection(path, lambda con: _export_all(con, target, Path(out), step, rid, class_scheme,
+                                                                    host_depth))
+
+
+def _export_all(con, target, out: Path, step, rid, class_scheme, host_depth) -> AllRanks:
+    from . import queries
+
+    ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM ranks WHERE run_id = $1 ORDER BY 1",
+                                       [rid]).fetchall()]
+    if host_depth is None and len(ranks) > FULL_RANKS:
+        host_depth = HOST_DEPTH
+    # offsets known better than their uncertainty are applied; the others leave the rank's clock as recorded
+    offsets = {int(r): int(o) for r, o in queries.run(con, queries.find("clock_offsets"))
+               .filter(f"run_id = '{rid.replace(chr(39), chr(39) * 2)}' AND abs(offset_ns) > uncertainty_ns")
+               .select("rank, offset_ns").fetchall()}
+    parts = [_collect(con, target, out, rank, step, rid, class_scheme, offsets.get(rank, 0), host_depth)
+             for rank in ranks]
+    exported = {part[0].rank: set(part[1]["slice_id"]) for part in parts}
+    # flows across ranks: each exported call of an instance (ordered by aligned start, then rank) to the next one
+    calls = con.execute("SELECT rank, collective_id, match_key, COALESCE(cpu_ts, device_ts) AS ts "
+                        "FROM collective_calls() WHERE run_id = $1", [rid]).fetchall()
+    instances: dict[str, list[tuple]] = {}
+    for rank, cid, key, ts in calls:
+        if cid in exported[rank]:
+            instances.setdefault(key, []).append((ts - offsets.get(rank, 0), rank, cid))
+    links: dict[int, dict[int, tuple[list[int], list[int]]]] = {r: {} for r in ranks}
+    flow = (1 << 62) + 1  # above every rank's own flow ids ((rank + 1) << 40 + slice_id + 1)
+    for members in instances.values():
+        members.sort()
+        for (_, ra, ca), (_, rb, cb) in zip(members, members[1:]):
+            links[ra].setdefault(ca, ([], []))[0].append(flow)
+            links[rb].setdefault(cb, ([], []))[1].append(flow)
+            flow += 1
+    result = AllRanks(out, rid, step, [part[0] for part in parts], offsets, flow - (1 << 62) - 1, host_depth)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuidlib.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            builder = _writer(f)
+            for i, part in enumerate(parts):
+                rank = part[0].rank
+                _write(*part, merge=Merge(builder, i + 1, (rank + 1) << 40, i + 1, links[rank]))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return result
+
+
+def _collect(con, target, out, rank: int, step: int | None, rid: str, class_scheme: str, shift: int = 0,
+             host_depth: int | None = None) -> tuple:
+    """What one rank contributes, its times minus `shift` (its clock offset); host slices nested deeper than
+    `host_depth` left out (communication calls kept). Returns _write's arguments."""
     activity = f"device_activity(class_scheme := '{class_scheme}')"
     where = "run_id = $run AND rank = $rank"
-    params = {"run": rid, "rank": rank}
+    params = {"run": rid, "rank": rank, "shift": shift}
     if step is not None:
-        row = con.execute(f"SELECT min(ts), max(ts + dur) FROM steps WHERE {where} AND step = $step",
+        row = con.execute(f"SELECT min(ts) - $shift, max(ts + dur) - $shift FROM steps WHERE {where} AND step = $step",
                           {**params, "step": step}).fetchone()
         if row[0] is None:
             steps = [s for (s,) in con.execute(f"SELECT DISTINCT step FROM steps WHERE {where} ORDER BY 1",
-                                               params).fetchall()]
+                                               {"run": rid, "rank": rank}).fetchall()]
             raise TraceError(f"--step {step}", f"rank {rank} of {rid} has no such step"
                                                f" ({'steps: ' + _span(steps) if steps else 'no steps recorded'})")
         host = [row]
-        windows = con.execute(f"SELECT device_id, ts, te FROM step_windows(class_scheme := '{class_scheme}') "
-                              f"WHERE {where} AND step = $step ORDER BY 1", {**params, "step": step}).fetchall()
+        windows = con.execute(f"SELECT device_id, ts - $shift, te - $shift FROM step_windows(class_scheme := "
+                              f"'{class_scheme}') WHERE {where} AND step = $step ORDER BY 1",
+                              {**params, "step": step}).fetchall()
     else:
-        host = con.execute(f"SELECT min(ts), max(ts + dur) FROM slices WHERE {where}", params).fetchall()
-        windows = con.execute(f"SELECT device_id, min(ts), max(ts + dur) FROM {activity} WHERE {where} "
-                              "GROUP BY 1 ORDER BY 1", params).fetchall()
+        host = con.execute(f"SELECT min(ts) - $shift, max(ts + dur) - $shift FROM slices WHERE {where}",
+                           params).fetchall()
+        windows = con.execute(f"SELECT device_id, min(ts) - $shift, max(ts + dur) - $shift FROM {activity} "
+                              f"WHERE {where} GROUP BY 1 ORDER BY 1", params).fetchall()
     bounds = [b for b in host if b[0] is not None] + [(w0, w1) for _, w0, w1 in windows]
     if not bounds:
         raise TraceError(target, f"rank {rank} of {rid} has no events")
     t0, t1 = min(b[0] for b in bounds), max(b[1] for b in bounds)
-    span = {**params, "t0": t0, "t1": t1}
+    span = {**params, "t0": t0, "t1": t1, "depth": host_depth}
+    depth = ("AND (device_id IS NOT NULL OR $depth IS NULL OR depth <= $depth OR slice_id IN "
+             "(SELECT collective_id FROM collectives WHERE run_id = $run AND rank = $rank))")
     slices = con.sql(
-        "SELECT slice_id, kind, category, name, ts, dur, pid, tid, device_id, stream, track, launch_id, "
-        f"correlation, op_id, step, CAST(args AS VARCHAR) AS args FROM slices WHERE {where} "
-        "AND ts <= $t1 AND ts + dur >= $t0 ORDER BY ts, dur DESC, slice_id", params=span).to_arrow_table()
-    device = con.sql(f"SELECT slice_id, device_id, class, ts, dur FROM {activity} WHERE {where} "
-                         "AND ts <= $t1 AND ts + dur >= $t0", params=span).to_arrow_table()
+        "SELECT slice_id, kind, category, name, ts - $shift AS ts, dur, pid, tid, device_id, stream, track, "
+        f"launch_id, correlation, op_id, step, CAST(args AS VARCHAR) AS args FROM slices WHERE {where} "
+        f"AND ts - $shift <= $t1 AND ts - $shift + dur >= $t0 {depth} ORDER BY ts, dur DESC, slice_id",
+        params=span).to_arrow_table()
+    device = con.sql(f"SELECT slice_id, device_id, class, ts - $shift AS ts, dur FROM {activity} WHERE {where} "
+                     "AND ts - $shift <= $t1 AND ts - $shift + dur >= $t0",
+                     params={**params, "t0": t0, "t1": t1}).to_arrow_table()
     slices = {c: slices.column(c).to_pylist() for c in slices.column_names}
     device = {c: device.column(c).to_pylist() for c in device.column_names}
     warn = con.execute("SELECT check_name, event_count, example, message, source_path FROM warnings "
                        f"WHERE run_id = $run AND (rank = $rank OR rank IS NULL) ORDER BY check_name, source_path",
-                       params).fetchall()
-    counters = con.execute(f"SELECT name, series, track, ts, value FROM counters WHERE {where} "
-                           "AND ts BETWEEN $t0 AND $t1 ORDER BY name, series, ts", span).fetchall()
+                       {"run": rid, "rank": rank}).fetchall()
+    counters = con.execute(f"SELECT name, series, track, ts - $shift, value FROM counters WHERE {where} "
+                           "AND ts - $shift BETWEEN $t0 AND $t1 ORDER BY name, series, ts",
+                           {**params, "t0": t0, "t1": t1}).fetchall()
 
     result = Exported(Path(out), rid, rank, step, (t0, t1), device_windows={int(d): (a, b) for d, a, b in windows})
     classes = dict(zip(device["slice_id"], device["class"]))
-    _write(result, slices, classes, device, warn, counters)
-    return result
+    return result, slices, classes, device, warn, counters
 
 
 def _span(values: list) -> str:
@@ -239,12 +331,27 @@ def timeline_lanes(events_ts, events_te, events_bit, w0: int, w1: int) -> dict[s
     return out
 
 
-def _write(result: Exported, s: dict, classes: dict, device: dict, warn: list, counters: list) -> None:
+@dataclass
+class Merge:
+    """How one rank's part goes into a trace of several ranks (export_all_ranks): its own packet sequence, track
+    uuids and flow ids above `base`, one process (pid `pid`) holding its threads and devices, and the flows
+    across ranks that begin or end at its slices."""
+
+    builder: object
+    sequence_id: int
+    base: int
+    pid: int
+    links: dict[int, tuple[list[int], list[int]]]  # slice_id -> (flow ids out, flow ids in)
+
+
+def _write(result: Exported, s: dict, classes: dict, device: dict, warn: list, counters: list,
+           merge: Merge | None = None) -> None:
     pb = _proto()
     out = result.path
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{uuidlib.uuid4().hex[:8]}.tmp")
-    next_uuid = iter(range(1, 1 << 62)).__next__
+    base = merge.base if merge else 0
+    sequence_id = merge.sequence_id if merge else SEQUENCE_ID
+    links = merge.links if merge else {}
+    next_uuid = iter(range(base + 1, base + (1 << 40))).__next__
     n = len(s["slice_id"])
     ids, kinds = s["slice_id"], s["kind"]
     starts = np.asarray(s["ts"], dtype=np.int64)
@@ -267,11 +374,14 @@ def _write(result: Exported, s: dict, classes: dict, device: dict, warn: list, c
     group_of = [None] * n
     proc_uuid: dict[int, int] = {}
     dev_uuid: dict[int, int] = {}
+    rank_uuid = None
+    if merge:  # one process per rank: its threads and its devices under it
+        rank_uuid = descriptor(process=pb.ProcessDescriptor(pid=merge.pid, process_name=f"rank {result.rank}"))
     for i in range(n):
         if is_device[i]:
             d = int(dev[i])
             if d not in dev_uuid:
-                dev_uuid[d] = descriptor(name=f"rank {result.rank} · device {d}")
+                dev_uuid[d] = descriptor(name=f"rank {result.rank} · device {d}", parent_uuid=rank_uuid)
             key = ("device", d, track[i] or f"device {d}")
             if key not in groups:
                 groups[key] = descriptor(name=key[2], parent_uuid=dev_uuid[d])
@@ -279,16 +389,17 @@ def _write(result: Exported, s: dict, classes: dict, device: dict, warn: list, c
             p, t = int(pid[i] or 0), int(tid[i] or 0)
             if p not in proc_uuid:
                 label = (track[i] or f"pid {p}").split(" / ")[0]
-                proc_uuid[p] = descriptor(process=pb.ProcessDescriptor(
+                proc_uuid[p] = rank_uuid or descriptor(process=pb.ProcessDescriptor(
                     pid=p, process_name=f"rank {result.rank} · {label}"))
             key = ("host", p, t)
             if key not in groups:
-                groups[key] = descriptor(thread=pb.ThreadDescriptor(pid=p, tid=t, thread_name=track[i] or f"tid {t}"),
+                groups[key] = descriptor(thread=pb.ThreadDescriptor(pid=merge.pid if merge else p, tid=t,
+                                                                    thread_name=track[i] or f"tid {t}"),
                                          parent_uuid=proc_uuid[p])
         group_of[i] = key
     for d, (w0, w1) in result.device_windows.items():
         if d not in dev_uuid:
-            dev_uuid[d] = descriptor(name=f"rank {result.rank} · device {d}")
+            dev_uuid[d] = descriptor(name=f"rank {result.rank} · device {d}", parent_uuid=rank_uuid)
 
     # slices: begin/end per track lane, nested; instants on their group's first lane
     timed = [i for i in range(n) if kinds[i] not in INSTANT_KINDS]
@@ -300,7 +411,7 @@ def _write(result: Exported, s: dict, classes: dict, device: dict, warn: list, c
     flows_out: dict[int, list[int]] = {}
     for i in range(n):
         if is_device[i] and launch[i] is not None and launch[i] in exported:
-            flows_out.setdefault(launch[i], []).append(ids[i] + 1)  # flow id: the device slice's id + 1 (never 0)
+            flows_out.setdefault(launch[i], []).append(base + ids[i] + 1)  # the device slice's id + 1 (never 0)
             result.flows += 1
     for key, members in by_group.items():
         order = np.asarray(members)
@@ -376,12 +487,11 @@ def _write(result: Exported, s: dict, classes: dict, device: dict, warn: list, c
             text = args[i] if len(args[i]) <= ARGS_CHARS else args[i][: ARGS_CHARS - 1] + "…"
             add(name="args", string_value=text)
 
-    with open(tmp, "wb") as f:
-        builder = _writer(f)
+    def emit(builder):
         first = True
         for d in packets:
             p = builder.create_packet()
-            p.trusted_packet_sequence_id = SEQUENCE_ID
+            p.trusted_packet_sequence_id = sequence_id
             if first:
                 p.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
                 first = False
@@ -390,7 +500,7 @@ def _write(result: Exported, s: dict, classes: dict, device: dict, warn: list, c
         T = pb.TrackEvent
         for t, kind, what, u in heapq.merge(*streams, key=lambda e: e[0]):
             p = builder.create_packet()
-            p.trusted_packet_sequence_id = SEQUENCE_ID
+            p.trusted_packet_sequence_id = sequence_id
             p.timestamp = t
             e = p.track_event
             e.track_uuid = u
@@ -405,7 +515,10 @@ def _write(result: Exported, s: dict, classes: dict, device: dict, warn: list, c
                     if ids[i] in flows_out:
                         e.flow_ids.extend(flows_out[ids[i]])
                     if is_device[i] and launch[i] is not None and launch[i] in exported:
-                        e.terminating_flow_ids.append(ids[i] + 1)
+                        e.terminating_flow_ids.append(base + ids[i] + 1)
+                    if ids[i] in links:
+                        e.flow_ids.extend(links[ids[i]][0])
+                        e.terminating_flow_ids.extend(links[ids[i]][1])
                 else:
                     result.instants += 1
             elif kind == "end":
@@ -427,6 +540,14 @@ def _write(result: Exported, s: dict, classes: dict, device: dict, warn: list, c
                 e.type = T.TYPE_COUNTER
                 e.double_counter_value = float(what)
             builder.write_packet(p)
+
+    if merge:
+        emit(merge.builder)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuidlib.uuid4().hex[:8]}.tmp")
+    with open(tmp, "wb") as f:
+        emit(_writer(f))
     os.replace(tmp, out)
 
 
@@ -447,6 +568,19 @@ def summary(result: Exported) -> str:
             f" ms: {result.slices:,} slices, {result.instants:,} instants, {result.flows:,} flows, {result.tracks} "
             f"tracks, {result.warnings} warning(s)" + (f"; {lanes}" if lanes else "")
             + ". Open it in https://ui.perfetto.dev")
+
+
+def summary_all(result: AllRanks) -> str:
+    where = f"step {result.step}" if result.step is not None else "whole traces"
+    shifted = {r: o for r, o in result.offsets.items() if o}
+    clocks = ("clocks aligned by clock_offsets (" + ", ".join(f"rank {r}: {-o / 1e6:+,.3f} ms" for r, o in
+                                                             sorted(shifted.items())[:8])
+              + (", ..." if len(shifted) > 8 else "") + ")") if shifted else "clocks as recorded"
+    kept = (f"host slices to depth {result.host_depth} and every communication call" if result.host_depth is not None
+            else "every slice")
+    return (f"{result.path}: {result.run_id}, {len(result.parts)} ranks, {where}: "
+            f"{sum(p.slices for p in result.parts):,} slices ({kept}), {result.links:,} flows between ranks, "
+            f"{clocks}. Open it in https://ui.perfetto.dev")
 
 
 def to_json(result: Exported) -> str:

@@ -521,7 +521,7 @@ WITH comm_kernels AS (
         min(json_extract_string(args, '$."Process Group Name"')) AS kernel_pg_name
     FROM comm_kernels WHERE collective_call IS NOT NULL GROUP BY collective_call
 ), calls AS (
-    SELECT s.run_id, s.rank, s.slice_id AS collective_id, s.args, s.step, s.ts AS cpu_ts, s.dur AS cpu_dur,
+    SELECT s.run_id, s.rank, s.slice_id AS collective_id, s.args, s.step, s.ts AS cpu_ts, s.dur AS cpu_dur, s.tid,
         -- (with x in it, the filter on the name below runs after the join: not on every slice's args)
         CASE WHEN x.is_collective_call THEN COALESCE(json_extract_string(s.args, '$."Collective name"'), s.name)
         END AS source_name,
@@ -529,6 +529,15 @@ WITH comm_kernels AS (
         k.kernel_in_nelems, k.kernel_out_nelems, k.kernel_pg_name
     FROM slices s JOIN extra x USING (slice_id) LEFT JOIN per_call k ON k.collective_call = s.slice_id
     WHERE x.is_collective_call
+), annotated AS (
+    -- a c10d call of a TensorList (gloo's send/recv_) records no dtype; the backend's transfer annotation that
+    -- starts inside it on its thread (gloo:send, gloo:recv) records the tensor's
+    SELECT c.collective_id, min(json_extract_string(a.args, '$."Input type"[0]')) AS annotation_dtype
+    FROM calls c JOIN slices a ON a.rank = c.rank AND a.tid = c.tid AND a.kind = 'user_annotation'
+     AND a.ts >= c.cpu_ts AND a.ts <= c.cpu_ts + c.cpu_dur
+    WHERE c.kernel_count IS NULL AND json_extract_string(c.args, '$."Input type"[0]') = 'TensorList'
+      AND collective_kind(a.name) = collective_kind(c.source_name)
+    GROUP BY c.collective_id
 ), kernel_only AS (
     -- XLA collectives take size, type and groups from their HLO op: the replica group holding the device
     SELECT c.run_id, c.rank, c.slice_id AS collective_id, c.args, c.step, NULL AS cpu_ts, NULL AS cpu_dur,
@@ -552,7 +561,7 @@ WITH comm_kernels AS (
             AS group_ranks,
         COALESCE(xla_dtype, json_extract_string(args, '$.dtype'),
                  list_filter(TRY_CAST(json_extract(args, '$."Input type"') AS VARCHAR[]),
-                             lambda t: dtype_bytes(t) IS NOT NULL)[1], kernel_dtype) AS dtype,
+                             lambda t: dtype_bytes(t) IS NOT NULL)[1], kernel_dtype, annotation_dtype) AS dtype,
         -- without metadata the message is the op's input tensor: the second one of c10d's *_base_ ops
         -- (output, input), the first otherwise
         COALESCE(xla_in, TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT), kernel_in_nelems,
@@ -561,8 +570,18 @@ WITH comm_kernels AS (
         COALESCE(xla_out, TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT), kernel_out_nelems)
             AS out_nelems,
         TRY_CAST(COALESCE(json_extract_string(args, '$.Seq'), json_extract_string(args, '$.seq')) AS BIGINT)
-            AS recorded_seq
-    FROM (SELECT * FROM calls UNION ALL BY NAME SELECT * FROM kernel_only)
+            AS recorded_seq,
+        -- a point-to-point call's peer: Kineto's global 'Dst Rank' / 'Src Rank', else its rank within the group
+        -- (record_param_comms' 'Rank' of a send or recv; c10d::send / recv_'s third argument, dstRank / srcRank)
+        CASE collective_kind(source_name)
+            WHEN 'send' THEN TRY_CAST(json_extract_string(args, '$."Dst Rank"') AS INTEGER)
+            WHEN 'recv' THEN TRY_CAST(json_extract_string(args, '$."Src Rank"') AS INTEGER)
+        END AS recorded_peer,
+        CASE WHEN collective_kind(source_name) IN ('send', 'recv')
+             THEN COALESCE(TRY_CAST(json_extract_string(args, '$.Rank') AS INTEGER),
+                           TRY_CAST(json_extract_string(args, '$."Concrete Inputs"[2]') AS INTEGER))
+        END AS peer_group_rank
+    FROM (SELECT * FROM calls LEFT JOIN annotated USING (collective_id) UNION ALL BY NAME SELECT * FROM kernel_only)
     WHERE source_name <> 'wait'  -- work.wait() is recorded like a collective but moves no data
 ), only_group AS (  -- a rank in a single process group: calls that name none ran on it
     SELECT any_value(pg_name) AS pg_name, any_value(pg_desc) AS pg_desc, any_value(group_size) AS group_size,
@@ -579,6 +598,10 @@ SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_des
          THEN COALESCE(r.out_nelems, r.in_nelems * COALESCE(r.group_size, g.group_size))
          ELSE r.in_nelems END * dtype_bytes(r.dtype) AS size_bytes,
     r.recorded_seq IS NOT NULL AS seq_recorded,
+    -- the peer's group rank made global by the group's ranks; on the default group (no group recorded, or the
+    -- whole world) the group rank is the global one
+    COALESCE(r.recorded_peer, COALESCE(r.group_ranks, g.group_ranks)[r.peer_group_rank + 1],
+             CASE WHEN COALESCE(r.group_ranks, g.group_ranks) IS NULL THEN r.peer_group_rank END) AS peer,
     -- numbered per group and class (collective_match_class: point-to-point calls apart from each collective);
     -- on a rank whose collectives no host call issues (XLA's SPMD ops, one set per device) per device too, and
     -- where host calls exist, the kernels none of them launched in the same count (else two counts collide)

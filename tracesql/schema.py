@@ -46,7 +46,8 @@ SCHEMA_CHANGES = {
        "record; older runs have no row). Launches on the device events (issue 24): slices gains launch_ts, "
        "launch_dur, launch_pid and launch_tid, the launching call's start, duration, process and thread, so that "
        "queries need not join each device event to its launch (a run of an older version derives them from "
-       "launch_id when read)",
+       "launch_id when read). Point-to-point pairs (issue 29): collectives gains peer (a send's "
+       "destination, a recv's source, global rank; NULL in older runs and for other calls)",
 }
 OLDEST_READABLE = 1
 #: Tables written once per run at ingest (not a part per source file).
@@ -270,6 +271,9 @@ TABLES: dict[str, Table] = {
                     "True when the trace recorded seq; false when it counts the rank's calls in time order (then "
                     "ranks whose profiles start at different calls disagree).",
                 ),
+                ("peer", "INTEGER", "Global rank at the other end of a send (its destination) or recv (its "
+                 "source): Kineto's Dst/Src Rank, else the call's group rank mapped by group_ranks; NULL for "
+                 "other calls."),
                 ("dtype", "VARCHAR", "Element type."),
                 ("dtype_bytes", "INTEGER", "Bytes per element."),
                 ("in_nelems", "BIGINT", "Input elements."),

@@ -25,10 +25,7 @@ have a ground truth to find.
 Everything is seeded; timings of course differ between runs.
 """
 import argparse
-import gzip
 import os
-import shutil
-import socket
 import time
 
 import torch
@@ -37,14 +34,10 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch_jobs import free_port, gzip_trace
 
 WAIT, WARMUP, ACTIVE = 1, 1, 3
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TinyModel(nn.Module):
@@ -148,12 +141,7 @@ def worker(rank: int, world: int, port: int, steps: int, out_dir: str, slow_rank
 
     dist.barrier()
     dist.destroy_process_group()
-    dst = os.path.join(out_dir, f"rank-{rank}.pt.trace.json.gz")
-    # mtime=0 and no embedded filename -> gzip header is reproducible
-    with open(raw, "rb") as src, open(dst, "wb") as fo:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz:
-            shutil.copyfileobj(src, gz)
-    os.remove(raw)
+    gzip_trace(raw)
 
 
 def main() -> None:

@@ -49,12 +49,16 @@ EXAMPLES: dict[str, Example] = {
     "collective_stragglers": Example(
         "query collective_stragglers datasets/torch_gloo_4rank_straggler/",
         note="Rank 2 of this job sleeps 5 ms before each collective (it was made so): it is last 23 times out of 27."),
+    "clock_offsets": Example(
+        "query clock_offsets datasets/torch_pipeline_gpipe_4stage/",
+        note="The four ranks ran on one host (one clock): the offsets are within their uncertainty of 0."),
     "collectives": Example("query collectives datasets/torch_gloo_4rank_straggler/", 6),
     "cost_coverage": Example(
         "query cost_coverage datasets/tracelens_b200_eager/ -p per=kernel", 5,
         note="GPT-OSS with MXFP4 experts on a B200: 20 % of the compute time is under an op with a cost; vLLM's MoE "
              "op records the hidden states and router logits but not the experts' weights, so its grouped GEMMs "
              "cannot be rated."),
+    "comm_matrix": Example("query comm_matrix datasets/torch_pipeline_gpipe_4stage/", 6),
     "critical_path": Example(
         "query critical_path datasets/hta_trace_filter/ -p rank=0 -p instance=0", 6,
         note="HTA's sampled trace keeps few ops: the path is mostly host time between them (cpu_bound); "
@@ -95,6 +99,14 @@ EXAMPLES: dict[str, Example] = {
         "query phases datasets/hta_nccl_parser_config/",
         note="DDP on an A100: backward (on the autograd thread) takes twice the forward; the device idles 77 % of "
              "each step, and 10 to 19 ms of communication per step is not hidden under compute."),
+    "parallelism": Example(
+        "query parallelism datasets/torch_mesh_dp2_tp2/ -p per=group",
+        note="DeviceMesh names its groups mesh_dp and mesh_tp; -p parallelism=tp=2,dp=2 labels them from the "
+             "layout instead, with the same result."),
+    "pipeline": Example(
+        "query pipeline datasets/torch_pipeline_1f1b_4stage_slow2/", 4,
+        note="Stage 2 does three times the others' work: it computes longest and limits the pipeline "
+             "(limiting); the other stages wait for it (imbalance_ns)."),
     "roofline": Example("query roofline datasets/tracelens_b200_eager/ -p top=4", 4),
     "steps": Example("query steps datasets/hta_trace_filter/"),
     "temporal_breakdown": Example("query temporal_breakdown datasets/hta_trace_filter/ -p per=step"),

@@ -54,6 +54,22 @@ CREATE OR REPLACE MACRO collective_match_key(pg_name, collective, seq) AS (
     COALESCE(pg_name, '') || '|' || collective_match_class(collective) || '|' || CAST(seq AS VARCHAR)
 );
 
+-- The sending and the receiving rank of a point-to-point call whose peer is known (collectives.peer); NULL for
+-- other calls.
+CREATE OR REPLACE MACRO p2p_src_rank(collective, rank, peer) AS (
+    CASE WHEN peer IS NOT NULL THEN CASE collective WHEN 'send' THEN rank WHEN 'recv' THEN peer END END
+);
+CREATE OR REPLACE MACRO p2p_dst_rank(collective, rank, peer) AS (
+    CASE WHEN peer IS NOT NULL THEN CASE collective WHEN 'send' THEN peer WHEN 'recv' THEN rank END END
+);
+
+-- The key of one send/recv pair across ranks: the n-th transfer from src to dst within a group (n counted by each
+-- of the two ranks in time order), which the sender's send and the receiver's recv share.
+CREATE OR REPLACE MACRO p2p_match_key(pg_name, src_rank, dst_rank, n) AS (
+    COALESCE(pg_name, '') || '|p2p|' || CAST(src_rank AS VARCHAR) || '>' || CAST(dst_rank AS VARCHAR) || '|'
+        || CAST(n AS VARCHAR)
+);
+
 -- Elements of the n-th tensor (or tensor list, summed) in a Kineto 'Input Dims' JSON value such as
 -- [[], [[8]], [], []] or [[8], [16]], counting only entries with a shape: the message of c10d ops that record no
 -- 'In msg nelems'.

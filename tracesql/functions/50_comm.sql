@@ -1,6 +1,6 @@
--- Communication: bus-bandwidth factors of the collectives.
--- Only scalar macros here: a table macro binds its tables when created, and this file is also loaded during
--- ingest, before the `collectives` table exists.
+-- Communication: bus-bandwidth factors of the collectives, and how calls are matched across ranks.
+-- The scalar macros are also loaded during ingest, before the `collectives` table exists; collective_calls (a
+-- table macro binds its tables when created) is created only where its name is used: in query sessions.
 
 -- nccl-tests' bus-bandwidth factor: busbw = algbw × factor, the bandwidth each rank's link must sustain, which
 -- compares with the hardware's peak independently of the group size n. all_reduce 2(n−1)/n; all_gather,
@@ -33,4 +33,19 @@ CREATE OR REPLACE MACRO collective_time_ns(size_bytes, kind, group_size, link_by
 -- p, m, v >= 1.
 CREATE OR REPLACE MACRO pipeline_bubble_fraction(p, m, v := 1) AS (
     CASE WHEN p >= 1 AND m >= 1 AND v >= 1 THEN (p - 1.0) / (v * m + p - 1.0) END
+);
+
+-- Each communication call of `collectives` (`wait` records left out: they move no data) with the key that
+-- matches it across ranks into one instance: collective_match_key (group, class, seq); for a send or recv whose
+-- peer is known, p2p_match_key instead: the n-th transfer from src_rank to dst_rank in the group, n counted by
+-- each of the two ranks in time order (pair_seq), so that a send meets its peer's recv and nothing else.
+CREATE OR REPLACE MACRO collective_calls() AS TABLE
+SELECT *, CASE WHEN src_rank IS NULL THEN collective_match_key(pg_name, collective, seq)
+               ELSE p2p_match_key(pg_name, src_rank, dst_rank, pair_seq) END AS match_key
+FROM (
+    SELECT *, CASE WHEN src_rank IS NOT NULL
+                   THEN row_number() OVER (PARTITION BY run_id, rank, pg_name, src_rank, dst_rank
+                                           ORDER BY COALESCE(cpu_ts, device_ts), collective_id) - 1 END AS pair_seq
+    FROM (SELECT *, p2p_src_rank(collective, rank, peer) AS src_rank, p2p_dst_rank(collective, rank, peer) AS dst_rank
+          FROM collectives WHERE collective <> 'wait')
 );
