@@ -420,9 +420,9 @@ def _write(result: Exported, s: dict, classes: dict, device: dict, warn: list, c
             if k == 0:
                 lane_uuid[(key, 0)] = groups[key]
             else:
-                base = key[2] if key[0] == "device" else f"thread {key[2]}"
+                lane_name = key[2] if key[0] == "device" else f"thread {key[2]}"
                 parent = dev_uuid[key[1]] if key[0] == "device" else proc_uuid[key[1]]
-                lane_uuid[(key, k)] = descriptor(name=f"{base} ({k + 1})", parent_uuid=parent)
+                lane_uuid[(key, k)] = descriptor(name=f"{lane_name} ({k + 1})", parent_uuid=parent)
             events, open_ends = [], []
             for i in order[lanes == k].tolist():
                 while open_ends and open_ends[-1][0] <= starts[i]:

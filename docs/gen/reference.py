@@ -81,7 +81,7 @@ EXAMPLES: dict[str, Example] = {
     "copy_bandwidth": Example("query copy_bandwidth datasets/hta_nccl_parser_config/"),
     "kernel_sequences": Example("query kernel_sequences datasets/hta_nccl_parser_config/ -p operator=aten::conv -p top=3", 3),
     "kernel_counters": Example(
-        "query kernel_counters datasets/hta_cupti_profiler/ -c kernel_index,name,bottom_level_op,sass_flops", 4),
+        "query kernel_counters datasets/hta_cupti_profiler/", 4),
     "memory": Example("query memory datasets/torch_gloo_2rank/"),
     "memory_curve": Example("query memory_curve datasets/torch_gloo_2rank/ -p points=4"),
     "memory_ops": Example("query memory_ops datasets/torch_gloo_2rank/ -p top=3", 6),
