@@ -266,7 +266,7 @@ def query(query, target, params, fmt, columns, output, engine, master, sandbox, 
         click.echo(f"Note: {why}.", err=True)
 
 
-@main.command(short_help="What limits each step and what fixing it would save, largest saving first.")
+@main.command(short_help="What limits each step and what fixing it would save.")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("-p", "--param", "params", multiple=True, metavar="NAME=VALUE",
               help="A rule parameter, for every rule that takes it (e.g. min_saving_pct=2); repeatable.")
@@ -511,7 +511,7 @@ def shell(target, sandbox):
         sys.exit(1)
 
 
-@main.command(short_help="HTML report, Markdown summary, metrics and CI gates over many runs.")
+@main.command(short_help="HTML report, summary, metrics and CI gates over many runs.")
 @click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=Path("report"), show_default=True,
               help="Folder for index.html, summary.md, metrics.json, metrics.parquet.")
@@ -683,7 +683,7 @@ def _calls(before: float, after: float) -> str:
     return text(before) if before == after else f"{text(before)}→{text(after)}"
 
 
-@main.command(short_help="One rank's step as a Perfetto trace.")
+@main.command(short_help="A step of one rank (or of every rank) as a Perfetto trace.")
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
               help="Perfetto trace file to write (.pftrace).")

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from . import schema
 from .errors import TraceError
+
+if TYPE_CHECKING:  # pandas only where --steps is given: a plain query loads none
+    import pandas as pd
 
 WARMUP_SPREADS = 3.0  # a leading step slower than median + 3 robust sd of the steps after it is warm-up
 MIN_STEADY = 2  # warm-up detection keeps at least this many steps
@@ -74,6 +77,8 @@ def warmup(times) -> int:
 def steady(per_step: pd.DataFrame, steps: Steps) -> tuple[pd.DataFrame, dict[str, str]]:
     """The steps that count, from `per_step` (run_id, step, step_ns: a row per run and step), and per run a line
     saying which they are ('3..9 (7 steps)', 'auto: 3..9 (7 steps, warm-up 1..2 dropped)', 'all: 1..9 (9 steps)')."""
+    import pandas as pd
+
     kept, used = [], {}
     for run_id, run in per_step.sort_values(["run_id", "step"]).groupby("run_id", sort=False):
         note = ""

@@ -303,6 +303,54 @@ def ascend_db_many_tasks(stem: Path, scale: float) -> Path:
     return path
 
 
+def rocpd_many_dispatches(stem: Path, scale: float) -> Path:
+    """The bundled rocpd database with 2 M more kernel dispatches, each of a kernel symbol with a distinct
+    300-character name."""
+    n = _n(2_000_000, scale)
+    src = DATASETS / "rocprofv3_mi350x_rocpd" / "908_results.db"
+    path = Path(f"{stem}_results.db")
+    shutil.copyfile(src, path)
+    with sqlite3.connect(path) as con:
+        def table(prefix: str) -> str:
+            return con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ?",
+                               (prefix + "_0%",)).fetchone()[0]
+        dispatch, symbol = table("rocpd_kernel_dispatch"), table("rocpd_info_kernel_symbol")
+        first_id, first_symbol = (con.execute(f'SELECT max(id) + 1 FROM "{t}"').fetchone()[0] for t in (dispatch, symbol))
+        start = con.execute(f'SELECT max("end") FROM "{dispatch}"').fetchone()[0]
+        series = f"WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < {n})"
+        symbol_columns = [r[1] for r in con.execute(f'PRAGMA table_info("{symbol}")')]
+        chosen = {"id": f"{first_symbol} + i",
+                  "kernel_name": "printf('%010d', i) || replace(hex(zeroblob(145)), '0', 'k') || '.kd'",
+                  "display_name": "printf('%010d', i) || replace(hex(zeroblob(145)), '0', 'k')"}
+        con.execute(f'INSERT INTO "{symbol}" {series} SELECT '
+                    + ", ".join(chosen.get(c, f'"{c}"') for c in symbol_columns)
+                    + f' FROM n, (SELECT * FROM "{symbol}" LIMIT 1)')
+        dispatch_columns = [r[1] for r in con.execute(f'PRAGMA table_info("{dispatch}")')]
+        chosen = {"id": f"{first_id} + i", "dispatch_id": f"{first_id} + i", "kernel_id": f"{first_symbol} + i",
+                  "start": f"{start} + 1000 * i", "end": f"{start} + 1000 * i + 500"}
+        con.execute(f'INSERT INTO "{dispatch}" {series} SELECT '
+                    + ", ".join(chosen.get(c, f'"{c}"') for c in dispatch_columns)
+                    + f' FROM n, (SELECT * FROM "{dispatch}" LIMIT 1)')
+    return path
+
+
+def rocprof_csv_many_rows(stem: Path, scale: float) -> Path:
+    """The bundled rocprofv3 CSV kernel trace with 3 M dispatches of distinct 300-character kernel names."""
+    n = _n(3_000_000, scale)
+    src = DATASETS / "rocprofv3_mi350x_csv"
+    shutil.copyfile(src / "908_agent_info.csv", Path(f"{stem}_agent_info.csv"))
+    path = Path(f"{stem}_kernel_trace.csv")
+    with open(src / "908_kernel_trace.csv", newline="") as f:
+        header = f.readline()
+    with open(path, "w") as f:
+        f.write(header)
+        for i in range(n):
+            name = f"{i:010d}" + "k" * 290
+            f.write(f'"KERNEL_DISPATCH","Agent 2",18,567,1229,{i + 1},{i + 1},"{name}",{i + 1},'
+                    f'{1_000_000 + 1000 * i},{1_000_500 + 1000 * i},0,0,8,0,16,256,1,1,1024,1,1\n')
+    return path
+
+
 # -- XPlane ----------------------------------------------------------------------------------------------------------
 
 def xplane_many_events(stem: Path, scale: float) -> Path:
@@ -357,6 +405,8 @@ SHAPES = [
     Shape("torch_npu", "whitespace-gz", ascend_whitespace),
     Shape("torch_npu", "distinct-names-gz", ascend_distinct_names),
     Shape("torch_npu_db", "many-tasks", ascend_db_many_tasks),
+    Shape("rocpd", "many-dispatches", rocpd_many_dispatches),
+    Shape("rocprof_csv", "many-rows", rocprof_csv_many_rows),
     Shape("xplane", "many-events", xplane_many_events),
     Shape("xplane", "distinct-names", xplane_distinct_names),
 ]
