@@ -248,7 +248,7 @@ def section_queries(opts) -> list[Row]:
         runs = bench_queries.tiled_runs(trace, tiles, opts.queries_dir)
         growth = bench_queries.growth_of(runs)
         timed = [(q.name, params, [b[0] for b in best[0]])  # CPU s per tile
-                 for q, params, best in bench_queries.measure([worker], runs, catalogue, opts.query_repeat)]
+                 for q, params, best in bench_queries.measure([worker], [runs], catalogue, opts.query_repeat)]
         scan = [min(worker.time_sql(run, SCAN)["cpu"] for _ in range(opts.query_repeat)) for _, run, _ in runs]
         slowest = max(timed, key=lambda t: t[2][-1])
         over = [t for t in timed if t[2][-1] >= 1]
