@@ -192,7 +192,9 @@ def test_every_ingest_names_its_files_anew_and_keeps_unchanged_ones(tmp_path):
     kept = set(second) & set(third)  # ranks 0 and 1 carried over: the same names for the same bytes
     assert {f.split("/")[1][:9] for f in kept} == {"rank00000", "rank00001"}
     assert all(second[f] == third[f] for f in kept)
-    assert {f.split("/")[1][:9] for f in set(third) - kept} == {"rank00002", "run-check"}
+    # new: rank 2's parts, the run's checks and its runs row (its recorded world size went from 2 to 3)
+    assert {f.split("/")[1][:9] for f in set(third) - kept if not f.startswith("runs/")} == {"rank00002", "run-check"}
+    assert [f for f in set(third) - kept if f.startswith("runs/")] and not set(third) & set(first)
 
 
 LOOP = """
