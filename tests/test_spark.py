@@ -44,7 +44,8 @@ CORPUS_RUNS = {
 }
 # the queries that walk a graph with tracesql's Python function run on DuckDB only
 DUCKDB_ONLY = [q.name for q in queries.catalogue()  # calling a Python function, or a macro that does
-               if set(transpile.DUCKDB_ONLY) & functions.words("\n".join(functions.needed(functions.words(q.sql))[0]))]
+               if set(transpile.DUCKDB_ONLY) & (functions.words(q.sql) | functions.words(
+                   "\n".join(functions.needed(functions.words(q.sql))[0])))]
 CATALOGUE = [q.name for q in queries.catalogue() if q.name not in DUCKDB_ONLY]
 # the code paths that parameters switch on (and that the defaults leave out), each once
 VARIANTS = [

@@ -59,9 +59,14 @@ _CREATE = re.compile(r"^CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?(?:MA
                      re.MULTILINE | re.IGNORECASE)
 
 
+_STRING_OR_COMMENT = re.compile(r"'(?:[^']|'')*'|--[^\n]*")
+
+
 def words(text: str) -> set[str]:
-    """The identifiers in SQL text, lower case: a superset of the tables and functions it uses."""
-    return {w.lower() for w in _WORD.findall(text)}
+    """The identifiers in SQL text outside its comments, lower case: a superset of the tables and functions it
+    uses (a comment naming a function, e.g. the one before the next macro, does not make the text use it)."""
+    code = _STRING_OR_COMMENT.sub(lambda m: m[0] if m[0].startswith("'") else "", text)
+    return {w.lower() for w in _WORD.findall(code)}
 
 
 @functools.cache
