@@ -39,7 +39,8 @@ def generated_names() -> set[str]:
     from tracesql import queries
 
     return ({"index.md", QUERIES_INDEX, "reference/tables.md", "reference/functions.md", "reference/cli.md",
-             "reference/json.md", "reference/datasets.md"} | {f"reference/queries/{q.name}.md" for q in queries.catalogue()})
+             "reference/json.md", "reference/datasets.md", "reference/findings.md"}
+            | {f"reference/queries/{q.name}.md" for q in queries.catalogue()})
 
 
 _LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
