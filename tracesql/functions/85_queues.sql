@@ -19,7 +19,7 @@ WITH launched AS (
     SELECT run_id, rank, device_id, stream, slice_id, device_ts, -1 FROM launched
 )
 SELECT run_id, rank, device_id, stream, ts,
-       sum(delta) OVER w AS queue_length,
+       CAST(sum(delta) OVER w AS BIGINT) AS queue_length,
        lead(ts) OVER o - ts AS held_ns
 FROM changes
 WINDOW o AS (PARTITION BY run_id, rank, device_id, stream ORDER BY ts, delta, slice_id),
