@@ -37,7 +37,9 @@
 SELECT q.run_id, q.rank, q.device_id, q.stream,
        count(*) AS changes,
        avg(q.queue_length) AS mean_length,
-       stddev_samp(q.queue_length) AS std_length,
+       -- from exact integer sums, so that the value does not depend on how the rows were split among threads
+       sqrt(CAST(count(*) * sum(CAST(q.queue_length AS DECIMAL(38, 0)) * q.queue_length) - sum(CAST(q.queue_length AS DECIMAL(38, 0))) * sum(CAST(q.queue_length AS DECIMAL(38, 0))) AS DOUBLE)
+            / nullif(count(*) * (count(*) - 1), 0)) AS std_length,
        min(q.queue_length) AS min_length,
        quantile_cont(q.queue_length, 0.25) AS p25_length,
        quantile_cont(q.queue_length, 0.5) AS p50_length,
