@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
-from torch_jobs import free_port, gzip_trace
+from torch_jobs import free_port, finish_rank
 
 WAIT, WARMUP, ACTIVE = 1, 1, 3
 
@@ -139,9 +139,7 @@ def worker(rank: int, world: int, port: int, steps: int, out_dir: str, slow_rank
             extra_collectives(rank, world, straggle)
             prof.step()
 
-    dist.barrier()
-    dist.destroy_process_group()
-    gzip_trace(raw)
+    finish_rank(raw)
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
-from torch_jobs import free_port, gzip_trace
+from torch_jobs import free_port, finish_rank
 
 WAIT, WARMUP, ACTIVE = 1, 1, 2
 
@@ -45,9 +45,7 @@ def worker(rank: int, world: int, port: int, args) -> None:
                 g = y.T @ torch.randn(64, 256 // args.tp)[:, : 128]
                 dist.all_reduce(g, group=dp)
             prof.step()
-    dist.barrier()
-    dist.destroy_process_group()
-    gzip_trace(raw)
+    finish_rank(raw)
 
 
 def main() -> None:

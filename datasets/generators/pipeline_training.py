@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.profiler import ProfilerActivity, profile, schedule
-from torch_jobs import free_port, gzip_trace
+from torch_jobs import free_port, finish_rank
 
 WAIT, WARMUP, ACTIVE = 1, 1, 2
 WIDTH, BLOCKS_PER_STAGE, BATCH = 256, 2, 64
@@ -90,9 +90,7 @@ def worker(rank: int, world: int, port: int, args) -> None:
             opt.step()
             prof.step()
 
-    dist.barrier()
-    dist.destroy_process_group()
-    gzip_trace(raw)
+    finish_rank(raw)
 
 
 def main() -> None:

@@ -17,3 +17,12 @@ def gzip_trace(raw: str) -> None:
         with gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz:
             shutil.copyfileobj(src, gz)
     os.remove(raw)
+
+
+def finish_rank(raw: str) -> None:
+    """A rank's end: wait for the others, leave the process group, gzip the trace it wrote."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+    gzip_trace(raw)
