@@ -6,6 +6,9 @@ A reader added without a shape fails the suite."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 import tracesql
@@ -47,3 +50,28 @@ def test_a_read_past_the_bound_is_stopped_and_refused_in_one_line(tmp_path, monk
     assert not (tmp_path / "run").exists()
     monkeypatch.undo()  # the watch gone with the read: the same ingest now reads
     assert tracesql.ingest([trace], tmp_path / "run", memory_limit="256MB").rows["slices"] == 4811
+
+
+AFTER_WATCHED_READS = """
+import sys, tempfile
+import tracesql
+from tracesql import limits
+trace, out = sys.argv[1], tempfile.mkdtemp()
+tracesql.ingest([trace], out + "/read", memory_limit="256MB")  # a read the watch lets finish
+limits.FIXED_OVERHEAD = -(1 << 40)
+try:
+    tracesql.ingest([trace], out + "/stopped", memory_limit="256MB")  # a read the watch stops
+except tracesql.TraceError:
+    pass
+sys.settrace(lambda *event: None)  # as a debugger or coverage does
+print(sum(map(int, "123")))
+"""
+
+
+def test_the_watch_leaves_no_pending_stop_behind(tmp_path):
+    """After a watched read, stopped or not, the process runs on normally under a trace function: a stop that
+    was withdrawn rather than delivered left Python's eval breaker set, and the next call under a tracer hung."""
+    trace = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
+    done = subprocess.run([sys.executable, "-c", AFTER_WATCHED_READS, str(trace)], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "6\n"), done.stderr[-2000:]

@@ -156,15 +156,26 @@ class MemoryWatch:
         self._sampler.start()
 
     def end(self) -> None:
-        """Stop sampling; withdraw a stop still pending (one that lands meanwhile is caught here)."""
+        """Stop sampling; a stop still pending lands here. It is delivered, never withdrawn: withdrawing
+        (PyThreadState_SetAsyncExc with NULL) leaves CPython 3.11's eval breaker set for good, and the next call
+        made under a trace function (a debugger, coverage) then loops forever."""
         self._done.set()
+        delivered = False
         while True:
             try:
                 self._sampler.join()
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+                if self.stopped and not delivered:  # replaces any stop still pending, then takes it
+                    delivered = True
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id),
+                                                               ctypes.py_object(MemoryBoundExceeded))
+                    _take_pending_stop()
                 return
             except MemoryBoundExceeded:
                 self.stopped = True
+
+
+def _take_pending_stop() -> None:
+    """A Python call: the interpreter raises a pending asynchronous exception on entering it."""
 
 
 def watched(limits: Limits, path, fn, *args):
