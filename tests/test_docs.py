@@ -104,7 +104,12 @@ def site(tmp_path_factory):
     return proc, out
 
 
+#: the tests that read the built site, kept on one xdist worker: each worker would build it again (18 s)
+on_the_site_worker = pytest.mark.xdist_group("docs-site")
+
+
 @pytest.mark.docs
+@on_the_site_worker
 def test_site_builds_in_strict_mode_without_warnings(site):
     proc, _ = site
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -113,6 +118,7 @@ def test_site_builds_in_strict_mode_without_warnings(site):
 
 
 @pytest.mark.docs
+@on_the_site_worker
 def test_site_fetches_nothing_from_the_network(site):
     """Issue 24: the theme fetched web fonts (8 console errors offline, a slow first paint): the pages load no
     stylesheet, font or script from another host."""
@@ -129,6 +135,7 @@ def _page(out, rel: str) -> str:
 
 
 @pytest.mark.docs
+@on_the_site_worker
 def test_every_query_has_a_page_with_real_output(site):
     _, out = site
     index = _page(out, "reference/queries")
@@ -142,6 +149,7 @@ def test_every_query_has_a_page_with_real_output(site):
 
 
 @pytest.mark.docs
+@on_the_site_worker
 def test_every_table_function_and_command_has_its_reference(site):
     _, out = site
     tables = _page(out, "reference/tables")
