@@ -15,12 +15,12 @@ SMALL = REPO / "datasets" / "tracelens_vllm_graph_execution" / "graph_execution.
 pytestmark = pytest.mark.benchmark
 
 
-def bench(script: str, *args, tmp_path: Path) -> str:
+def bench(script: str, *args, tmp_path: Path, status: int = 0) -> str:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path),
            "TRACESQL_CORPUS": str(tmp_path / "no-corpus")}  # only bundled traces, with or without ../shared
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *map(str, args)], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == status, f"{script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
 
@@ -82,10 +82,26 @@ def test_tile_trace_renumbers_steps(tmp_path):
 
 
 def test_compare_outputs(tmp_path):
-    for snap in ("a", "b"):
-        bench("compare_outputs.py", "snapshot", tmp_path / snap, "--only", "nodejs_async", tmp_path=tmp_path)
-    out = bench("compare_outputs.py", "diff", tmp_path / "a", tmp_path / "b", tmp_path=tmp_path)
+    """One snapshot, diffed with itself (nothing differs) and with a copy that lost a table's row and a query's
+    file (both found)."""
+    import shutil
+
+    import duckdb
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    bench("compare_outputs.py", "snapshot", a, "--only", "nodejs_async", tmp_path=tmp_path)
+    out = bench("compare_outputs.py", "diff", a, a, tmp_path=tmp_path)
     assert " 0 differ; 0 new, 0 gone" in out and not out.strip().startswith("0 files")
+    shutil.copytree(a, b)
+    table = b / "tables" / "datasets_nodejs_async" / "slices.parquet"
+    con = duckdb.connect()
+    [(rows,)] = con.execute(f"SELECT count(*) FROM '{table}'").fetchall()
+    con.execute(f"COPY (SELECT * FROM '{a / table.relative_to(b)}' LIMIT {rows - 1}) TO '{table}' (FORMAT parquet)")
+    (b / "queries" / "datasets_nodejs_async" / "overlap.parquet").unlink()
+    out = bench("compare_outputs.py", "diff", a, b, tmp_path=tmp_path, status=1)
+    assert f"~ tables/datasets_nodejs_async/slices.parquet: {rows} -> {rows - 1} rows, 1 only before, 0 only " \
+           "after" in out and "- queries/datasets_nodejs_async/overlap.parquet: only before" in out
+    assert " 2 differ; 0 new, 1 gone" in out
 
 
 TARGET_ROWS = [
