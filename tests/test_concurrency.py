@@ -4,6 +4,7 @@ publishes, an ingest killed with SIGKILL at any moment. Real processes (the CLI)
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -199,16 +200,20 @@ def test_every_ingest_names_its_files_anew_and_keeps_unchanged_ones(tmp_path):
 
 
 LOOP = """
-import json, os, sys
+import json, os, sys, time
 from click.testing import CliRunner
 from tracesql.cli import main
-mode, run, stop, work = sys.argv[1:5]
+mode, run, stop, work, limit = sys.argv[1:6]
 args = {"query": ["query", os.path.join(work, "state.sql"), run, "-f", "json"], "verify": ["verify", run],
         "export": ["export", run, "--rank", "0", "-o", os.path.join(work, "rank0.pftrace")],
         "report": ["report", run, "-o", os.path.join(work, "report")]}[mode]
-last = False
+last, given = False, 0
 while not last:
     last = os.path.exists(stop)  # one more answer after the writer is done
+    if given >= float(limit) and not last:  # enough while the writer swaps: leave the CPU to the others
+        time.sleep(0.05)
+        continue
+    given += 1
     result = CliRunner().invoke(main, args)
     answer = {"code": result.exit_code, "out": result.output.replace(run, "RUN").replace(work, "WORK")}
     if mode == "report" and result.exit_code == 0:
@@ -220,14 +225,16 @@ while not last:
 #: Swaps of the run (alternating jobs) at least, and answers each reader gives while they go on at least: counted,
 #: not timed (it was 40 s), so a loaded machine makes the test longer, never weaker. Six swaps publish each job
 #: three times; of two answers finished while swapping, the second was read wholly between swaps (a report outlasts
-#: several ingests), and each reader gives one more after the last swap.
+#: several ingests), and each reader gives one more after the last swap. Query, verify and export (a second or so
+#: an answer) give at most ANSWERS_CAP while swapping, and then wait: the report's answers need the CPU.
 SWAPS = 6
 ANSWERS_WHILE_SWAPPING = 2
+ANSWERS_CAP = 8
 MAX_SWAPS = 60  # a reader that stopped answering fails the test rather than hanging it
 
 
-def _answers(mode: str, run, work, stop) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", LOOP, mode, str(run), str(stop), str(work)], env=ENV,
+def _answers(mode: str, run, work, stop, limit: float = math.inf) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", LOOP, mode, str(run), str(stop), str(work), str(limit)], env=ENV,
                             stdout=subprocess.PIPE, text=True)
 
 
@@ -268,7 +275,7 @@ def test_query_verify_export_and_report_see_one_job_whole_while_ingests_alternat
         work = tmp_path / "loop" / mode
         work.mkdir()
         (work / "state.sql").write_text(sql)
-        readers[mode] = _answers(mode, run, work, stop)
+        readers[mode] = _answers(mode, run, work, stop, math.inf if mode == "report" else ANSWERS_CAP)
         lines[mode], thread = _collect(readers[mode])
         threads.append(thread)
     swaps, before = 0, {mode: len(seen) for mode, seen in lines.items()}
