@@ -60,9 +60,11 @@ def timed(cmd: list[str], env: dict) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def measure(dataset: Path, repeat: int, scratch: Path, compare: Path | None = None) -> dict[str, tuple[float, float]]:
+def measure(dataset: Path, repeat: int, scratch: Path, compare: Path | None = None,
+            warm: bool = True) -> dict[str, tuple[float, float]]:
     """Every command's median (wall s, CPU s) over `repeat` interleaved rounds, by name, in the order run: `python
-    -c pass`, then per checkout (this one, and `compare` as "(old)") --help, query overlap and the query alone."""
+    -c pass`, then per checkout (this one, and `compare` as "(old)") --help, query overlap and the query alone.
+    `warm`: a first round, not counted, fills the page cache and the raw-trace cache (a smoke run skips it)."""
     scratch.mkdir(parents=True, exist_ok=True)
     checkouts = {"new": REPO} | ({"old": compare.resolve()} if compare else {})
     base_env = {**os.environ, "COLUMNS": "100"}
@@ -89,7 +91,7 @@ def measure(dataset: Path, repeat: int, scratch: Path, compare: Path | None = No
              [sys.executable, "-m", "tracesql", "query", "overlap", str(dataset)]),
             ("in-process query overlap" + tag, root, [sys.executable, "-c", IN_PROCESS, str(runs[label])]),
         ]
-    for _, root, cmd in commands:  # warm the page cache and the raw-trace cache once
+    for _, root, cmd in commands if warm else []:
         timed(cmd, env_of(root))
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in commands}
     for _ in range(repeat):

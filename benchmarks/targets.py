@@ -52,6 +52,10 @@ CORPUS = bench_queries.CORPUS
 MEDIUM = CORPUS / "hta/tests/data/df_index_resolver/df_index_resolver.json.gz"
 SMALL = REPO / "datasets/tracelens_vllm_graph_execution/graph_execution.json.gz"  # 34 KB: the smoke inputs
 SECTIONS = ("ingest", "ingest-1gb", "readers", "queries", "cli", "report")
+#: --smoke's queries: one with every kind of variant (defaults, parameters, HTA's), on two tiles: each of the section's
+#: rows and cells is made as with the whole catalogue (every query is run by tests/test_ingest.py); each query costs
+#: a fresh connection, ~0.4 s of it installing the SQL functions, so the whole catalogue took ~50 s here
+SMOKE_QUERIES = ("overlap",)
 SCAN = "SELECT sum(dur) FROM slices"  # the queries' baseline: one pass over a column of every slice
 #: (format, source, tiler, output under WORK/readers, its size): the reader inputs of docs/benchmarks.md
 READER_TILES = [
@@ -236,7 +240,7 @@ def section_queries(opts) -> list[Row]:
     from tracesql import queries
 
     traces, tiles = ([SMALL], [1, 2]) if opts.smoke else (bench_queries.DEFAULT_TRACES, [1, 6, 24])
-    catalogue = queries.catalogue()
+    catalogue = [q for q in queries.catalogue() if not opts.smoke or q.name in SMOKE_QUERIES]
     worker = bench_queries.Worker(REPO)
     rows = []
     for trace in traces:
@@ -280,7 +284,7 @@ def section_queries(opts) -> list[Row]:
 # --------------------------------------------------------------------------- cli (bench_cli), report (bench_report)
 
 def section_cli(opts) -> list[Row]:
-    medians = bench_cli.measure(bench_cli.DEFAULT_DATASET, opts.cli_repeat, opts.work / "cli")
+    medians = bench_cli.measure(bench_cli.DEFAULT_DATASET, opts.cli_repeat, opts.work / "cli", warm=not opts.smoke)
     base = medians["python -c pass"][0]
     rows = []
     for name, goal in bench_cli.TARGETS.items():
@@ -292,8 +296,9 @@ def section_cli(opts) -> list[Row]:
 
 
 def section_report(opts) -> list[Row]:
-    runs, ranks = (3, 3) if opts.smoke else (opts.report_runs, opts.report_ranks)
-    measured, _ = bench_report.bench(bench_report.DEFAULT_SOURCE, runs, ranks, opts.work / "report")
+    source, runs, ranks = ((SMALL, 2, 2) if opts.smoke
+                           else (bench_report.DEFAULT_SOURCE, opts.report_runs, opts.report_ranks))
+    measured, _ = bench_report.bench(source, runs, ranks, opts.work / "report")
     one, fleet = measured[0][1], measured[1][1]
     return [Row(f"Report over {runs} runs × {ranks} ranks", f"`tracesql report` with a baseline run and two gates, "
                 f"whole process (after ingest), against a report over one of the runs ({ranks} ranks); "

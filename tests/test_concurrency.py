@@ -4,11 +4,13 @@ publishes, an ingest killed with SIGKILL at any moment. Real processes (the CLI)
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -109,7 +111,7 @@ def test_ingest_killed_at_any_moment_leaves_nothing_that_looks_valid(tmp_path, e
         tracesql.ingest([A], run)
         before = _files(run)
     outcomes = set()
-    for delay in (0.3, 0.8, 1.3, 1.8, 2.3, 2.8):
+    for delay in (0.3, 1.0, 1.7, 2.4):
         proc = subprocess.Popen(_ingest_cmd(B, run), env=ENV)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
@@ -198,16 +200,20 @@ def test_every_ingest_names_its_files_anew_and_keeps_unchanged_ones(tmp_path):
 
 
 LOOP = """
-import json, os, sys
+import json, os, sys, time
 from click.testing import CliRunner
 from tracesql.cli import main
-mode, run, stop, work = sys.argv[1:5]
+mode, run, stop, work, limit = sys.argv[1:6]
 args = {"query": ["query", os.path.join(work, "state.sql"), run, "-f", "json"], "verify": ["verify", run],
         "export": ["export", run, "--rank", "0", "-o", os.path.join(work, "rank0.pftrace")],
         "report": ["report", run, "-o", os.path.join(work, "report")]}[mode]
-last = False
+last, given = False, 0
 while not last:
     last = os.path.exists(stop)  # one more answer after the writer is done
+    if given >= float(limit) and not last:  # enough while the writer swaps: leave the CPU to the others
+        time.sleep(0.05)
+        continue
+    given += 1
     result = CliRunner().invoke(main, args)
     answer = {"code": result.exit_code, "out": result.output.replace(run, "RUN").replace(work, "WORK")}
     if mode == "report" and result.exit_code == 0:
@@ -216,12 +222,29 @@ while not last:
         answer["metrics"] = [metrics["runs"], sorted(metrics["ranks"], key=lambda r: r["rank"])]
     print(json.dumps(answer, sort_keys=True), flush=True)
 """
-LOOP_SECONDS = 40
+#: Swaps of the run (alternating jobs) at least, and answers each reader gives while they go on at least: counted,
+#: not timed (it was 40 s), so a loaded machine makes the test longer, never weaker. Six swaps publish each job
+#: three times; of two answers finished while swapping, the second was read wholly between swaps (a report outlasts
+#: several ingests), and each reader gives one more after the last swap. Query, verify and export (a second or so
+#: an answer) give at most ANSWERS_CAP while swapping, and then wait: the report's answers need the CPU.
+SWAPS = 6
+ANSWERS_WHILE_SWAPPING = 2
+ANSWERS_CAP = 8
+MAX_SWAPS = 60  # a reader that stopped answering fails the test rather than hanging it
 
 
-def _answers(mode: str, run, work, stop) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", LOOP, mode, str(run), str(stop), str(work)], env=ENV,
+def _answers(mode: str, run, work, stop, limit: float = math.inf) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", LOOP, mode, str(run), str(stop), str(work), str(limit)], env=ENV,
                             stdout=subprocess.PIPE, text=True)
+
+
+def _collect(proc: subprocess.Popen) -> tuple[list[str], threading.Thread]:
+    """The lines `proc` prints, gathered as they come by a thread (the caller counts them while it swaps), and the
+    thread (joined: every line read)."""
+    lines: list[str] = []
+    thread = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    thread.start()
+    return lines, thread
 
 
 @pytest.mark.slow
@@ -231,34 +254,40 @@ def test_query_verify_export_and_report_see_one_job_whole_while_ingests_alternat
     modes = ("query", "verify", "export", "report")
     sql = "SELECT (SELECT count(*) FROM slices) AS slices, (SELECT list(source_path ORDER BY rank) FROM ranks) " \
           "AS sources, (SELECT count(*) FROM ops) AS ops, (SELECT count(*) FROM warnings) AS warnings"
-    expected = {}  # mode -> the answers a run of either job alone gives
+    alone = {}  # (job, mode) -> a reader on a run of that job alone (stop already there: one answer), all at once
     for job, source in JOBS.items():
         run, work = tmp_path / job / "run", tmp_path / job / "work"
         tracesql.ingest([source], run, run_id="run")
         work.mkdir()
         (work / "state.sql").write_text(sql)
         (work / "stop").touch()
-        for mode in modes:
-            out = _answers(mode, run, work, work / "stop").communicate(timeout=300)[0]
-            expected.setdefault(mode, []).append(json.loads(out))
+        alone |= {(job, mode): _answers(mode, run, work, work / "stop") for mode in modes}
+    expected = {}  # mode -> the answers a run of either job alone gives
+    for (job, mode), p in alone.items():
+        expected.setdefault(mode, []).append(json.loads(p.communicate(timeout=300)[0]))
     for mode in modes:
         assert all(a["code"] == 0 for a in expected[mode]) and expected[mode][0] != expected[mode][1], mode
 
     run, stop = tmp_path / "loop" / "run", tmp_path / "loop" / "stop"
     tracesql.ingest([JOBS["2 ranks"]], run, run_id="run")
-    readers = {}
+    readers, lines, threads = {}, {}, []
     for mode in modes:
         work = tmp_path / "loop" / mode
         work.mkdir()
         (work / "state.sql").write_text(sql)
-        readers[mode] = _answers(mode, run, work, stop)
-    swaps, t0 = 0, time.monotonic()
-    while time.monotonic() - t0 < LOOP_SECONDS or swaps < 4:
+        readers[mode] = _answers(mode, run, work, stop, math.inf if mode == "report" else ANSWERS_CAP)
+        lines[mode], thread = _collect(readers[mode])
+        threads.append(thread)
+    swaps, before = 0, {mode: len(seen) for mode, seen in lines.items()}
+    while swaps < SWAPS or any(len(lines[m]) - before[m] < ANSWERS_WHILE_SWAPPING for m in modes):
+        assert swaps < MAX_SWAPS and all(p.poll() is None for p in readers.values()), (swaps, before, lines)
         subprocess.run(_ingest_cmd(JOBS["4 ranks" if swaps % 2 == 0 else "2 ranks"], run), env=ENV, check=True)
         swaps += 1
     stop.touch()
-    answers = {mode: [json.loads(line) for line in p.communicate(timeout=300)[0].splitlines()]
-               for mode, p in readers.items()}
+    for p, thread in zip(readers.values(), threads):
+        thread.join(timeout=300)
+        p.wait(timeout=10)
+    answers = {mode: [json.loads(line) for line in seen] for mode, seen in lines.items()}
     # a reader swapped under SWAP_ATTEMPTS times in a row (a report outlasting several ingests on a loaded machine)
     # says so in one line (robustness.md): never a wrong answer; every mode still answers whole at least twice
     refused = "Error: RUN: replaced by an ingest "
