@@ -7,6 +7,7 @@ import pytest
 
 import tracesql
 from conftest import CORPUS
+from test_peaks import OWN_DEVICE, assert_above_peak_is_warned
 from tracesql import queries
 from tracesql.readers import trace_suffixes
 
@@ -48,4 +49,11 @@ def test_corpus_trace(trace, ingested):
     """).fetchall()[0]  # fetchone() would leave the result open and block the queries below on `con`
     assert invariants == (0, 0, 0, 0)
     for query in queries.catalogue():
-        queries.run(con, query).fetchall()
+        # the queries that rate against a peak run with test_peaks' parameters (a superset of their defaults:
+        # every row, MFU too), and their rows keep its invariant: no rate above the peak without a warning
+        params = OWN_DEVICE.get(query.name, {})
+        found = queries.run(con, query, params)
+        if query.name in OWN_DEVICE:
+            assert_above_peak_is_warned(query.name, params, found)
+        else:
+            found.fetchall()

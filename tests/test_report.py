@@ -261,9 +261,11 @@ def test_diff_refuses_two_runs_with_one_name(tmp_path):
 
 
 @pytest.mark.corpus
-def test_corpus_trace_diff_gate_and_explanation(tmp_path):
-    pair = corpus_path("hta", "tests", "data", "trace_diff")  # control/ and test/: one run per subfolder
-    result = cli("report", pair, "-o", tmp_path / "r", "--baseline", pair / "control", "--fail-on",
+def test_corpus_trace_diff_gate_and_explanation(tmp_path, ingested):
+    pair = corpus_path("hta", "tests", "data", "trace_diff")  # control/ and test/: one trace each
+    # the session's runs of the two traces (test_corpus's), named control and test
+    control_run, test_run = (ingested(pair / side / f"{side}.json.gz") for side in ("control", "test"))
+    result = cli("report", control_run, test_run, "-o", tmp_path / "r", "--baseline", control_run, "--fail-on",
                  "step_time_p50>+5%", "--fail-on", "overlap<-10pp")
     assert result.exit_code == 3, result.output
     control_steps = device_step_windows_from_json(pair / "control" / "control.json.gz")

@@ -10,6 +10,7 @@ import pytest
 
 import tracesql
 from conftest import CORPUS, DATASETS, REPO, corpus_path, write_trace
+from tracesql import queries
 from tracesql.readers import trace_suffixes
 
 US = 1000
@@ -139,13 +140,11 @@ LEFT JOIN step_windows({args}) w
 @pytest.mark.corpus
 @pytest.mark.skipif(not TRACES, reason="corpus not available")
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: str(p.relative_to(CORPUS)))
-def test_per_step_sums_equal_the_run_totals(trace, tmp_path):
+def test_per_step_sums_equal_the_run_totals(trace, ingested):
     """On every corpus trace with steps: per device, the step windows are disjoint; per step, temporal_breakdown's
     and overlap's parts add up to the whole run's over the span of the steps (window, compute, communication,
     memory, idle), and overlap ≤ min(communication, compute); the gaps of the device add up to its idle time."""
-    run = tmp_path / "run"
-    tracesql.ingest([trace], run)
-    con = tracesql.connect(run)
+    con = tracesql.connect(ingested(trace))  # the session's run of the trace (test_corpus queries it too)
     if not con.execute("SELECT count(*) FROM steps").fetchall()[0][0]:
         pytest.skip("no steps")
     for params in ({}, HTA):
@@ -157,8 +156,9 @@ def test_per_step_sums_equal_the_run_totals(trace, tmp_path):
         assert windows == (0, 0), "step windows overlap"
         expected = {(r[0], r[1]): [int(x or 0) for x in r[2:]] for r in con.execute(SPAN_TOTALS.format(args=args))
                     .fetchall()}
-        breakdown = tracesql.query("temporal_breakdown", run, per="step", **params)
-        overlap = tracesql.query("overlap", run, per="step", **params)
+        # on this connection: a fresh one per query (tracesql.query) costs more than the query on most traces
+        breakdown = queries.run(con, queries.find("temporal_breakdown"), {"per": "step", **params}).df()
+        overlap = queries.run(con, queries.find("overlap"), {"per": "step", **params}).df()
         assert set(breakdown.groupby(["rank", "device_id"]).groups) == set(expected)
         for key, rows in breakdown.groupby(["rank", "device_id"]):
             sums = [int(rows[c].sum()) for c in TOTALS]
@@ -291,8 +291,6 @@ def test_per_step_queries_equal_a_brute_force_sweep(timelines):
 
 
 def run(con, name: str, **params):
-    from tracesql import queries
-
     rel = queries.run(con, queries.find(name), params)
     return [dict(zip(rel.columns, row)) for row in rel.fetchall()]
 

@@ -154,6 +154,15 @@ def test_overlap_per_process_group_adds_up_to_the_rank(ingested):
     assert per_group.overlap_ns[0] == per_rank.overlap_ns[0]
 
 
+@pytest.fixture(scope="module")
+def macros():
+    """The functions over empty tables (the macros bind to them), installed once for the name checks below."""
+    con = duckdb.connect()
+    con.execute(views_sql({table: [] for table in schema.TABLES}))
+    functions.install(con)
+    return con
+
+
 @pytest.mark.parametrize("name, family", [
     ("ampere_sgemm_128x64_nn", "ampere_sgemm"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)",
@@ -167,11 +176,8 @@ def test_overlap_per_process_group_adds_up_to_the_rank(ingested):
     ("Cijk_Alik_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0_WG32_8.kd",
      "Cijk_Alik_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0_WG32_8.kd"),
 ])
-def test_kernel_family(name, family):
-    con = duckdb.connect()
-    con.execute(views_sql({table: [] for table in schema.TABLES}))  # empty tables: the macros bind to them
-    functions.install(con)
-    assert con.execute("SELECT kernel_family(?)", [name]).fetchone()[0] == family
+def test_kernel_family(name, family, macros):
+    assert macros.execute("SELECT kernel_family(?)", [name]).fetchone()[0] == family
 
 
 # Kernel names as PyTorch's profiler wrote them in DeepSeek's public training profile (deepseek-ai/profile-data,
@@ -194,11 +200,8 @@ DEEPSEEK_KERNELS = {
 
 
 @pytest.mark.parametrize("name", list(DEEPSEEK_KERNELS))
-def test_expert_parallel_all_to_all_kernels_are_communication(name):
-    con = duckdb.connect()
-    con.execute(views_sql({table: [] for table in schema.TABLES}))
-    functions.install(con)
-    got = con.execute("SELECT arg_min(class, priority) FROM kernel_classes WHERE scheme = 'default' "
+def test_expert_parallel_all_to_all_kernels_are_communication(name, macros):
+    got = macros.execute("SELECT arg_min(class, priority) FROM kernel_classes WHERE scheme = 'default' "
                       "AND (kind IS NULL OR kind = 'kernel') AND (name_regex IS NULL OR regexp_matches(?, name_regex)) "
                       "AND category_regex IS NULL", [name]).fetchone()[0]
     assert got == DEEPSEEK_KERNELS[name]

@@ -8,6 +8,8 @@ a thousand of them in seconds.
 
 from __future__ import annotations
 
+import functools
+
 import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -31,26 +33,38 @@ event = st.tuples(
     st.integers(0, 40),  # start: a small range, so that starts and ends coincide often
     st.integers(0, 15),  # duration, zero included
 )
-# a timeline: some events, and copies of some of them on another stream (identical kernels on several streams)
-timeline = st.lists(event, min_size=1, max_size=12).flatmap(
-    lambda evs: st.lists(st.sampled_from(evs), max_size=4).map(
-        lambda copies: evs + [(d, (s + 1) % 3, c, t, n) for d, s, c, t, n in copies]))
+# a timeline: some events, and copies of some of them (picked by index) on another stream (identical kernels on
+# several streams); drawn as plain lists, not a flatmap: a strategy built per draw made generating the examples
+# take as long as checking them
+timeline = st.tuples(st.lists(event, min_size=1, max_size=12), st.lists(st.integers(0, 11), max_size=4)).map(
+    lambda drawn: drawn[0] + [(d, (s + 1) % 3, c, t, n)
+                              for d, s, c, t, n in (drawn[0][i % len(drawn[0])] for i in drawn[1])])
 
 
-def session(timelines: list[list[tuple]]) -> duckdb.DuckDBPyConnection:
-    """A DuckDB session with the schema's tables, these timelines as ranks 0.. of run 'r', and the functions."""
+@functools.cache
+def database() -> duckdb.DuckDBPyConnection:
+    """One in-memory database with the schema's tables and the functions, which every session() empties and
+    fills again: installing the functions takes longer than an example's queries."""
     con = duckdb.connect()
     for name, table in schema.TABLES.items():
         con.execute(f"CREATE TABLE {name} ({', '.join(f'{c.name} {c.type}' for c in table.columns)})")
-    rows = []
-    for rank, events in enumerate(timelines):
-        for i, (device, stream, bit, ts, dur) in enumerate(events):
-            kind, name = EVENT_OF_CLASS[bit]
-            rows.append(("r", rank, i, kind, name, ts, dur, device, stream))
-    con.executemany("INSERT INTO slices (run_id, rank, slice_id, kind, name, ts, dur, device_id, stream) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    con.executemany("INSERT INTO ranks (run_id, rank) VALUES ('r', ?)", [(r,) for r in range(len(timelines))])
     functions.install(con)
+    return con
+
+
+def session(timelines: list[list[tuple]]) -> duckdb.DuckDBPyConnection:
+    """A DuckDB session with the schema's tables, these timelines as ranks 0.. of run 'r' (nothing else), and the
+    functions."""
+    con = database()
+    for name in schema.TABLES:
+        con.execute(f"DELETE FROM {name}")
+    rows = [(rank, i, *EVENT_OF_CLASS[bit], ts, dur, device, stream)
+            for rank, events in enumerate(timelines) for i, (device, stream, bit, ts, dur) in enumerate(events)]
+    # one statement over column lists: executemany's row at a time takes longer than the queries
+    con.execute("INSERT INTO slices (run_id, rank, slice_id, kind, name, ts, dur, device_id, stream) "
+                "SELECT 'r', unnest($1), unnest($2), unnest($3), unnest($4), unnest($5), unnest($6), unnest($7), "
+                "unnest($8)", [list(column) for column in zip(*rows)])
+    con.execute("INSERT INTO ranks (run_id, rank) SELECT 'r', range FROM range($1)", [len(timelines)])
     return con
 
 
