@@ -6,13 +6,10 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-import duckdb
 import pytest
 
 import tracesql
-from tracesql import functions, schema
-from tracesql.engine import views_sql
-from conftest import DATASETS, corpus_path, raw_events
+from conftest import DATASETS, corpus_path, empty_session, raw_events
 from test_hta_crosscheck import REFERENCE_SETS
 
 HTA = dict(class_scheme="hta", analysis_window="hta", time_unit_ns=1000)
@@ -157,10 +154,7 @@ def test_overlap_per_process_group_adds_up_to_the_rank(ingested):
 @pytest.fixture(scope="module")
 def macros():
     """The functions over empty tables (the macros bind to them), installed once for the name checks below."""
-    con = duckdb.connect()
-    con.execute(views_sql({table: [] for table in schema.TABLES}))
-    functions.install(con)
-    return con
+    return empty_session()
 
 
 @pytest.mark.parametrize("name, family", [

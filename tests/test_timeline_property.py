@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tracesql
-from conftest import write_trace
-from tracesql import functions, queries, schema
+from conftest import empty_session, write_trace
+from tracesql import queries, schema
 
 COMPUTE, COMMUNICATION, MEMORY = 1, 2, 4
 # a kernel name (or kind) of each class under the default rules (tracesql/functions/kernel_classes.csv)
@@ -41,15 +41,9 @@ timeline = st.tuples(st.lists(event, min_size=1, max_size=12), st.lists(st.integ
                               for d, s, c, t, n in (drawn[0][i % len(drawn[0])] for i in drawn[1])])
 
 
-@functools.cache
-def database() -> duckdb.DuckDBPyConnection:
-    """One in-memory database with the schema's tables and the functions, which every session() empties and
-    fills again: installing the functions takes longer than an example's queries."""
-    con = duckdb.connect()
-    for name, table in schema.TABLES.items():
-        con.execute(f"CREATE TABLE {name} ({', '.join(f'{c.name} {c.type}' for c in table.columns)})")
-    functions.install(con)
-    return con
+#: one in-memory database with the schema's tables and the functions, which every session() empties and fills
+#: again: installing the functions takes longer than an example's queries
+database = functools.cache(empty_session)
 
 
 def session(timelines: list[list[tuple]]) -> duckdb.DuckDBPyConnection:

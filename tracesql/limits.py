@@ -121,6 +121,7 @@ class MemoryWatch:
 
     def __init__(self, stop_at: int):
         self.stop_at, self.peak, self.stopped = stop_at, 0, False
+        self._delivered = False  # the stop taken by end(): nothing is pending after it
         self._thread_id = threading.get_ident()
         self._frame = None  # the frame of `call`, while it runs
         self._done = threading.Event()
@@ -160,12 +161,11 @@ class MemoryWatch:
         (PyThreadState_SetAsyncExc with NULL) leaves CPython 3.11's eval breaker set for good, and the next call
         made under a trace function (a debugger, coverage) then loops forever."""
         self._done.set()
-        delivered = False
         while True:
             try:
                 self._sampler.join()
-                if self.stopped and not delivered:  # replaces any stop still pending, then takes it
-                    delivered = True
+                if self.stopped and not self._delivered:  # replaces any stop still pending, then takes it
+                    self._delivered = True
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id),
                                                                ctypes.py_object(MemoryBoundExceeded))
                     _take_pending_stop()
