@@ -13,7 +13,7 @@ Every curated query needs an entry in EXAMPLES (a test fails, and the strict sit
 has one): the command line after `tracesql` that shows it on a bundled dataset (`-f markdown` is added), and how
 many rows to show.
 
-    python docs/gen/reference.py OUT_DIR      # write the pages to OUT_DIR (the site build does this in memory)
+    python docs/gen/reference.py OUT_DIR      # write the pages to OUT_DIR (docs/gen/build.py stages them for the site)
 """
 
 from __future__ import annotations
