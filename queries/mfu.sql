@@ -13,9 +13,10 @@
 --   it has none (flops_source 'auto': the profiler counts no attention, so a step's profiler total alone misses
 --   it), summed over the ops op_costs() counts (innermost op with a formula, recomputation included); or only
 --   the profiler's, or only the formulas.
--- The peak is the device's dense peak for dtype, from `device_peaks` (device matched from devices.name unless
--- the device parameter names one; peak_flops replaces it), averaged over the traced ranks. `warning` says when a
--- number cannot be trusted: unknown or ambiguous device (no peak), MFU or HFU above 1.
+-- The peak is the device's peak for dtype (dense unless dtype ends in _sparse), from `device_peaks` (device
+-- matched from devices.name unless the device parameter names one; peak_flops replaces it), averaged over the
+-- traced ranks. `warning` says when a number cannot be trusted: unknown or ambiguous device (no peak), MFU or HFU
+-- above 1.
 --
 -- Needs: device events; for HFU, ops with recorded shapes (record_shapes=True); a known device, or the device or peak_flops parameter
 -- Parameters:
@@ -24,7 +25,7 @@
 --   tokens_per_step = NULL           number > 0: tokens the whole job processes per step (global batch × sequence length)
 --   num_devices = NULL               integer >= 1: devices of the job; NULL = ranks.world_size, else the ranks in the run
 --   device = NULL                    device key: device_peaks key (e.g. 'H100-SXM'); NULL = matched from devices.name
---   dtype = NULL                     one of fp64, fp32, tf32, bf16, fp16, fp8, int8: peak to use; NULL = the dtype with most counted FLOPs, else bf16
+--   dtype = NULL                     peak dtype: the device_peaks column to use (bf16, fp8, fp4, mxfp4, fp8_sparse, ...); NULL = the dtype with most counted FLOPs, else bf16
 --   flops_source = 'auto'            one of formula, profiler, auto: HFU's FLOPs ('auto': per op, the profiler's where it counted the op, else the formula)
 --   peak_flops = NULL                number > 0: peak FLOP/s per device, instead of device_peaks'
 --   attention_convention = 'flash'   one of flash, torch: causal attention FLOPs: 'flash' halves them, 'torch' (FlopCounterMode) does not
@@ -35,7 +36,7 @@
 --   step_time_ns      BIGINT    longest device window of the step over those ranks
 --   device            VARCHAR   device_peaks key (NULL: unknown device)
 --   dtype             VARCHAR   the peak used
---   peak_flops_per_s  DOUBLE    dense peak FLOP/s per device for dtype
+--   peak_flops_per_s  DOUBLE    peak FLOP/s per device for dtype (dense unless dtype ends in _sparse)
 --   devices           BIGINT    devices the model FLOPs are spread over
 --   model_flops       DOUBLE    model FLOPs of the step (NULL: not given)
 --   mfu               DOUBLE    model FLOPs utilization, 0..1

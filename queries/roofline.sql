@@ -11,13 +11,13 @@
 -- Roofline (metrics.md): AI = FLOPs / bytes; ridge point = peak FLOP/s / peak bytes/s; attainable FLOP/s =
 -- min(peak, AI · peak bytes/s); roofline time = max(FLOPs / peak, bytes / peak bytes/s); roofline_pct = roofline
 -- time / measured time · 100 (100 = at the roof); bound = compute when AI >= ridge point, else memory.
--- Peaks come from the `device_peaks` table (dense, per dtype), matched on `devices.name` unless `device` says;
+-- Peaks come from the `device_peaks` table (dense, per dtype, unless dtype names a _sparse column), matched on `devices.name` unless `device` says;
 -- peak_flops / peak_bytes_per_s replace them (for a device the table lacks, or to rate against other clocks).
 --
 -- Needs: ops with recorded shapes (record_shapes=True); device time from a GPU trace; a known device or the device parameter for the peaks
 -- Parameters:
 --   device = NULL                    device key: device_peaks key for every rank (e.g. 'H100-SXM'); NULL = matched from devices.name
---   dtype = NULL                     one of fp64, fp32, tf32, bf16, fp16, fp8, int8: peak to rate against; NULL = each op's input dtype
+--   dtype = NULL                     peak dtype: the device_peaks column to rate against (bf16, fp8, fp4, mxfp4, fp8_sparse, ...); NULL = each op's input dtype
 --   top = 20                         integer >= 1: rows per run, by device time, then total FLOPs
 --   peak_flops = NULL                number > 0: peak FLOP/s per device, instead of device_peaks'
 --   peak_bytes_per_s = NULL          number > 0: peak memory bandwidth per device, instead of device_peaks'
@@ -37,7 +37,7 @@
 --   device_ns               BIGINT    device time of all calls (NULL: no device events)
 --   achieved_flops_per_s    DOUBLE    FLOPs of the timed calls / their device time
 --   achieved_bytes_per_s    DOUBLE    bytes of the timed calls / their device time
---   peak_flops_per_s        DOUBLE    the device's dense peak for dtype
+--   peak_flops_per_s        DOUBLE    the device's peak for dtype (dense unless dtype ends in _sparse)
 --   peak_bytes_per_s        DOUBLE    the device's memory bandwidth
 --   ridge_point             DOUBLE    peak FLOP/s / peak bytes/s: the AI where compute becomes the limit
 --   attainable_flops_per_s  DOUBLE    min(peak, AI · bandwidth)
@@ -99,7 +99,8 @@ SELECT run_id, device, name, input_dims, input_types, dtype, calls, ranks, flops
                   || ': give -p device= or -p peak_flops= and -p peak_bytes_per_s='
         END,
         peak_exceeded(achieved_flops_per_s, peak_flops_per_s, 'FLOP/s',
-                      'dense ' || dtype || ' compute: the op''s device time is too short for its FLOPs, or the peak '
+                      CASE WHEN dtype LIKE '%_sparse' THEN '' ELSE 'dense ' END || dtype
+                      || ' compute: the op''s device time is too short for its FLOPs, or the peak '
                       || 'is not this device''s or dtype''s'),
         peak_exceeded(achieved_bytes_per_s, peak_bytes_per_s, 'bytes/s',
                       'memory bandwidth: the op''s device time is too short for its bytes, or it moves them between '

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import tracesql
+from tracesql.errors import TraceError
 from conftest import DATASETS, empty_session, raw_events, write_trace
 
 DATA = Path(__file__).parent / "data"
@@ -251,7 +252,7 @@ REAL_DEVICE_NAMES = {
     "AMD Instinct MI300X VF": "MI300X", "AMD Instinct MI308X": "MI308X", "AMD Instinct MI350X": "MI350X",
     "AMD Instinct MI355X": "MI355X", "TPU v4": "TPU-v4", "TPU v5 lite": "TPU-v5e", "TPU v5p": "TPU-v5p",
     "TPU v6 lite": "TPU-v6e", "TPU v6e": "TPU-v6e", "TPU7x": "TPU-v7x", "Ascend910B2": "Ascend-910B",
-    "Ascend910": "Ascend-910",
+    "Ascend910": "Ascend-910", "NVIDIA H20": "H20", "Ascend910_9392": "Ascend-910C",
     # not in the table, or not one device: no match / several
     "NVIDIA A10G": None, "NVIDIA H100": None, "TPU v5": None, "AMD Radeon Graphics": None,
 }
@@ -281,6 +282,28 @@ def _ranks_with_device(con, names: dict[int, str]):
     for rank, name in names.items():
         con.execute("INSERT INTO ranks (run_id, rank) VALUES ('r', ?)", [rank])
         con.execute("INSERT INTO devices (run_id, rank, device_id, name) VALUES ('r', ?, 0, ?)", [rank, name])
+
+
+def test_every_peak_column_is_a_dtype_the_queries_take():
+    """Issue 28: FP6, FP4 and MX columns and the structured-sparsity peaks. rank_device_peaks lists every FLOP/s
+    column of the table (the `peak dtype` parameters accept those), the sparse figures are the datasheets' 2:4
+    ones (twice dense on NVIDIA and AMD), and an FP4 tensor is rated as fp4 at one byte per (packed) element."""
+    from tracesql.queries import find, check, peak_dtypes
+
+    con = empty_session()
+    _ranks_with_device(con, {0: "NVIDIA B200"})
+    rated = dict(con.execute("SELECT dtype, peak_flops_per_s FROM rank_device_peaks()").fetchall())
+    assert sorted(rated) == sorted(peak_dtypes()) and len(rated) == 19
+    assert (rated["bf16"], rated["fp8"], rated["fp4"], rated["mxfp4"], rated["fp4_sparse"]) == (
+        2.25e15, 4.5e15, 9e15, 9e15, 18e15)
+    pairs = con.sql("SELECT device, bf16, bf16_sparse, fp8, fp8_sparse FROM device_peaks "
+                    "WHERE bf16_sparse IS NOT NULL AND device NOT LIKE 'Trainium%'").fetchall()
+    assert len(pairs) >= 20 and all(b * 2 == bs and (f is None or f * 2 == fs) for _, b, bs, f, fs in pairs)
+    assert check(find("roofline"), {"dtype": "fp8_sparse"}) == {"dtype": "fp8_sparse"}
+    with pytest.raises(TraceError, match="is not a device_peaks dtype"):
+        check(find("mfu"), {"dtype": "fp3"})
+    assert con.execute("SELECT dtype_bytes('Float4_e2m1fn_x2'), op_dtype(['Float4_e2m1fn_x2', 'Float8_e8m0fnu']), "
+                       "op_dtype(['Float8_e4m3fn']), dtype_bytes('double')").fetchone() == (1, "fp4", "fp8", 8)
 
 
 def test_rank_device_peaks_reports_ambiguous_and_unknown_names():

@@ -421,6 +421,10 @@ def test_mfu_from_model_flops_matches_the_formula_on_raw_steps(tmp_path):
     (run,) = json.loads((tmp_path / "r" / "metrics.json").read_text())["runs"]
     assert run["mfu"] == pytest.approx(expected, rel=1e-9) and round(expected, 2) == 39.06
     assert run["step_time_p50"] == statistics.median(per_step)
+    # issue 28: the report names the peaks its roofline rated against, with their source
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert ("The roofline rates against the <code>device_peaks</code> row <code>A100-SXM</code> fp32: 19.5 TFLOP/s "
+            "and 2.039 TB/s (source: NVIDIA A100 Tensor Core GPU datasheet, https://") in page
 
 
 def test_new_runs_in_the_folder_are_ingested_once(tmp_path):

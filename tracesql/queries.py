@@ -22,6 +22,7 @@ parameter has one; a value given outside them is refused before the query runs, 
     list of kernel, kernel_family, op:       comma-separated, each one of these
     integer >= 1:   integer:   number > 0:   a number in that range (>=, >, <=, <)
     device key:                              a key of the device_peaks table
+    peak dtype:                              a FLOP/s column of the device_peaks table (bf16, fp8_sparse, ...)
     text:                                    anything
 """
 
@@ -41,16 +42,29 @@ _PARAM = re.compile(r"^--\s+(\w+)\s*=\s*('(?:[^']|'')*'|\S+)\s+(.*)$")
 _COLUMN = re.compile(r"^--\s+(\w+)\s+([A-Z][A-Z0-9_]*(?:\[\])*)\s+(.*)$")
 _RESULTS = itertools.count()  # names of the result tables of `run`
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RULE = re.compile(r"^(one of [^:]+|list of [^:]+|(?:integer|number)(?: (?:>=|>|<=|<) -?[\d.e]+)?|device key|text):")
+_RULE = re.compile(r"^(one of [^:]+|list of [^:]+|(?:integer|number)(?: (?:>=|>|<=|<) -?[\d.e]+)?|device key|peak dtype|text):")
 _COMPARE = {">=": float.__ge__, ">": float.__gt__, "<=": float.__le__, "<": float.__lt__}
+
+
+#: the device_peaks columns that are not a FLOP/s peak of one dtype
+_PEAK_INFO = ("device", "name_regex", "bytes_per_s", "link_bytes_per_s", "source", "notes")
+
+
+def _device_peaks() -> list[dict]:
+    import csv
+
+    with open(FUNCTIONS_DIR / "device_peaks.csv", newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def device_keys() -> list[str]:
     """The keys of the device_peaks table (what `-p device=` accepts)."""
-    import csv
+    return [row["device"] for row in _device_peaks()]
 
-    with open(FUNCTIONS_DIR / "device_peaks.csv", newline="") as f:
-        return [row["device"] for row in csv.DictReader(f)]
+
+def peak_dtypes() -> list[str]:
+    """The device_peaks columns that hold a FLOP/s peak (what `-p dtype=` accepts): bf16, fp8, fp4_sparse, ..."""
+    return [c for c in _device_peaks()[0] if c not in _PEAK_INFO]
 
 
 def queries_dir() -> Path:
@@ -79,6 +93,9 @@ class Param:
         if rule == "device key":
             keys = device_keys()
             return None if text in keys else f"is not a device_peaks key (known: {', '.join(keys)})"
+        if rule == "peak dtype":
+            dtypes = peak_dtypes()
+            return None if text in dtypes else f"is not a device_peaks dtype (known: {', '.join(dtypes)})"
         if rule.startswith(("one of ", "list of ")):
             allowed = [v.strip() for v in rule.split(" of ", 1)[1].split(",")]
             given = [v.strip() for v in text.split(",")] if rule.startswith("list of ") else [text]

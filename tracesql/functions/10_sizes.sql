@@ -5,7 +5,7 @@
 CREATE OR REPLACE MACRO dtype_bytes(dtype) AS (
     CASE
         WHEN dtype IS NULL THEN NULL
-        WHEN regexp_matches(lower(dtype), '(float8|fp8|f8|e4m3|e5m2|uint8|int8|byte|char|bool|^u8$|^s8$|^i8$|^pred$)') THEN 1
+        WHEN regexp_matches(lower(dtype), '(float8|fp8|f8|e4m3|e5m2|float4|fp4|e2m1|uint8|int8|byte|char|bool|^u8$|^s8$|^i8$|^pred$)') THEN 1
         WHEN regexp_matches(lower(dtype), '(bfloat16|bf16|half|float16|fp16|^f16$|int16|short|^s16$|^u16$|^i16$)') THEN 2
         WHEN regexp_matches(lower(dtype), '(complexdouble|complex128|^c128$)') THEN 16
         WHEN regexp_matches(lower(dtype), '(double|float64|fp64|^f64$|int64|long|uint64|^s64$|^u64$|^i64$|complexfloat|complex64|^c64$)') THEN 8

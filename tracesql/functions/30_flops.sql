@@ -48,14 +48,16 @@ CREATE OR REPLACE MACRO op_dtype_bytes(input_types) AS (
     list_filter(list_transform(input_types, lambda t: dtype_bytes(t)), lambda b: b IS NOT NULL)[1]
 );
 
--- The dtype of the op's first tensor argument, as a device_peaks column name: fp64, fp32, bf16, fp16, fp8,
--- int8 (NULL when the op records no tensor dtype). TF32 is not a storage type: pass dtype := 'tf32' to the
--- queries to rate fp32 math against TF32 peaks.
+-- The dtype of the op's first tensor argument, as a device_peaks column name: fp64, fp32, bf16, fp16, fp8, fp4,
+-- int8 (NULL when the op records no tensor dtype). TF32 is not a storage type, and a block-scaled (MX) or sparse
+-- GEMM is not told by its operands' dtype: pass dtype := 'tf32', 'mxfp4', 'fp8_sparse', ... to the queries to
+-- rate against those peaks.
 CREATE OR REPLACE MACRO op_dtype(input_types) AS (
     list_filter(list_transform(input_types, lambda t:
         CASE
             WHEN t IS NULL OR dtype_bytes(t) IS NULL THEN NULL
             WHEN regexp_matches(lower(t), 'float8|fp8|e4m3|e5m2') THEN 'fp8'
+            WHEN regexp_matches(lower(t), 'float4|fp4|e2m1') THEN 'fp4'
             WHEN regexp_matches(lower(t), 'bfloat16|bf16') THEN 'bf16'
             WHEN regexp_matches(lower(t), 'half|float16|fp16') THEN 'fp16'
             WHEN regexp_matches(lower(t), 'double|float64|fp64') THEN 'fp64'
@@ -1252,9 +1254,15 @@ WITH named AS (  -- the rank's most common device name (ties: the first by name)
         END AS device_note
     FROM by_name
 ), peaks AS (
-    UNPIVOT device_peaks ON fp64, fp32, tf32, bf16, fp16, fp8, int8 INTO NAME dtype VALUE peak_flops_per_s
+    UNPIVOT device_peaks ON fp64, fp32, tf32, bf16, fp16, fp8, int8,
+        fp6, fp4, mxfp8, mxfp6, mxfp4,
+        tf32_sparse, bf16_sparse, fp16_sparse, fp8_sparse, fp6_sparse, fp4_sparse, int8_sparse
+        INTO NAME dtype VALUE peak_flops_per_s
 ), dtypes AS (
-    SELECT unnest(['fp64', 'fp32', 'tf32', 'bf16', 'fp16', 'fp8', 'int8']) AS dtype
+    SELECT unnest(['fp64', 'fp32', 'tf32', 'bf16', 'fp16', 'fp8', 'int8',
+                   'fp6', 'fp4', 'mxfp8', 'mxfp6', 'mxfp4',
+                   'tf32_sparse', 'bf16_sparse', 'fp16_sparse', 'fp8_sparse', 'fp6_sparse', 'fp4_sparse',
+                   'int8_sparse']) AS dtype
 )
 SELECT m.run_id, m.rank, m.device_name, m.device, m.device_note, t.dtype,
     CAST(coalesce(peak_flops, p.peak_flops_per_s) AS DOUBLE) AS peak_flops_per_s,

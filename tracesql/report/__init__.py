@@ -416,13 +416,14 @@ def _focus_details(report: Report, path: Path, device: str | None, top: int) -> 
         if figure:
             report.charts.append(("focus", f"hotspots_{level}", figure))
     roof = queries.run(con, queries.find("roofline"), {"top": 30, **({"device": device} if device else {})}).df()
-    peaks = con.sql("SELECT DISTINCT device, dtype, peak_flops_per_s, peak_bytes_per_s "
-                    "FROM rank_device_peaks(device_key := $1) WHERE peak_flops_per_s IS NOT NULL",
+    peaks = con.sql("SELECT DISTINCT r.device, r.dtype, r.peak_flops_per_s, r.peak_bytes_per_s, p.source "
+                    "FROM rank_device_peaks(device_key := $1) r LEFT JOIN device_peaks p USING (device) "
+                    "WHERE r.peak_flops_per_s IS NOT NULL ORDER BY r.device, r.dtype",
                     params=[device]).df()
     peaks = peaks[peaks.dtype.isin(roof.dtype.dropna().unique()) & peaks.device.isin(roof.device.dropna().unique())]
-    figure = charts.roofline(roof, peaks, f"{rid}: roofline (ops by shape)")
-    if figure:
-        report.charts.append(("focus", "roofline", figure))
+    roofline = charts.roofline(roof, peaks, f"{rid}: roofline (ops by shape)")
+    if roofline:
+        report.charts.append(("focus", "roofline", roofline))
     # what the roofline cannot rate: compute time under no op with a cost, per rank
     coverage = queries.run(con, queries.find("cost_coverage")).df()
     bubbles = tables["bubbles"][tables["bubbles"].run_id == rid].nlargest(top, "dur")
@@ -434,4 +435,5 @@ def _focus_details(report: Report, path: Path, device: str | None, top: int) -> 
             max_skew_ns=("max_skew_ns", "max")) if len(coll) else coll,
         "ranks": report.metrics.ranks[report.metrics.ranks.run_id == rid],
         "cost_coverage": coverage[coverage.run_id == rid],
+        "peaks": peaks if roofline else peaks.iloc[:0],  # what the roofline rated against
     }
