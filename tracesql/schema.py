@@ -203,7 +203,7 @@ TABLES: dict[str, Table] = {
         ),
         Table(
             "ops",
-            "Framework operators (aten::*, custom ops) and XLA ops (one row per execution of an HLO op: a TPU or "
+            "Framework operators (aten::*, TensorFlow's node:Type ops, custom ops) and XLA ops (one row per execution of an HLO op: a TPU or "
             "CPU op event, or the kernels one HLO op launched on a GPU) with their inputs and the device time "
             "they caused. Every other argument is in `slices.args` (join on rank and op_id = slice_id); an XLA "
             "op's HLO details are in `xla_ops` (join on rank, program_id and name).",

@@ -2,7 +2,10 @@
 
 An XSpace holds planes: one per accelerator ('/device:GPU:N', '/device:TPU:N') whose lines are CUDA/ROCm streams
 ('Stream #N(Kernel)') or derived timelines ('XLA Ops', 'XLA Modules', 'Steps'), and '/host:CPU', whose lines are
-host threads (TraceMe annotations, runtime launch calls, XLA CPU thunks) and the Python tracer ('python').
+host threads (TraceMe annotations, TensorFlow's ops, runtime launch calls, XLA CPU thunks) and the Python tracer
+('python'). TensorFlow's op events ('<node>:<Type>', `is_tf_op`) are `cpu_op` slices, framework ops as PyTorch's are:
+the kernels launched inside one are its device time; the device's 'TensorFlow Ops' line, which XProf derives from
+those kernels, stays an annotation.
 Events name their metadata (name, constant stats) by id and carry their own stats; every stat is kept in `args`.
 
 The messages are OpenXLA's own (`proto.messages()`: the descriptors TensorFlow ships); the HLO modules of the
