@@ -230,6 +230,19 @@ def test_tensorflow_ops_equal_xprof_framework_op_stats(ingested):
     assert rows(con, "SELECT sum(kernel_count), sum(device_self_ns) FROM ops") == [(1366, 29816284)]  # + 36 copies
 
 
+def test_xplane_bfc_allocators_have_no_reserved_figure(ingested):
+    """TSL's BFC allocators write bytes_reserved = memory set aside beyond what is in use, 0 on every event of
+    TensorFlow's GPU demo while 6.2 GB are in use: no reserved figure, so NULL (before: peak_reserved_bytes 0).
+    The allocated peak is the allocator's own peak_bytes_in_use."""
+    con = tracesql.connect(ingested(DATASETS / "xprof_gpu_multi_worker"))
+    assert rows(con, "SELECT count(*), count(total_reserved_bytes), count(*) FILTER (WHERE (args ->> '$.bytes_reserved') "
+                     "= '0') FROM memory JOIN slices ON slice_id = memory_id") == [(2493, 0, 2493)]
+    got = queries.run(con, queries.find("memory"), {}).df().set_index("allocator")
+    assert got.loc["GPU_6_bfc", "peak_allocated_bytes"] == 6210111488
+    assert got.peak_reserved_bytes.isna().all() and got.peak_reserved_ts.isna().all() \
+        and got.final_reserved_bytes.isna().all() and len(got) == 4
+
+
 def test_tpu_timeline_per_core_equals_xprof(tpu):
     """Each TPU core's compute, communication and memory time in temporal_breakdown (a union of intervals) is
     XProf's per-core op time of those categories (hlo_stats of that core's plane alone), and the idle time of all

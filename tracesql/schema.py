@@ -306,7 +306,8 @@ TABLES: dict[str, Table] = {
                 ("bytes", "BIGINT", "Bytes allocated (positive) or freed (negative)."),
                 ("total_allocated_bytes", "BIGINT", "Allocated bytes on the device after the event."),
                 ("total_reserved_bytes", "BIGINT", "Bytes reserved by the caching allocator after the event; NULL "
-                 "where the trace gives no such figure (PyTorch's CPU allocator, which has no cache)."),
+                 "where the trace gives no such figure (PyTorch's CPU allocator, which has no cache; XPlane's BFC "
+                 "allocators, whose bytes_reserved is memory set aside, not held)."),
                 ("pid", "BIGINT", "Host process id."),
                 ("tid", "BIGINT", "Host thread id."),
                 ("op_id", "BIGINT", "The op that was running on that thread (the allocating op)."),
