@@ -3,8 +3,9 @@
 -- From the allocator's running totals on every `[memory]` event (profile_memory=True): `Total Allocated` is what
 -- live tensors hold, `Total Reserved` what the caching allocator holds from the device (allocated + cached free
 -- blocks). A figure the trace does not give is NULL, and so is its time (reserved on the CPU, which has no
--- caching allocator; allocated for torch_npu's APP component). The totals include memory allocated before the profiler
--- started, so the peak is the device's real peak within the profiled window, not only what the window allocated.
+-- caching allocator, and for XPlane's BFC allocators, which record no such figure; allocated for torch_npu's APP
+-- component). The totals include memory allocated before the profiler started, so the peak is the device's real
+-- peak within the profiled window, not only what the window allocated.
 -- peak_*_ts is the first event at which the peak was reached; peak_op the op that allocated there.
 -- A device with several allocators or components (XPlane's, torch_npu's PTA / GE / APP) has a row for each.
 -- memory_curve gives the curves over time, memory_ops the ops that allocated most.

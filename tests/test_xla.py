@@ -203,6 +203,46 @@ def test_xplane_steps_equal_xprof_overview(key, ingested):
     assert xprof - breakdown[6]["compute_ns"] == 10176 and breakdown[6]["compute_pct"] == 69.76
 
 
+def test_tensorflow_ops_equal_xprof_framework_op_stats(ingested):
+    """TensorFlow's host op events ('<node>:<type>', tf.data's 'Iterator::...', XProf's rules) are `ops` rows
+    (before: annotations, and no ops at all), with the device time they caused. On TensorFlow's GPU demo: each of
+    XProf's framework_op_stats host ops (the 499 with the most self time) has XProf's total time; XProf counts 448
+    of them twice that ran once (one host event) and launched one kernel. Every kernel is linked, through its
+    launch inside the op, to the op that the device's own 'TensorFlow Ops' line names for it, and the kernels'
+    time is kernel_stats' 29.690748 ms."""
+    con = tracesql.connect(ingested(DATASETS / "xprof_gpu_multi_worker"))
+    reference = XPROF["xprof_gpu_multi_worker"]
+    assert rows(con, "SELECT count(*), count(DISTINCT name), count(parent_op_id) FROM ops") == [(4783, 4699, 0)]
+    # XProf names a TensorFlow op by its node (the part before ':type')
+    got = {name: (n, ns, kernels) for name, n, ns, kernels in rows(
+        con, "SELECT CASE WHEN starts_with(name, 'Iterator::') THEN name ELSE split_part(name, ':', 1) END, "
+             "count(*), sum(dur), sum(kernel_count) FROM ops GROUP BY 1")}
+    xprof = {r["operation"]: (r["occurrences"], r["total_time"] * 1000) for r in reference["framework_op_stats"]}
+    assert len(xprof) == 499 and xprof.keys() <= got.keys()
+    assert all(abs(got[op][1] - ns) < 1 for op, (_, ns) in xprof.items())
+    twice = [op for op, (n, _) in xprof.items() if n != got[op][0]]
+    assert len(twice) == 448 and all(xprof[op][0] == 2 and got[op][0] == 1 and got[op][2] == 1 for op in twice)
+    linked = rows(con, "SELECT count(*), count(*) FILTER (WHERE o.name = t.name), sum(k.dur) FROM slices k "
+                       "JOIN slices t ON t.device_id = k.device_id AND t.track LIKE '%/ TensorFlow Ops' "
+                       "AND t.ts = k.ts AND t.dur = k.dur LEFT JOIN ops o ON o.op_id = k.op_id WHERE k.kind = 'kernel'")
+    kernel_ns = sum(r["total_duration_us"] for r in reference["kernel_stats"]) * 1000
+    assert linked[0][:2] == (1330, 1330) and abs(linked[0][2] - kernel_ns) < 1
+    assert rows(con, "SELECT sum(kernel_count), sum(device_self_ns) FROM ops") == [(1366, 29816284)]  # + 36 copies
+
+
+def test_xplane_bfc_allocators_have_no_reserved_figure(ingested):
+    """TSL's BFC allocators write bytes_reserved = memory set aside beyond what is in use, 0 on every event of
+    TensorFlow's GPU demo while 6.2 GB are in use: no reserved figure, so NULL (before: peak_reserved_bytes 0).
+    The allocated peak is the allocator's own peak_bytes_in_use."""
+    con = tracesql.connect(ingested(DATASETS / "xprof_gpu_multi_worker"))
+    assert rows(con, "SELECT count(*), count(total_reserved_bytes), count(*) FILTER (WHERE (args ->> '$.bytes_reserved') "
+                     "= '0') FROM memory JOIN slices ON slice_id = memory_id") == [(2493, 0, 2493)]
+    got = queries.run(con, queries.find("memory"), {}).df().set_index("allocator")
+    assert got.loc["GPU_6_bfc", "peak_allocated_bytes"] == 6210111488
+    assert got.peak_reserved_bytes.isna().all() and got.peak_reserved_ts.isna().all() \
+        and got.final_reserved_bytes.isna().all() and len(got) == 4
+
+
 def test_tpu_timeline_per_core_equals_xprof(tpu):
     """Each TPU core's compute, communication and memory time in temporal_breakdown (a union of intervals) is
     XProf's per-core op time of those categories (hlo_stats of that core's plane alone), and the idle time of all

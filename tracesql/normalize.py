@@ -650,8 +650,12 @@ SELECT run_id, rank, slice_id AS memory_id, ts,
     COALESCE(TRY_CAST(bytes_arg AS BIGINT), CASE name WHEN 'MemoryDeallocation' THEN -xla_bytes ELSE xla_bytes END)
         AS bytes,
     TRY_CAST(COALESCE(total_allocated, bytes_allocated) AS BIGINT) AS total_allocated_bytes,
-    -- PyTorch's CPU allocator has no cache: its events say Total Reserved 0, which is no figure (NULL)
-    CASE WHEN TRY_CAST(device_type_arg AS INTEGER) = 0 THEN NULLIF(TRY_CAST(total_reserved AS BIGINT), 0)
+    -- a 0 that is no figure (NULL): PyTorch's CPU allocator has no cache (Total Reserved 0); TSL's BFC allocators
+    -- (GPU_<n>_bfc, gpu_host_bfc) write as bytes_reserved what is set aside beyond the memory in use (TensorFlow's
+    -- BFCAllocator: available = limit - reserved - in use), not what they hold from the device (0 in every
+    -- XPlane at hand, with gigabytes in use)
+    CASE WHEN TRY_CAST(device_type_arg AS INTEGER) = 0 OR regexp_matches(allocator, '_bfc$')
+         THEN NULLIF(TRY_CAST(COALESCE(total_reserved, bytes_reserved) AS BIGINT), 0)
          ELSE TRY_CAST(COALESCE(total_reserved, bytes_reserved) AS BIGINT) END AS total_reserved_bytes,
     pid, tid, op_id, step, allocator,
     TRY_CAST(peak_bytes_in_use AS BIGINT) AS peak_allocated_bytes,

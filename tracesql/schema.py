@@ -203,7 +203,7 @@ TABLES: dict[str, Table] = {
         ),
         Table(
             "ops",
-            "Framework operators (aten::*, custom ops) and XLA ops (one row per execution of an HLO op: a TPU or "
+            "Framework operators (aten::*, TensorFlow's node:Type ops, custom ops) and XLA ops (one row per execution of an HLO op: a TPU or "
             "CPU op event, or the kernels one HLO op launched on a GPU) with their inputs and the device time "
             "they caused. Every other argument is in `slices.args` (join on rank and op_id = slice_id); an XLA "
             "op's HLO details are in `xla_ops` (join on rank, program_id and name).",
@@ -306,7 +306,8 @@ TABLES: dict[str, Table] = {
                 ("bytes", "BIGINT", "Bytes allocated (positive) or freed (negative)."),
                 ("total_allocated_bytes", "BIGINT", "Allocated bytes on the device after the event."),
                 ("total_reserved_bytes", "BIGINT", "Bytes reserved by the caching allocator after the event; NULL "
-                 "where the trace gives no such figure (PyTorch's CPU allocator, which has no cache)."),
+                 "where the trace gives no such figure (PyTorch's CPU allocator, which has no cache; XPlane's BFC "
+                 "allocators, whose bytes_reserved is memory set aside, not held)."),
                 ("pid", "BIGINT", "Host process id."),
                 ("tid", "BIGINT", "Host thread id."),
                 ("op_id", "BIGINT", "The op that was running on that thread (the allocating op)."),

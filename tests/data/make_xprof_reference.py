@@ -10,7 +10,9 @@ For each XPlane below (the bundled ones, and the corpus's when it is there), wha
   category: what each core spent (XProf shows all cores together);
 - `op_profile`: per program and category, total time (ps) and occurrences; the idle time (ps) of all cores;
 - `kernel_stats`: per GPU kernel and op, occurrences and total duration (µs);
-- `overview_page`: the device idle percentage, the step-time table (one row per step) and its averages.
+- `overview_page`: the device idle percentage, the step-time table (one row per step) and its averages;
+- `framework_op_stats`: per TensorFlow (or tf.data) op on the host, its type, occurrences and total time (µs);
+  XProf keeps the 500 ops with the most self time.
 The tests compare tracesql's tables with these; the file is committed so that the tests need neither xprof nor
 its 80 MB of shared libraries.
 """
@@ -112,13 +114,19 @@ def overview_page(data: bytes) -> dict:
             **{k: steps["p"][k] for k in keep if k in steps["p"]}}
 
 
+def framework_op_stats(data: bytes) -> list[dict]:
+    keep = ("type", "operation", "occurrences", "total_time")
+    return [{k: r[k] for k in keep} for r in table_rows(tool(data, "framework_op_stats")[0])
+            if r["host_or_device"] == "Host" and r["type"] != "IDLE"]
+
+
 def main() -> None:
     out = {}
     for name, path in TRACES.items():
         data = space_bytes(path)
         out[name] = {"hlo_stats": hlo_stats(data), "hlo_stats_per_core": hlo_stats_per_core(data),
                      "op_profile": op_profile(data), "kernel_stats": kernel_stats(data),
-                     "overview_page": overview_page(data)}
+                     "overview_page": overview_page(data), "framework_op_stats": framework_op_stats(data)}
     json.dump(out, sys.stdout, indent=0, sort_keys=True)
     sys.stdout.write("\n")
 

@@ -2,7 +2,10 @@
 
 An XSpace holds planes: one per accelerator ('/device:GPU:N', '/device:TPU:N') whose lines are CUDA/ROCm streams
 ('Stream #N(Kernel)') or derived timelines ('XLA Ops', 'XLA Modules', 'Steps'), and '/host:CPU', whose lines are
-host threads (TraceMe annotations, runtime launch calls, XLA CPU thunks) and the Python tracer ('python').
+host threads (TraceMe annotations, TensorFlow's ops, runtime launch calls, XLA CPU thunks) and the Python tracer
+('python'). TensorFlow's op events ('<node>:<Type>', `is_tf_op`) are `cpu_op` slices, framework ops as PyTorch's are:
+the kernels launched inside one are its device time; the device's 'TensorFlow Ops' line, which XProf derives from
+those kernels, stays an annotation.
 Events name their metadata (name, constant stats) by id and carry their own stats; every stat is kept in `args`.
 
 The messages are OpenXLA's own (`proto.messages()`: the descriptors TensorFlow ships); the HLO modules of the
@@ -282,7 +285,21 @@ def _host_kind(name: str, stats: dict, dur_ps: int) -> str:
         return "memory"
     if dur_ps == 0:
         return "instant"
+    if is_tf_op(name):
+        return "cpu_op"
     return "python_function" if name.startswith("$") else "user_annotation"  # '$file.py:12 fn': Python tracer
+
+
+#: A TensorFlow op's host event is named '<node name>:<op type>' (TensorFlow's executor, eager or graph); a tf.data
+#: iterator's 'Iterator::<dataset>...'. XProf's rules (TSL's tf_op_utils: ParseTfOpFullname, IsTfOpName,
+#: IsTfOpType), which its framework op statistics count as TensorFlow's and tf.data's host ops.
+_TF_OP = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*:[A-Z_][a-zA-Z0-9_]*")
+_TF_DATA_OP = "Iterator::"
+
+
+def is_tf_op(name: str) -> bool:
+    """Whether a host event is a TensorFlow (or tf.data) op, as XProf tells them apart."""
+    return name.startswith(_TF_DATA_OP) or _TF_OP.fullmatch(name) is not None
 
 
 #: TSL's allocator events (BFC on GPU, the TPU runtime's): one per allocation or free, with the totals after it.
