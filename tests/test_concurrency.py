@@ -179,32 +179,47 @@ def test_a_query_that_loses_a_file_to_a_swap_runs_again_on_the_new_run(tmp_path,
 HOLDER = """
 import sys
 from pathlib import Path
-from tracesql import store
+from tracesql import engine, store
 run = Path(sys.argv[1])
-with store.reading([run]):
-    print(sorted(store.load_manifest(run)["files"]), flush=True)
-    sys.stdin.readline()  # the test lets go once an ingest waits to swap
-    store.verify(run)  # every file of the generation it listed: there, with the bytes the manifest records
-    print(sorted(store.load_manifest(run)["files"]), flush=True)
+listed = []
+def read():  # every file of the generation it listed, with the bytes its manifest records
+    files = store.load_manifest(run)["files"]
+    listed.append(sorted(files))
+    if len(listed) == 1:
+        print("listed", flush=True)
+        sys.stdin.readline()  # the test lets go once an ingest waits to swap, or has swapped
+    for rel, entry in files.items():
+        store.check_sha256(run, rel, entry)
+    return listed[-1]
+print(engine.while_unchanged([run], read) == listed[0], len(listed), flush=True)
 """
+
+
+def _hold(run) -> subprocess.Popen:
+    """A reader of `run` that has listed its files and waits for a line on stdin to read them."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], env=ENV, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "listed\n"
+    return holder
+
+
+def _one_kernel_job(job):
+    job.mkdir()
+    write_trace(job / "rank-0.json", [{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1002,
+                                       "dur": 3, "args": {"device": 0, "stream": 7}}])
 
 
 def test_a_reader_keeps_its_generation_whole_while_two_ingests_wait_to_swap(tmp_path):
     """A command reading a run holds it (store.reading): ingests of the run wait to swap until it is done, so
     it reads the generation it listed, every file of it, however many ingests pass meanwhile."""
     run, job = tmp_path / "run", tmp_path / "job"
-    job.mkdir()
-    kernel = {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1002, "dur": 3,
-              "args": {"device": 0, "stream": 7}}
-    write_trace(job / "rank-0.json", [kernel])
+    _one_kernel_job(job)
     tracesql.ingest([job], run)
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], env=ENV, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    listed = holder.stdout.readline()
+    holder = _hold(run)
     before = engine.published(run)
 
     def two_ingests():
-        write_trace(job / "rank-1.json", [kernel])
+        shutil.copy(job / "rank-0.json", job / "rank-1.json")
         tracesql.ingest([job], run)
         tracesql.ingest([job], run, run_id="again")
 
@@ -216,11 +231,24 @@ def test_a_reader_keeps_its_generation_whole_while_two_ingests_wait_to_swap(tmp_
         time.sleep(0.01)
     time.sleep(0.2)
     assert engine.published(run) == before  # it waits for the reader
-    out, _ = holder.communicate("\n", timeout=60)
-    assert holder.returncode == 0 and out == listed
+    assert holder.communicate("\n", timeout=60)[0] == "True 1\n"  # read whole at the first try
     ingests.join(timeout=60)
     assert not ingests.is_alive() and store.load_manifest(run)["run_id"] == "again"
     assert sorted(store.load_manifest(run)["sources"]) == ["rank-0.json", "rank-1.json"]
+
+
+def test_an_ingest_waits_for_a_reader_only_so_long_then_the_reader_reads_again(tmp_path, monkeypatch):
+    """A reader that outlasts store.READER_WAIT_S does not hold an ingest back for ever: the ingest swaps, and the
+    reader, finding its files gone, reads the new run (engine.while_unchanged)."""
+    run, job = tmp_path / "run", tmp_path / "job"
+    _one_kernel_job(job)
+    tracesql.ingest([job], run)
+    holder = _hold(run)
+    monkeypatch.setattr(store, "READER_WAIT_S", 0.3)
+    t0 = time.monotonic()
+    tracesql.ingest([job], run, run_id="again")  # every part named anew: the files the reader listed are gone
+    assert time.monotonic() - t0 >= 0.3
+    assert holder.communicate("\n", timeout=60)[0] == "False 2\n"  # the new run's files, at the second try
 
 
 def test_every_ingest_names_its_files_anew_and_keeps_unchanged_ones(tmp_path):

@@ -44,6 +44,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -154,31 +155,32 @@ _READERS, _GATE = 0, 1
 
 def _range_lock(fd: int, byte: int, kind: str, wait: float | None) -> bool:
     """Take (kind "r" shared, "w" exclusive) or drop ("u") the lock on `byte` of the open file `fd`, waiting up to
-    `wait` s (None: as long as it takes); whether it was had."""
+    `wait` s (None: as long as it takes); whether it was had (never, on a file system without record locks)."""
     import fcntl
     import struct
 
     code = {"r": fcntl.F_RDLCK, "w": fcntl.F_WRLCK, "u": fcntl.F_UNLCK}[kind]
     request = struct.pack("hhqqi4x", code, os.SEEK_SET, byte, 1, 0)  # struct flock; l_pid 0, as OFD locks need
-    if wait is None:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, request)
-        return True
-    deadline = time.monotonic() + wait
+    deadline = None if wait is None else time.monotonic() + wait
     while True:
         try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if deadline is None else fcntl.F_OFD_SETLK, request)
             return True
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
+        except OSError:
+            return False
 
 
 def _lock_file(out: Path, flags: int) -> int | None:
     """The run's lock file, open, where record locks work (Linux's open-file-description locks); else None (then
     readers rely on their retry alone)."""
-    import fcntl
-
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return None
     if not hasattr(fcntl, "F_OFD_SETLK"):
         return None
     try:
@@ -190,6 +192,7 @@ def _lock_file(out: Path, flags: int) -> int | None:
 #: The runs this process reads now (`reading`): its own ingest of one (a report's target re-ingested into its
 #: cache) swaps at once rather than wait for itself.
 _read_here: collections.Counter = collections.Counter()
+_read_here_lock = threading.Lock()  # (an MCP server reads from several threads)
 
 
 @contextlib.contextmanager
@@ -198,7 +201,8 @@ def reading(runs):
     A reader passes through the run's gate first, so it waits while an ingest is swapping or waiting to."""
     runs = sorted({Path(r).absolute() for r in runs})
     held = []
-    _read_here.update(runs)
+    with _read_here_lock:
+        _read_here.update(runs)
     try:
         for run in runs:
             fd = _lock_file(run, os.O_RDONLY)  # a shared lock needs no write access: runs in read-only folders too
@@ -206,23 +210,24 @@ def reading(runs):
                 held.append(fd)
                 _range_lock(fd, _GATE, "r", None)
                 _range_lock(fd, _READERS, "r", None)
-                _range_lock(fd, _GATE, "u", None)
+                _range_lock(fd, _GATE, "u", None)  # (the lock on _READERS stays)
         yield
     finally:
-        _read_here.subtract(runs)
+        with _read_here_lock:
+            _read_here.subtract(runs)
         for fd in held:
             os.close(fd)  # drops its locks
 
 
 @contextlib.contextmanager
-def swapping(out: Path, wait: float = READER_WAIT_S):
+def swapping(out: Path):
     """Held by an ingest while it swaps its generation in for `out` and removes the previous one: taken once no
-    reader holds `out` (`reading`), or after `wait` s of waiting for them (their retry covers them then)."""
+    reader holds `out` (`reading`), or after READER_WAIT_S of waiting for them (their retry covers them then)."""
     fd = _lock_file(out, os.O_RDWR)
     try:
         if fd is not None:
             _range_lock(fd, _GATE, "w", None)  # readers that come now wait for the swap
-            _range_lock(fd, _READERS, "w", 0 if _read_here[out.absolute()] > 0 else wait)
+            _range_lock(fd, _READERS, "w", 0 if _read_here[out.absolute()] > 0 else READER_WAIT_S)
         yield
     finally:
         if fd is not None:
