@@ -16,7 +16,7 @@ import time
 import pytest
 
 import tracesql
-from conftest import DATASETS, REPO
+from conftest import DATASETS, REPO, write_trace
 
 pytestmark = pytest.mark.concurrency
 from tracesql import engine, store  # (tracesql.engine: imported, not only reached as an attribute)
@@ -176,6 +176,81 @@ def test_a_query_that_loses_a_file_to_a_swap_runs_again_on_the_new_run(tmp_path,
         tracesql.engine.on_fresh_connection(run, broken)
 
 
+HOLDER = """
+import sys
+from pathlib import Path
+from tracesql import engine, store
+run = Path(sys.argv[1])
+listed = []
+def read():  # every file of the generation it listed, with the bytes its manifest records
+    files = store.load_manifest(run)["files"]
+    listed.append(sorted(files))
+    if len(listed) == 1:
+        print("listed", flush=True)
+        sys.stdin.readline()  # the test lets go once an ingest waits to swap, or has swapped
+    for rel, entry in files.items():
+        store.check_sha256(run, rel, entry)
+    return listed[-1]
+print(engine.while_unchanged([run], read) == listed[0], len(listed), flush=True)
+"""
+
+
+def _hold(run) -> subprocess.Popen:
+    """A reader of `run` that has listed its files and waits for a line on stdin to read them."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], env=ENV, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "listed\n"
+    return holder
+
+
+def _one_kernel_job(job):
+    job.mkdir()
+    write_trace(job / "rank-0.json", [{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1002,
+                                       "dur": 3, "args": {"device": 0, "stream": 7}}])
+
+
+def test_a_reader_keeps_its_generation_whole_while_two_ingests_wait_to_swap(tmp_path):
+    """A command reading a run holds it (store.reading): ingests of the run wait to swap until it is done, so
+    it reads the generation it listed, every file of it, however many ingests pass meanwhile."""
+    run, job = tmp_path / "run", tmp_path / "job"
+    _one_kernel_job(job)
+    tracesql.ingest([job], run)
+    holder = _hold(run)
+    before = engine.published(run)
+
+    def two_ingests():
+        shutil.copy(job / "rank-0.json", job / "rank-1.json")
+        tracesql.ingest([job], run)
+        tracesql.ingest([job], run, run_id="again")
+
+    ingests = threading.Thread(target=two_ingests)
+    ingests.start()
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(f".run.staging-*/{store.MANIFEST}")):  # the first ingest is at its swap
+        assert time.monotonic() < deadline and ingests.is_alive()
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert engine.published(run) == before  # it waits for the reader
+    assert holder.communicate("\n", timeout=60)[0] == "True 1\n"  # read whole at the first try
+    ingests.join(timeout=60)
+    assert not ingests.is_alive() and store.load_manifest(run)["run_id"] == "again"
+    assert sorted(store.load_manifest(run)["sources"]) == ["rank-0.json", "rank-1.json"]
+
+
+def test_an_ingest_waits_for_a_reader_only_so_long_then_the_reader_reads_again(tmp_path, monkeypatch):
+    """A reader that outlasts store.READER_WAIT_S does not hold an ingest back for ever: the ingest swaps, and the
+    reader, finding its files gone, reads the new run (engine.while_unchanged)."""
+    run, job = tmp_path / "run", tmp_path / "job"
+    _one_kernel_job(job)
+    tracesql.ingest([job], run)
+    holder = _hold(run)
+    monkeypatch.setattr(store, "READER_WAIT_S", 0.3)
+    t0 = time.monotonic()
+    tracesql.ingest([job], run, run_id="again")  # every part named anew: the files the reader listed are gone
+    assert time.monotonic() - t0 >= 0.3
+    assert holder.communicate("\n", timeout=60)[0] == "False 2\n"  # the new run's files, at the second try
+
+
 def test_every_ingest_names_its_files_anew_and_keeps_unchanged_ones(tmp_path):
     """A file name is never reused for other bytes: a reader that listed the previous run's files finds them
     gone, never the next run's bytes under their names (two jobs' rank 0 once shared a name)."""
@@ -288,12 +363,9 @@ def test_query_verify_export_and_report_see_one_job_whole_while_ingests_alternat
         thread.join(timeout=300)
         p.wait(timeout=10)
     answers = {mode: [json.loads(line) for line in seen] for mode, seen in lines.items()}
-    # a reader swapped under SWAP_ATTEMPTS times in a row (a report outlasting several ingests on a loaded machine)
-    # says so in one line (robustness.md): never a wrong answer; every mode still answers whole at least twice
-    refused = "Error: RUN: replaced by an ingest "
+    # each command holds the run while it reads it (store.reading): no answer is another's, none a refusal
     for mode, seen in answers.items():
-        wrong = [a for a in seen if a not in expected[mode] and not (a["code"] == 1 and a["out"].startswith(refused)
-                                                                    and a["out"].count("\n") == 1)]
+        wrong = [a for a in seen if a not in expected[mode]]
         assert not wrong, (mode, len(wrong), len(seen), wrong[:2])
     assert all(sum(a in expected[m] for a in seen) >= 2 for m, seen in answers.items()), \
         {m: len(a) for m, a in answers.items()}

@@ -98,21 +98,25 @@ def while_unchanged(runs, work):
     """`work()`, and again (up to SWAP_ATTEMPTS times) when it failed while an ingest swapped one of `runs`: a
     reader that listed a generation's files finds one gone (part names are never reused for other bytes, see
     store) and starts over on the new generation, whatever the error said (missing file, "No files found",
-    a manifest that no longer matches the folder). An error while every run stayed put is raised as it is."""
+    a manifest that no longer matches the folder). An error while every run stayed put is raised as it is.
+    Each try holds the runs' reader lock (`store.reading`): an ingest swaps none of them in meanwhile, unless
+    the try outlasts store.READER_WAIT_S."""
     runs = [Path(r) for r in runs]
     for attempt in range(1, SWAP_ATTEMPTS + 1):
-        before = [published(r) for r in runs]
-        try:
-            return work()
-        except Exception as e:
-            after = [published(r) for r in runs]
-            if after == before:
-                raise
-            if attempt == SWAP_ATTEMPTS:
-                changed = next(r for r, b, a in zip(runs, before, after) if a != b)
-                raise TraceError(changed, f"replaced by an ingest {SWAP_ATTEMPTS} times while being read (each "
-                                          "time a file it had listed was gone): read it again once ingests "
-                                          "pause") from e
+        with store.reading(runs):
+            before = [published(r) for r in runs]
+            try:
+                return work()
+            except Exception as e:
+                after = [published(r) for r in runs]
+                if after == before:
+                    raise
+                error = e
+        if attempt == SWAP_ATTEMPTS:
+            changed = next(r for r, b, a in zip(runs, before, after) if a != b)
+            raise TraceError(changed, f"replaced by an ingest {SWAP_ATTEMPTS} times while being read (each "
+                                      "time a file it had listed was gone): read it again once ingests "
+                                      "pause") from error
 
 
 def on_fresh_connection(target, work, names=None, sandbox: bool = False, memory_limit: str | None = None):

@@ -22,14 +22,20 @@ lists (one missing, one added, one of another size) in one line naming the file;
 file's SHA-256 and every Parquet page's CRC (written by every writer here). Files are always named one by one,
 never found by a glob pattern, so a run under `exp[1]/` or `a*b/` reads exactly its own files.
 
-A reader sees one generation of a run whole, without locks: every ingest names the files it writes anew (the
-generation is part of their names; a part carried over unchanged keeps its name and its bytes), so a file name
-a reader listed is either those very bytes or gone. A reader that finds one gone after a swap starts over on the
-new run (`engine.while_unchanged`), and never reads the next run's bytes under the previous run's name.
+A reader sees one generation of a run whole. Every ingest names the files it writes anew (the generation is part
+of their names; a part carried over unchanged keeps its name and its bytes), so a file name a reader listed is
+either those very bytes or gone. The commands that read a run (query, verify, export, info, diff, report) hold a
+shared lock on it while they read (`reading`); an ingest swaps its generation in, and removes the previous one,
+only when no reader holds that lock (`swapping`: readers that arrive meanwhile wait for the swap, so a stream of
+readers cannot hold an ingest back for ever). An ingest waits at most READER_WAIT_S for readers; past that it
+swaps anyway, and a reader that then finds a file gone starts over on the new run (`engine.while_unchanged`),
+never reading the next run's bytes under the previous run's name. A plain DuckDB client or `tracesql.connect`
+takes no lock and relies on that retry alone.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import errno
@@ -38,6 +44,8 @@ import hashlib
 import json
 import os
 import shutil
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -136,6 +144,94 @@ def wait_for_writer(out: Path, timeout: float = 600) -> None:
                 pass
         except filelock.Timeout:
             raise TraceError(out, f"still being written by another ingest after {timeout:.0f} s") from None
+
+
+#: How long an ingest waits for the readers of the run it replaces to finish before it swaps anyway (see the note).
+READER_WAIT_S = 60.0
+# Byte ranges of the run's lock file (`.<run>.lock`, whose flock the ingest holds: these open-file-description
+# record locks are apart from it) that readers and a swapping ingest lock.
+_READERS, _GATE = 0, 1
+
+
+def _range_lock(fd: int, byte: int, kind: str, wait: float | None) -> bool:
+    """Take (kind "r" shared, "w" exclusive) or drop ("u") the lock on `byte` of the open file `fd`, waiting up to
+    `wait` s (None: as long as it takes); whether it was had (never, on a file system without record locks)."""
+    import fcntl
+    import struct
+
+    code = {"r": fcntl.F_RDLCK, "w": fcntl.F_WRLCK, "u": fcntl.F_UNLCK}[kind]
+    request = struct.pack("hhqqi4x", code, os.SEEK_SET, byte, 1, 0)  # struct flock; l_pid 0, as OFD locks need
+    deadline = None if wait is None else time.monotonic() + wait
+    while True:
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if deadline is None else fcntl.F_OFD_SETLK, request)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        except OSError:
+            return False
+
+
+def _lock_file(out: Path, flags: int) -> int | None:
+    """The run's lock file, open, where record locks work (Linux's open-file-description locks); else None (then
+    readers rely on their retry alone)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return None
+    if not hasattr(fcntl, "F_OFD_SETLK"):
+        return None
+    try:
+        return os.open(_sibling(out, "lock"), flags)
+    except OSError:  # never ingested here (a copied run): no ingest holds it either until one starts
+        return None
+
+
+#: The runs this process reads now (`reading`): its own ingest of one (a report's target re-ingested into its
+#: cache) swaps at once rather than wait for itself.
+_read_here: collections.Counter = collections.Counter()
+_read_here_lock = threading.Lock()  # (an MCP server reads from several threads)
+
+
+@contextlib.contextmanager
+def reading(runs):
+    """Held while a command reads `runs`: no ingest swaps one of them in meanwhile (see the note on generations).
+    A reader passes through the run's gate first, so it waits while an ingest is swapping or waiting to."""
+    runs = sorted({Path(r).absolute() for r in runs})
+    held = []
+    with _read_here_lock:
+        _read_here.update(runs)
+    try:
+        for run in runs:
+            fd = _lock_file(run, os.O_RDONLY)  # a shared lock needs no write access: runs in read-only folders too
+            if fd is not None:
+                held.append(fd)
+                _range_lock(fd, _GATE, "r", None)
+                _range_lock(fd, _READERS, "r", None)
+                _range_lock(fd, _GATE, "u", None)  # (the lock on _READERS stays)
+        yield
+    finally:
+        with _read_here_lock:
+            _read_here.subtract(runs)
+        for fd in held:
+            os.close(fd)  # drops its locks
+
+
+@contextlib.contextmanager
+def swapping(out: Path):
+    """Held by an ingest while it swaps its generation in for `out` and removes the previous one: taken once no
+    reader holds `out` (`reading`), or after READER_WAIT_S of waiting for them (their retry covers them then)."""
+    fd = _lock_file(out, os.O_RDWR)
+    try:
+        if fd is not None:
+            _range_lock(fd, _GATE, "w", None)  # readers that come now wait for the swap
+            _range_lock(fd, _READERS, "w", 0 if _read_here[out.absolute()] > 0 else READER_WAIT_S)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def remove_leftovers(out: Path) -> list[Path]:
@@ -384,15 +480,16 @@ def publish(staging: Path, out: Path, manifest: dict, init_sql: str, known_files
     tmp.write_text(json.dumps({**manifest, "files": files, "schema_version": schema.SCHEMA_VERSION,
                                "tracesql_version": __version__}, indent=1))
     tmp.rename(staging / MANIFEST)
-    if not out.exists():
-        staging.rename(out)
-    elif _exchange(staging, out):
-        shutil.rmtree(staging, ignore_errors=True)  # now holds the previous run
-    else:  # no atomic exchange here: a reader that finds `out` missing for a moment waits for the lock
-        retired = _sibling(out, f"old-{uuid.uuid4().hex[:12]}")
-        out.rename(retired)
-        staging.rename(out)
-        shutil.rmtree(retired, ignore_errors=True)
+    with swapping(out):
+        if not out.exists():
+            staging.rename(out)
+        elif _exchange(staging, out):
+            shutil.rmtree(staging, ignore_errors=True)  # now holds the previous run
+        else:  # no atomic exchange here: a reader that finds `out` missing for a moment waits for the lock
+            retired = _sibling(out, f"old-{uuid.uuid4().hex[:12]}")
+            out.rename(retired)
+            staging.rename(out)
+            shutil.rmtree(retired, ignore_errors=True)
 
 
 _RENAME_EXCHANGE = 2
