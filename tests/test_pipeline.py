@@ -132,6 +132,32 @@ def test_clock_offset_of_a_shifted_rank_is_recovered(ingested, shifted):
     assert list(after.loc[[2, 3]].offset_ns) == list(before.loc[[2, 3]].offset_ns)
 
 
+def test_aligned_clocks_give_the_unshifted_skews(ingested, shifted):
+    """The shift is flagged (5 ms exceeds rank 1's send/recv calls), and with align_clocks=true the shifted run's
+    stragglers and pair skews are the unshifted run's again, within 0.2 ms; as recorded, rank 1 is 5 ms off."""
+    offsets = tracesql.query("clock_offsets", shifted).set_index("rank")
+    assert offsets.loc[1].warning.startswith("offset 4.9") and offsets.loc[[0, 2, 3]].warning.isna().all()
+    assert tracesql.query("clock_offsets", ingested(GPIPE)).warning.isna().all()
+
+    def lateness(run, **params):
+        got = tracesql.query("collective_stragglers", run, **params).set_index("rank")
+        return got[["instances", "mean_lateness_ns", "max_lateness_ns"]]
+
+    truth, recorded, aligned = lateness(ingested(GPIPE)), lateness(shifted), lateness(shifted, align_clocks=True)
+    assert (aligned.instances == truth.instances).all() and (truth.instances >= 16).all()
+    assert ((aligned.mean_lateness_ns - truth.mean_lateness_ns).abs() < 200_000).all()
+    assert ((aligned.max_lateness_ns - truth.max_lateness_ns).abs() < 200_000).all()
+    assert (recorded.max_lateness_ns - truth.max_lateness_ns).abs().max() > 4_000_000
+
+    def skews(run, **params):
+        got = tracesql.query("collectives", run, **params)
+        return got.set_index(["src_rank", "dst_rank", "seq"]).sort_index()
+    truth, aligned = skews(ingested(GPIPE)), skews(shifted, align_clocks="true")
+    assert len(truth) == len(aligned) == 48 and (truth.ranks.map(tuple) == aligned.ranks.map(tuple)).all()
+    gap = [abs(a - b) for ta, tb in zip(truth.start_skew_ns, aligned.start_skew_ns) for a, b in zip(ta, tb)]
+    assert max(gap) < 200_000
+
+
 def test_all_ranks_export_one_process_per_rank_aligned_and_linked(ingested, shifted, tmp_path):
     """--all-ranks on the shifted run, step 3, read back with the perfetto package's protos: a process per rank,
     rank 1 moved back onto the others' clock (its sends where the unshifted trace has them, within 0.2 ms), one
