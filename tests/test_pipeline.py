@@ -49,6 +49,7 @@ def test_unbalanced_stage_is_the_limit(ingested):
     """Stage 2 does 3x the work: it computes longest, so it limits every step, and is the straggler of the pairs."""
     got = tracesql.query("pipeline", ingested(SLOW))
     assert set(got.step) == {2, 3} and (got.stages == 4).all() and (got.microbatches == 8).all()
+    assert (got.microbatches_from == "sends").all()  # 1F1B records no schedule ranges: counted on the first link
     assert list(got[got.step == 2].sort_values("stage")["rank"]) == [0, 1, 2, 3]
     limit = got[got.limiting]
     assert list(limit["rank"]) == [2, 2]
@@ -67,9 +68,9 @@ def test_idle_decompositions_add_up_and_compute_matches_the_json(ingested):
     """Both splits of idle add up exactly; a stage's compute is the union of its host ops other than c10d calls
     inside its ProfilerStep, recomputed here from the raw JSON."""
     got = tracesql.query("pipeline", ingested(GPIPE))
-    assert (got.microbatches == 4).all()  # inferred from the sends; GPipe's "Forward i" ranges say the same
+    # read from GPipe's "Forward i" ranges (stage 0's four sends to stage 1 per step say the same)
     forwards = {e["name"] for e in events(GPIPE, 0) if re.fullmatch(r"Forward \d+", e.get("name", ""))}
-    assert len(forwards) == 4
+    assert len(forwards) == 4 and (got.microbatches == 4).all() and (got.microbatches_from == "trace").all()
     idle = got.window_ns - got.compute_ns
     assert (got.idle_ns == idle).all()
     assert (got.warmup_ns + got.p2p_blocked_ns + got.cooldown_ns + got.other_idle_ns == idle).all()
@@ -93,12 +94,21 @@ def test_idle_decompositions_add_up_and_compute_matches_the_json(ingested):
 
 
 def test_interleaved_chunks(ingested):
-    """Interleaved 1F1B, 2 ranks × 2 chunks: the first rank sends 2·4 activations and 4 gradients to the other per
-    step, so m = 12 / (v + v − 1) = 4, and the ideal bubble is (p − 1) / (v·m + p − 1) = 1/9."""
-    got = tracesql.query("pipeline", ingested(INTERLEAVED), chunks=2)
-    assert (got.microbatches == 4).all() and (got.stages == 2).all()
+    """Interleaved 1F1B, 2 ranks × 2 chunks: the schedule's ranges PP:<stage>F<microbatch> name stages 0 and 2 on
+    rank 0 and microbatches 0-3, so v = 2 and m = 4 with no parameter, and the ideal bubble is
+    (p − 1) / (v·m + p − 1) = 1/9. The sends say the same: rank 0 sends 2·4 activations and 4 gradients to rank 1
+    per step, m = 12 / (v + v − 1) = 4. Parameters override what the trace says."""
+    run = ingested(INTERLEAVED)
+    names = {e["name"] for e in events(INTERLEAVED, 0) if re.fullmatch(r"PP:\d+F\d+", e.get("name", ""))}
+    assert names == {f"PP:{s}F{m}" for s in (0, 2) for m in range(4)}
+    got = tracesql.query("pipeline", run)
+    assert (got.microbatches == 4).all() and (got.chunks == 2).all() and (got.stages == 2).all()
+    assert (got.microbatches_from == "trace").all()
     assert got.ideal_bubble_pct.round(6).eq(round(100 / 9, 6)).all()
     assert got.groupby("step").limiting.sum().eq(1).all()
+    forced = tracesql.query("pipeline", run, chunks=1, microbatches=6)
+    assert (forced.microbatches_from == "parameter").all() and (forced.chunks == 1).all()
+    assert forced.ideal_bubble_pct.round(6).eq(round(100 / 7, 6)).all()
 
 
 SHIFT_US = 5000.0
