@@ -252,3 +252,16 @@ def test_parallel_dimensions_by_name_and_by_layout(ingested):
     assert {n for n, (d, _) in swapped.items() if d == "TP"} == {"1", "2"}
     steps = tracesql.query("parallelism", mesh)
     assert list(steps.step) == [2, 3] and (steps.calls == 8).all()  # gloo's calls record no group: 'unknown'
+
+
+@pytest.mark.parametrize("name", ["hta_nccl_parser_config", "hta_trace_filter"])
+def test_exposed_communication_per_dimension_is_overlaps(ingested, name):
+    """parallelism's exposed_ns, a call's kernel span less its device's compute then, summed over steps and
+    dimensions, is overlap per=process_group's exposed_comm_ns (a union of segments: a second method), and so is
+    comm_ns its comm_ns: each call's kernels do not overlap one another on these GPU traces."""
+    run = ingested(DATASETS / name)
+    got = tracesql.query("parallelism", run)
+    overlap = tracesql.query("overlap", run, per="process_group")
+    assert got.exposed_ns.sum() == overlap.exposed_comm_ns.sum() and got.comm_ns.sum() == overlap.comm_ns.sum()
+    assert (got.exposed_ns < got.comm_ns).all() and (got.exposed_ns > 0.7 * got.comm_ns).all()
+    assert list(got.exposed_step_share) == pytest.approx(list(got.step_share * got.exposed_ns / got.comm_ns), rel=1e-9)
