@@ -265,3 +265,39 @@ def test_exposed_communication_per_dimension_is_overlaps(ingested, name):
     assert got.exposed_ns.sum() == overlap.exposed_comm_ns.sum() and got.comm_ns.sum() == overlap.comm_ns.sum()
     assert (got.exposed_ns < got.comm_ns).all() and (got.exposed_ns > 0.7 * got.comm_ns).all()
     assert list(got.exposed_step_share) == pytest.approx(list(got.step_share * got.exposed_ns / got.comm_ns), rel=1e-9)
+
+
+def test_report_section_names_the_limiting_stage(ingested, shifted):
+    """The report's Parallelism section on the unbalanced 1F1B run: the pipeline query's stages (mean per step),
+    stage 2 named as the limit in both steps; no clock warning there, rank 1's on the shifted GPipe run."""
+    from types import SimpleNamespace
+
+    from tracesql import engine
+    from tracesql.report import parallel_tables
+    from tracesql.report.render import parallel_markdown
+
+    run = ingested(SLOW)
+    con = engine.connect(run)
+    try:
+        tables = parallel_tables(con, "torch_pipeline_1f1b_4stage_slow2")
+    finally:
+        con.close()
+    stages = tables["stages"].set_index("rank")
+    want = tracesql.query("pipeline", run).groupby("rank")
+    assert list(stages.limiting_steps) == [0, 0, 2, 0] and tables["clocks"].empty
+    assert list(stages.compute_ns) == pytest.approx(list(want.compute_ns.mean()))
+    lines = parallel_markdown(SimpleNamespace(focus="slow", focus_tables=tables, traces=[]))
+    assert ("Pipeline on group 0 (`pipeline`): 4 stages, 8 microbatches, 1 model chunk(s) per rank; stage 2 (rank 2) "
+            "limits it in 2 of 2 steps (computes longest). Mean per step:") in lines
+    row = stages.loc[2]
+    assert any(line.startswith(f"| 2 | 2 | {row.compute_ns / 1e6:,.3f} ms |") and line.endswith("| 2 |")
+               for line in lines)
+    con = engine.connect(shifted)
+    try:
+        (rid,) = con.execute("SELECT run_id FROM runs").fetchone()
+        tables = parallel_tables(con, rid)
+    finally:
+        con.close()
+    assert list(tables["clocks"]["rank"]) == [1]
+    lines = parallel_markdown(SimpleNamespace(focus=rid, focus_tables=tables, traces=[]))
+    assert any(line.startswith("Clock offsets (`clock_offsets`): rank 1: offset 4.9") for line in lines)

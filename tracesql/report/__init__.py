@@ -400,6 +400,7 @@ def parallel_tables(con, rid: str) -> dict[str, pd.DataFrame]:
         bytes=("bytes", "mean"), comm_ns=("comm_ns", "mean"), exposed_ns=("exposed_ns", "mean"),
         busbw_gbps=("busbw_gbps", "median"), step_share=("step_share", "mean"),
         exposed_step_share=("exposed_step_share", "mean")).sort_values("comm_ns", ascending=False)
+    dims["intra_node"] = ["–" if pd.isna(v) else "yes" if v else "no" for v in dims.intra_node]  # as shown
     stages = queries.run(con, queries.find("pipeline")).df()
     stages = stages[stages.run_id == rid].groupby(["pipeline", "stage", "rank"], as_index=False).agg(
         steps=("step", "nunique"), microbatches=("microbatches", "max"), chunks=("chunks", "max"),

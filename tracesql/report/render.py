@@ -187,7 +187,7 @@ def parallel_markdown(report) -> list[str]:
                   "| dimension | group size | intra-node | bytes | time | exposed | busbw | share of step | exposed share |",
                   "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {d.dimension} | {'–' if pd.isna(d.group_size) else int(d.group_size)} | "
-                  f"{'–' if pd.isna(d.intra_node) else ('yes' if d.intra_node else 'no')} | {d.bytes:,.0f} | "
+                  f"{d.intra_node} | {d.bytes:,.0f} | "
                   f"{_fmt_ns(d.comm_ns)} | {_fmt_ns(d.exposed_ns)} | "
                   f"{'–' if pd.isna(d.busbw_gbps) else f'{d.busbw_gbps:,.4g} GB/s'} | {100 * d.step_share:.1f} % | "
                   f"{100 * d.exposed_step_share:.1f} % |" for d in dims.itertuples()]
