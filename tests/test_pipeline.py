@@ -301,3 +301,22 @@ def test_report_section_names_the_limiting_stage(ingested, shifted):
     assert list(tables["clocks"]["rank"]) == [1]
     lines = parallel_markdown(SimpleNamespace(focus=rid, focus_tables=tables, traces=[]))
     assert any(line.startswith("Clock offsets (`clock_offsets`): rank 1: offset 4.9") for line in lines)
+
+
+def test_all_ranks_export_capped_host_depth_keeps_every_call(ingested, tmp_path):
+    """What a 64+ rank export keeps (host_depth, by default 2 beyond 16 ranks): host slices nested no deeper than
+    N and every communication call. On GPipe step 3 with N = 1, every slice read back is a depth <= 1 slice or a
+    c10d call, each send/recv pair of the step is still linked, and under half the step's slices are written."""
+    from tracesql.export import export_all_ranks, read
+
+    run = ingested(GPIPE)
+    capped = export_all_ranks(run, tmp_path / "capped.pftrace", step=3, host_depth=1)
+    con = tracesql.connect(run)
+    (in_step,) = con.execute("SELECT count(*) FROM slices WHERE step = 3").fetchone()
+    assert capped.host_depth == 1 and sum(p.slices for p in capped.parts) < in_step / 2
+    shallow = {n for (n,) in con.execute("SELECT DISTINCT name FROM slices WHERE depth <= 1").fetchall()}
+    names = [p.track_event.name for p in read(tmp_path / "capped.pftrace")
+             if p.track_event.type == p.track_event.TYPE_SLICE_BEGIN and p.track_event.categories[0] != "tracesql"]
+    assert len(names) == sum(p.slices for p in capped.parts)
+    assert {n for n in names if n not in shallow} <= {"c10d::send", "c10d::recv_"}
+    assert names.count("c10d::send") == names.count("c10d::recv_") == 24 and capped.links == 24
