@@ -7,9 +7,12 @@
 -- higher rank), its lateness = its start − the instance's earliest start (the start skew), and wait_ns = how much
 -- longer its calls lasted than each instance's shortest call: time spent waiting for later ranks (meaningful
 -- with device timing; host calls of CPU backends only enqueue the work). A rank that is last far more often than
--- 1 / ranks of the time, with a large mean lateness, is a straggler. Across hosts, lateness includes clock offsets.
+-- 1 / ranks of the time, with a large mean lateness, is a straggler. Across hosts, lateness includes clock offsets
+-- unless align_clocks = true (as in `collectives`: each rank's times moved by its clock_offsets offset).
 --
 -- Needs: collective calls recorded by at least two ranks of the run
+-- Parameters:
+--   align_clocks = false       one of true, false: move each rank's times onto the reference rank's clock (clock_offsets)
 -- Columns:
 --   run_id            VARCHAR  run
 --   rank              INTEGER  rank
@@ -25,7 +28,7 @@ WITH calls AS (
     SELECT run_id, rank, collective_id, pg_name, seq, collective, dtype, match_key,
         COALESCE(device_ts, cpu_ts) AS start_ns,
         CASE WHEN device_ts IS NOT NULL THEN device_dur ELSE cpu_dur END AS duration_ns
-    FROM collective_calls()
+    FROM collective_calls(aligned := CAST(COALESCE(getvariable('align_clocks'), false) AS BOOLEAN))
 ), matched AS (
     SELECT *,
         start_ns - min(start_ns) OVER instance AS lateness_ns,

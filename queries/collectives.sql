@@ -10,7 +10,9 @@
 -- ranks_seen 2; without a peer, they are matched as before. Its duration_ns is the minimum over ranks, since the other ranks' durations include
 -- waiting for the last to arrive; algbw = size_bytes / duration_ns (bytes/ns = GB/s), busbw = algbw ×
 -- busbw_factor(collective, group_size) (nccl-tests). start_skew_ns = each rank's start − the earliest start (aligned
--- with `ranks`); last_rank arrived last (ties: the higher rank). Across hosts, skews include clock offsets.
+-- with `ranks`); last_rank arrived last (ties: the higher rank). Across hosts, skews include clock offsets
+-- unless align_clocks = true: then every rank's times are first moved onto the lowest rank's clock by its
+-- clock_offsets offset (where that exceeds its uncertainty; ranks the offsets do not reach keep their clock).
 -- size_bytes is the largest any rank recorded (they differ only for uneven all_to_all); NULL when the trace records
 -- no size. Calls without group metadata (c10d ops of gloo or older PyTorch) have pg_name NULL and are taken to be on
 -- the default group: group_size = world size. consistent = false when the matched calls differ in dtype or a rank
@@ -26,6 +28,7 @@
 -- Parameters:
 --   device = NULL              device key: device_peaks key whose link bandwidth to use (e.g. 'H100-SXM'); NULL = matched from devices.name
 --   link_bytes_per_s = NULL    number > 0: link bandwidth per rank and direction, bytes/s, instead of device_peaks'
+--   align_clocks = false       one of true, false: move each rank's times onto the reference rank's clock (clock_offsets)
 -- Columns:
 --   run_id           VARCHAR    run
 --   pg_name          VARCHAR    process group (NULL: not recorded)
@@ -39,7 +42,7 @@
 --   ranks_seen       BIGINT     ranks in this run that recorded the call
 --   consistent       BOOLEAN    one call per rank, all of the same dtype
 --   size_bytes       BIGINT     message size (nccl-tests convention)
---   start_ns         BIGINT     earliest start over ranks
+--   start_ns         BIGINT     earliest start over ranks (align_clocks: on the reference rank's clock)
 --   duration_ns      BIGINT     minimum duration over ranks
 --   max_duration_ns  BIGINT     maximum duration over ranks (includes waiting)
 --   algbw_gbps       DOUBLE     size_bytes / duration_ns, GB/s
@@ -63,7 +66,7 @@ WITH links AS (
         COALESCE(c.device_ts, c.cpu_ts) AS start_ns,
         CASE WHEN c.device_ts IS NOT NULL THEN c.device_dur ELSE c.cpu_dur END AS duration_ns,
         CAST(coalesce(COALESCE(getvariable('link_bytes_per_s'), NULL), l.link_bytes_per_s) AS DOUBLE) AS link_bytes_per_s
-    FROM collective_calls() c
+    FROM collective_calls(aligned := CAST(COALESCE(getvariable('align_clocks'), false) AS BOOLEAN)) c
     LEFT JOIN ranks r ON r.run_id = c.run_id AND r.rank = c.rank
     LEFT JOIN links l ON l.run_id = c.run_id AND l.rank = c.rank
 ), skewed AS (

@@ -10,7 +10,10 @@
 -- Per step and dimension: the collective calls of its groups (every rank's; calls that record no group count
 -- for the rank's only group, else 'unknown'), their bytes, the time they took (device time with kernels, else
 -- the host call, summed over ranks), bus bandwidth (Σ size · busbw_factor / Σ time) and the share of the ranks'
--- step time. Exposed (not overlapped) communication per group: overlap per=process_group.
+-- step time. exposed_ns: the part of that time no compute hides: for a call with kernels, its span (first kernel
+-- start to last kernel end) less the time its device's compute kernels run then (device_timeline, as `overlap`
+-- counts it: per group and summed over steps, overlap per=process_group's comm_ns − overlap_ns when a call's
+-- kernels do not overlap each other); a host call (CPU backends) counts whole: its thread does nothing else.
 --
 -- Needs: process groups (distributedInfo) and collectives
 -- Parameters:
@@ -27,8 +30,10 @@
 --   calls         BIGINT     calls, over ranks
 --   bytes         BIGINT     their message bytes (nccl-tests convention), over ranks
 --   comm_ns       BIGINT     their time, summed over ranks
+--   exposed_ns    BIGINT     of which no compute ran on the rank's device (host calls: all of it)
 --   busbw_gbps    DOUBLE     Σ size · busbw factor / Σ time (GB/s)
 --   step_share    DOUBLE     comm_ns / the ranks' summed step time
+--   exposed_step_share DOUBLE exposed_ns / the ranks' summed step time
 WITH layout AS (
     SELECT list_transform(string_split(COALESCE(getvariable('parallelism'), NULL), ','),
                           lambda x: {'name': upper(trim(split_part(x, '=', 1))),
@@ -77,12 +82,24 @@ WITH layout AS (
     LEFT JOIN by_layout l ON l.run_id = g.run_id AND l.pg_name = g.pg_name
     LEFT JOIN hosts h ON h.run_id = g.run_id AND h.pg_name = g.pg_name
     LEFT JOIN (SELECT run_id, max(world_size) AS world_size FROM ranks GROUP BY run_id) w ON w.run_id = g.run_id
+), compute AS (  -- each device's compute segments (device_timeline), with the compute time before each
+    SELECT run_id, rank, device_id, ts, dur,
+        sum(dur) OVER (PARTITION BY run_id, rank, device_id ORDER BY ts ROWS UNBOUNDED PRECEDING) - dur AS before_ns
+    FROM device_timeline() WHERE classes & 1 = 1
 ), calls AS (
     SELECT c.run_id, c.step, c.pg_name, COALESCE(l.dimension, 'unknown') AS dimension, l.labelled_by,
         l.group_size, l.intra_node, c.size_bytes,
         CASE WHEN c.device_ts IS NOT NULL THEN c.device_dur ELSE c.cpu_dur END AS duration_ns,
+        -- compute time up to the call's end minus up to its start: the part of the call compute hides
+        duration_ns - CASE WHEN c.device_ts IS NOT NULL
+            THEN COALESCE(e.before_ns + least(c.device_ts + c.device_dur - e.ts, e.dur), 0)
+                 - COALESCE(s.before_ns + least(c.device_ts - s.ts, s.dur), 0) ELSE 0 END AS exposed_ns,
         c.size_bytes * busbw_factor(c.collective, COALESCE(c.group_size, l.group_size)) AS bus_bytes
     FROM collectives c LEFT JOIN labelled l ON l.run_id = c.run_id AND l.pg_name = c.pg_name
+    ASOF LEFT JOIN compute s ON s.run_id = c.run_id AND s.rank = c.rank AND s.device_id = c.device_id
+     AND s.ts <= c.device_ts
+    ASOF LEFT JOIN compute e ON e.run_id = c.run_id AND e.rank = c.rank AND e.device_id = c.device_id
+     AND e.ts <= c.device_ts + c.device_dur
     WHERE c.collective <> 'wait'
 ), step_time AS (
     SELECT run_id, step, sum(dur) AS step_ns FROM steps GROUP BY run_id, step
@@ -90,9 +107,9 @@ WITH layout AS (
 SELECT c.run_id, c.step, c.dimension, any_value(c.labelled_by) AS labelled_by,
     list_sort(list_filter(list_distinct(list(c.pg_name)), lambda g: g IS NOT NULL)) AS groups, max(c.group_size) AS group_size,
     bool_and(c.intra_node) AS intra_node, count(c.duration_ns) AS calls, CAST(sum(c.size_bytes) AS BIGINT) AS bytes,
-    CAST(sum(c.duration_ns) AS BIGINT) AS comm_ns,
+    CAST(sum(c.duration_ns) AS BIGINT) AS comm_ns, CAST(sum(c.exposed_ns) AS BIGINT) AS exposed_ns,
     sum(c.bus_bytes) / NULLIF(sum(c.duration_ns) FILTER (WHERE c.bus_bytes IS NOT NULL), 0) AS busbw_gbps,
-    comm_ns / any_value(s.step_ns) AS step_share
+    comm_ns / any_value(s.step_ns) AS step_share, sum(c.exposed_ns) / any_value(s.step_ns) AS exposed_step_share
 FROM (SELECT * FROM calls WHERE COALESCE(getvariable('per'), 'step') = 'step'
       UNION ALL BY NAME  -- per group: each process group, with no calls
       SELECT run_id, pg_name, dimension, labelled_by, group_size, intra_node FROM labelled

@@ -18,14 +18,17 @@
 --   contention, skew: what the formula leaves out).
 -- ideal_bubble_pct = 100 · (p − 1) / (v·m + p − 1) (pipeline_bubble_fraction: GPipe and 1F1B with v = 1,
 -- interleaved 1F1B with v chunks per rank); zero_bubble_pct = ZB-H1's (Qi et al. 2024, equal forward, input-
--- and weight-gradient times: a third of 1F1B's bubble time) = 100 · (p − 1) / (3m + p − 1). p = the stages seen,
--- m = the microbatches parameter, else inferred from the first stage's sends to the second in the step (one tensor
--- per microbatch and chunk: v·m, plus (v − 1)·m gradients when p = 2).
+-- and weight-gradient times: a third of 1F1B's bubble time) = 100 · (p − 1) / (3m + p − 1). p = the stages seen;
+-- m and v = the microbatches and chunks parameters, else read from the ranges torch.distributed.pipelining records
+-- in the step (GPipe: "Forward <microbatch>"; the runtime schedules, interleaved and zero-bubble:
+-- "PP:<stage>F<microbatch>", v = the stages one rank runs), else v = 1 and m inferred from the first stage's sends
+-- to the second in the step (one tensor per microbatch and chunk: v·m, plus (v − 1)·m gradients when p = 2;
+-- 1F1B records no ranges).
 --
 -- Needs: point-to-point calls with their peers (send/recv of a pipeline-parallel job)
 -- Parameters:
---   microbatches = NULL        integer >= 1: microbatches per step (NULL = inferred from the sends)
---   chunks = 1                 integer >= 1: model chunks (virtual stages) per rank; > 1 for interleaved 1F1B
+--   microbatches = NULL        integer >= 1: microbatches per step (NULL = from the schedule's ranges, else the sends)
+--   chunks = NULL              integer >= 1: model chunks (virtual stages) per rank, > 1 for interleaved 1F1B (NULL = from the ranges, else 1)
 -- Columns:
 --   run_id            VARCHAR  run
 --   pipeline          VARCHAR  process group of the stages' send/recv calls ('' when not recorded)
@@ -35,6 +38,7 @@
 --   timing            VARCHAR  'device' (compute from device work) or 'host' (from host ops: CPU stages)
 --   stages            BIGINT   p: stages (ranks) in the pipeline
 --   microbatches      BIGINT   m: given or inferred
+--   microbatches_from VARCHAR  'parameter', 'trace' (the schedule's ranges) or 'sends' (counted on the first link)
 --   chunks            BIGINT   v: model chunks per rank
 --   window_ns         BIGINT   the pipeline's step window
 --   compute_ns        BIGINT   time the stage computed in its step
@@ -152,10 +156,25 @@ WITH p2p AS (
      AND s1.rank = p.peer AND s1.stage = 1
     WHERE p.collective = 'send'
     GROUP BY p.run_id, p.pipeline, p.step
+), actions AS (  -- the schedule's own ranges: GPipe's "Forward <mb>", the runtime schedules' "PP:<stage>F<mb>"
+    SELECT st.run_id, st.pipeline, st.step, st.rank,
+        regexp_extract(s.name, '^PP:(\d+)F\d+$', 1) AS chunk,
+        COALESCE(NULLIF(regexp_extract(s.name, '^Forward (\d+)$', 1), ''),
+                 regexp_extract(s.name, '^PP:\d+F(\d+)$', 1)) AS microbatch
+    FROM stages st JOIN slices s ON s.run_id = st.run_id AND s.rank = st.rank AND s.step = st.step
+    WHERE s.kind = 'user_annotation' AND regexp_matches(s.name, '^(Forward \d+|PP:\d+F\d+)$')
+), traced AS (  -- per step: the most microbatches and chunks any stage ran
+    SELECT run_id, pipeline, step, max(microbatches) AS traced_microbatches, max(chunks) AS traced_chunks
+    FROM (SELECT run_id, pipeline, step, rank, count(DISTINCT microbatch) AS microbatches,
+                 greatest(count(DISTINCT NULLIF(chunk, '')), 1) AS chunks
+          FROM actions GROUP BY run_id, pipeline, step, rank)
+    GROUP BY run_id, pipeline, step
 ), shape AS (
     SELECT s.*, COALESCE(bt.blocked_ns, 0) - COALESCE(bb.computing_ns, 0) AS p2p_blocked_ns,
-        CAST(COALESCE(getvariable('chunks'), 1) AS BIGINT) AS chunks,
-        CAST(COALESCE(COALESCE(getvariable('microbatches'), NULL),
+        CAST(COALESCE(COALESCE(getvariable('chunks'), NULL), t.traced_chunks, 1) AS BIGINT) AS chunks,
+        CASE WHEN COALESCE(getvariable('microbatches'), NULL) IS NOT NULL THEN 'parameter'
+             WHEN t.traced_microbatches IS NOT NULL THEN 'trace' ELSE 'sends' END AS microbatches_from,
+        CAST(COALESCE(COALESCE(getvariable('microbatches'), NULL), t.traced_microbatches,
                       round(f.sends / (chunks + CASE WHEN s.stages = 2 THEN chunks - 1 ELSE 0 END))) AS BIGINT)
             AS microbatches,
         max(s.compute_ns) OVER (PARTITION BY s.run_id, s.pipeline, s.step) AS limit_compute_ns
@@ -163,8 +182,9 @@ WITH p2p AS (
     LEFT JOIN blocked_total bt USING (run_id, pipeline, step, rank)
     LEFT JOIN blocked_busy bb USING (run_id, pipeline, step, rank)
     LEFT JOIN first_link f USING (run_id, pipeline, step)
+    LEFT JOIN traced t USING (run_id, pipeline, step)
 )
-SELECT run_id, pipeline, step, stage, rank, timing, stages, microbatches, chunks, window_ns, compute_ns,
+SELECT run_id, pipeline, step, stage, rank, timing, stages, microbatches, microbatches_from, chunks, window_ns, compute_ns,
     window_ns - compute_ns AS idle_ns, warmup_ns, p2p_blocked_ns, cooldown_ns,
     idle_ns - warmup_ns - p2p_blocked_ns - cooldown_ns AS other_idle_ns,
     100.0 * idle_ns / NULLIF(window_ns, 0) AS bubble_pct,

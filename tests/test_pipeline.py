@@ -49,6 +49,7 @@ def test_unbalanced_stage_is_the_limit(ingested):
     """Stage 2 does 3x the work: it computes longest, so it limits every step, and is the straggler of the pairs."""
     got = tracesql.query("pipeline", ingested(SLOW))
     assert set(got.step) == {2, 3} and (got.stages == 4).all() and (got.microbatches == 8).all()
+    assert (got.microbatches_from == "sends").all()  # 1F1B records no schedule ranges: counted on the first link
     assert list(got[got.step == 2].sort_values("stage")["rank"]) == [0, 1, 2, 3]
     limit = got[got.limiting]
     assert list(limit["rank"]) == [2, 2]
@@ -67,9 +68,9 @@ def test_idle_decompositions_add_up_and_compute_matches_the_json(ingested):
     """Both splits of idle add up exactly; a stage's compute is the union of its host ops other than c10d calls
     inside its ProfilerStep, recomputed here from the raw JSON."""
     got = tracesql.query("pipeline", ingested(GPIPE))
-    assert (got.microbatches == 4).all()  # inferred from the sends; GPipe's "Forward i" ranges say the same
+    # read from GPipe's "Forward i" ranges (stage 0's four sends to stage 1 per step say the same)
     forwards = {e["name"] for e in events(GPIPE, 0) if re.fullmatch(r"Forward \d+", e.get("name", ""))}
-    assert len(forwards) == 4
+    assert len(forwards) == 4 and (got.microbatches == 4).all() and (got.microbatches_from == "trace").all()
     idle = got.window_ns - got.compute_ns
     assert (got.idle_ns == idle).all()
     assert (got.warmup_ns + got.p2p_blocked_ns + got.cooldown_ns + got.other_idle_ns == idle).all()
@@ -93,12 +94,21 @@ def test_idle_decompositions_add_up_and_compute_matches_the_json(ingested):
 
 
 def test_interleaved_chunks(ingested):
-    """Interleaved 1F1B, 2 ranks × 2 chunks: the first rank sends 2·4 activations and 4 gradients to the other per
-    step, so m = 12 / (v + v − 1) = 4, and the ideal bubble is (p − 1) / (v·m + p − 1) = 1/9."""
-    got = tracesql.query("pipeline", ingested(INTERLEAVED), chunks=2)
-    assert (got.microbatches == 4).all() and (got.stages == 2).all()
+    """Interleaved 1F1B, 2 ranks × 2 chunks: the schedule's ranges PP:<stage>F<microbatch> name stages 0 and 2 on
+    rank 0 and microbatches 0-3, so v = 2 and m = 4 with no parameter, and the ideal bubble is
+    (p − 1) / (v·m + p − 1) = 1/9. The sends say the same: rank 0 sends 2·4 activations and 4 gradients to rank 1
+    per step, m = 12 / (v + v − 1) = 4. Parameters override what the trace says."""
+    run = ingested(INTERLEAVED)
+    names = {e["name"] for e in events(INTERLEAVED, 0) if re.fullmatch(r"PP:\d+F\d+", e.get("name", ""))}
+    assert names == {f"PP:{s}F{m}" for s in (0, 2) for m in range(4)}
+    got = tracesql.query("pipeline", run)
+    assert (got.microbatches == 4).all() and (got.chunks == 2).all() and (got.stages == 2).all()
+    assert (got.microbatches_from == "trace").all()
     assert got.ideal_bubble_pct.round(6).eq(round(100 / 9, 6)).all()
     assert got.groupby("step").limiting.sum().eq(1).all()
+    forced = tracesql.query("pipeline", run, chunks=1, microbatches=6)
+    assert (forced.microbatches_from == "parameter").all() and (forced.chunks == 1).all()
+    assert forced.ideal_bubble_pct.round(6).eq(round(100 / 7, 6)).all()
 
 
 SHIFT_US = 5000.0
@@ -130,6 +140,32 @@ def test_clock_offset_of_a_shifted_rank_is_recovered(ingested, shifted):
     assert after.loc[1].offset_ns == pytest.approx(SHIFT_US * 1000, abs=200_000)
     assert after.loc[1].offset_ns - before.loc[1].offset_ns == pytest.approx(SHIFT_US * 1000, abs=1)
     assert list(after.loc[[2, 3]].offset_ns) == list(before.loc[[2, 3]].offset_ns)
+
+
+def test_aligned_clocks_give_the_unshifted_skews(ingested, shifted):
+    """The shift is flagged (5 ms exceeds rank 1's send/recv calls), and with align_clocks=true the shifted run's
+    stragglers and pair skews are the unshifted run's again, within 0.2 ms; as recorded, rank 1 is 5 ms off."""
+    offsets = tracesql.query("clock_offsets", shifted).set_index("rank")
+    assert offsets.loc[1].warning.startswith("offset 4.9") and offsets.loc[[0, 2, 3]].warning.isna().all()
+    assert tracesql.query("clock_offsets", ingested(GPIPE)).warning.isna().all()
+
+    def lateness(run, **params):
+        got = tracesql.query("collective_stragglers", run, **params).set_index("rank")
+        return got[["instances", "mean_lateness_ns", "max_lateness_ns"]]
+
+    truth, recorded, aligned = lateness(ingested(GPIPE)), lateness(shifted), lateness(shifted, align_clocks=True)
+    assert (aligned.instances == truth.instances).all() and (truth.instances >= 16).all()
+    assert ((aligned.mean_lateness_ns - truth.mean_lateness_ns).abs() < 200_000).all()
+    assert ((aligned.max_lateness_ns - truth.max_lateness_ns).abs() < 200_000).all()
+    assert (recorded.max_lateness_ns - truth.max_lateness_ns).abs().max() > 4_000_000
+
+    def skews(run, **params):
+        got = tracesql.query("collectives", run, **params)
+        return got.set_index(["src_rank", "dst_rank", "seq"]).sort_index()
+    truth, aligned = skews(ingested(GPIPE)), skews(shifted, align_clocks="true")
+    assert len(truth) == len(aligned) == 48 and (truth.ranks.map(tuple) == aligned.ranks.map(tuple)).all()
+    gap = [abs(a - b) for ta, tb in zip(truth.start_skew_ns, aligned.start_skew_ns) for a, b in zip(ta, tb)]
+    assert max(gap) < 200_000
 
 
 def test_all_ranks_export_one_process_per_rank_aligned_and_linked(ingested, shifted, tmp_path):
@@ -216,3 +252,71 @@ def test_parallel_dimensions_by_name_and_by_layout(ingested):
     assert {n for n, (d, _) in swapped.items() if d == "TP"} == {"1", "2"}
     steps = tracesql.query("parallelism", mesh)
     assert list(steps.step) == [2, 3] and (steps.calls == 8).all()  # gloo's calls record no group: 'unknown'
+
+
+@pytest.mark.parametrize("name", ["hta_nccl_parser_config", "hta_trace_filter"])
+def test_exposed_communication_per_dimension_is_overlaps(ingested, name):
+    """parallelism's exposed_ns, a call's kernel span less its device's compute then, summed over steps and
+    dimensions, is overlap per=process_group's exposed_comm_ns (a union of segments: a second method), and so is
+    comm_ns its comm_ns: each call's kernels do not overlap one another on these GPU traces."""
+    run = ingested(DATASETS / name)
+    got = tracesql.query("parallelism", run)
+    overlap = tracesql.query("overlap", run, per="process_group")
+    assert got.exposed_ns.sum() == overlap.exposed_comm_ns.sum() and got.comm_ns.sum() == overlap.comm_ns.sum()
+    assert (got.exposed_ns < got.comm_ns).all() and (got.exposed_ns > 0.7 * got.comm_ns).all()
+    assert list(got.exposed_step_share) == pytest.approx(list(got.step_share * got.exposed_ns / got.comm_ns), rel=1e-9)
+
+
+def test_report_section_names_the_limiting_stage(ingested, shifted):
+    """The report's Parallelism section on the unbalanced 1F1B run: the pipeline query's stages (mean per step),
+    stage 2 named as the limit in both steps; no clock warning there, rank 1's on the shifted GPipe run."""
+    from types import SimpleNamespace
+
+    from tracesql import engine
+    from tracesql.report import parallel_tables
+    from tracesql.report.render import parallel_markdown
+
+    run = ingested(SLOW)
+    con = engine.connect(run)
+    try:
+        tables = parallel_tables(con, "torch_pipeline_1f1b_4stage_slow2")
+    finally:
+        con.close()
+    stages = tables["stages"].set_index("rank")
+    want = tracesql.query("pipeline", run).groupby("rank")
+    assert list(stages.limiting_steps) == [0, 0, 2, 0] and tables["clocks"].empty
+    assert list(stages.compute_ns) == pytest.approx(list(want.compute_ns.mean()))
+    lines = parallel_markdown(SimpleNamespace(focus="slow", focus_tables=tables, traces=[]))
+    assert ("Pipeline on group 0 (`pipeline`): 4 stages, 8 microbatches, 1 model chunk(s) per rank; stage 2 (rank 2) "
+            "limits it in 2 of 2 steps (computes longest). Mean per step:") in lines
+    row = stages.loc[2]
+    assert any(line.startswith(f"| 2 | 2 | {row.compute_ns / 1e6:,.3f} ms |") and line.endswith("| 2 |")
+               for line in lines)
+    con = engine.connect(shifted)
+    try:
+        (rid,) = con.execute("SELECT run_id FROM runs").fetchone()
+        tables = parallel_tables(con, rid)
+    finally:
+        con.close()
+    assert list(tables["clocks"]["rank"]) == [1]
+    lines = parallel_markdown(SimpleNamespace(focus=rid, focus_tables=tables, traces=[]))
+    assert any(line.startswith("Clock offsets (`clock_offsets`): rank 1: offset 4.9") for line in lines)
+
+
+def test_all_ranks_export_capped_host_depth_keeps_every_call(ingested, tmp_path):
+    """What a 64+ rank export keeps (host_depth, by default 2 beyond 16 ranks): host slices nested no deeper than
+    N and every communication call. On GPipe step 3 with N = 1, every slice read back is a depth <= 1 slice or a
+    c10d call, each send/recv pair of the step is still linked, and under half the step's slices are written."""
+    from tracesql.export import export_all_ranks, read
+
+    run = ingested(GPIPE)
+    capped = export_all_ranks(run, tmp_path / "capped.pftrace", step=3, host_depth=1)
+    con = tracesql.connect(run)
+    (in_step,) = con.execute("SELECT count(*) FROM slices WHERE step = 3").fetchone()
+    assert capped.host_depth == 1 and sum(p.slices for p in capped.parts) < in_step / 2
+    shallow = {n for (n,) in con.execute("SELECT DISTINCT name FROM slices WHERE depth <= 1").fetchall()}
+    names = [p.track_event.name for p in read(tmp_path / "capped.pftrace")
+             if p.track_event.type == p.track_event.TYPE_SLICE_BEGIN and p.track_event.categories[0] != "tracesql"]
+    assert len(names) == sum(p.slices for p in capped.parts)
+    assert {n for n in names if n not in shallow} <= {"c10d::send", "c10d::recv_"}
+    assert names.count("c10d::send") == names.count("c10d::recv_") == 24 and capped.links == 24

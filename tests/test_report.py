@@ -161,9 +161,12 @@ def test_report_files(gloo_report):
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "metrics.json", "metrics.parquet", "perfetto",
                                                      "summary.md"]
     data = json.loads((out / "metrics.json").read_text())
-    # the slowest steps of the latest run, the baseline and the regressed run (the latest) as Perfetto traces
-    assert [(t["why"], t["run_id"]) for t in data["traces"]] == [
-        ("slowest step of the latest run", "torch_gloo_4rank_straggler"), ("slowest step of the baseline", "torch_gloo_2rank")]
+    # the slowest steps of the latest run (one rank, then every rank), the baseline and the regressed run (the
+    # latest) as Perfetto traces
+    assert [(t["why"], t["run_id"], t["all_ranks"]) for t in data["traces"]] == [
+        ("slowest step of the latest run", "torch_gloo_4rank_straggler", False),
+        ("every rank in the slowest step of the latest run", "torch_gloo_4rank_straggler", True),
+        ("slowest step of the baseline", "torch_gloo_2rank", False)]
     assert sorted(p.name for p in (out / "perfetto").iterdir()) == sorted(t["file"][9:] for t in data["traces"])
     assert data["baseline"] == "torch_gloo_2rank" and data["latest"] == "torch_gloo_4rank_straggler"
     assert [r["order"] for r in data["runs"]] == [1, 2] and [r["ranks"] for r in data["runs"]] == [2, 4]
@@ -181,6 +184,34 @@ def test_report_files(gloo_report):
     page = (out / "index.html").read_text()
     assert "<script src" not in page and "<link" not in page  # self-contained: plotly.js is inline
     assert page.count('<div class="chart"') >= 3
+
+
+def test_parallelism_section_and_the_all_ranks_trace(gloo_report):
+    """The latest run's Parallelism section is the parallelism query's rows, a mean per step (the calls are on
+    the default group of all 4 ranks: 'world'; host calls: all exposed), and its slowest step with every rank is one Perfetto
+    trace, read back with the perfetto package's protos: a process per rank, that step's ProfilerStep in each."""
+    import tracesql
+    from tracesql.export import read
+
+    tmp, _ = gloo_report
+    out = tmp / "report"
+    dims = tracesql.query("parallelism", tmp / "ci-runs" / GLOO4.name)
+    dims = dims[dims.step.notna()]
+    assert list(dims.dimension.unique()) == ["world"] and (dims.exposed_ns == dims.comm_ns).all()
+    assert list(dims.group_size.unique()) == [4] and dims.intra_node.all()
+    summary, page = (out / "summary.md").read_text(), (out / "index.html").read_text()
+    assert "### Parallelism: torch\\_gloo\\_4rank\\_straggler" in summary
+    row = (f"| world | 4 | yes | {dims.bytes.mean():,.0f} | {dims.comm_ns.mean() / 1e6:,.3f} ms | "
+           f"{dims.exposed_ns.mean() / 1e6:,.3f} ms |")
+    assert row in summary and "<h3>Parallelism</h3>" in page
+    merged = next(t for t in json.loads((out / "metrics.json").read_text())["traces"] if t["all_ranks"])
+    assert f"`{merged['file']}`" in summary and f'<a href="{merged["file"]}">' in page
+    processes, steps = set(), 0
+    for p in read(out / merged["file"]):
+        if p.HasField("track_descriptor") and p.track_descriptor.HasField("process"):
+            processes.add(p.track_descriptor.process.process_name)
+        steps += p.track_event.name == f"ProfilerStep#{merged['step']}"
+    assert processes == {f"rank {r}" for r in range(4)} and steps == 4
 
 
 def test_regression_names_the_straggler_and_signs_the_parts_of_the_change(gloo_report):
@@ -506,7 +537,8 @@ def test_rank_by_step_heatmaps_match_the_raw_json_and_link_the_slowest_step(tmp_
     slowest = max((w, rank, step) for rank in (0, 1) for step, w in zip(
         (551, 552), device_step_windows_from_json(folder / f"sampled_rank-{rank}.json.gz")))
     data = json.loads((tmp_path / "r" / "metrics.json").read_text())
-    (trace,) = data["traces"]
+    trace, merged = data["traces"]  # the slowest step of the rank that sets it, and of every rank
+    assert merged["all_ranks"] and merged["file"] == "perfetto/hta_trace_filter-all-ranks-step552.pftrace"
     assert (trace["rank"], trace["step"], trace["step_ns"]) == (slowest[1], slowest[2], slowest[0])
     assert trace["file"] == "perfetto/hta_trace_filter-rank1-step552.pftrace"
     page = (tmp_path / "r" / "index.html").read_text()

@@ -698,8 +698,11 @@ def _calls(before: float, after: float) -> str:
 @click.option("--host-depth", type=click.IntRange(0), metavar="N",
               help="With --all-ranks: leave out host slices nested deeper than N (communication calls stay; "
                    "default: all up to 16 ranks, 2 beyond).")
+@click.option("--align-clocks/--recorded-clocks", default=True, show_default=True,
+              help="With --all-ranks: move each rank onto the lowest rank's clock (clock_offsets), or keep the "
+                   "clocks as recorded.")
 @_errors_as_messages
-def export(run, out, rank, step, run_id, class_scheme, all_ranks, host_depth):
+def export(run, out, rank, step, run_id, class_scheme, all_ranks, host_depth, align_clocks):
     """Write one rank's step (or whole trace) of RUN as a Perfetto trace, to open in https://ui.perfetto.dev.
 
     Host threads and device streams as tracks, flows from launches to kernels, and tracesql's view as extra
@@ -719,10 +722,12 @@ def export(run, out, rank, step, run_id, class_scheme, all_ranks, host_depth):
         if rank is not None:
             raise click.UsageError("--rank and --all-ranks exclude each other")
         click.echo(summary_all(export_all_ranks(run, out, step=step, run_id=run_id, class_scheme=class_scheme,
-                                                host_depth=host_depth)))
+                                                host_depth=host_depth, align_clocks=align_clocks)))
         return
     if host_depth is not None:
         raise click.UsageError("--host-depth goes with --all-ranks")
+    if not align_clocks:
+        raise click.UsageError("--recorded-clocks goes with --all-ranks")
     click.echo(summary(write_trace(run, out, rank=rank, step=step, run_id=run_id, class_scheme=class_scheme)))
 
 

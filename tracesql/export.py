@@ -163,30 +163,28 @@ class AllRanks:
 
 
 def export_all_ranks(target, out, *, step: int | None = None, run_id: str | None = None,
-                     class_scheme: str = "default", host_depth: int | None = None) -> AllRanks:
+                     class_scheme: str = "default", host_depth: int | None = None,
+                     align_clocks: bool = True) -> AllRanks:
     """Every rank of the run (step `step`, else whole traces) in one Perfetto trace: a process per rank, its
-    times shifted by its clock offset (the `clock_offsets` query, where the offset exceeds its uncertainty;
-    elsewhere the clock as recorded), flows from each rank's
+    times shifted by its clock offset when `align_clocks` (rank_clock_offsets' shift_ns: the `clock_offsets`
+    estimate where it exceeds its uncertainty; elsewhere the clock as recorded), flows from each rank's
     part of a collective instance or send/recv pair to the next rank's. `host_depth`: host slices nested deeper
     are left out (default: none up to FULL_RANKS ranks, HOST_DEPTH beyond)."""
     if class_scheme not in CLASS_SCHEMES:
         raise TraceError("--class-scheme", f"one of {', '.join(CLASS_SCHEMES)}, not {class_scheme!r}")
     path, rid = pick_run(target, run_id)
     return engine.on_fresh_connection(path, lambda con: _export_all(con, target, Path(out), step, rid, class_scheme,
-                                                                    host_depth))
+                                                                    host_depth, align_clocks))
 
 
-def _export_all(con, target, out: Path, step, rid, class_scheme, host_depth) -> AllRanks:
-    from . import queries
-
+def _export_all(con, target, out: Path, step, rid, class_scheme, host_depth, align_clocks) -> AllRanks:
     ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM ranks WHERE run_id = $1 ORDER BY 1",
                                        [rid]).fetchall()]
     if host_depth is None and len(ranks) > FULL_RANKS:
         host_depth = HOST_DEPTH
-    # offsets known better than their uncertainty are applied; the others leave the rank's clock as recorded
-    offsets = {int(r): int(o) for r, o in queries.run(con, queries.find("clock_offsets"))
-               .filter(f"run_id = '{rid.replace(chr(39), chr(39) * 2)}' AND abs(offset_ns) > uncertainty_ns")
-               .select("rank, offset_ns").fetchall()}
+    offsets = {int(r): int(o) for r, o in con.execute(
+        "SELECT rank, shift_ns FROM rank_clock_offsets() WHERE run_id = $1 AND shift_ns <> 0", [rid]).fetchall()
+        } if align_clocks else {}
     parts = [_collect(con, target, out, rank, step, rid, class_scheme, offsets.get(rank, 0), host_depth)
              for rank in ranks]
     exported = {part[0].rank: set(part[1]["slice_id"]) for part in parts}

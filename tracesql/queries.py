@@ -87,7 +87,7 @@ class Param:
 
     def check(self, value) -> str | None:
         """Why `value` is not allowed (None when it is, or when the description states no rule)."""
-        rule, text = self.rule, str(value).strip()
+        rule, text = self.rule, literal(value) if isinstance(value, bool) else str(value).strip()
         if rule is None or rule == "text":
             return None
         if rule == "device key":

@@ -38,8 +38,9 @@ CREATE OR REPLACE MACRO pipeline_bubble_fraction(p, m, v := 1) AS (
 -- Each communication call of `collectives` (`wait` records left out: they move no data) with the key that
 -- matches it across ranks into one instance: collective_match_key (group, class, seq); for a send or recv whose
 -- peer is known, p2p_match_key instead: the n-th transfer from src_rank to dst_rank in the group, n counted by
--- each of the two ranks in time order (pair_seq), so that a send meets its peer's recv and nothing else.
-CREATE OR REPLACE MACRO collective_calls() AS TABLE
+-- each of the two ranks in time order (pair_seq), so that a send meets its peer's recv and nothing else. Times as
+-- each rank's clock recorded them (collective_calls(aligned := true): on the reference rank's clock).
+CREATE OR REPLACE MACRO recorded_collective_calls() AS TABLE
 SELECT *, CASE WHEN src_rank IS NULL THEN collective_match_key(pg_name, collective, seq)
                ELSE p2p_match_key(pg_name, src_rank, dst_rank, pair_seq) END AS match_key
 FROM (
@@ -49,3 +50,54 @@ FROM (
     FROM (SELECT *, p2p_src_rank(collective, rank, peer) AS src_rank, p2p_dst_rank(collective, rank, peer) AS dst_rank
           FROM collectives WHERE collective <> 'wait')
 );
+
+-- Each rank's clock offset from the lowest linked rank's (the `clock_offsets` query says how): offset_ns = the
+-- rank's clock − the reference's, uncertainty_ns, evidence (send/recv pairs used), via_rank; shift_ns = the offset
+-- where it exceeds its uncertainty, else 0: what aligning subtracts from the rank's times. Ranks linked by no
+-- send/recv pairs in both directions have no row (their clocks stay as recorded).
+CREATE OR REPLACE MACRO rank_clock_offsets() AS TABLE
+WITH RECURSIVE calls AS (
+    SELECT * FROM recorded_collective_calls() WHERE src_rank IS NOT NULL
+), transfer_ends AS (  -- host recv calls: the end of the transfer annotation that starts inside the call
+    SELECT c.run_id, c.rank, c.collective_id, max(s.ts + s.dur) AS done
+    FROM calls c JOIN slices s ON s.run_id = c.run_id AND s.rank = c.rank AND s.kind = 'user_annotation'
+     AND collective_kind(s.name) = 'recv' AND s.ts >= c.cpu_ts AND s.ts <= c.cpu_ts + c.cpu_dur
+    WHERE c.collective = 'recv' AND c.device_ts IS NULL
+    GROUP BY c.run_id, c.rank, c.collective_id
+), pairs AS (
+    SELECT s.run_id, s.rank AS src, r.rank AS dst,
+        COALESCE(r.device_ts + r.device_dur, e.done, r.cpu_ts + r.cpu_dur) - COALESCE(s.device_ts, s.cpu_ts)
+            AS bound_ns  -- dst clock − src clock <= bound_ns
+    FROM calls s JOIN calls r ON r.run_id = s.run_id AND r.match_key = s.match_key AND r.collective = 'recv'
+    LEFT JOIN transfer_ends e ON e.run_id = r.run_id AND e.rank = r.rank AND e.collective_id = r.collective_id
+    WHERE s.collective = 'send'
+), links AS (  -- per rank pair (lo < hi): bounds on hi's clock − lo's clock
+    SELECT run_id, least(src, dst) AS lo, greatest(src, dst) AS hi,
+        min(bound_ns) FILTER (WHERE dst > src) AS upper_ns, -min(bound_ns) FILTER (WHERE dst < src) AS lower_ns,
+        count(*) AS evidence
+    FROM pairs GROUP BY run_id, lo, hi
+    HAVING upper_ns IS NOT NULL AND lower_ns IS NOT NULL
+), parents AS (  -- each rank's lowest linked rank below it
+    SELECT run_id, hi AS rank, arg_min(lo, lo) AS via_rank, arg_min((upper_ns + lower_ns) / 2, lo) AS diff_ns,
+        arg_min((upper_ns - lower_ns) / 2, lo) AS half_ns, arg_min(evidence, lo) AS evidence
+    FROM links GROUP BY run_id, hi
+), chained AS (
+    SELECT run_id, rank, CAST(NULL AS INTEGER) AS via_rank, 0::DOUBLE AS offset_ns, 0::DOUBLE AS uncertainty_ns,
+        0::BIGINT AS evidence
+    FROM (SELECT run_id, min(lo) AS rank FROM links GROUP BY run_id)
+    UNION ALL
+    SELECT p.run_id, p.rank, p.via_rank, c.offset_ns + p.diff_ns, c.uncertainty_ns + p.half_ns,
+        c.evidence + p.evidence
+    FROM chained c JOIN parents p ON p.run_id = c.run_id AND p.via_rank = c.rank
+)
+SELECT run_id, rank, via_rank, offset_ns, uncertainty_ns, evidence,
+    CASE WHEN abs(offset_ns) > uncertainty_ns THEN CAST(round(offset_ns) AS BIGINT) ELSE 0 END AS shift_ns
+FROM chained;
+
+-- recorded_collective_calls, with aligned := true each rank's times (cpu_ts, device_ts) moved onto the reference
+-- rank's clock: minus rank_clock_offsets' shift_ns.
+CREATE OR REPLACE MACRO collective_calls(aligned := false) AS TABLE
+SELECT c.* REPLACE (c.cpu_ts - COALESCE(o.shift_ns, 0) AS cpu_ts, c.device_ts - COALESCE(o.shift_ns, 0) AS device_ts)
+FROM recorded_collective_calls() c
+LEFT JOIN (SELECT run_id, rank, shift_ns FROM rank_clock_offsets() WHERE aligned) o
+  ON o.run_id = c.run_id AND o.rank = c.rank;

@@ -82,6 +82,7 @@ class StepTrace:
     step_ns: float
     file: str  # relative to the report folder
     path: Path  # the run folder
+    all_ranks: bool = False  # every rank of the step in one trace (export --all-ranks), not `rank`'s alone
 
 
 @dataclass
@@ -337,6 +338,9 @@ def _step_traces(report: Report, paths: dict, regressed: list[Regression]) -> No
             file = f"perfetto/{safe}-{len(files)}-rank{rank}-step{step}.pftrace"
         files.add(file)
         report.traces.append(StepTrace(why, rid, rank, step, ns, file, paths[rid]))
+        if rid == report.focus and len(report.metrics.ranks[report.metrics.ranks.run_id == rid]) > 1:
+            report.traces.append(StepTrace("every rank in the slowest step of the latest run", rid, rank, step, ns,
+                                           file.replace(f"-rank{rank}-", "-all-ranks-"), paths[rid], True))
 
 
 def _relative(run, base, metric) -> float:
@@ -382,6 +386,29 @@ def _heatmaps(report: Report, con, steps: pd.DataFrame, rid: str) -> None:
         figure = charts.heatmap(cells, f"{rid}: {title} per rank and step, % of the step's device window", "percent")
         if figure:
             report.charts.append(("heatmap", f"heatmap_{name}", figure))
+
+
+def parallel_tables(con, rid: str) -> dict[str, pd.DataFrame]:
+    """The report's parallelism section for run `rid`: per dimension (`parallelism`, the mean per step over the
+    steps), per pipeline stage (`pipeline`, the mean over steps; limiting_steps: the steps it limited), and the
+    ranks whose clock offsets are flagged (`clock_offsets` rows with a warning). Empty tables where the run has
+    none of it."""
+    dims = queries.run(con, queries.find("parallelism")).df()
+    dims = dims[(dims.run_id == rid) & dims.step.notna()]
+    dims = dims.groupby("dimension", as_index=False).agg(
+        steps=("step", "nunique"), group_size=("group_size", "max"), intra_node=("intra_node", "min"),
+        bytes=("bytes", "mean"), comm_ns=("comm_ns", "mean"), exposed_ns=("exposed_ns", "mean"),
+        busbw_gbps=("busbw_gbps", "median"), step_share=("step_share", "mean"),
+        exposed_step_share=("exposed_step_share", "mean")).sort_values("comm_ns", ascending=False)
+    dims["intra_node"] = ["–" if pd.isna(v) else "yes" if v else "no" for v in dims.intra_node]  # as shown
+    stages = queries.run(con, queries.find("pipeline")).df()
+    stages = stages[stages.run_id == rid].groupby(["pipeline", "stage", "rank"], as_index=False).agg(
+        steps=("step", "nunique"), microbatches=("microbatches", "max"), chunks=("chunks", "max"),
+        compute_ns=("compute_ns", "mean"), p2p_blocked_ns=("p2p_blocked_ns", "mean"),
+        bubble_pct=("bubble_pct", "mean"), ideal_bubble_pct=("ideal_bubble_pct", "mean"),
+        overhead_ns=("overhead_ns", "mean"), limiting_steps=("limiting", "sum"))
+    clocks = queries.run(con, queries.find("clock_offsets")).df()
+    return {"dimensions": dims, "stages": stages, "clocks": clocks[(clocks.run_id == rid) & clocks.warning.notna()]}
 
 
 def _focus_details(report: Report, path: Path, device: str | None, top: int) -> None:
@@ -436,4 +463,5 @@ def _focus_details(report: Report, path: Path, device: str | None, top: int) -> 
         "ranks": report.metrics.ranks[report.metrics.ranks.run_id == rid],
         "cost_coverage": coverage[coverage.run_id == rid],
         "peaks": peaks if roofline else peaks.iloc[:0],  # what the roofline rated against
+        **parallel_tables(con, rid),
     }

@@ -156,7 +156,8 @@ def html_page(report) -> str:
         generated=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         start=lambda ns: "–" if pd.isna(ns) else datetime.datetime.fromtimestamp(
             ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-        traces={t.run_id: t for t in report.traces}, diff_summary=diff_summary, straggler_summary=straggler_summary,
+        traces={t.run_id: t for t in report.traces if not t.all_ranks}, merged=[t for t in report.traces if t.all_ranks],
+        diff_summary=diff_summary, straggler_summary=straggler_summary,
         version=__version__, diffs_shown=DIFFS_SHOWN, grammar=GATE_GRAMMAR.split("\n\n", 1)[1].strip())
 
 
@@ -170,6 +171,46 @@ def findings_markdown(report) -> list[str]:
     lines += [f"| {f.rank} | {f.step} | {f.finding} | {_fmt_ns(f.saving_ns)} ({f.saving_pct:.1f} %) | {md(f.evidence, 200)} |"
               for f in found.itertuples()]
     return lines + [""]
+
+
+def parallel_markdown(report) -> list[str]:
+    """The Parallelism section of summary.md: the latest run's communication per dimension, its pipeline stages
+    with the limiting one, its flagged clock offsets and its all-ranks trace."""
+    ft = report.focus_tables
+    dims, stages, clocks = ft.get("dimensions"), ft.get("stages"), ft.get("clocks")
+    merged = [t for t in report.traces if t.all_ranks]
+    if not any(x is not None and len(x) for x in (dims, stages, clocks)) and not merged:
+        return []
+    lines = [f"### Parallelism: {md(report.focus)}", ""]
+    if dims is not None and len(dims):
+        lines += ["Communication per dimension (`parallelism`), mean per step over ranks:", "",
+                  "| dimension | group size | intra-node | bytes | time | exposed | busbw | share of step | exposed share |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {d.dimension} | {'–' if pd.isna(d.group_size) else int(d.group_size)} | "
+                  f"{d.intra_node} | {d.bytes:,.0f} | "
+                  f"{_fmt_ns(d.comm_ns)} | {_fmt_ns(d.exposed_ns)} | "
+                  f"{'–' if pd.isna(d.busbw_gbps) else f'{d.busbw_gbps:,.4g} GB/s'} | {100 * d.step_share:.1f} % | "
+                  f"{100 * d.exposed_step_share:.1f} % |" for d in dims.itertuples()]
+        lines.append("")
+    if stages is not None and len(stages):
+        for name, rows in stages.groupby("pipeline"):
+            limit = rows.sort_values(["limiting_steps", "compute_ns"], ascending=False).iloc[0]
+            lines += [f"Pipeline{f' on group {md(name)}' if name else ''} (`pipeline`): {len(rows)} stages, "
+                      f"{limit.microbatches} microbatches, {limit.chunks} model chunk(s) per rank; stage {limit.stage} "
+                      f"(rank {limit['rank']}) limits it in {int(limit.limiting_steps)} of {int(limit.steps)} steps "
+                      f"(computes longest). Mean per step:", "",
+                      "| stage | rank | compute | blocked in p2p | bubble | ideal bubble | beyond the formula | limits |",
+                      "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {r.stage} | {r.rank} | {_fmt_ns(r.compute_ns)} | {_fmt_ns(r.p2p_blocked_ns)} | "
+                      f"{r.bubble_pct:.1f} % | {'–' if pd.isna(r.ideal_bubble_pct) else f'{r.ideal_bubble_pct:.1f} %'} | "
+                      f"{_fmt_ns(r.overhead_ns)} | {int(r.limiting_steps)} |" for r in rows.itertuples()]
+            lines.append("")
+    if clocks is not None and len(clocks):
+        lines += [f"Clock offsets (`clock_offsets`): rank {c.rank}: {md(c.warning)}." for c in clocks.itertuples()]
+        lines += ["Cross-rank skews of this run need `-p align_clocks=true`.", ""]
+    for t in merged:
+        lines += [f"Every rank of step {t.step} (the slowest, {_fmt_ns(t.step_ns)}) on one timeline: `{t.file}`", ""]
+    return lines
 
 
 def markdown(report) -> str:
@@ -230,10 +271,11 @@ def markdown(report) -> str:
                 lines.append("")
     else:
         lines += [f"No regressions against {md(report.baseline)} (threshold {report.threshold:g} % / pp).", ""]
+    lines += parallel_markdown(report)
     if report.traces:
         lines.append("Steps as Perfetto traces (open in https://ui.perfetto.dev): " + "; ".join(
-            f"{t.why} {md(t.run_id)} (step {t.step}, rank {t.rank}, {_fmt_ns(t.step_ns)}): `{t.file}`"
-            for t in report.traces))
+            f"{t.why} {md(t.run_id)} (step {t.step}, {'all ranks' if t.all_ranks else f'rank {t.rank}'}, "
+            f"{_fmt_ns(t.step_ns)}): `{t.file}`" for t in report.traces))
         lines.append("")
     lines.append(f"<sub>tracesql {__version__}: metrics from the curated queries; the charts are in index.html."
                  "</sub>")
@@ -252,7 +294,7 @@ def metrics_json(report) -> dict:
                    "reason": v.reason}
                   for v in report.verdicts],
         "traces": [{"why": t.why, "run_id": t.run_id, "rank": t.rank, "step": t.step, "step_ns": t.step_ns,
-                    "file": t.file} for t in report.traces],
+                    "file": t.file, "all_ranks": t.all_ranks} for t in report.traces],
         "regressions": [{"run_id": r.run_id, "changes": dict(r.changes),
                          "diff": None if r.diff is None else _records(r.diff)} for r in report.regressions],
     }
@@ -278,7 +320,7 @@ def write_traces(report, out: Path) -> list[Path]:
     """The steps the report links to (report.traces) as Perfetto traces in out/perfetto/; traces of an earlier
     report in that folder that this one does not link are removed."""
     from .. import engine
-    from ..export import export
+    from ..export import export, export_all_ranks
 
     folder = out / "perfetto"
     written = []
@@ -286,7 +328,10 @@ def write_traces(report, out: Path) -> list[Path]:
         con = engine.connect(list(dict.fromkeys(t.path for t in report.traces)))
         try:
             for t in report.traces:
-                export(t.path, out / t.file, rank=t.rank, step=t.step, run_id=t.run_id, con=con)
+                if t.all_ranks:
+                    export_all_ranks(t.path, out / t.file, step=t.step, run_id=t.run_id)
+                else:
+                    export(t.path, out / t.file, rank=t.rank, step=t.step, run_id=t.run_id, con=con)
                 written.append(out / t.file)
         finally:
             con.close()
