@@ -201,6 +201,20 @@ def test_expert_parallel_all_to_all_kernels_are_communication(name, macros):
     assert got == DEEPSEEK_KERNELS[name]
 
 
+def test_symmetric_memory_all_reduce_is_communication(ingested):
+    """Issue 25 (7e): the B200 trace's vLLM all-reduce runs as PyTorch's symmetric-memory kernel
+    (multimem_all_reduce_kernel), not NCCL: its time is communication, counted against the raw trace's kernels."""
+    b200 = DATASETS / "tracelens_b200_eager"
+    kernels = [e for e in raw_events(b200 / "eager_trace.json.gz") if e.get("cat") == "kernel"]
+    comm = [e for e in kernels if "multimem_all_reduce_kernel" in e["name"] or "nccl" in e["name"].lower()]
+    assert len(comm) == 74  # 73 symmetric-memory all-reduces, 1 NCCL all-gather
+    row = tracesql.query("overlap", ingested(b200)).iloc[0]
+    assert row.comm_ns == 2_141_501 == pytest.approx(sum(e["dur"] for e in comm) * 1000, abs=len(comm))
+    calls = tracesql.connect(ingested(b200)).sql("SELECT collective, count(*) FROM collectives "
+                                                 "WHERE source_name LIKE '%multimem_all_reduce_kernel%' GROUP BY 1")
+    assert calls.fetchall() == [("all_reduce", 73)]
+
+
 def test_hotspots_fold_kernel_families_and_op_arguments(ingested):
     run = ingested(TRACE_FILTER)
     df = tracesql.query("hotspots", run, top=1000, levels="kernel_family,op,op_args")
