@@ -167,6 +167,18 @@ def _keep_first_events(data: TraceData, max_events: int) -> None:
         data.notes.append(f"kept only the first {max_events:,} of {total:,} events (--max-events)")
 
 
+def _captures(paths: list[Path], rank: int | None, threads: int | None) -> list[graph_capture.Capture]:
+    """The capture regions of the graph-capture traces `paths` that may be of `rank` (a file whose name gives
+    another rank is not read)."""
+    out = []
+    for path in paths:
+        named = rank_from_file_name(path)
+        if rank is None or named is None or named == rank:
+            for data in read_trace(path, threads=threads):
+                out += graph_capture.captures_of(data, f"{path.parent.name}/{path.name}")
+    return out
+
+
 def read_trace(path: Path, threads: int | None = None, captures: list[Path] = ()) -> list[TraceData]:
     """The file's traces: one, or one per process when a file holds several (an Nsight export of an MPI job).
     A single trace whose content names no rank takes the one its file name gives (any format). `captures`: the
@@ -192,5 +204,5 @@ def read_trace(path: Path, threads: int | None = None, captures: list[Path] = ()
         missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
         assert not missing, f"reader {data.format} left out {missing}"
         if captures:
-            graph_capture.attribute(data, list(captures), threads)
+            graph_capture.attribute(data, lambda rank: _captures(captures, rank, threads))
     return traces

@@ -17,8 +17,7 @@ import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
-
+from functools import cached_property
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -53,6 +52,7 @@ class Capture:
     def __post_init__(self):
         self.names = Counter(launch.kernel for launch in self.launches)
 
+    @cached_property
     def signature(self) -> tuple:
         return tuple((launch.kernel, tuple((self.ops[i]["name"], *(json.dumps(self.ops[i]["args"].get(a))
                                                                      for a in _SIGNATURE_ARGS))
@@ -102,10 +102,10 @@ def _region(rows: list[dict], start: int, stop: int, source: str) -> Capture:
     return Capture(source, ops, launches, batch_sizes)
 
 
-def attribute(data, capture_paths: list[Path], threads: int | None = None) -> None:
-    """Match each graph replay of `data` (a reader's TraceData) to a region of the capture traces `capture_paths`
-    (read only when `data` has a graph launch) and add the copies of its ops (data.slices) and the kernel -> op
-    links (data.graph_ops); replays no region matches are counted in data.notes."""
+def attribute(data, read_captures) -> None:
+    """Match each graph replay of `data` (a reader's TraceData) to a capture region (`read_captures(rank)` ->
+    [Capture], called only when `data` has a graph launch) and add the copies of its ops (data.slices) and the
+    kernel -> op links (data.graph_ops); replays no region matches are counted in data.notes."""
     slices = data.slices
     kind = slices["kind"].cast(pa.string())
     is_launch = pc.and_(pc.is_in(kind, pa.array(LAUNCH_KINDS)),
@@ -117,7 +117,7 @@ def attribute(data, capture_paths: list[Path], threads: int | None = None) -> No
                 graph_launches.select(["correlation", "ts", "pid", "tid", "track"]).to_pylist()}
     replayed = slices.filter(pc.and_(pc.equal(kind, "kernel"),
                                      pc.is_in(slices["correlation"], pa.array(list(launches), pa.int64()))))
-    captures = read_captures(capture_paths, data.rank, threads)
+    captures = read_captures(data.rank)
     kernels = defaultdict(list)
     for row in replayed.select(["slice_id", "name", "ts", "dur", "correlation", "args"]).to_pylist():
         kernels[row["correlation"]].append(row)
@@ -125,10 +125,11 @@ def attribute(data, capture_paths: list[Path], threads: int | None = None) -> No
     next_id = (pc.max(slices["slice_id"]).as_py() or 0) + 1
     tids = {}  # launching track -> the thread id of its replay track
     lowest_tid = min(pc.min(slices["tid"]).as_py() or 0, 0)
+    annotations = []  # the user annotations, read when a batch size is needed
     for correlation, replay in sorted(kernels.items()):
         replay.sort(key=lambda r: (r["ts"], r["slice_id"]))
         launch = launches[correlation]
-        capture, why = _match(replay, captures, lambda: _batch_sizes(slices, launch))
+        capture, why = _match(replay, captures, lambda: _batch_sizes(slices, launch, annotations))
         if capture is None:
             unmatched[why] += len(replay)
             continue
@@ -148,13 +149,15 @@ def attribute(data, capture_paths: list[Path], threads: int | None = None) -> No
         data.notes.append(f"{n:,} graph-replayed kernels keep the graph launch as their op: {why}")
 
 
-def _batch_sizes(slices: pa.Table, launch: dict) -> set[int]:
-    """The batch sizes the annotations around a graph launch give ('step[DECODE bs=32]')."""
-    around = slices.filter(pc.and_(pc.and_(pc.equal(slices["kind"].cast(pa.string()), "user_annotation"),
-                                           pc.equal(slices["track"].cast(pa.string()), launch["track"])),
-                                   pc.less_equal(slices["ts"], launch["ts"])))
-    return {int(n) for r in around.select(["name", "ts", "dur"]).to_pylist() if r["ts"] + r["dur"] >= launch["ts"]
-            for n in BATCH_SIZE.findall(r["name"])}
+def _batch_sizes(slices: pa.Table, launch: dict, annotations: list) -> set[int]:
+    """The batch sizes the annotations around a graph launch give ('step[DECODE bs=32]'); `annotations`: the
+    trace's user annotations that name a number, filled on the first call."""
+    if not annotations:
+        named = slices.filter(pc.and_(pc.equal(slices["kind"].cast(pa.string()), "user_annotation"),
+                                      pc.match_substring_regex(slices["name"].cast(pa.string()), r"\d")))
+        annotations += named.select(["name", "ts", "dur", "track"]).to_pylist() or [None]
+    return {int(n) for r in annotations if r and r["track"] == launch["track"]
+            and r["ts"] <= launch["ts"] <= r["ts"] + r["dur"] for n in BATCH_SIZE.findall(r["name"])}
 
 
 def _match(replay: list[dict], captures: list[Capture], batch_sizes) -> tuple[Capture | None, str]:
@@ -172,7 +175,7 @@ def _match(replay: list[dict], captures: list[Capture], batch_sizes) -> tuple[Ca
     if len(fits) > 1:
         sizes = batch_sizes()
         fits = [c for c in fits if c.batch_sizes & sizes] or fits
-    if len(fits) > 1 and len({c.signature() for c in fits}) > 1:
+    if len(fits) > 1 and len({c.signature for c in fits}) > 1:
         return None, f"{len(fits)} capture regions launch the same kernels and no batch size tells them apart"
     return fits[0], ""
 
@@ -218,18 +221,3 @@ def _copies(replay: list[dict], capture: Capture, launch: dict, tid: int, correl
                                    "graph_launch": correlation})}
               for i, (ts, end) in spans.items()]
     return copies, [(k, ids[i]) for k, i in innermost if i is not None]
-
-
-def read_captures(paths: list[Path], rank: int | None, threads: int | None = None) -> list[Capture]:
-    """The capture regions of the capture traces `paths` that may be of `rank`: a file whose name gives another
-    rank is not read."""
-    from . import rank_from_file_name, read_trace
-
-    out = []
-    for path in paths:
-        named = rank_from_file_name(path)
-        if rank is not None and named is not None and named != rank:
-            continue
-        for data in read_trace(path, threads=threads):
-            out += captures_of(data, f"{path.parent.name}/{path.name}")
-    return out
