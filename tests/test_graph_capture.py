@@ -54,6 +54,12 @@ def test_replayed_kernels_get_the_op_that_captured_them(ingested):
     con = tracesql.connect(ingested(SGLANG))
     assert con.sql("""SELECT p.name, count(*) FROM ops o LEFT JOIN ops p ON p.op_id = o.parent_op_id
                       WHERE o.name = 'aten::mm' GROUP BY 1""").fetchall() == [("aten::matmul", 145)]
+    # the replayed kernels' time is the copies' own, and the outermost copies' total (raw trace: 544 kernels)
+    events = raw_events(SGLANG / "sglang_Qwen3-8B_decode.json.gz")
+    replay_us = sum(e["dur"] for e in events if e.get("cat") == "kernel" and e["args"]["correlation"] == 92178)
+    own, total = con.sql("""SELECT sum(device_self_ns), sum(device_total_ns) FILTER (WHERE parent_op_id IS NULL)
+                            FROM ops WHERE tid < 0""").fetchone()
+    assert own == total == pytest.approx(replay_us * 1000, abs=544)
 
 
 def test_capture_traces_option_names_a_folder_elsewhere(tmp_path):

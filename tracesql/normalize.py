@@ -259,8 +259,7 @@ CREATE OR REPLACE TABLE links AS
 SELECT n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n.dur, n.self_time_child, n.device_time,
     la.launch_id, la.launch_ts, la.launch_dur, la.launch_pid, la.launch_tid,
     CASE WHEN la.launch_id IS NULL THEN n.op_id ELSE COALESCE(g.op_id, h.op_id) END AS op_id,
-    -- where the work counts in its ops' device_total_ns: at its launch, or at the capture op copy it ran under
-    COALESCE(g.op_id, la.launch_id, n.slice_id) AS work_at,
+    g.op_id AS graph_op_id,
     CASE WHEN la.launch_id IS NULL THEN n.call_id ELSE h.call_id END AS call_id,
     CASE WHEN la.launch_id IS NULL THEN n.step ELSE h.step END AS step
 FROM nest n LEFT JOIN launch la USING (slice_id) LEFT JOIN nest h ON h.slice_id = la.launch_id
@@ -378,16 +377,22 @@ CREATE OR REPLACE TABLE extra AS
 WITH child AS (  -- _child_time's partial sums
     SELECT slice_id, sum(ns) AS child_ns FROM child_time GROUP BY slice_id
 ), work AS (
-    SELECT op_id, work_at AS at, dur FROM links WHERE device_time AND op_id IS NOT NULL
+    SELECT op_id, COALESCE(launch_id, slice_id) AS at, dur FROM links WHERE device_time AND op_id IS NOT NULL
 ), own AS (
     SELECT op_id AS slice_id, sum(dur) AS ns, count(*) AS n FROM work GROUP BY op_id
+), counted_at AS (
+    -- a graph-replayed kernel counts in the ops around its launch and at the copy of its capture op (so in it and
+    -- the copies around it: on a track of their own, no op spans both positions)
+    SELECT w.at, w.dur FROM work w
+    UNION ALL SELECT graph_op_id, dur FROM links WHERE device_time AND graph_op_id IS NOT NULL
 ), at_pos AS (
-    SELECT l.pos, sum(w.dur) AS ns, count(*) AS n FROM work w JOIN links l ON l.slice_id = w.at GROUP BY l.pos
+    SELECT l.pos, sum(w.dur) AS ns, count(*) AS n FROM counted_at w JOIN links l ON l.slice_id = w.at GROUP BY l.pos
 ), running AS (
     SELECT pos, sum(ns) OVER w AS ns, sum(n) OVER w AS n FROM at_pos WINDOW w AS (ORDER BY pos)
 ), total AS (
     SELECT sp.slice_id, COALESCE(a.ns, 0) - COALESCE(b.ns, 0) AS ns, COALESCE(a.n, 0) - COALESCE(b.n, 0) AS n
-    FROM op_spans sp ASOF LEFT JOIN running a ON sp.end_pos > a.pos ASOF LEFT JOIN running b ON sp.pos >= b.pos
+    -- (work at the op's own position is its own: a copy of a capture op's, counted_at)
+    FROM op_spans sp ASOF LEFT JOIN running a ON sp.end_pos > a.pos ASOF LEFT JOIN running b ON sp.pos > b.pos
 )
 SELECT f.slice_id, f.op_depth, f.dur - COALESCE(c.child_ns, 0) AS self_dur,
     COALESCE(o.n, 0) AS kernel_count, COALESCE(o.ns, 0) AS device_self_ns,
