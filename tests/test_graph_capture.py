@@ -58,7 +58,7 @@ def test_replayed_kernels_get_the_op_that_captured_them(ingested):
     events = raw_events(SGLANG / "sglang_Qwen3-8B_decode.json.gz")
     replay_us = sum(e["dur"] for e in events if e.get("cat") == "kernel" and e["args"]["correlation"] == 92178)
     own, total = con.sql("""SELECT sum(device_self_ns), sum(device_total_ns) FILTER (WHERE parent_op_id IS NULL)
-                            FROM ops WHERE tid < 0""").fetchone()
+                            FROM ops WHERE tid < 0""").fetchall()[0]
     assert own == total == pytest.approx(replay_us * 1000, abs=544)
 
 
