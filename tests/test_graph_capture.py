@@ -60,6 +60,8 @@ def test_replayed_kernels_get_the_op_that_captured_them(ingested):
     own, total = con.sql("""SELECT sum(device_self_ns), sum(device_total_ns) FILTER (WHERE parent_op_id IS NULL)
                             FROM ops WHERE tid < 0""").fetchall()[0]
     assert own == total == pytest.approx(replay_us * 1000, abs=544)
+    # timed on the device after the host step `step[DECODE bs=32]` ends, the copies are in their graph launch's step
+    assert con.sql("SELECT step, count(*) FROM ops WHERE tid < 0 GROUP BY step").fetchall() == [(0, 1376)]
 
 
 def test_capture_traces_option_names_a_folder_elsewhere(tmp_path):

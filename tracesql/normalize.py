@@ -264,6 +264,11 @@ SELECT n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n.dur, n.
     CASE WHEN la.launch_id IS NULL THEN n.step ELSE h.step END AS step
 FROM nest n LEFT JOIN launch la USING (slice_id) LEFT JOIN nest h ON h.slice_id = la.launch_id
 LEFT JOIN graph_ops g ON g.slice_id = n.slice_id;
+-- the copies of capture ops (readers/graph_capture.py: ops with their graph launch's correlation id) are in the
+-- step of that launch, as their replayed kernels are (they are timed on the device, after the host step)
+UPDATE links SET step = h.step
+FROM read_slices c JOIN launchers l USING (correlation) JOIN nest h ON h.slice_id = l.launch_id
+WHERE c.kind = 'cpu_op' AND links.slice_id = c.slice_id;
 CREATE OR REPLACE TABLE stream_steps AS
 WITH work AS (
     SELECT d.slice_id, d.device_id, d.stream, l.launch_id IS NOT NULL AS launched, l.step,

@@ -216,7 +216,7 @@ def _copies(replay: list[dict], capture: Capture, launch: dict, tid: int, correl
     ids = {i: first_id + n for n, i in enumerate(sorted(spans))}
     copies = [{"slice_id": ids[i], "kind": "cpu_op", "category": capture.ops[i]["category"],
                "name": capture.ops[i]["name"], "ts": ts, "dur": end - ts, "pid": launch["pid"], "tid": tid,
-               "track": launch["track"] + TRACK_SUFFIX,
+               "track": launch["track"] + TRACK_SUFFIX, "correlation": correlation,  # (normalize: its step)
                "args": json.dumps({**capture.ops[i]["args"], "graph_capture": capture.source,
                                    "graph_launch": correlation})}
               for i, (ts, end) in spans.items()]
