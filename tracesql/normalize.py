@@ -236,9 +236,9 @@ FROM read_slices
 ORDER BY track, ts, dur DESC, slice_id
 """
 # Device work -> the runtime/driver call with its correlation id (the earliest such call: CUDA graphs launch
-# many kernels with one call). Launched work takes its launch's op (a graph-replayed kernel: the copy of the op that
-# launched it at capture time, when the reader matched its capture: graph_ops), collective call and step, and keeps the call's
-# start, duration, process and thread (slices.launch_*: queries then need no join back to the call); device work
+# many kernels with one call). Launched work takes its launch's op (a graph-replayed kernel: the copy of the op
+# that launched it at capture time, when the reader matched its capture: graph_ops), collective call and step, and
+# keeps the call's start, duration, process and thread (slices.launch_*: queries then need no join back to the call); device work
 # nothing launched (XLA CPU thunks, TPU ops, launches not recorded) keeps its own op and call (by nesting).
 # Its step (kernels, copies, memsets) is placed by its order on its stream (docs/concepts/steps.md): the step of the last launched work
 # before it on the same device and stream (by start, then id), else that of the first launched work after it,

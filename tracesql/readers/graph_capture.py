@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -70,25 +72,29 @@ def captures_of(data, source: str) -> list[Capture]:
     out = []
     for track_rows in by_track.values():
         track_rows.sort(key=lambda r: (r["ts"], -r["dur"]))
+        starts = [r["ts"] for r in track_rows]
+        annotations = [r for r in track_rows if r["kind"] == "user_annotation"]
         begins = [r for r in track_rows if r["kind"] in LAUNCH_KINDS and BEGIN_CAPTURE in r["name"]]
         ends = [r for r in track_rows if r["kind"] in LAUNCH_KINDS and END_CAPTURE in r["name"]]
         for begin in begins:
             end = next((e for e in ends if e["ts"] >= begin["ts"]), None)
             if end is not None:
-                out.append(_region(track_rows, begin["ts"], end["ts"] + end["dur"], source))
+                start, stop = begin["ts"], end["ts"] + end["dur"]
+                inside = track_rows[bisect_left(starts, start):bisect_right(starts, stop)]
+                out.append(_region(inside, annotations, start, stop, source))
     return [c for c in out if c.launches]
 
 
-def _region(rows: list[dict], start: int, stop: int, source: str) -> Capture:
-    """The launches of one capture region (rows: one track's, by start) and the ops they ran in."""
+def _region(rows: list[dict], annotations: list[dict], start: int, stop: int, source: str) -> Capture:
+    """The launches of one capture region (rows: its track's that start in it, by start) and the ops they ran
+    in; its batch sizes from the file's name and the annotations around it."""
     ops, launches, stack = [], [], []  # stack: (index into ops, end) of the ops enclosing the current row
     batch_sizes = {int(n) for n in BATCH_SIZE.findall(source)}
+    for row in annotations:
+        if row["ts"] <= start and row["ts"] + row["dur"] >= stop:
+            batch_sizes |= {int(n) for n in BATCH_SIZE.findall(row["name"])}
     for row in rows:
-        if row["kind"] == "user_annotation":
-            if row["ts"] <= start and row["ts"] + row["dur"] >= stop:
-                batch_sizes |= {int(n) for n in BATCH_SIZE.findall(row["name"])}
-            continue
-        if not (start <= row["ts"] and row["ts"] + row["dur"] <= stop):
+        if row["kind"] == "user_annotation" or row["ts"] + row["dur"] > stop:
             continue
         while stack and stack[-1][1] < row["ts"] + row["dur"]:
             stack.pop()
