@@ -83,6 +83,18 @@ def test_capture_that_does_not_match_leaves_the_replay_with_a_note(tmp_path):
     assert rows[rows.reason == "graph replay"].kernels.sum() == 421
 
 
+def test_capture_trace_of_another_rank_is_not_read(tmp_path):
+    """A capture folder of a job holds every rank's captures: the replay of rank 0 reads only those whose name
+    gives rank 0 (or none)."""
+    (tmp_path / "captures").mkdir()
+    (tmp_path / "captures" / "bs_32_rank1.json.gz").write_bytes((CAPTURES / "bs_32_rank0.json.gz").read_bytes())
+    result = tracesql.ingest([SGLANG / "sglang_Qwen3-8B_decode.json.gz"], tmp_path / "run",
+                             capture_traces=tmp_path / "captures")
+    assert [w.split(": ", 1)[1] for w in result.warnings if "graph" in w] == [
+        "544 graph-replayed kernels keep the graph launch as their op: the capture traces hold no capture region of "
+        "this rank"]
+
+
 def test_capture_traces_option_must_name_a_folder_of_traces(tmp_path):
     with pytest.raises(tracesql.TraceError, match="--capture-traces: not a folder of trace files"):
         tracesql.ingest([VLLM_GRAPH], tmp_path / "run", capture_traces=tmp_path)

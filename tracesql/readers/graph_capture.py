@@ -170,6 +170,8 @@ def _match(replay: list[dict], captures: list[Capture], batch_sizes) -> tuple[Ca
     """The capture region a replay ran (or None and why not): one with a launch for every replayed kernel, of
     the same name, and the fewest launches the replay lacks; among several, the one whose grids agree, then the
     one whose batch size the annotations around the launch give; several left whose ops agree: the first."""
+    if not captures:
+        return None, "the capture traces hold no capture region of this rank"
     names = Counter(r["name"] for r in replay)
     fits = [c for c in captures if all(c.names[n] >= k for n, k in names.items())]
     if not fits:
