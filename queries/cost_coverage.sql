@@ -17,7 +17,7 @@
 --   run_id         VARCHAR  run
 --   rank           INTEGER  rank
 --   name           VARCHAR  per = 'kernel': the uncosted op, or the kernel's name when no op launched it; NULL per rank
---   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, e.g. a TensorList's), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay: the capture trace names its ops), 'no launch recorded' (launched before the profile's host events began or by an untraced thread); NULL per rank
+--   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, e.g. a TensorList's), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay whose capture trace was not given or did not match: docs/guides/serving.md), 'no launch recorded' (launched before the profile's host events began or by an untraced thread); NULL per rank
 --   kernels        BIGINT   compute kernels of the rank (per = 'kernel': of that name)
 --   compute_ns     BIGINT   summed duration of the rank's compute kernels
 --   costed_ns      BIGINT   the part under a costed op (per = 'kernel': NULL)
@@ -40,9 +40,11 @@ WITH RECURSIVE op_costs_all AS (
     SELECT k.run_id, k.rank, k.dur,
         -- an XLA op on a TPU/CPU is its own device event (op_id = slice_id)
         c.op_id IS NOT NULL OR x.op_id IS NOT NULL AS costed,
-        -- a graph replay's kernels by their own names (the op that launched the graph ran none of them)
-        CASE WHEN l.name ILIKE '%GraphLaunch%' THEN k.name ELSE COALESCE(o.name, k.name) END AS name,
-        CASE WHEN l.name ILIKE '%GraphLaunch%' THEN 'graph replay'
+        -- a graph replay's kernels that kept the graph launch's op by their own names (that op ran none of them);
+        -- those the capture trace attributed have the capture op copy as op (docs/guides/serving.md)
+        CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN k.name
+             ELSE COALESCE(o.name, k.name) END AS name,
+        CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN 'graph replay'
              WHEN o.op_id IS NULL THEN 'no launch recorded'
              WHEN oc.family IS NULL THEN 'no formula'
              WHEN oc.flops IS NULL THEN 'shapes not recorded'

@@ -11,6 +11,7 @@ from conftest import DATASETS, corpus_path, raw_events, write_trace
 
 B200 = DATASETS / "tracelens_b200_eager"
 GRAPH = DATASETS / "tracelens_vllm_graph_execution"
+SGLANG = DATASETS / "tracelens_sglang_decode"
 
 
 def walked(run) -> tuple[int, int]:
@@ -83,19 +84,29 @@ def test_h100_kernels_without_launch_match_the_raw_trace(ingested):
 
 def test_capture_traces_folder_is_not_a_second_rank(tmp_path):
     """vLLM and SGLang write their graph-capture traces to capture_traces/ beside the profile, with the same rank:
-    a folder holding both is one rank (the capture folder is named in a warning), not a rank clash."""
+    a folder holding both is one rank (the capture traces attribute graph replays: test_graph_capture.py), not a
+    rank clash."""
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5}]
     job = tmp_path / "job"
     (job / "capture_traces").mkdir(parents=True)
     write_trace(job / "trace.json", events, distributedInfo={"rank": 0, "world_size": 1})
     write_trace(job / "capture_traces" / "bs_32_rank0.json", events, distributedInfo={"rank": 0, "world_size": 1})
-    result = tracesql.ingest([job], tmp_path / "run")
+    tracesql.ingest([job], tmp_path / "run")
     ranks = tracesql.connect(tmp_path / "run").execute("SELECT rank, source_path FROM ranks").fetchall()
     assert ranks == [(0, "trace.json")]
-    assert [w for w in result.warnings if "capture_traces" in w] == [
-        f"{job / 'capture_traces'}: graph-capture traces, not read as ranks (the kernels of a graph replay keep the "
-        f"graph launch as their op)"]
     # named itself, the folder is read
     tracesql.ingest([job / "capture_traces"], tmp_path / "capture")
     assert tracesql.connect(tmp_path / "capture").execute("SELECT source_path FROM ranks").fetchall() == [
         ("bs_32_rank0.json",)]
+
+
+def test_graph_replay_costed_through_its_capture_trace(ingested):
+    """SGLang's decode replays one HIP graph (544 of its 555 kernels): with its capture trace beside it, the
+    replayed kernels have the capture ops (aten::mm, rmsnorm, ...) and their costs. What stays uncosted is the
+    paged decode attention (its op records the KV cache's slots, not the sequences' lengths: no formula)."""
+    run = ingested(SGLANG)
+    rank = tracesql.query("cost_coverage", run).iloc[0]
+    assert walked(run) == (rank.compute_ns, rank.costed_ns) == (9_765_437, 7_603_643)
+    assert rank.costed_pct == 77.86  # without the capture trace: 0.77
+    assert list(zip(rank.top_uncosted[:1], rank.top_uncosted_ns[:1])) == [
+        ("sglang_profiler::attention_paged_attention_ragged_100", 2_127_869)]

@@ -19,7 +19,7 @@ __all__ = ["connect", "ingest", "query", "TraceError"]
 def ingest(sources, out, *, rank: int | None = None, run_id: str | None = None, jobs: int | None = None,
            strict: bool = False, progress: bool = False, memory_limit: str | None = None,
            max_events: int | None = None, step_pattern: str | None = None, spark=None, label=(),
-           label_pattern: str | None = None) -> ingestion.IngestResult:
+           label_pattern: str | None = None, capture_traces=None) -> ingestion.IngestResult:
     """Ingest trace files or folders into the run folder `out`. Unchanged files already in `out` are not re-read.
     `memory_limit` caps DuckDB's working memory per file (it spills to disk beyond it); `max_events` reads only
     the first N events of each file (see `tracesql.limits`). With `spark` (a SparkSession, see
@@ -27,7 +27,8 @@ def ingest(sources, out, *, rank: int | None = None, run_id: str | None = None, 
     the same way. `step_pattern`: a regular expression naming the ranges that are steps (named groups step, phase,
     batch, tokens, prefill_tokens; see tracesql.step_rules), tried before the built-in rules; files are read again
     when it changes. `label` (KEY=VALUE texts), `label_pattern` and label files beside the traces: the run's
-    labels (see tracesql.labels).
+    labels (see tracesql.labels). `capture_traces`: the folder of the CUDA/HIP-graph capture traces that attribute
+    graph-replayed kernels to ops, when it is not a `capture_traces` folder beside the traces (see ingestion).
 
     >>> tracesql.ingest(["traces/run-1234/"], "runs/1234")          # doctest: +SKIP
     """
@@ -38,7 +39,8 @@ def ingest(sources, out, *, rank: int | None = None, run_id: str | None = None, 
         read_files = partial(spark_engine.read_files, spark)
     return ingestion.ingest(sources, out, rank=rank, run_id=run_id, jobs=jobs, strict=strict, progress=progress,
                             memory_limit=memory_limit, max_events=max_events, step_pattern=step_pattern,
-                            read_files=read_files, label=label, label_pattern=label_pattern)
+                            read_files=read_files, label=label, label_pattern=label_pattern,
+                            capture_traces=capture_traces)
 
 
 def query(name_or_path, target, *, engine: str = "duckdb", sandbox: bool = False, **params):

@@ -143,13 +143,16 @@ def main():
               help="A label of the run's configuration, e.g. remat=full (repeatable; see docs/guides/ci.md).")
 @click.option("--label-pattern", metavar="REGEX",
               help="Labels from the sources' folder names: the named groups of REGEX, e.g. 'dp(?P<dp>\\d+)'.")
+@click.option("--capture-traces", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR",
+              help="The traces of the CUDA/HIP-graph captures (vLLM, SGLang), which attribute graph-replayed kernels "
+                   "to the ops that captured them, when they are not in a capture_traces/ folder beside the traces.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
               help="spark: read the files in Spark tasks (see --master), one file per task.")
 @click.option("--master", help="Spark master URL for --engine spark (default: spark-submit's, else local[2]).")
 @_errors_as_messages
 def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, step_pattern, label, label_pattern,
-           quiet, engine, master):
+           capture_traces, quiet, engine, master):
     """Read trace files (or folders of them) into a run folder of Parquet tables.
 
     Unchanged files already in the run are not read again. On any error the run folder is left as it was.
@@ -166,7 +169,7 @@ def ingest(sources, out, rank, run_id, jobs, strict, memory_limit, max_events, s
     result = api.ingest(list(sources), out, rank=rank, run_id=run_id, jobs=jobs, strict=strict,
                         progress=not quiet and sys.stderr.isatty(), memory_limit=memory_limit,
                         max_events=max_events, step_pattern=step_pattern, spark=spark, label=label,
-                        label_pattern=label_pattern)
+                        label_pattern=label_pattern, capture_traces=capture_traces)
     for w in result.warnings:
         click.echo(f"Warning: {w}", err=True)
     if quiet:

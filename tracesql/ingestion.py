@@ -44,18 +44,38 @@ class IngestResult:
 
 
 #: Where vLLM and SGLang write the traces of their CUDA/HIP-graph captures, beside the profile: a second trace of
-#: the same rank (the ops that launched each kernel of the graph, at capture time), not a rank of the job.
+#: the same rank (the ops that launched each kernel of the graph, at capture time), not a rank of the job. Its
+#: traces attribute the graph-replayed kernels of the traces beside it (readers/graph_capture.py).
 CAPTURE_FOLDER = "capture_traces"
 
 
-def capture_folders(sources: list[Path]) -> list[Path]:
-    """The graph-capture folders inside the folders in `sources`, which find_traces leaves out."""
-    return sorted(d for src in sources if src.is_dir() for d in src.rglob(CAPTURE_FOLDER) if d.is_dir())
+def _capture_files(folder: Path) -> list[Path]:
+    from .readers import trace_suffixes
+
+    suffixes = trace_suffixes()
+    return sorted(f.resolve() for f in folder.iterdir() if f.is_file() and f.name.endswith(suffixes)
+                  and not f.name.startswith("."))
+
+
+def _captures_option(trace: Path, given: Path | None) -> dict:
+    """The fingerprint option naming the capture traces of `trace` (path, size, mtime: a changed one reads the
+    trace again): those of `given` (--capture-traces), else of the capture folder beside it; {} when none."""
+    chosen = given if given is not None else trace.parent / CAPTURE_FOLDER
+    if not chosen.is_dir():
+        return {}
+    files = _capture_files(chosen)
+    return {"capture_traces": [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]} if files else {}
+
+
+def capture_paths(fingerprint: dict) -> list[str]:
+    """The capture traces a source's fingerprint names (_captures_option)."""
+    return [f for f, _, _ in fingerprint["options"].get("capture_traces", [])]
 
 
 def find_traces(sources: list[Path], exclude: Path | None = None) -> tuple[Path, list[Path]]:
     """The trace files named or found (recursively) under `sources`, and the folder their paths are relative to.
-    A `capture_traces` folder inside a source folder is not searched (capture_folders); named itself, it is."""
+    A `capture_traces` folder inside a source folder is not searched (its traces attribute graph replays of the
+    traces beside it: _captures_option); named itself, it is."""
     from .readers import is_companion, trace_suffixes
 
     suffixes = trace_suffixes()
@@ -133,18 +153,20 @@ def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
 
 
 def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str,
-              lim: limits.Limits, step_pattern: str | None = None, scratch: str | None = None) -> dict:
+              lim: limits.Limits, step_pattern: str | None = None, scratch: str | None = None,
+              captures: list[str] = ()) -> dict:
     """Read, normalize and write one file's tables into the staging run `staging`; returns its summary (ranks,
     parts, format, events, skipped, notes, rows). Runs in a worker process (a local one, or a Spark task: the
     `read_files` of `ingest`).
     `ranks` is (the user's --rank, the rank to assume when the trace names none); `shown`: the name errors give
     the file (an archive member's, when `path` is its unpacked copy). A file that holds several processes gives
     one rank each (and one part each). `scratch`: the folder for the readers' temporary files (the ingest's
-    `.RUN.extract-*` folder beside the run, which the next ingest removes whatever killed this one)."""
+    `.RUN.extract-*` folder beside the run, which the next ingest removes whatever killed this one). `captures`:
+    the graph-capture traces that attribute its graph-replayed kernels (capture_paths)."""
     try:
         with limits.using(lim), _temporary_files_in(scratch):
             return limits.watched(lim, shown, _read_normalize_write, Path(path), rel, staging, ranks, run_id,
-                                  threads, step_pattern)
+                                  threads, step_pattern, [Path(c) for c in captures])
     except TraceError as e:
         if e.path == path and shown != path:
             raise TraceError(shown, e.problem) from None
@@ -201,13 +223,13 @@ def _worker_start(parent: int, scratch: str) -> None:
 
 
 def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id: str, threads: int,
-                          step_pattern: str | None = None) -> dict:
+                          step_pattern: str | None = None, captures: list[Path] = ()) -> dict:
     from .normalize import normalize
     from .readers import read_trace
 
     gc.disable()  # bulk allocation of short-lived, acyclic objects: the cycle collector only costs time here
     try:
-        traces = read_trace(p, threads=threads)
+        traces = read_trace(p, threads=threads, captures=captures)
         chosen, fallback = ranks if len(traces) == 1 else (None, None)
         summary = {"ranks": [], "parts": [], "format": traces[0].format, "events": 0, "skipped": {},
                    "notes": [], "rows": {}}
@@ -249,6 +271,7 @@ def ingest(
     read_files=None,
     label: tuple | list = (),
     label_pattern: str | None = None,
+    capture_traces: str | os.PathLike | None = None,
 ) -> IngestResult:
     """Ingest trace files or folders into the run folder `out`. Unchanged files already in `out` are not re-read.
     `memory_limit` caps DuckDB's working memory per file (it spills to disk beyond it); `max_events` reads only
@@ -259,7 +282,9 @@ def ingest(
     tokens, prefill_tokens; see tracesql.step_rules), tried before the built-in rules; files are read again when
     it changes. `label` (KEY=VALUE texts) and `label_pattern` (a regex with named groups over the sources'
     paths), with tracesql.toml / labels.json beside the traces, give the run's labels (tracesql.labels); each
-    ingest sets them anew.
+    ingest sets them anew. The CUDA/HIP-graph capture traces in the `capture_traces` folder beside a trace (or
+    in the folder `capture_traces`, for every trace) attribute its graph-replayed kernels to ops; they are not
+    ranks.
 
     >>> tracesql.ingest(["traces/run-1234/"], "runs/1234")          # doctest: +SKIP
     """
@@ -274,6 +299,10 @@ def ingest(
     out = Path(out).absolute()
     sources = [Path(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     root, files = find_traces(sources, exclude=out)
+    if capture_traces is not None:
+        capture_traces = Path(capture_traces).absolute()
+        if not capture_traces.is_dir() or not _capture_files(capture_traces):
+            raise TraceError(capture_traces, "--capture-traces: not a folder of trace files")
     wanted = _sources(root, files)
     given = labels.given(sources, label, label_pattern)  # bad labels are refused before anything is read
     if rank is not None and not (isinstance(rank, int) and 0 <= rank < 2**31):
@@ -286,7 +315,7 @@ def ingest(
             scratch = store.new_scratch(out)  # archive members are unpacked here
             try:
                 return _ingest_locked(out, wanted, scratch, rank, run_id, jobs, strict, progress, lim, read_files,
-                                      step_pattern, given, capture_folders(sources))
+                                      step_pattern, given, capture_traces)
             finally:
                 archives.remove(scratch)
     except OSError as e:  # the run's folder cannot be written (permissions, disk full, ...)
@@ -299,7 +328,7 @@ def ingest(
 
 def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, strict, progress,
                    lim: limits.Limits, read_files, step_pattern: str | None = None,
-                   given: dict | None = None, captures: list[Path] = ()) -> IngestResult:
+                   given: dict | None = None, capture_traces: Path | None = None) -> IngestResult:
     if out.exists() and not out.is_dir():
         raise TraceError(out, "exists and is not a tracesql run: a file (refusing to write over it)")
     if out.exists() and not store.is_run(out) and any(out.iterdir()):
@@ -311,8 +340,6 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
     result = IngestResult(run=out, run_id=run_id)
     if damage:
         result.warnings.append(f"{damage}; all its sources are read again")
-    result.warnings += [f"{d}: graph-capture traces, not read as ranks (the kernels of a graph replay keep the "
-                        f"graph launch as their op)" for d in captures]
 
     old_sources = (old or {}).get("sources", {})
     if old and old["schema_version"] != schema.SCHEMA_VERSION:  # its files lack what this version writes
@@ -320,7 +347,8 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
         old_sources = {rel: {**entry, "size": None} for rel, entry in old_sources.items()}
     todo, keep = {}, {}
     for rel, f in wanted.items():
-        fp = _fingerprint(f, options)
+        trace = f.archive if isinstance(f, archives.Member) else f
+        fp = _fingerprint(f, {**options, **_captures_option(trace, capture_traces)})
         prev = old_sources.get(rel)
         if prev and all(prev.get(k) == v for k, v in fp.items()):
             keep[rel] = prev
@@ -433,9 +461,9 @@ def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | N
     bar = _progress(len(todo)) if progress else None
     try:
         if jobs == 1:
-            for rel, (f, _, shown) in todo.items():
+            for rel, (f, fp, shown) in todo.items():
                 yield rel, read_file(str(f), rel, str(staging), ranks, run_id, threads, shown, lim, step_pattern,
-                                     str(scratch))
+                                     str(scratch), capture_paths(fp))
                 bar and bar.advance()
             return
         pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_worker_start,
@@ -443,8 +471,8 @@ def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | N
         try:
             with _sigint_ignored():  # workers start with Ctrl-C ignored (inherited), so it never interrupts them
                 futures = {pool.submit(read_file, str(f), rel, str(staging), ranks, run_id, threads, shown, lim,
-                                       step_pattern): rel
-                           for rel, (f, _, shown) in todo.items()}
+                                       step_pattern, captures=capture_paths(fp)): rel
+                           for rel, (f, fp, shown) in todo.items()}
             for fut in as_completed(futures):
                 yield futures[fut], fut.result()
                 bar and bar.advance()

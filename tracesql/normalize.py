@@ -21,6 +21,7 @@ from . import db, functions, limits, quality, schema, step_rules
 from .arrays import array, strings, to_numpy
 from .db import sql_list
 from .readers import FileMapping, TraceData
+from .readers.graph_capture import GRAPH_OPS_SCHEMA
 from .schema import DEVICE_TIME_KINDS, LAUNCH_KINDS  # noqa: F401  (also normalize.X)
 
 DEVICE_WORK_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
@@ -45,6 +46,8 @@ def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 
             # queries that do not wait for each other run on a second thread (on a cursor): both cores work
             with ThreadPoolExecutor(1, thread_name_prefix="tracesql-normalize") as beside:
                 con.register("read_slices", slices)
+                con.register("graph_ops", data.graph_ops if data.graph_ops is not None
+                             else GRAPH_OPS_SCHEMA.empty_table())
                 links, checks, extra = _link(con, beside, slices, scratch, run_id, rank, data.mappings, step_pattern,
                                              data.notes)
                 for name in links.column_names:
@@ -233,8 +236,9 @@ FROM read_slices
 ORDER BY track, ts, dur DESC, slice_id
 """
 # Device work -> the runtime/driver call with its correlation id (the earliest such call: CUDA graphs launch
-# many kernels with one call). Launched work takes its launch's op, collective call and step, and keeps the call's
-# start, duration, process and thread (slices.launch_*: queries then need no join back to the call); device work
+# many kernels with one call). Launched work takes its launch's op (a graph-replayed kernel: the copy of the op
+# that launched it at capture time, when the reader matched its capture: graph_ops), collective call and step, and
+# keeps the call's start, duration, process and thread (slices.launch_*: queries then need no join back to the call); device work
 # nothing launched (XLA CPU thunks, TPU ops, launches not recorded) keeps its own op and call (by nesting).
 # Its step (kernels, copies, memsets) is placed by its order on its stream (docs/concepts/steps.md): the step of the last launched work
 # before it on the same device and stream (by start, then id), else that of the first launched work after it,
@@ -254,10 +258,17 @@ WHERE d.kind IN ({sql_list(DEVICE_WORK_KINDS)});
 CREATE OR REPLACE TABLE links AS
 SELECT n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n.dur, n.self_time_child, n.device_time,
     la.launch_id, la.launch_ts, la.launch_dur, la.launch_pid, la.launch_tid,
-    CASE WHEN la.launch_id IS NULL THEN n.op_id ELSE h.op_id END AS op_id,
+    CASE WHEN la.launch_id IS NULL THEN n.op_id ELSE COALESCE(g.op_id, h.op_id) END AS op_id,
+    g.op_id AS graph_op_id,
     CASE WHEN la.launch_id IS NULL THEN n.call_id ELSE h.call_id END AS call_id,
     CASE WHEN la.launch_id IS NULL THEN n.step ELSE h.step END AS step
-FROM nest n LEFT JOIN launch la USING (slice_id) LEFT JOIN nest h ON h.slice_id = la.launch_id;
+FROM nest n LEFT JOIN launch la USING (slice_id) LEFT JOIN nest h ON h.slice_id = la.launch_id
+LEFT JOIN graph_ops g ON g.slice_id = n.slice_id;
+-- the copies of capture ops (readers/graph_capture.py: ops with their graph launch's correlation id) are in the
+-- step of that launch, as their replayed kernels are (they are timed on the device, after the host step)
+UPDATE links SET step = h.step
+FROM read_slices c JOIN launchers l USING (correlation) JOIN nest h ON h.slice_id = l.launch_id
+WHERE c.kind = 'cpu_op' AND links.slice_id = c.slice_id;
 CREATE OR REPLACE TABLE stream_steps AS
 WITH work AS (
     SELECT d.slice_id, d.device_id, d.stream, l.launch_id IS NOT NULL AS launched, l.step,
@@ -374,13 +385,19 @@ WITH child AS (  -- _child_time's partial sums
     SELECT op_id, COALESCE(launch_id, slice_id) AS at, dur FROM links WHERE device_time AND op_id IS NOT NULL
 ), own AS (
     SELECT op_id AS slice_id, sum(dur) AS ns, count(*) AS n FROM work GROUP BY op_id
+), counted_at AS (
+    -- a graph-replayed kernel counts in the ops around its launch and at the copy of its capture op (so in it and
+    -- the copies around it: on a track of their own, no op spans both positions)
+    SELECT w.at, w.dur FROM work w
+    UNION ALL SELECT graph_op_id, dur FROM links WHERE device_time AND graph_op_id IS NOT NULL
 ), at_pos AS (
-    SELECT l.pos, sum(w.dur) AS ns, count(*) AS n FROM work w JOIN links l ON l.slice_id = w.at GROUP BY l.pos
+    SELECT l.pos, sum(w.dur) AS ns, count(*) AS n FROM counted_at w JOIN links l ON l.slice_id = w.at GROUP BY l.pos
 ), running AS (
     SELECT pos, sum(ns) OVER w AS ns, sum(n) OVER w AS n FROM at_pos WINDOW w AS (ORDER BY pos)
 ), total AS (
     SELECT sp.slice_id, COALESCE(a.ns, 0) - COALESCE(b.ns, 0) AS ns, COALESCE(a.n, 0) - COALESCE(b.n, 0) AS n
-    FROM op_spans sp ASOF LEFT JOIN running a ON sp.end_pos > a.pos ASOF LEFT JOIN running b ON sp.pos >= b.pos
+    -- (work at the op's own position is its own: a copy of a capture op's, counted_at)
+    FROM op_spans sp ASOF LEFT JOIN running a ON sp.end_pos > a.pos ASOF LEFT JOIN running b ON sp.pos > b.pos
 )
 SELECT f.slice_id, f.op_depth, f.dur - COALESCE(c.child_ns, 0) AS self_dur,
     COALESCE(o.n, 0) AS kernel_count, COALESCE(o.ns, 0) AS device_self_ns,

@@ -185,7 +185,8 @@ TABLES: dict[str, Table] = {
                 ("track", "VARCHAR", "Human label of the lane the event sits on (process/thread or device/stream)."),
                 ("parent_id", "BIGINT", "slice_id of the innermost event on the same track that encloses this one."),
                 ("depth", "INTEGER", "Nesting depth on the track (0 = top level)."),
-                ("correlation", "BIGINT", "Correlation id linking a runtime launch and the device work it caused."),
+                ("correlation", "BIGINT", "Correlation id linking a runtime launch and the device work it caused "
+                                           "(a copy of a graph capture's op: its graph launch's)."),
                 ("external_id", "BIGINT", "Framework-level external id (Kineto 'External id')."),
                 ("launch_id", "BIGINT", "For device events: slice_id of the host runtime/driver call that launched it."),
                 ("launch_ts", "BIGINT", "For launched device events: start of the launching call (its `ts`)."),
@@ -195,7 +196,9 @@ TABLES: dict[str, Table] = {
                 (
                     "op_id",
                     "BIGINT",
-                    "The innermost enclosing cpu_op (for device events: of the launching call); joins `ops.op_id`.",
+                    "The innermost enclosing cpu_op (for device events: of the launching call; for a graph-replayed "
+                    "kernel whose capture trace was read, the copy of the op that launched it at capture); joins "
+                    "`ops.op_id`.",
                 ),
                 ("step", "INTEGER", "Training/inference step the event belongs to (device events: their launch's)."),
                 ("args", "JSON", "Every remaining argument the source recorded, as JSON."),

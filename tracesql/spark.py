@@ -275,9 +275,10 @@ def _read_task(item):
     Bad input comes back as (path, problem), to be raised on the driver with its one-line message."""
     from .ingestion import read_file
 
-    rel, path, staging, ranks, run_id, threads, shown, lim, step_pattern = item
+    rel, path, staging, ranks, run_id, threads, shown, lim, step_pattern, captures = item
     try:
-        return rel, read_file(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern), None
+        return rel, read_file(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern,
+                              captures=captures), None
     except TraceError as e:
         return rel, None, (e.path, e.problem)
 
@@ -287,8 +288,10 @@ def read_files(spark, todo: dict, staging: Path, ranks: tuple, run_id: str, lim,
     Spark tasks, one file per task, under the ingest's limits `lim`. Executors must see `staging` and the files at
     the same paths (one machine, or a shared file system)."""
     threads = int(spark.conf.get("spark.task.cpus", "1"))
-    items = [(rel, str(f), str(staging), ranks, run_id, threads, shown, lim, step_pattern)
-             for rel, (f, _, shown) in todo.items()]
+    from .ingestion import capture_paths
+
+    items = [(rel, str(f), str(staging), ranks, run_id, threads, shown, lim, step_pattern, capture_paths(fp))
+             for rel, (f, fp, shown) in todo.items()]
     results = spark.sparkContext.parallelize(items, len(items)).map(_read_task).collect()
     for rel, summary, error in results:
         if error:

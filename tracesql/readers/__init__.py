@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from .. import limits
 from ..arrays import array, to_numpy
 from ..errors import TraceError
-from . import ascend, ascend_db, kineto, nsys, perfetto, rocpd, rocprof, rocprof_csv, xplane
+from . import ascend, ascend_db, graph_capture, kineto, nsys, perfetto, rocpd, rocprof, rocprof_csv, xplane
 from .common import (  # noqa: F401  (the readers' shared helpers, also reachable as tracesql.readers.X)
     MAX_NAME_CHARS, OUT_BATCH_ROWS, READER_SLICE_TYPES, READER_SLICE_COLUMNS, DICTIONARY_COLUMNS, READER_SLICE_SCHEMA,
     slices_from_columns, as_reader_slices, mapped_slices, RowBatches, Budget, READER_COUNTER_TYPES,
@@ -167,9 +167,22 @@ def _keep_first_events(data: TraceData, max_events: int) -> None:
         data.notes.append(f"kept only the first {max_events:,} of {total:,} events (--max-events)")
 
 
-def read_trace(path: Path, threads: int | None = None) -> list[TraceData]:
+def _captures(paths: list[Path], rank: int | None, threads: int | None) -> list[graph_capture.Capture]:
+    """The capture regions of the graph-capture traces `paths` that may be of `rank` (a file whose name gives
+    another rank is not read)."""
+    out = []
+    for path in paths:
+        named = rank_from_file_name(path)
+        if rank is None or named is None or named == rank:
+            for data in read_trace(path, threads=threads):
+                out += graph_capture.captures_of(data, f"{path.parent.name}/{path.name}")
+    return out
+
+
+def read_trace(path: Path, threads: int | None = None, captures: list[Path] = ()) -> list[TraceData]:
     """The file's traces: one, or one per process when a file holds several (an Nsight export of an MPI job).
-    A single trace whose content names no rank takes the one its file name gives (any format)."""
+    A single trace whose content names no rank takes the one its file name gives (any format). `captures`: the
+    graph-capture traces that attribute its CUDA/HIP-graph replays to ops (graph_capture.attribute)."""
     try:
         read = reader_for(path).read(path, threads=threads)
     except RecursionError:  # the JSON and protobuf decoders recurse once per nesting level
@@ -190,4 +203,6 @@ def read_trace(path: Path, threads: int | None = None) -> list[TraceData]:
             _keep_first_events(data, max_events)
         missing = set(READER_SLICE_COLUMNS) - set(data.slices.column_names)
         assert not missing, f"reader {data.format} left out {missing}"
+        if captures:
+            graph_capture.attribute(data, lambda rank: _captures(captures, rank, threads))
     return traces

@@ -164,6 +164,9 @@ class TraceData:
     xla_ops: list[dict] = field(default_factory=list)  # rows of schema.TABLES['xla_ops'] (without run and rank)
     # forward->backward links: slice_id (a backward op), fwd_slice_id (its forward op); None when not recorded
     fwd_links: pa.Table | None = None
+    # graph-replayed kernels -> the copy of the op that launched them at capture time (readers/graph_capture.py):
+    # slice_id (a kernel), op_id (a slice of this trace); None when no replay was attributed
+    graph_ops: pa.Table | None = None
     # scratch files read without copying (the reader's slices; normalize adds its own): their pages are shed
     mappings: list[FileMapping] = field(default_factory=list)
 
