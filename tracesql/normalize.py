@@ -308,10 +308,12 @@ WHERE s.kind IN ('kernel', 'memcpy', 'memset')
 def _classify(con) -> None:
     """Table device_event_classes (slice_id, class): the class of each device event by the default rules."""
     con.execute("CREATE OR REPLACE TEMP VIEW slices AS "
-                "SELECT kind, name, category, CAST(NULL AS VARCHAR) AS class FROM read_slices")
+                "SELECT kind, name, category FROM read_slices")
     functions.install(con, names={"device_classes"})
     con.execute(CLASSIFY_SQL)
     con.execute("DROP VIEW slices")
+
+
 # XLA ops: the slices that ran one execution of an HLO op (`args` name it: hlo_op, program_id) and the op each
 # belongs to (its op_id). A TPU or CPU op event is one execution, its own op; on a GPU the host launches an op's
 # kernels back to back, so consecutive launches of the same op on one thread are one execution (op_id: the

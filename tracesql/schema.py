@@ -53,6 +53,9 @@ SCHEMA_CHANGES = {
        "not classify every device event by name (NULL in older runs, which device_activity classifies when read)",
 }
 OLDEST_READABLE = 1
+#: The first version whose slices store each device event's class (slices.class): a session whose runs are all of
+#: this version or newer reads it (functions/20_activity.sql, device_activity); else it classifies by name.
+CLASSES_STORED_SINCE = 9
 #: Tables written once per run at ingest (not a part per source file).
 RUN_TABLES = ("runs",)
 #: Columns that a run of an older version lacks but that its other columns give, derived when it is read

@@ -5,11 +5,9 @@
 -- `kernel_classes` of scheme class_scheme: the rule of lowest priority that matches; names no rule matches have no
 -- row. The ingester stores the 'default' scheme's class in slices.class; device_activity classifies with this macro
 -- the other scheme and the events of runs written before that column (schema < 9).
--- unclassified_only: only the names of device events with no stored class.
-CREATE OR REPLACE MACRO device_classes(class_scheme := 'default', unclassified_only := false) AS TABLE
+CREATE OR REPLACE MACRO device_classes(class_scheme := 'default') AS TABLE
 SELECT n.kind, n.name, n.category, arg_min(r.class, r.priority) AS class
-FROM (SELECT DISTINCT kind, name, category FROM slices
-      WHERE kind IN ('kernel', 'memcpy', 'memset') AND (NOT unclassified_only OR class IS NULL)) n
+FROM (SELECT DISTINCT kind, name, category FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')) n
 JOIN kernel_classes r
   ON r.scheme = class_scheme AND (r.kind IS NULL OR r.kind = n.kind)
  AND (r.name_regex IS NULL OR regexp_matches(n.name, r.name_regex))
@@ -30,17 +28,19 @@ GROUP BY n.kind, n.name, n.category;
 -- down), as HTA does with fractional-microsecond Kineto timestamps: up to 1 µs less busy time per event.
 CREATE OR REPLACE MACRO device_activity(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
 WITH classified AS (
-    -- the default scheme's class as stored at ingest (slices.class); the events without one (no rule matches
-    -- them, or an older run) and the other scheme's classes by the rules, so that a run of either version and
-    -- either scheme gives the same rows; an event no rule matches is left out
+    -- the default scheme's class as stored at ingest (slices.class) when every run of the session stored it
+    -- (tracesql.connect sets the variable tracesql_classes_stored then); else, and for the other scheme, the
+    -- classes by the rules, so that a run of either version and either scheme gives the same rows. An event no
+    -- rule matches is left out (its stored class is NULL)
     SELECT * FROM slices
-    WHERE class_scheme = 'default' AND kind IN ('kernel', 'memcpy', 'memset') AND class IS NOT NULL
+    WHERE class_scheme = 'default' AND COALESCE(getvariable('tracesql_classes_stored'), false)
+      AND kind IN ('kernel', 'memcpy', 'memset') AND class IS NOT NULL
     UNION ALL
     SELECT s.* REPLACE (c.class AS class)
     FROM slices s
-    JOIN device_classes(class_scheme := class_scheme, unclassified_only := class_scheme = 'default') c
+    JOIN device_classes(class_scheme := class_scheme) c
       ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
-    WHERE s.kind IN ('kernel', 'memcpy', 'memset') AND (class_scheme <> 'default' OR s.class IS NULL)
+    WHERE class_scheme <> 'default' OR NOT COALESCE(getvariable('tracesql_classes_stored'), false)
 ), filtered_runs AS (
     -- HTA's rule: a run whose traces name at least two steps (all ranks together) is filtered ...
     -- (HTA knows ProfilerStep ranges only, not inference iterations)
