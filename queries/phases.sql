@@ -95,37 +95,42 @@ WITH named_phases AS (
     SELECT run_id, rank, step, ts, te, dense_rank() OVER (ORDER BY run_id, rank, step) AS wid
     FROM windows
 ), edges AS (
-    -- each event clipped to each window it overlaps: +1 at its start and -1 at its end, in its phase's column.
+    -- each event clipped to each window it overlaps: +1 at its start and -1 at its end, in its phase's count.
+    -- The six counts share two integers, 21 bits each (early: forward + backward * 2^21 + optimizer * 2^42; late:
+    -- data_loading, other, communication), so that two running sums keep all six (exact while fewer than 2^21
+    -- events of a phase run at once in a window); `counted` flags an event's start edge (8) and its phase
+    -- (1 forward, 2 backward, 4 optimizer), summed per window.
     -- A row per edge, not per instant: the sweep below gives every row of an instant the state after all of them
     -- (its frame takes in its peers) and all but one of them no duration, so no GROUP BY makes instants unique
     SELECT w.wid, CASE e.edge WHEN 1 THEN greatest(v.ts, w.ts) ELSE least(v.te, w.te) END AS t,
-        CASE WHEN v.phase = 'forward' THEN e.edge ELSE 0 END AS fwd,
-        CASE WHEN v.phase = 'backward' THEN e.edge ELSE 0 END AS bwd,
-        CASE WHEN v.phase = 'optimizer' THEN e.edge ELSE 0 END AS opt,
-        CASE WHEN v.phase = 'data_loading' THEN e.edge ELSE 0 END AS data,
-        CASE WHEN v.phase = 'other' THEN e.edge ELSE 0 END AS oth,
-        CASE WHEN v.phase = 'communication' THEN e.edge ELSE 0 END AS comm,
-        CASE WHEN e.edge = 1 AND v.phase = 'forward' THEN 1 ELSE 0 END AS fwd_n,
-        CASE WHEN e.edge = 1 AND v.phase = 'backward' THEN 1 ELSE 0 END AS bwd_n,
-        CASE WHEN e.edge = 1 AND v.phase = 'optimizer' THEN 1 ELSE 0 END AS opt_n,
-        CASE WHEN e.edge = 1 THEN 1 ELSE 0 END AS events
+        e.edge * CASE v.phase WHEN 'forward' THEN 1 WHEN 'backward' THEN 2097152 WHEN 'optimizer' THEN 4398046511104
+                              ELSE 0 END AS early,
+        e.edge * CASE v.phase WHEN 'data_loading' THEN 1 WHEN 'other' THEN 2097152
+                              WHEN 'communication' THEN 4398046511104 ELSE 0 END AS late,
+        CASE WHEN e.edge = 1 THEN 8 + CASE v.phase WHEN 'forward' THEN 1 WHEN 'backward' THEN 2 WHEN 'optimizer' THEN 4
+                                                   ELSE 0 END
+             ELSE 0 END AS counted
     FROM window_ids w
     JOIN events v ON v.run_id = w.run_id AND v.rank = w.rank AND v.ts < w.te AND v.te > w.ts
     CROSS JOIN (VALUES (1), (-1)) e(edge)
     UNION ALL
     -- the window's own bounds, edges that change nothing (so that the segments cover the whole window; a window
     -- that no event overlaps has no row below)
-    SELECT wid, CASE b.edge WHEN 0 THEN ts ELSE te END, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
+    SELECT wid, CASE b.edge WHEN 0 THEN ts ELSE te END, 0, 0, 0
     FROM window_ids CROSS JOIN (VALUES (0), (2)) b(edge)
-), segments AS (
+), sweep AS (
     SELECT wid, t, CASE WHEN lead(wid) OVER o = wid THEN lead(t) OVER o - t END AS dur,
-        sum(fwd) OVER o AS fwd, sum(bwd) OVER o AS bwd, sum(opt) OVER o AS opt, sum(data) OVER o AS data,
-        sum(oth) OVER o AS oth, sum(comm) OVER o AS comm, fwd_n, bwd_n, opt_n, events
+        CAST(sum(early) OVER o AS BIGINT) AS early, CAST(sum(late) OVER o AS BIGINT) AS late, counted
     FROM edges
     -- every event adds +1 and -1 inside one window, so each window's running sums start from 0 and one running
     -- sum over all windows in order equals the per-window one (DuckDB runs it ~10x faster than one partitioned
     -- by window when one partition is much larger than the others)
     WINDOW o AS (ORDER BY wid, t)
+), segments AS (
+    SELECT wid, t, dur, early & 2097151 AS fwd, (early >> 21) & 2097151 AS bwd, early >> 42 AS opt,
+        late & 2097151 AS data, (late >> 21) & 2097151 AS oth, late >> 42 AS comm, counted & 1 AS fwd_n,
+        (counted >> 1) & 1 AS bwd_n, (counted >> 2) & 1 AS opt_n, counted >> 3 AS events
+    FROM sweep
 ), per_window AS (
     SELECT i.run_id, i.rank, i.step, s.*
     FROM (

@@ -158,8 +158,10 @@ def connect(target, *, threads: int | None = None, names=None, sandbox: bool = F
         _, used = functions.needed(names, set(tables))
         tables = [t for t in tables if t in used]
     older, files = [], {t: [] for t in schema.TABLES}
+    classes_stored = True
     for run in runs:
         manifest = store.load_manifest(run)  # refuses newer runs with a clear message
+        classes_stored &= manifest["schema_version"] >= schema.CLASSES_STORED_SINCE
         note = store.older_schema_note(manifest)
         if note:
             warnings.warn(f"{run}: {note}", OlderSchemaWarning, stacklevel=2)
@@ -180,6 +182,7 @@ def connect(target, *, threads: int | None = None, names=None, sandbox: bool = F
                     f"DESCRIBE SELECT * FROM read_parquet([{files_sql(table_files)}], union_by_name = true)").fetchall()}
     if listed:
         con.execute(views_sql(listed, present)).fetchall()
+    con.execute(f"SET VARIABLE tracesql_classes_stored = {str(classes_stored).lower()}")
     functions.install(con, names=names)
     # the one function of Python, not SQL (see its module): for SQL that calls it, or a macro that does (what_if)
     if names is None or "critical_path_walk" in names | functions.words("\n".join(functions.needed(names)[0])):

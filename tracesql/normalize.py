@@ -82,6 +82,7 @@ def _link(con, beside: ThreadPoolExecutor, slices: pa.Table, scratch: Path, run_
         con.register(name, views[name])
     con.register("slice_rows", kept(FileMapping.of_batches(scratch / "rows.arrows", ROW_SCHEMA, _row_numbers(slices))))
     con.execute(LINK_SQL)
+    _classify(con)
     con.execute(XLA_EXEC_SQL)
     children = con.sql(CHILDREN_SQL).to_arrow_reader(SCAN_BATCH)
     views["child_time"] = kept(FileMapping.of_batches(scratch / "child_time.arrows", CHILD_TIME_SCHEMA,
@@ -299,10 +300,31 @@ WHERE NOT a.launched;
 UPDATE links SET step = s.step FROM stream_steps s WHERE links.slice_id = s.slice_id;
 """
 LINK_COLUMNS_SQL = """
-SELECT parent_id, depth, launch_id, launch_ts, launch_dur, launch_pid, launch_tid, COALESCE(x.op_id, l.op_id) AS op_id, step, CAST($run_id AS VARCHAR) AS run_id,
-    CAST($rank AS INTEGER) AS rank
-FROM links l JOIN slice_rows USING (slice_id) LEFT JOIN xla_exec x USING (slice_id) ORDER BY row
+SELECT parent_id, depth, launch_id, launch_ts, launch_dur, launch_pid, launch_tid, c.class,
+    COALESCE(x.op_id, l.op_id) AS op_id, step, CAST($run_id AS VARCHAR) AS run_id, CAST($rank AS INTEGER) AS rank
+FROM links l JOIN slice_rows USING (slice_id) LEFT JOIN xla_exec x USING (slice_id)
+LEFT JOIN device_event_classes c USING (slice_id) ORDER BY row
 """
+# Each device event's class by the default rules (slices.class), by the macro device_activity classifies with, on
+# the reader's rows (the view `slices` it reads, with no class stored yet, only while it runs)
+CLASSIFY_SQL = """
+CREATE OR REPLACE TABLE device_event_classes AS
+SELECT s.slice_id, c.class
+FROM read_slices s
+JOIN device_classes() c ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
+WHERE s.kind IN ('kernel', 'memcpy', 'memset')
+"""
+
+
+def _classify(con) -> None:
+    """Table device_event_classes (slice_id, class): the class of each device event by the default rules."""
+    con.execute("CREATE OR REPLACE TEMP VIEW slices AS "
+                "SELECT kind, name, category FROM read_slices")
+    functions.install(con, names={"device_classes"})
+    con.execute(CLASSIFY_SQL)
+    con.execute("DROP VIEW slices")
+
+
 # XLA ops: the slices that ran one execution of an HLO op (`args` name it: hlo_op, program_id) and the op each
 # belongs to (its op_id). A TPU or CPU op event is one execution, its own op; on a GPU the host launches an op's
 # kernels back to back, so consecutive launches of the same op on one thread are one execution (op_id: the

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -48,8 +48,14 @@ SCHEMA_CHANGES = {
        "queries need not join each device event to its launch (a run of an older version derives them from "
        "launch_id when read). Point-to-point pairs (issue 29): collectives gains peer (a send's "
        "destination, a recv's source, global rank; NULL in older runs and for other calls)",
+    9: "device classes at ingest (issue 24): slices gains class, each kernel's, copy's and memset's class by the "
+       "default rules of kernel_classes (compute, communication, memory, infeed_outfeed), so that queries need "
+       "not classify every device event by name (NULL in older runs, which device_activity classifies when read)",
 }
 OLDEST_READABLE = 1
+#: The first version whose slices store each device event's class (slices.class): a session whose runs are all of
+#: this version or newer reads it (functions/20_activity.sql, device_activity); else it classifies by name.
+CLASSES_STORED_SINCE = 9
 #: Tables written once per run at ingest (not a part per source file).
 RUN_TABLES = ("runs",)
 #: Columns that a run of an older version lacks but that its other columns give, derived when it is read
@@ -193,6 +199,9 @@ TABLES: dict[str, Table] = {
                 ("launch_dur", "BIGINT", "For launched device events: duration of the launching call."),
                 ("launch_pid", "BIGINT", "For launched device events: process of the launching call (its `pid`)."),
                 ("launch_tid", "BIGINT", "For launched device events: thread of the launching call (its `tid`)."),
+                ("class", "VARCHAR", "For kernels, copies and memsets: their class by the default rules of "
+                 "`kernel_classes` (compute, communication, memory, infeed_outfeed; NULL where no rule matches). "
+                 "`device_activity()` gives it for either scheme."),
                 (
                     "op_id",
                     "BIGINT",

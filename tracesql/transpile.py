@@ -671,7 +671,8 @@ def to_spark(sql: str, variables: dict[str, str] | None = None) -> list[str]:
     out = []
     for tree in statements:
         tree = substitute_variables(tree, variables or {})
-        tree = expand_macros(tree)
+        # and the variables the macros read (device_activity's tracesql_classes_stored: unset on Spark)
+        tree = substitute_variables(expand_macros(tree), variables or {})
         # DuckDB's statement UNPIVOT stands where a query does; an UNPIVOT clause hangs under its table
         tree = tree.transform(lambda n: _unpivot_statement(n) if isinstance(n, exp.Pivot) and n.args.get("unpivot")
                               and not isinstance(n.parent, exp.Table) else n)

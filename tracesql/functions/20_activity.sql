@@ -1,6 +1,19 @@
 -- Device activity, its classes, and the timeline of which classes are busy when.
 -- Used by the curated queries and available in every session on a run.
 
+-- The class of each distinct (kind, name, category) of the device events (kernels, copies, memsets) by the rules of
+-- `kernel_classes` of scheme class_scheme: the rule of lowest priority that matches; names no rule matches have no
+-- row. The ingester stores the 'default' scheme's class in slices.class; device_activity classifies with this macro
+-- the other scheme and the events of runs written before that column (schema < 9).
+CREATE OR REPLACE MACRO device_classes(class_scheme := 'default') AS TABLE
+SELECT n.kind, n.name, n.category, arg_min(r.class, r.priority) AS class
+FROM (SELECT DISTINCT kind, name, category FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')) n
+JOIN kernel_classes r
+  ON r.scheme = class_scheme AND (r.kind IS NULL OR r.kind = n.kind)
+ AND (r.name_regex IS NULL OR regexp_matches(n.name, r.name_regex))
+ AND (r.category_regex IS NULL OR regexp_matches(n.category, r.category_regex))
+GROUP BY n.kind, n.name, n.category;
+
 -- Kernels, copies and memsets, each with its class (compute / communication / memory / infeed_outfeed) from
 -- `kernel_classes`, whose rules match the kind, the name and the category (XLA ops: their HLO category).
 -- class_scheme: 'default' (tracesql's rules) or 'hta' (Holistic Trace Analysis' name rules).
@@ -14,16 +27,20 @@
 -- time_unit_ns: 1 keeps nanoseconds; 1000 shrinks every event to whole microseconds (start rounded up, end rounded
 -- down), as HTA does with fractional-microsecond Kineto timestamps: up to 1 µs less busy time per event.
 CREATE OR REPLACE MACRO device_activity(class_scheme := 'default', analysis_window := 'all', time_unit_ns := 1) AS TABLE
-WITH names AS (
-    SELECT DISTINCT kind, name, category FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')
-), classes AS (
-    SELECT n.kind, n.name, n.category, arg_min(r.class, r.priority) AS class
-    FROM names n
-    JOIN kernel_classes r
-      ON r.scheme = class_scheme AND (r.kind IS NULL OR r.kind = n.kind)
-     AND (r.name_regex IS NULL OR regexp_matches(n.name, r.name_regex))
-     AND (r.category_regex IS NULL OR regexp_matches(n.category, r.category_regex))
-    GROUP BY n.kind, n.name, n.category
+WITH classified AS (
+    -- the default scheme's class as stored at ingest (slices.class) when every run of the session stored it
+    -- (tracesql.connect sets the variable tracesql_classes_stored then); else, and for the other scheme, the
+    -- classes by the rules, so that a run of either version and either scheme gives the same rows. An event no
+    -- rule matches is left out (its stored class is NULL)
+    SELECT * FROM slices
+    WHERE class_scheme = 'default' AND COALESCE(getvariable('tracesql_classes_stored'), false)
+      AND kind IN ('kernel', 'memcpy', 'memset') AND class IS NOT NULL
+    UNION ALL
+    SELECT s.* REPLACE (c.class AS class)
+    FROM slices s
+    JOIN device_classes(class_scheme := class_scheme) c
+      ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
+    WHERE class_scheme <> 'default' OR NOT COALESCE(getvariable('tracesql_classes_stored'), false)
 ), filtered_runs AS (
     -- HTA's rule: a run whose traces name at least two steps (all ranks together) is filtered ...
     -- (HTA knows ProfilerStep ranges only, not inference iterations)
@@ -48,12 +65,11 @@ WITH names AS (
 ), kept AS (
     -- two branches, one per window: the constant `analysis_window` empties one, so that the 'all' window neither
     -- reads the columns of HTA's joins (slice_id, correlation) nor runs them
-    SELECT s.*, c.class
-    FROM slices s JOIN classes c ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
+    SELECT * FROM classified
     WHERE analysis_window = 'all'
     UNION ALL
-    SELECT s.*, c.class
-    FROM slices s JOIN classes c ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
+    SELECT s.*
+    FROM classified s
     LEFT JOIN filtered_runs f ON f.run_id = s.run_id
     LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
     LEFT JOIN hta_launch h ON h.run_id = s.run_id AND h.rank = s.rank AND h.correlation = s.correlation

@@ -6,15 +6,27 @@
 -- 'autograd::engine::evaluate_function: ...' ops, which run one backward node each, and the backward ops linked to
 -- their forward op, ops.fwd_op_id).
 CREATE OR REPLACE MACRO host_ranges(ranges := 'annotations') AS TABLE
-SELECT s.run_id, s.rank, s.slice_id, s.name, s.pid, s.tid, s.depth, s.ts, s.ts + s.dur AS te, s.dur
+-- annotations and modules: a branch per kind, each with `kind = '...'`, which DuckDB filters while it reads the
+-- file (an OR of kinds it filters after reading every row's name: 2-4x the CPU); phases, whose ranges are of three
+-- kinds: one read (the branches that `ranges` leaves no row are dropped when planned)
+SELECT run_id, rank, slice_id, name, pid, tid, depth, ts, ts + dur AS te, dur
+FROM slices
+WHERE kind = 'user_annotation' AND ranges IN ('annotations', 'modules')
+  AND ((ranges = 'annotations' AND NOT starts_with(name, 'ProfilerStep#'))
+       OR (ranges = 'modules' AND starts_with(name, 'nn.Module: ')))
+UNION ALL
+SELECT run_id, rank, slice_id, name, pid, tid, depth, ts, ts + dur, dur
+FROM slices
+WHERE kind = 'python_function' AND ranges = 'modules' AND starts_with(name, 'nn.Module: ')
+UNION ALL
+SELECT s.run_id, s.rank, s.slice_id, s.name, s.pid, s.tid, s.depth, s.ts, s.ts + s.dur, s.dur
 FROM slices s
-LEFT JOIN (SELECT run_id, rank, op_id FROM ops WHERE ranges = 'phases' AND fwd_op_id IS NOT NULL) b
+LEFT JOIN (SELECT run_id, rank, op_id FROM ops WHERE fwd_op_id IS NOT NULL) b
   ON b.run_id = s.run_id AND b.rank = s.rank AND b.op_id = s.slice_id
-WHERE (ranges IN ('annotations', 'phases') AND s.kind = 'user_annotation' AND NOT starts_with(s.name, 'ProfilerStep#'))
-   OR (ranges IN ('modules', 'phases') AND s.kind IN ('python_function', 'user_annotation')
-       AND starts_with(s.name, 'nn.Module: '))
-   OR (ranges = 'phases' AND s.kind = 'cpu_op'
-       AND (starts_with(s.name, 'autograd::engine::evaluate_function: ') OR b.op_id IS NOT NULL));
+WHERE ranges = 'phases'
+  AND ((s.kind = 'user_annotation' AND NOT starts_with(s.name, 'ProfilerStep#'))
+       OR (s.kind IN ('python_function', 'user_annotation') AND starts_with(s.name, 'nn.Module: '))
+       OR (s.kind = 'cpu_op' AND (starts_with(s.name, 'autograd::engine::evaluate_function: ') OR b.op_id IS NOT NULL)));
 
 -- The names of data-loading ranges and ops (a regular expression, any case): range_phase's 'data_loading', the
 -- findings rule data_loader's what-if.
@@ -50,8 +62,10 @@ CREATE OR REPLACE MACRO range_launches(ranges := 'annotations', projection := 'p
 WITH hosts AS (
     SELECT * FROM host_ranges(ranges := ranges)
 ), keys AS (
-    -- one number per (thread, depth): the stream is sorted by it, several times faster than by the run's name
-    SELECT run_id, rank, pid, tid, depth, row_number() OVER (ORDER BY run_id, rank, pid, tid, depth) AS kid
+    -- one number per (thread, depth): the stream is sorted by it, several times faster than by the run's name;
+    -- and one per thread (thid), which the innermost range's lookup groups by
+    SELECT run_id, rank, pid, tid, depth, row_number() OVER (ORDER BY run_id, rank, pid, tid, depth) AS kid,
+        dense_rank() OVER (ORDER BY run_id, rank, pid, tid) AS thid
     FROM (SELECT DISTINCT run_id, rank, pid, tid, depth FROM hosts)
 ), found AS (
     SELECT k.kid, h.ts, h.te, h.slice_id, h.name, row_number() OVER (ORDER BY k.kid, h.ts, h.te, h.slice_id) AS n
@@ -59,26 +73,28 @@ WITH hosts AS (
     JOIN keys k ON k.run_id = h.run_id AND k.rank = h.rank AND k.pid IS NOT DISTINCT FROM h.pid
      AND k.tid IS NOT DISTINCT FROM h.tid AND k.depth IS NOT DISTINCT FROM h.depth
 ), probes AS (
-    SELECT k.kid, d.launch_ts AS ts, 1 AS ord, k.run_id, k.rank, k.tid, k.depth, d.slice_id AS event_id,
-        d.launch_tid, d.ts AS event_ts, d.dur AS event_dur
+    -- the launches carry only numbers through the sort; their key's run, rank, thread and depth come from `keys`
+    SELECT k.kid, d.launch_ts AS ts, 1 AS ord, d.slice_id AS event_id, d.launch_tid, d.ts AS event_ts,
+        d.dur AS event_dur
     FROM slices d
     JOIN keys k ON k.run_id = d.run_id AND k.rank = d.rank AND k.pid = d.launch_pid
      AND (projection = 'process' OR k.tid = d.launch_tid)
     WHERE d.kind IN ('kernel', 'memcpy', 'memset') AND d.launch_id IS NOT NULL
     UNION ALL
-    SELECT kid, ts, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    SELECT kid, ts, 0, NULL, NULL, NULL, NULL
     FROM found
 ), swept AS (
     SELECT *, CAST(sum(1 - ord) OVER (ORDER BY kid, ts, ord ROWS UNBOUNDED PRECEDING) AS BIGINT) AS n
     FROM probes
 ), held AS (
-    SELECT p.run_id, p.rank, r.slice_id, r.name, p.tid, p.depth, p.event_id, p.event_ts AS ts, p.event_dur AS dur,
-        p.ts AS launch_ts, p.launch_tid, p.launch_tid = p.tid AS own_thread
+    SELECT k.run_id, k.rank, r.slice_id, r.name, k.tid, k.depth, p.event_id, p.event_ts AS ts, p.event_dur AS dur,
+        p.ts AS launch_ts, p.launch_tid, p.launch_tid = k.tid AS own_thread, k.thid
     FROM swept p
     JOIN found r ON r.kid = p.kid AND r.n = p.n
+    JOIN keys k ON k.kid = p.kid
     WHERE p.ord = 1 AND p.ts < r.te
 )
-SELECT h.*, h.depth = i.depth AS innermost
+SELECT h.* EXCLUDE (thid), h.depth = i.depth AS innermost
 FROM held h
-JOIN (SELECT run_id, rank, event_id, tid, max(depth) AS depth FROM held GROUP BY run_id, rank, event_id, tid) i
-  ON i.run_id = h.run_id AND i.rank = h.rank AND i.event_id = h.event_id AND i.tid IS NOT DISTINCT FROM h.tid;
+JOIN (SELECT thid, event_id, max(depth) AS depth FROM held GROUP BY thid, event_id) i
+  ON i.thid = h.thid AND i.event_id = h.event_id;
