@@ -583,6 +583,8 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
                               x=args[0])
             if name == "list_reverse":
                 return _fn("reverse", *args)
+            if name == "error":
+                return _fn("raise_error", *args)
             if name == "histogram":
                 return _spark("map_from_arrays(array_distinct(collect_list(__x)), "
                               "transform(array_distinct(collect_list(__x)), "

@@ -1119,13 +1119,19 @@ CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS 
 -- -done of an async pair): the run's `op_costs` table, which the ingest works out once by the formulas above
 -- (tracesql/op_costs.sql says which ops are counted and why). attention_convention 'flash' halves causal
 -- attention, 'torch' (FlopCounterMode) does not. profiler_flops is `ops.flops` (what
--- torch.profiler(with_flops=True) attached, when the trace carries it).
+-- torch.profiler(with_flops=True) attached, when the trace carries it). A run ingested before the table existed
+-- (schema version 8 and older) has ops but no costs: reading whether an op is counted fails, saying so.
 CREATE OR REPLACE MACRO op_costs(attention_convention := 'flash') AS TABLE
 SELECT o.run_id, o.rank, o.op_id, o.name, o.step, c.family, c.dtype, o.input_dims, o.input_types,
     CASE WHEN attention_convention = 'flash' THEN c.flops ELSE c.torch_flops END AS flops, c.bytes,
-    c.device_total_ns, o.flops AS profiler_flops, c.counted
+    c.device_total_ns, o.flops AS profiler_flops,
+    CASE WHEN c.op_id IS NULL
+         THEN error('run ' || o.run_id || ' has no op costs: it was ingested by a tracesql older than schema '
+                    || 'version 9, which works them out at ingest; ingest it again')
+         ELSE c.counted
+    END AS counted
 FROM ops o
-JOIN op_costs c ON c.run_id = o.run_id AND c.rank = o.rank AND c.op_id = o.op_id;
+LEFT JOIN op_costs c ON c.run_id = o.run_id AND c.rank = o.rank AND c.op_id = o.op_id;
 
 -- The peaks of the device each rank ran on, one row per (run, rank, dtype): the `device_peaks` row whose
 -- name_regex matches the rank's device name (the rows' patterns never overlap on a real name: a name two rows
