@@ -435,11 +435,14 @@ def _write_op_costs(staging: Path, lim: limits.Limits) -> None:
     con = db.connect(None, lim.memory)
     files = {t: [str(staging / rel) for rel in store.parquet_files(staging) if rel.split("/")[0] == t]
              for t in ("ops", "slices", "xla_ops")}
-    con.execute(views.views_sql(files)).fetchall()
-    functions.install(con, names=functions.words(OP_COSTS_SQL))
+    con.execute(views.views_sql({**files, "op_costs": []})).fetchall()  # op_costs: empty, of the table's columns
+    if con.execute("SELECT count(*) FROM ops").fetchall()[0][0]:  # else (Nsight, rocprof, ...) no formulas to bind
+        functions.install(con, names=functions.words(OP_COSTS_SQL))
+        rows = con.sql(f"SELECT {schema.select_list('op_costs')} FROM ({OP_COSTS_SQL})")
+    else:
+        rows = con.sql("SELECT * FROM op_costs")
     (staging / "op_costs").mkdir(exist_ok=True)
-    store.write_relation(con.sql(f"SELECT {schema.select_list('op_costs')} FROM ({OP_COSTS_SQL})"),
-                         staging / "op_costs" / f"run-{store.generation(staging)}.parquet")
+    store.write_relation(rows, staging / "op_costs" / f"run-{store.generation(staging)}.parquet")
     con.close()
 
 
