@@ -392,3 +392,19 @@ def test_mfu_takes_integer_parameters(ingested):
     float_params = tracesql.query("mfu", ingested(DATASETS / "hta_trace_filter"), device="A100-SXM-40GB",
                                   dtype="fp32", params=1e8, tokens_per_step=1e6)
     assert list(df.mfu) == list(float_params.mfu)
+
+
+def test_stored_costs_are_what_the_functions_give(reference_run):
+    """The run's `op_costs` table, worked out once at ingest, gives each op the numbers that op_flops (both
+    attention conventions) and op_bytes give its call ad hoc: one implementation, stored."""
+    con = tracesql.connect(reference_run)
+    ops, costed, differ, causal = con.execute("""
+        SELECT count(*), count(c.flops),
+            count(*) FILTER (WHERE c.flops IS DISTINCT FROM op_flops(o.name, o.input_dims, o.input_types,
+                                                                    o.concrete_inputs)
+                OR c.torch_flops IS DISTINCT FROM op_flops(o.name, o.input_dims, o.input_types, o.concrete_inputs,
+                                                           attention_convention := 'torch')
+                OR c.bytes IS DISTINCT FROM op_bytes(o.name, o.input_dims, o.input_types, o.concrete_inputs)),
+            count(*) FILTER (WHERE c.torch_flops = 2 * c.flops AND c.family = 'attention')
+        FROM op_costs c JOIN ops o USING (run_id, rank, op_id)""").fetchone()
+    assert (ops, costed, differ, causal) == (266, 232, 0, 5)

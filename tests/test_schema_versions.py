@@ -71,6 +71,19 @@ def test_older_run_is_read_with_a_note(tmp_path):
             f"{schema.SCHEMA_VERSION}") in info.output and "warnings:  none" in info.output
 
 
+def test_older_run_without_op_costs_is_told_to_ingest_again(tmp_path):
+    """Op costs are worked out at ingest since version 10: a run written before has none, and what costs ops says so
+    (reading it as empty would give no roofline at all); what does not cost ops reads it as before."""
+    run = _run_of_version(tmp_path, 9, drop_tables=["op_costs"])
+    runner = CliRunner()
+    for query in ("roofline", "mfu", "cost_coverage"):
+        result = runner.invoke(main, ["query", query, str(run)])
+        assert result.exit_code == 1 and result.stderr.splitlines()[-1] == (
+            "Error: SQL error: Invalid Input Error: run run has no op costs: it was ingested by a tracesql older "
+            "than schema version 10, which works them out at ingest; ingest it again"), query
+    assert runner.invoke(main, ["query", "kernel_breakdown", str(run)]).exit_code == 0
+
+
 def test_ingest_into_an_older_run_reads_every_source_again(tmp_path):
     run = _run_of_version(tmp_path, 1, drop_tables=["warnings", "counters"])
     result = tracesql.ingest([GOOD], run)

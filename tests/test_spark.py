@@ -155,6 +155,21 @@ def test_parity_covers_the_corpus_runs(fleet):
     assert runs == sorted(BUNDLED + list(CORPUS_RUNS))
 
 
+def test_aggregates_over_op_costs_same_on_spark(spark, fleet):
+    """Spark aggregates op_costs() like DuckDB: it reads the costs the ingest stored (when the formulas ran in a
+    DuckDB UDF inside the query, count(*) with sum(flops) failed: INTERNAL_ERROR "Cannot evaluate expression:
+    tracesql_duckdb_op_flops"), in both attention conventions."""
+    text = " UNION ALL ".join(
+        f"SELECT '{convention}' AS convention, family, count(*) AS ops, sum(flops) AS flops, sum(bytes) AS bytes, "
+        f"count(*) FILTER (WHERE counted) AS counted FROM op_costs(attention_convention := '{convention}') "
+        "GROUP BY family" for convention in ("flash", "torch")) + " ORDER BY convention, family"
+    duck = engine.connect(fleet).sql(text).to_arrow_table()
+    assert_same_table(duck, tsp.to_arrow(tsp.sql(_on(spark, fleet), text)), "op_costs() aggregated")
+    totals = {(r["convention"], r["family"]): r["flops"] for r in duck.to_pylist()}
+    assert totals["torch", "attention"] > totals["flash", "attention"] > 0  # causal attention halved
+    assert totals["torch", "gemm"] == totals["flash", "gemm"] > 0 and totals["flash", None] is None
+
+
 def test_transpiler_knows_every_macro():
     # the macro files' comments must not hide a macro from the Spark rewrite (duckdb 2.0.1 keeps them)
     defined = {m.lower() for f in functions.HERE.glob("*.sql")

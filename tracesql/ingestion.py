@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import archives, db, labels, limits, quality, schema, store, views
+from . import archives, db, functions, labels, limits, quality, schema, store, views
 from .arrays import array, strings
 from .errors import TraceError
 
@@ -398,6 +398,7 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
                 result.rows[table] = result.rows.get(table, 0) + n
         _write_run_checks(staging)
         _write_run_labels(staging, run_id, given or {})
+        _write_op_costs(staging, lim)
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings, "labels": given_labels}
         store.publish(staging, out, manifest, views.init_sql, known_files=(old or {}).get("files"))
@@ -451,6 +452,26 @@ def _write_run_labels(staging: Path, run_id: str, given: dict) -> None:
     (staging / "runs").mkdir(exist_ok=True)
     row = pa.table({"run_id": [run_id], "labels": [json.dumps(run_labels)], "label_sources": [json.dumps(sources)]})
     pq.write_table(schema.conform("runs", row), staging / "runs" / f"run-{store.generation(staging)}.parquet")
+
+
+OP_COSTS_SQL = (Path(__file__).parent / "op_costs.sql").read_text()
+
+
+def _write_op_costs(staging: Path, lim: limits.Limits) -> None:
+    """The run's `op_costs` table: every op's cost, by the formulas of functions/30_flops.sql, over all its ranks
+    at once (each distinct call costed once for the run)."""
+    con = db.connect(None, lim.memory)
+    files = {t: [str(staging / rel) for rel in store.parquet_files(staging) if rel.split("/")[0] == t]
+             for t in ("ops", "slices", "xla_ops")}
+    con.execute(views.views_sql({**files, "op_costs": []})).fetchall()  # op_costs: empty, of the table's columns
+    if con.execute("SELECT count(*) FROM ops").fetchall()[0][0]:  # else (Nsight, rocprof, ...) no formulas to bind
+        functions.install(con, names=functions.words(OP_COSTS_SQL))
+        rows = con.sql(f"SELECT {schema.select_list('op_costs')} FROM ({OP_COSTS_SQL})")
+    else:
+        rows = con.sql("SELECT * FROM op_costs")
+    (staging / "op_costs").mkdir(exist_ok=True)
+    store.write_relation(rows, staging / "op_costs" / f"run-{store.generation(staging)}.parquet")
+    con.close()
 
 
 def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -51,13 +51,17 @@ SCHEMA_CHANGES = {
     9: "device classes at ingest (issue 24): slices gains class, each kernel's, copy's and memset's class by the "
        "default rules of kernel_classes (compute, communication, memory, infeed_outfeed), so that queries need "
        "not classify every device event by name (NULL in older runs, which device_activity classifies when read)",
+    10: "op costs at ingest (issue 28): added table op_costs (each op's FLOPs, bytes, cost family and whether it "
+       "is counted, worked out once when the run is ingested by the formulas of functions/30_flops.sql); "
+       "op_costs() and the queries that cost ops (mfu, roofline, cost_coverage) read it, and refuse a run of an "
+       "older version (ingest it again)",
 }
 OLDEST_READABLE = 1
 #: The first version whose slices store each device event's class (slices.class): a session whose runs are all of
 #: this version or newer reads it (functions/20_activity.sql, device_activity); else it classifies by name.
 CLASSES_STORED_SINCE = 9
 #: Tables written once per run at ingest (not a part per source file).
-RUN_TABLES = ("runs",)
+RUN_TABLES = ("runs", "op_costs")
 #: Columns that a run of an older version lacks but that its other columns give, derived when it is read
 #: (views.view_sql), so that queries read such a run as a current one: table -> (a join onto the table's rows, `t`,
 #: over `{files}` (the table's own files), {column: expression}).
@@ -255,6 +259,30 @@ TABLES: dict[str, Table] = {
                 ("device_self_ns", "BIGINT", "Summed duration of device events launched directly by this op."),
                 ("kernel_count_total", "BIGINT", "Device events launched by this op or any op nested in it."),
                 ("device_total_ns", "BIGINT", "Summed duration of device events launched by this op or nested ops."),
+            ),
+        ),
+        Table(
+            "op_costs",
+            "The cost model's numbers for every op (docs/concepts/cost-model.md), worked out once per distinct call "
+            "when the run is ingested, by the formulas of tracesql/functions/30_flops.sql (op_flops, op_bytes): what "
+            "op_costs(), mfu, roofline and cost_coverage read. Runs of schema version 8 and older have no rows.",
+            _cols(
+                *_RUN_RANK,
+                ("op_id", "BIGINT", "The op (`ops.op_id`)."),
+                ("family", "VARCHAR", "Which formula costs the op: gemm, conv, attention, elementwise, reduction, norm, "
+                 "softmax, copy, upsample, index, fused, triton, view (moves nothing), or xla (XLA's own cost "
+                 "analysis); NULL when tracesql has no formula for it."),
+                ("dtype", "VARCHAR", "The dtype the op is rated against, as a device_peaks column (fp32, bf16, ...): "
+                 "its first tensor argument's."),
+                ("flops", "DOUBLE", "FLOPs of the call, causal attention halved (attention_convention 'flash'); NULL "
+                 "without a formula or without the shapes it needs."),
+                ("torch_flops", "DOUBLE", "FLOPs as FlopCounterMode counts them (attention_convention 'torch': causal "
+                 "attention not halved); equal to flops for every other op."),
+                ("bytes", "DOUBLE", "Bytes the call moves at least (each tensor read once, each output written once)."),
+                ("device_total_ns", "BIGINT", "The device time its cost is rated against: `ops.device_total_ns`, or "
+                 "for the -start of an XLA async pair on a device lane the pair's span to its -done."),
+                ("counted", "BOOLEAN", "True for the ops whose FLOPs and bytes add up without double counting (the "
+                 "innermost math op, the outermost other op with a formula; see op_costs())."),
             ),
         ),
         Table(

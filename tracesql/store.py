@@ -9,6 +9,8 @@ A run is a folder:
       slices/rank00003-<key>.parquet   one Parquet file per table per source file (<key>: the source and the
                                  ingest that wrote it, so a name never holds other bytes in a later run)
       ops/ collectives/ memory/ steps/ ranks/ devices/ process_groups/
+      runs/run-<generation>.parquet  op_costs/run-<generation>.parquet   tables written once per run
+                                 (schema.RUN_TABLES): the labels, and every op's cost
 
 Every row carries `run_id` and `rank`, so the files of many runs (a fleet: a folder of run folders) read as one
 dataset in DuckDB, Spark or Polars with a glob. A run is built in a sibling staging folder and swapped in with one

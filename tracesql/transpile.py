@@ -52,11 +52,6 @@ WRITE = "spark"
 # (tracesql.spark registers them): their formulas call nested macros that repeat their arguments, so inlined
 # they grow to ~150 KB of SQL per call, more than Spark's analyzer holds in memory. name -> Spark return type.
 DUCKDB_UDFS = {"op_flops": "DOUBLE", "op_bytes": "DOUBLE"}
-# op_costs() works out each op's kind and arguments once and calls the typed formulas on them (DuckDB binds them
-# once); inlined here they would be hundreds of KB of Spark SQL, so they run as the UDF of the public macro that
-# computes the same from the op's columns: typed_op_flops(k, d, t, c, a, conv) = op_flops(k.name, d, t, c, conv).
-TYPED_UDFS = {"typed_op_flops": ("op_flops", ("k.name", "d", "t", "c", "attention_convention")),
-              "typed_op_bytes": ("op_bytes", ("k.name", "d", "t", "c"))}
 
 
 def udf_name(macro: str) -> str:
@@ -227,13 +222,6 @@ def expand_macros(tree: exp.Expr) -> exp.Expr:
                     alias = node.args.get("alias") or exp.TableAlias(this=exp.to_identifier(name))
                     node.replace(exp.Subquery(this=body, alias=alias.copy()))
                     changed = True
-            elif isinstance(node, exp.Anonymous) and node.name.lower() in TYPED_UDFS:
-                public, params = TYPED_UDFS[node.name.lower()]
-                args = _bind(known[node.name.lower()], node.expressions)
-                values = [exp.Dot(this=args[p.split(".")[0]].copy(), expression=exp.to_identifier(p.split(".")[1]))
-                          if "." in p else args[p].copy() for p in params]
-                node.replace(_fn(udf_name(public), *values))
-                changed = True
             elif isinstance(node, exp.Anonymous) and node.name.lower() in DUCKDB_UDFS:
                 macro = known[node.name.lower()]
                 args = _bind(macro, node.expressions)
@@ -595,6 +583,8 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
                               x=args[0])
             if name == "list_reverse":
                 return _fn("reverse", *args)
+            if name == "error":
+                return _fn("raise_error", *args)
             if name == "histogram":
                 return _spark("map_from_arrays(array_distinct(collect_list(__x)), "
                               "transform(array_distinct(collect_list(__x)), "

@@ -1,0 +1,114 @@
+-- The `op_costs` table of a run (tracesql/schema.py), worked out once when the run is ingested
+-- (ingestion._write_op_costs) over the run's ops, slices and xla_ops, by the formulas of
+-- tracesql/functions/30_flops.sql: each distinct call (name, shapes, dtypes, scalar arguments) costed once, in
+-- both attention conventions, and joined back to its ops. Queries read the numbers (op_costs()) instead of
+-- expanding the formulas into every query that costs ops.
+--
+-- One row per op: its FLOPs and bytes, and whether it is *counted*: the ops whose FLOPs and bytes add up without
+-- double counting. Wrappers record their inner ops too (aten::linear → aten::addmm, conv2d → convolution →
+-- _convolution → cudnn_convolution, scaled_dot_product_attention → _scaled_dot_product_flash_attention,
+-- layer_norm → native_layer_norm, to → _to_copy → copy_, mean → sum + div_), so:
+-- - a GEMM/conv/attention op ("math") is counted when no math op is nested in it: the innermost one, whose
+--   shapes are the ones the kernel ran with;
+-- - any other op with a formula is counted when no math op is nested in it and it is not nested in a counted
+--   math op (the bias copy inside addmm is part of that op's work) nor in another such op (the outermost one:
+--   mean, not the sum and div_ it runs on CPU; add_, not the copy_ of the Python scalar it converts first).
+--   A softmax inside an unfused attention whose matmuls are counted is counted too.
+-- - views and allocations (family 'view', 0 FLOPs and 0 bytes) are never counted, nor are ops without formula.
+-- Nesting is interval containment on the op's thread (with a smaller op_depth), so it needs no parent links.
+-- An op whose formula applies but whose shapes were not recorded has NULL flops and counts as having no formula.
+-- XLA ops (family 'xla') take their FLOPs and bytes from `ops.flops` / `ops.bytes_accessed` (xla_ops) and are
+-- counted: one row per execution of an HLO op, none inside another; but an asynchronous pair (copy-start /
+-- copy-done, all-reduce-start / -done, collective-permute-start / -done, send / send-done, async-start / -done,
+-- ...: xla_ops.async_start) is one piece of work, which XLA's cost analysis gives to both halves: it is costed once,
+-- at its -start, and the -done (the wait for it) is not counted. Where the halves are device events (TPU ops),
+-- the -start's device time is the pair's async span, from its start to the end of the first execution of its
+-- -done on the same device lane after it: the 1-2 µs of the start op alone would credit it with moving gigabytes
+-- at petabytes per second (a TPU copy-start of 5.37 GB: 56,441,433 % of the roofline).
+WITH async_done AS (
+    SELECT d.run_id, d.rank, d.program_id, x.async_start AS name, d.pid, d.tid, d.ts, d.ts + d.dur AS te
+    FROM ops d
+    JOIN xla_ops x ON x.run_id = d.run_id AND x.rank = d.rank AND x.program_id = d.program_id AND x.name = d.name
+    JOIN slices s ON s.run_id = d.run_id AND s.rank = d.rank AND s.slice_id = d.op_id
+    WHERE x.async_start IS NOT NULL AND s.kind IN ('kernel', 'memcpy', 'memset')
+), async_span AS (
+    -- to the end of the first -done on the pair's lane at or after the -start (a join and arg_min, not an ASOF
+    -- join: Spark has none)
+    SELECT o.run_id, o.rank, o.op_id, arg_min(d.te, d.ts) - o.ts AS span_ns
+    FROM (SELECT o.* FROM ops o JOIN slices s ON s.run_id = o.run_id AND s.rank = o.rank AND s.slice_id = o.op_id
+          WHERE o.program_id IS NOT NULL AND s.kind IN ('kernel', 'memcpy', 'memset')) o
+    JOIN async_done d ON d.run_id = o.run_id AND d.rank = o.rank AND d.program_id = o.program_id
+     AND d.name = o.name AND d.pid = o.pid AND d.tid = o.tid AND d.ts >= o.ts
+    GROUP BY o.run_id, o.rank, o.op_id, o.ts
+), signatures AS (
+    -- the formulas once per distinct call (name, shapes, dtypes, scalar arguments: a few hundred in a run of
+    -- millions of ops), joined back to the ops below
+    SELECT name, input_dims, input_types, concrete_inputs, k.family,
+        typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'flash') AS op_flops,
+        typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'torch') AS torch_flops,
+        typed_op_bytes(k, input_dims, input_types, concrete_inputs, a) AS op_bytes,
+        op_dtype(input_types) AS dtype
+    FROM (SELECT *, op_kind(name, base, family0, a) AS k
+          FROM (SELECT *, op_base_family(name, base) AS family0, op_args(input_dims, input_types, concrete_inputs) AS a
+                FROM (SELECT *, op_base_name(name) AS base
+                      FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs FROM ops
+                            WHERE program_id IS NULL))))
+), costed AS (
+    SELECT o.run_id, o.rank, o.op_id, o.name, o.step, o.pid, o.tid, o.ts, o.dur, o.op_depth, o.input_dims,
+        o.input_types, COALESCE(a.span_ns, o.device_total_ns) AS device_total_ns, o.flops AS profiler_flops,
+        x.async_start IS NOT NULL AS async_done,
+        -- XLA ops (program_id set) carry XLA's own FLOPs and bytes (cost analysis, or counted from the HLO)
+        CASE WHEN o.program_id IS NOT NULL THEN 'xla' ELSE s.family END AS family,
+        CASE WHEN o.program_id IS NOT NULL THEN o.flops ELSE s.op_flops END AS op_flops,
+        CASE WHEN o.program_id IS NOT NULL THEN o.flops ELSE s.torch_flops END AS torch_flops,
+        CASE WHEN o.program_id IS NOT NULL THEN o.bytes_accessed ELSE s.op_bytes END AS op_bytes,
+        CASE WHEN o.program_id IS NOT NULL THEN op_dtype(o.input_types) ELSE s.dtype END AS dtype
+    FROM ops o
+    LEFT JOIN async_span a ON a.run_id = o.run_id AND a.rank = o.rank AND a.op_id = o.op_id
+    LEFT JOIN xla_ops x ON o.program_id IS NOT NULL AND x.run_id = o.run_id AND x.rank = o.rank
+     AND x.program_id = o.program_id AND x.name = o.name
+    LEFT JOIN signatures s ON o.program_id IS NULL AND s.name IS NOT DISTINCT FROM o.name
+     AND s.input_dims IS NOT DISTINCT FROM o.input_dims AND s.input_types IS NOT DISTINCT FROM o.input_types
+     AND s.concrete_inputs IS NOT DISTINCT FROM o.concrete_inputs
+), formula AS (
+    SELECT * FROM costed WHERE op_flops IS NOT NULL AND family NOT IN ('xla', 'view')  -- XLA ops never nest
+), lanes AS (
+    -- each thread's time cut into buckets about one op apart (its formula ops' span over their count) ...
+    SELECT run_id, rank, pid, tid, min(ts) AS t0, greatest((max(ts + dur) - min(ts)) // count(*), 1) AS width
+    FROM formula
+    GROUP BY run_id, rank, pid, tid
+), placed AS (
+    SELECT f.run_id, f.rank, f.pid, f.tid, f.op_id, f.family, f.ts, f.ts + f.dur AS te, f.op_depth,
+        (f.ts - l.t0) // l.width AS first_bucket, (f.ts + f.dur - l.t0) // l.width AS last_bucket
+    FROM formula f
+    JOIN lanes l ON l.run_id = f.run_id AND l.rank = f.rank AND l.pid = f.pid AND l.tid = f.tid
+), links AS (
+    -- (outer, inner) pairs of ops with a formula where the outer one encloses the inner one: ... and an op
+    -- compared only with the ops that span its start's bucket (an op with every op of its thread would grow with
+    -- the square of the trace); the inner one starts inside the outer one, so the pair meets in exactly one bucket
+    SELECT i.run_id, i.rank, i.op_id AS inner_id, i.family AS inner_family,
+        o.op_id AS outer_id, o.family AS outer_family
+    FROM placed i
+    JOIN (SELECT p.*, b.bucket FROM placed p, range(p.first_bucket, p.last_bucket + 1) b(bucket)) o
+      ON o.run_id = i.run_id AND o.rank = i.rank AND o.pid = i.pid AND o.tid = i.tid AND o.bucket = i.first_bucket
+     AND o.ts <= i.ts AND o.te >= i.te AND o.op_depth < i.op_depth
+), math_inside AS (  -- ops with a GEMM/conv/attention op nested in them
+    SELECT DISTINCT run_id, rank, outer_id AS op_id FROM links WHERE inner_family IN ('gemm', 'conv', 'attention')
+), shadowed AS (
+    -- other ops nested in an op that is counted for them: a math op with no math inside (counted), or an
+    -- op of another family with no math inside
+    SELECT DISTINCT l.run_id, l.rank, l.inner_id AS op_id
+    FROM links l
+    LEFT JOIN math_inside m ON m.run_id = l.run_id AND m.rank = l.rank AND m.op_id = l.outer_id
+    WHERE l.inner_family NOT IN ('gemm', 'conv', 'attention') AND m.op_id IS NULL
+)
+SELECT c.run_id, c.rank, c.op_id, c.family, c.dtype, c.op_flops AS flops, c.torch_flops, c.op_bytes AS bytes,
+    c.device_total_ns,
+    c.op_flops IS NOT NULL AND CASE
+        WHEN c.family = 'view' THEN false
+        WHEN c.family = 'xla' THEN NOT c.async_done
+        ELSE m.op_id IS NULL AND (c.family IN ('gemm', 'conv', 'attention') OR s.op_id IS NULL)
+    END AS counted
+FROM costed c
+LEFT JOIN math_inside m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_id = c.op_id
+LEFT JOIN shadowed s ON s.run_id = c.run_id AND s.rank = c.rank AND s.op_id = c.op_id
