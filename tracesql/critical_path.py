@@ -45,11 +45,12 @@ import pyarrow as pa
 #: functions), 'op', 'blocking_op' (an op whose end waits for the device), 'device', 'communication' (a
 #: communication kernel), 'stream_sync', 'context_sync', 'event_sync'. launch: the slice_id of the host call
 #: that launched a device event, or that waited (syncs). waits_on: the device event a device event (stream
-#: wait) or an event synchronize waits for.
+#: wait) or an event synchronize waits for. stream_free: the end of the event before a device event on its
+#: stream, in the whole trace (it may have been launched before the window).
 EVENT_FIELDS = (
     ("id", pa.int64()), ("role", pa.string()), ("ts", pa.int64()), ("dur", pa.int64()), ("pid", pa.int64()),
     ("tid", pa.int64()), ("stream", pa.int64()), ("launch", pa.int64()), ("queue_at_launch", pa.int64()),
-    ("queue_at_start", pa.int64()), ("waits_on", pa.int64()), ("scale", pa.float64()),
+    ("queue_at_start", pa.int64()), ("waits_on", pa.int64()), ("stream_free", pa.int64()), ("scale", pa.float64()),
 )
 SEGMENT_FIELDS = (
     ("seq", pa.int32()), ("event_id", pa.int64()), ("ts", pa.int64()), ("dur_ns", pa.int64()),
@@ -178,6 +179,12 @@ def _device(g: Graph, ev: dict, start: list, end: list, index: dict, replay: boo
                 g.edge(launched, start[i], "launch", i)
             if previous is not None:
                 g.edge(previous, start[i], "kernel_gap", g.event[previous])
+            free = ev["stream_free"][i]
+            if (free is not None and launched is not None and free > g.ts[launched]
+                    and (previous is None or g.ts[previous] < free)):
+                # queued behind work launched before the window: the stream is free at a fixed time, which no
+                # change inside the window moves (else the launch edge would carry the queue's wait along)
+                g.edge(g.node(free, i, False), start[i], "kernel_gap", -1)
         elif (ev["queue_at_launch"][i] == 1 and ev["queue_at_start"][i] == 0 and launched is not None
                 and (previous is None or g.ts[previous] < g.ts[launched])
                 and (waited_end is None or g.ts[waited_end] < g.ts[launched])):
