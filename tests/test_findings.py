@@ -49,7 +49,7 @@ def test_findings_match_the_what_if_they_cite(ingested):
     found = findings.run(con, "RUN", {"min_saving_pct": 0}).df()
     assert list(found.columns) == [c for c, _, _ in findings.FINDING_COLUMNS]
     assert found.groupby("finding").size().to_dict() == {r.name: 4 for r in RULES}
-    assert found[found.finding == "host_op"].evidence.str.startswith("without aten::_foreach_mul_ ").all()
+    assert found[found.finding == "host_op"].evidence.str.startswith("without forward ").all()
     assert found.saving_ns.notna().all() and (found.saving_ns >= 0).all()
     assert list(found.saving_ns) == sorted(found.saving_ns, reverse=True)
     for row in found.drop_duplicates("finding").itertuples():
