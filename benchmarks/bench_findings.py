@@ -18,8 +18,8 @@ start to the end of the last one's work, the what_if query's measured_ns) in the
 per step: work a step queued may move into the next.
 
 A finding hits when the variant's top finding of that rank and step is the cause's rule (host_op naming the
-planted op, host_sync, data_loader), its saving error is (saving_ns − cost) / cost. False findings: the unmodified trace's
-findings above 5 % of the step.
+planted op, host_sync, data_loader), its saving error is (saving_ns − cost) / cost. False findings: the
+unmodified trace's findings above 5 % of the step.
 
     python benchmarks/bench_findings.py [TRACE ...] [--fraction 0.3] [--markdown]
 """

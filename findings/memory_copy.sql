@@ -1,4 +1,4 @@
--- memory_copy: Steps that wait for memory copies: host-device transfers not overlapped with compute, pageable or slow copies.
+-- memory_copy: Steps that wait for memory copies: transfers not overlapped with compute, pageable or slow copies.
 --
 -- Priced by the what-if replay of each step with its device copies and memsets taking no time (the what_if
 -- query's faster = '^Mem(cpy|set) ', faster_pct = 100): what the step waited for them, as if they were hidden

@@ -37,7 +37,9 @@ between kernels; with gaps_scale NULL nothing changes.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import heapq
+import pickle
 
 import pyarrow as pa
 
@@ -46,7 +48,8 @@ import pyarrow as pa
 #: communication kernel), 'stream_sync', 'context_sync', 'event_sync'. launch: the slice_id of the host call
 #: that launched a device event, or that waited (syncs). waits_on: the device event a device event (stream
 #: wait) or an event synchronize waits for. stream_free: the end of the event before a device event on its
-#: stream, in the whole trace (it may have been launched before the window).
+#: stream, in the whole trace (it may have been launched before the window); of a host call, the end of the last
+#: device work that ended while it ran.
 EVENT_FIELDS = (
     ("id", pa.int64()), ("role", pa.string()), ("ts", pa.int64()), ("dur", pa.int64()), ("pid", pa.int64()),
     ("tid", pa.int64()), ("stream", pa.int64()), ("launch", pa.int64()), ("queue_at_launch", pa.int64()),
@@ -180,7 +183,7 @@ def _device(g: Graph, ev: dict, start: list, end: list, index: dict, replay: boo
             if previous is not None:
                 g.edge(previous, start[i], "kernel_gap", g.event[previous])
             free = ev["stream_free"][i]
-            if (free is not None and launched is not None and free > g.ts[launched]
+            if (free is not None and launched is not None and g.ts[launched] < free <= ev["ts"][i]
                     and (previous is None or g.ts[previous] < free)):
                 # queued behind work launched before the window: the stream is free at a fixed time, which no
                 # change inside the window moves (else the launch edge would carry the queue's wait along)
@@ -282,6 +285,17 @@ def _wakers(g: Graph, ev: dict, unanchored: list[int]) -> dict[int, int]:
     return woken
 
 
+def _waits_outside(g: Graph, ev: dict, end: list) -> None:
+    """For the replay: a blocking call that waited for device work launched before the window (none of the
+    window's device work ends when it waited) ends no earlier than that work did, a fixed time no change inside
+    the window moves; unless the what-if removes it (scale 0)."""
+    ends = {g.ts[end[i]] for i, role in enumerate(ev["role"]) if role in KERNELS and end[i] is not None}
+    for i, role in enumerate(ev["role"]):
+        free = ev["stream_free"][i]
+        if role == "blocking_op" and free is not None and free not in ends and ev["scale"][i] != 0:
+            g.edge(g.node(free, -1, False), end[i], "sync", i, weighs=False)  # -1: it hangs off the window's start
+
+
 def path(ev: dict, window: tuple[int, int] | None = None, gaps_scale: float | None = None) -> list[dict]:
     """The segments of the window's critical path, in order. window None: HTA's path (edges that weigh 0 left
     out). A window (start, end): the what-if replay, from the window's start to the later of its end and the
@@ -299,6 +313,8 @@ def path(ev: dict, window: tuple[int, int] | None = None, gaps_scale: float | No
     index = {event_id: i for i, event_id in enumerate(ev["id"])}
     _host(g, ev, start, end)
     _device(g, ev, start, end, index, replay=window is not None)
+    if window is not None:
+        _waits_outside(g, ev, end)
     if window is not None:  # the window's edges: its start to each first node, each last node to its end
         has_in, has_out = set(g.dst), set(g.src)
         first, last = g.node(window[0], -1, True), g.node(max([window[1]] + g.ts), -1, False)
@@ -343,8 +359,23 @@ def walk(events: pa.Array, window_ts: pa.Array, window_te: pa.Array, gaps_scale:
             out.append(None)
             continue
         ev = {name: values[offsets[row]:offsets[row + 1]] for name, values in columns.items()}
-        out.append(path(ev, None if ts is None else (ts, te), gaps))
+        # the scales take effect only with a gaps_scale: without, the walks of every what-if (each findings
+        # rule's) are one walk
+        key = hashlib.blake2b(pickle.dumps((ts, te, gaps, [v for name, v in ev.items()
+                                                          if name != "scale" or gaps is not None])),
+                              digest_size=16).digest()
+        if key not in _WALKED:
+            if len(_WALKED) >= WALKED_SIZE:
+                del _WALKED[next(iter(_WALKED))]
+            _WALKED[key] = path(ev, None if ts is None else (ts, te), gaps)
+        out.append(_WALKED[key])
     return pa.array(out, type=SEGMENT_TYPE)
+
+
+#: The latest walks, by a digest of their input: the findings rules replay the same windows unchanged and walk
+#: HTA's path of them, one what_if each.
+_WALKED: dict[bytes, list[dict]] = {}
+WALKED_SIZE = 256
 
 
 def register(con) -> None:

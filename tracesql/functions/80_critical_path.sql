@@ -115,11 +115,15 @@ WITH windows AS (
                              'cudaEventSynchronize', 'cudaMemcpy', 'cudaMemcpyAsync') THEN 'blocking_op'
              ELSE 'op' END AS role,
         h.ts, h.dur, h.pid, h.tid, NULL::BIGINT AS stream, NULL::BIGINT AS launch, NULL::BIGINT AS queue_at_launch,
-        NULL::BIGINT AS queue_at_start, NULL::BIGINT AS waits_on, NULL::BIGINT AS stream_free,
+        NULL::BIGINT AS queue_at_start, NULL::BIGINT AS waits_on,
+        -- for a call that waits for the device: the end of the last device work that ended while it ran
+        CASE WHEN e.te > h.ts THEN e.te END AS stream_free,
         CASE WHEN remove_syncs = 1 AND critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync' THEN 0
              WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100 END AS scale
     FROM windows w
     JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
+    ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM work) e
+      ON e.run_id = h.run_id AND e.rank = h.rank AND e.te <= h.ts + h.dur
     WHERE h.device_id IS NULL AND h.dur > 0
     UNION ALL
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts, w.te, k.slice_id,
@@ -137,7 +141,8 @@ WITH windows AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts, w.te, s.slice_id,
         CASE s.sync_kind WHEN 'Stream Sync' THEN 'stream_sync' WHEN 'Context Sync' THEN 'context_sync'
             ELSE 'event_sync' END,
-        s.ts, s.dur, NULL, NULL, s.stream, s.launch_id, NULL, NULL, rec.waits_on, NULL, CASE WHEN remove_syncs = 1 THEN 0 END
+        s.ts, s.dur, NULL, NULL, s.stream, s.launch_id, NULL, NULL, rec.waits_on, NULL,
+        CASE WHEN remove_syncs = 1 THEN 0 END
     FROM windows w
     JOIN syncs s ON s.run_id = w.run_id AND s.rank = w.rank
      AND CASE WHEN s.stream >= 0 THEN s.launch_ts BETWEEN w.ts AND w.te AND s.launch_dur > 0
