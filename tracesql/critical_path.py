@@ -28,7 +28,9 @@ Weights of -1 (a child ending 1 ns after its parent: rounding) count 0 in the pa
 The what-if replay of a window adds an edge from the window's start to every node nothing leads to and from
 every node that leads nowhere to the window's end (or the last node's time, if later), gives each device event
 an edge from its launch and from the previous event on its stream, and weighs every edge its time, except where
-a node waits for several things: only the one that came last weighs its time (see _weights). Unchanged, its
+a node waits for several things: only the one that came last weighs its time (see _weights). Work launched
+before the window holds the window's at fixed times: a device event queued behind it waits for its stream to be
+free when it was (stream_free), a blocking call that waited for it ends no earlier (_waits_outside). Unchanged, its
 longest path is the window's measured time. Changes: each event's `scale` multiplies the time of every piece
 that belongs to it (a synchronisation with scale 0 is removed), `gaps_scale` the launch delays and the gaps
 between kernels; with gaps_scale NULL nothing changes.
