@@ -4,18 +4,22 @@ real trace, and is its saving the step time the cause costs?
 Each variant is a real Kineto trace with one cause added to every step, by surgery on its events (`plant`):
 - host_stall: a host op (`planted::host_stall`) of `fraction` × the step's length on the step's thread, at the
   step's start, before its launches;
+- slow_loader: the same time spent in the data loader: the user annotation PyTorch records around a DataLoader's
+  `__next__` (`enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`), with no op inside (Python time);
 - sync_d2h: a `.item()` at the middle of the step: aten::item → aten::_local_scalar_dense → cudaMemcpyAsync (a
   4-byte device-to-host copy on the stream of the last kernel launched before it) and cudaStreamSynchronize (with
   its cuda_sync event), the host waiting until the copy ends.
 The host events after the cause move later by the time it takes (ranges that span it grow), and each device event
 launched after it starts at the earliest time its stream and its new launch allow (never earlier than it did):
-a device that was behind its host absorbs the delay, as a real one would. Host calls that wait for the device
-later in the step keep their length (the one approximation). The measured cost of the cause is the step's
-measured time (the what_if query's measured_ns) in the variant minus the original's, per rank and step.
+a device that was behind its host absorbs the delay, as a real one would. Host calls that waited for the device
+(synchronizations, launches blocked on a full queue) absorb the delay as far as the device work they waited for
+did not move (`_shift`). The measured cost of the cause is the rank's span over its steps (from the first step's
+start to the end of the last one's work, the what_if query's measured_ns) in the variant minus the original's,
+per step: work a step queued may move into the next.
 
 A finding hits when the variant's top finding of that rank and step is the cause's rule (host_op naming the
-planted op, host_sync), its saving error is (saving_ns − cost) / cost. False findings: the unmodified trace's
-findings above 5 % of the step.
+planted op, host_sync, data_loader), its saving error is (saving_ns − cost) / cost. False findings: the
+unmodified trace's findings above 5 % of the step.
 
     python benchmarks/bench_findings.py [TRACE ...] [--fraction 0.3] [--markdown]
 """
@@ -23,9 +27,11 @@ findings above 5 % of the step.
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -37,7 +43,10 @@ TRACES = [REPO / "datasets" / "hta_trace_filter" / "sampled_rank-0.json.gz",
           CORPUS / "hta/tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
           CORPUS / "hta/tests/data/negative_queue_length_values_check/rank0.json.gz",
           CORPUS / "hta/tests/data/trace_diff/control/control.json.gz"]
-CAUSES = {"host_stall": "host_op", "sync_d2h": "host_sync"}
+CAUSES = {"host_stall": "host_op", "sync_d2h": "host_sync", "slow_loader": "data_loader"}
+#: The causes that are one host range at the step's start: its category and name.
+STALLS = {"host_stall": ("cpu_op", "planted::host_stall"),
+          "slow_loader": ("user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__")}
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_LATENCY_US = 5.0  # a launch's latency when the plant adds a launch or its old one is not known
 
@@ -52,39 +61,106 @@ def _steps(events: list[dict]) -> list[dict]:
                   key=lambda e: e["ts"])
 
 
-def _delay_host(events: list[dict], t0: float, delay: float) -> None:
-    """Host events from t0 on move `delay` later; host ranges that span t0 grow by it."""
-    for e in events:
-        if e.get("cat") in DEVICE_CATS or e.get("cat") in ("cuda_sync", "gpu_user_annotation"):
-            continue
-        if e["ts"] >= t0:
-            e["ts"] += delay
-        elif e.get("ph") == "X" and e["ts"] + e.get("dur", 0) > t0:
-            e["dur"] += delay
-
-
-def _replay_device(events: list[dict], before: dict[int, float]) -> None:
-    """Each device event starts at the earliest its stream and its (moved) launch allow, never earlier than it
-    did: `before` holds each launch's old start, by correlation id. cuda_sync records follow their host call."""
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    stream_end: dict[tuple, float] = {}
-    for e in sorted((e for e in events if e.get("cat") in DEVICE_CATS), key=lambda e: e["ts"]):
-        corr, key = e["args"].get("correlation"), (e["pid"], e["args"].get("stream"))
-        launch = launches.get(corr)
-        if launch is not None and corr in before:
-            latency = min(max(e["ts"] - before[corr], 0.0), 20.0)
-            e["ts"] = max(e["ts"], launch["ts"] + latency, stream_end.get(key, e["ts"]))
-        stream_end[key] = max(stream_end.get(key, 0.0), e["ts"] + e["dur"])
-    for e in events:
-        if e.get("cat") == "cuda_sync" and e["args"].get("correlation") in launches:
-            call = launches[e["args"]["correlation"]]
-            e["ts"] = call["ts"] + call["dur"] - e["dur"]
+QUEUED_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
+DEEP_QUEUE_US = 1000.0  # a launch whose work starts this long after it returns was queued behind other work
+SYNC_RETURN_US = 10.0  # a synchronize's own time once the work it waits for has ended
 
 
 def _launch_starts(events: list[dict]) -> dict[int, float]:
     return {e["args"]["correlation"]: e["ts"] for e in events
             if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+
+
+def _shift(events: list[dict], t0: float, delay: float) -> None:
+    """Replay the trace from t0 with the host `delay` later there: host events from t0 on move later (ranges
+    that span t0 grow), device work launched after t0 starts at the earliest its stream and its moved launch
+    allow (never earlier than it did). A host call that waited for the device absorbs the delay: a
+    synchronize, or a launch that blocked on a full queue (it took over twice its call's median and its work
+    started over DEEP_QUEUE_US after it returned), now returns at the later of its own time after the delayed
+    start and its old end moved as the device work it waited for moved. The host and the device depend on each
+    other (a moved launch moves its work, moved work moves the calls waiting for it): three rounds settle it.
+    Events marked "planted" (the cause) keep their times. cuda_sync records follow their host call."""
+    device = sorted((e for e in events if e.get("cat") in DEVICE_CATS), key=lambda e: e["ts"])
+    calls = {e["args"]["correlation"]: e for e in events
+             if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    median = {name: statistics.median(e["dur"] for e in calls.values() if e["name"] == name)
+              for name in {e["name"] for e in calls.values()}}
+    streams: dict[tuple, list[dict]] = {}
+    for e in device:
+        streams.setdefault((e["pid"], e["args"].get("stream")), []).append(e)
+    waits = {e["args"]["correlation"]: (e["pid"], e["args"].get("stream")) for e in events
+             if e.get("cat") == "cuda_sync" and "correlation" in e.get("args", {})}
+    later = sorted((c for c in calls.values() if c["ts"] >= t0 and not c.get("planted")), key=lambda c: c["ts"])
+    moved: dict[int, float] = {}  # id(device event) -> how much later it starts
+    for _ in range(3):
+        warp = _warp(_breaks(later, t0, delay, median, streams, calls, waits, moved))
+        moved, stream_end = {}, {}
+        for e in device:  # in start order: each starts at the earliest its stream and its moved launch allow
+            key, call = (e["pid"], e["args"].get("stream")), calls.get(e["args"].get("correlation"))
+            new = e["ts"]
+            if call is not None and not call.get("planted") and call["ts"] >= t0:
+                latency = min(max(e["ts"] - call["ts"], 0.0), 20.0)
+                new = max(e["ts"], warp(call["ts"]) + latency, stream_end.get(key, e["ts"]))
+                moved[id(e)] = new - e["ts"]
+            stream_end[key] = max(stream_end.get(key, 0.0), new + e["dur"])
+    for e in events:
+        if e.get("cat") in DEVICE_CATS or e.get("cat") in ("cuda_sync", "gpu_user_annotation") or e.get("planted"):
+            continue
+        end = e["ts"] + e.get("dur", 0)
+        shift = warp(e["ts"]) - e["ts"]
+        e["ts"] += shift
+        if e.get("ph") == "X":
+            e["dur"] += warp(end) - end - shift
+    for e in device:
+        e["ts"] += moved.get(id(e), 0.0)
+    for e in events:
+        if e.get("cat") == "cuda_sync" and e["args"].get("correlation") in calls:
+            call = calls[e["args"]["correlation"]]
+            e["ts"] = call["ts"] + call["dur"] - e["dur"]
+        e.pop("planted", None)
+
+
+def _breaks(calls, t0, delay, median, streams, by_correlation, waits, moved) -> list[tuple]:
+    """(old time, how much later the host is from then on), from t0 on: the host calls that waited for the
+    device (see _shift) absorb the delay, or add to it when the work they waited for moved later."""
+    launched = {e["args"]["correlation"]: e for work in streams.values() for e in work
+                if "correlation" in e.get("args", {})}
+    starts = {key: [e["ts"] for e in work] for key, work in streams.items()}
+
+    def ended_by(key, t, shifted):  # the latest end of the stream's work launched before t
+        ends = [e["ts"] + e["dur"] + (moved.get(id(e), 0.0) if shifted else 0.0) for e in streams[key]
+                if (c := by_correlation.get(e["args"].get("correlation"))) is not None and c["ts"] < t]
+        return max(ends, default=0.0)
+
+    breaks = [(t0, delay)]
+    for call in calls:
+        now, end = breaks[-1][1], call["ts"] + call["dur"]
+        work = launched.get(call["args"]["correlation"])
+        if work is not None and call["name"] in QUEUED_CALLS and call["dur"] > 2 * median[call["name"]] \
+                and work["ts"] - end > DEEP_QUEUE_US:
+            key = (work["pid"], work["args"].get("stream"))
+            k = bisect.bisect_right(starts[key], end) - 1  # the work running when a slot freed
+            freed = moved.get(id(streams[key][k]), 0.0) if k >= 0 else 0.0
+            breaks.append((end, max(call["ts"] + now + median[call["name"]], end + freed) - end))
+        elif work is None and call["name"] in SYNC_CALLS:
+            keys = [waits[call["args"]["correlation"]]] if call["name"] == "cudaStreamSynchronize" and \
+                call["args"]["correlation"] in waits else list(streams)
+            keys = [k for k in keys if k in streams]
+            waited = max((ended_by(k, call["ts"], True) for k in keys), default=0.0)
+            was = max((ended_by(k, call["ts"], False) for k in keys), default=0.0)
+            back = max(call["ts"] + now + min(call["dur"], SYNC_RETURN_US), end + waited - was)
+            breaks.append((end, back - end))
+    return breaks
+
+
+def _warp(breaks: list[tuple]):
+    times = [t for t, _ in breaks]
+
+    def warp(t: float) -> float:
+        k = bisect.bisect_right(times, t) - 1
+        return t + (breaks[k][1] if k >= 0 else 0.0)
+    return warp
 
 
 def plant(trace: dict, cause: str, fraction: float) -> dict:
@@ -94,11 +170,11 @@ def plant(trace: dict, cause: str, fraction: float) -> dict:
     for step in _steps(events):  # in time order: each plant sees the timeline the earlier ones made
         before = _launch_starts(events)
         pid, tid = step["pid"], step["tid"]
-        if cause == "host_stall":
+        if cause in STALLS:
             t0, length = step["ts"] + 1, fraction * step["dur"]
-            _delay_host(events, t0, length)
-            events.append({"ph": "X", "cat": "cpu_op", "name": "planted::host_stall", "pid": pid, "tid": tid,
-                           "ts": t0, "dur": length, "args": {}})
+            cat, name = STALLS[cause]
+            events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": t0, "dur": length,
+                           "args": {}, "planted": True})
         elif cause == "sync_d2h":
             t0 = step["ts"] + step["dur"] / 2
             kernels = [e for e in events if e.get("cat") == "kernel" and before.get(e["args"].get("correlation"),
@@ -111,7 +187,6 @@ def plant(trace: dict, cause: str, fraction: float) -> dict:
             copy_ts = max(busy_until, t0 + 10 + LAUNCH_LATENCY_US)
             wait = copy_ts + 2 - (t0 + 20)  # the host is back 20 µs of calls after t0 plus the wait
             length = 20 + max(wait, 0) + 10
-            _delay_host(events, t0, length)
             c_copy, c_sync = correlation, correlation + 1
             correlation += 2
             host = [("cpu_op", "aten::item", t0, length, {}),
@@ -119,18 +194,18 @@ def plant(trace: dict, cause: str, fraction: float) -> dict:
                     ("cuda_runtime", "cudaMemcpyAsync", t0 + 4, 6, {"correlation": c_copy}),
                     ("cuda_runtime", "cudaStreamSynchronize", t0 + 12, length - 16, {"correlation": c_sync})]
             events += [{"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
-                        "args": args} for cat, name, ts, dur, args in host]
+                        "args": args, "planted": True} for cat, name, ts, dur, args in host]
             events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "pid": device,
                            "tid": stream, "ts": copy_ts, "dur": 2,
-                           "args": {"device": device, "stream": stream, "correlation": c_copy, "bytes": 4}})
+                           "args": {"device": device, "stream": stream, "correlation": c_copy, "bytes": 4},
+                           "planted": True})
             events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": device, "tid": stream,
                            "ts": t0 + length - 6, "dur": 2,
                            "args": {"cuda_sync_kind": "Stream Sync", "stream": stream, "correlation": c_sync,
                                     "device": device}})
-            before[c_copy] = copy_ts  # its own start stays
         else:
             raise ValueError(f"unknown cause {cause!r} (known: {', '.join(CAUSES)})")
-        _replay_device(events, before)
+        _shift(events, t0, length)
     return trace
 
 

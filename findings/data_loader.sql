@@ -1,9 +1,10 @@
 -- data_loader: Steps that wait for their input: data loading on the step's path.
 --
--- Priced by the what-if replay of each step with its data-loading ops taking no time (the what_if query's faster
--- = the names of data_loading_pattern(), e.g. enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__,
--- faster_pct = 100): the time the step waited for its batch. Evidence: those ops in the step and their time. The
--- fix: more DataLoader workers, pinned memory, prefetching, or a faster input pipeline.
+-- Priced by the what-if replay of each step with its data-loading ops and ranges taking no time (the what_if
+-- query's faster = the names of data_loading_pattern(), e.g. PyTorch's annotation
+-- enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__, whose own Python time counts; faster_pct = 100):
+-- the time the step waited for its batch. Evidence: those ops and ranges in the step and their time. The fix:
+-- more DataLoader workers, pinned memory, prefetching, or a faster input pipeline.
 --
 -- Needs: host ops named as data loading (PyTorch's DataLoader ranges) and the device work the step launched
 -- Parameters:

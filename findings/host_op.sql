@@ -1,10 +1,10 @@
 -- host_op: Steps bound by one host op: the CPU work the device waits for.
 --
--- The host op (cpu_op) with the most self time in the run's steps, launch, synchronising and copy calls and data
--- loading left out (other rules price those); priced by the what-if replay of each step with that op taking no
--- time (the what_if query's faster = its name, faster_pct = 100): what the step waited for it. Evidence: its calls
--- and self time in the step, and the host share of the step's critical path. The fix: make that op cheaper or
--- move it off the step's path (another thread, the device, fewer calls).
+-- The host op (cpu_op) with the most own time on the critical paths of the run's steps, launch, synchronising
+-- and copy calls and data loading left out (other rules price those); priced by the what-if replay of each step
+-- with that op taking no time (the what_if query's faster = its name, faster_pct = 100): what the step waited
+-- for it. Evidence: its calls and self time in the step, and the host share of the step's critical path. The
+-- fix: make that op cheaper or move it off the step's path (another thread, the device, fewer calls).
 --
 -- Needs: host ops and the device work the step launched (Kineto GPU traces with correlation ids)
 -- Parameters:
@@ -20,12 +20,15 @@
 --   saving_pct  DOUBLE   saving_ns in % of the step's replayed time
 --   query       VARCHAR  the tracesql command that shows the evidence
 WITH top_op AS (
-    SELECT o.name, sum(o.self_dur) AS self_ns
-    FROM ops o
-    JOIN critical_path_windows() w ON w.run_id = o.run_id AND w.rank = o.rank AND o.ts BETWEEN w.ts AND w.te
-    WHERE critical_path_cause(NULL, 'cpu_op', o.name, NULL) = 'host'
-    GROUP BY o.name
-    ORDER BY self_ns DESC, o.name
+    -- the op whose own time lies most on the steps' critical paths: what the steps waited for (the largest by
+    -- self time may run while the device is busy)
+    SELECT e.name, sum(w.s.dur_ns) AS path_ns
+    FROM (SELECT run_id, rank, unnest(critical_path_walk(events, NULL, NULL, NULL)) AS s
+          FROM critical_path_events()) w
+    JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.s.event_id
+    WHERE w.s.edge = 'op' AND e.kind = 'cpu_op' AND critical_path_cause(NULL, 'cpu_op', e.name, NULL) = 'host'
+    GROUP BY e.name
+    ORDER BY path_ns DESC, e.name
     LIMIT 1
 ), priced AS (
     SELECT * FROM what_if(faster := (SELECT '^' || regexp_escape(name) || '$' FROM top_op), faster_pct := 100)

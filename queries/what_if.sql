@@ -4,12 +4,13 @@
 -- weighing the time it took, from the window's start to the later of its end and the end of the last op or
 -- device work it holds (measured_ns), then again with the changes: the longest path is the predicted time.
 -- Unchanged, the replay is the measured time (replayed_ns; a test holds it within 1 %). Changes: `faster` (a
--- regex of kernel or op names; an op's own pieces, not its children's) takes faster_pct % off their time;
--- hide_communication = 1 makes communication kernels take no time; no_launch_overhead = 1 makes launch delays
--- and gaps between kernels take no time; remove_syncs = 1 removes the synchronisations (the host stops waiting
--- for the device). Work still waits for what it depends on: a kernel for its launch and the previous kernel on
--- its stream, a host call for the device work it synchronises with. The graph is one rank's: a collective's wait
--- for a slower rank is its kernel's time (hide_communication removes it), and work outside the trace is not seen.
+-- regex of kernel, op or host range names; their own pieces, not their children's) takes faster_pct % off their
+-- time; hide_communication = 1 makes communication kernels take no time; no_launch_overhead = 1 makes launch
+-- delays and gaps between kernels take no time; remove_syncs = 1 removes the synchronisations (the host stops
+-- waiting for the device). Work still waits for what it depends on: a kernel for its launch and the previous
+-- kernel on its stream (at the time it was free, if that was launched before the window), a host call for the
+-- device work it synchronises with. The graph is one rank's: a collective's wait for a slower rank is its
+-- kernel's time (hide_communication removes it), and work outside the trace is not seen.
 -- bound: what takes the largest share of the window's critical path (the critical_path query's, HTA's: the
 -- replay's paths all last the measured time, so they tell nothing apart): compute, communication, host_launch
 -- (host work, launch calls and delays, gaps between kernels), input (data loading), sync or memory_copy; each
@@ -20,7 +21,7 @@
 --   annotation = NULL          text: a host range name (substring, as HTA); NULL: each step; '': the whole trace
 --   instance = NULL            integer >= 0: which window on each rank (0 = its first step or annotation); NULL: all
 --   rank = NULL                integer >= 0: only this rank; NULL: every rank
---   faster = NULL              text: regex of kernel or op names made faster (NULL: none)
+--   faster = NULL              text: regex of kernel, op or host range names made faster (NULL: none)
 --   faster_pct = 0             number >= 0: how much faster, in % of their time (100: free)
 --   hide_communication = 0     one of 0, 1: 1 = communication kernels take no time
 --   no_launch_overhead = 0     one of 0, 1: 1 = launch delays and gaps between kernels take no time

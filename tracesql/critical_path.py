@@ -28,7 +28,9 @@ Weights of -1 (a child ending 1 ns after its parent: rounding) count 0 in the pa
 The what-if replay of a window adds an edge from the window's start to every node nothing leads to and from
 every node that leads nowhere to the window's end (or the last node's time, if later), gives each device event
 an edge from its launch and from the previous event on its stream, and weighs every edge its time, except where
-a node waits for several things: only the one that came last weighs its time (see _weights). Unchanged, its
+a node waits for several things: only the one that came last weighs its time (see _weights). Work launched
+before the window holds the window's at fixed times: a device event queued behind it waits for its stream to be
+free when it was (stream_free), a blocking call that waited for it ends no earlier (_waits_outside). Unchanged, its
 longest path is the window's measured time. Changes: each event's `scale` multiplies the time of every piece
 that belongs to it (a synchronisation with scale 0 is removed), `gaps_scale` the launch delays and the gaps
 between kernels; with gaps_scale NULL nothing changes.
@@ -37,7 +39,9 @@ between kernels; with gaps_scale NULL nothing changes.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import heapq
+import pickle
 
 import pyarrow as pa
 
@@ -45,11 +49,13 @@ import pyarrow as pa
 #: functions), 'op', 'blocking_op' (an op whose end waits for the device), 'device', 'communication' (a
 #: communication kernel), 'stream_sync', 'context_sync', 'event_sync'. launch: the slice_id of the host call
 #: that launched a device event, or that waited (syncs). waits_on: the device event a device event (stream
-#: wait) or an event synchronize waits for.
+#: wait) or an event synchronize waits for. stream_free: the end of the event before a device event on its
+#: stream, in the whole trace (it may have been launched before the window); of a host call, the end of the last
+#: device work that ended while it ran.
 EVENT_FIELDS = (
     ("id", pa.int64()), ("role", pa.string()), ("ts", pa.int64()), ("dur", pa.int64()), ("pid", pa.int64()),
     ("tid", pa.int64()), ("stream", pa.int64()), ("launch", pa.int64()), ("queue_at_launch", pa.int64()),
-    ("queue_at_start", pa.int64()), ("waits_on", pa.int64()), ("scale", pa.float64()),
+    ("queue_at_start", pa.int64()), ("waits_on", pa.int64()), ("stream_free", pa.int64()), ("scale", pa.float64()),
 )
 SEGMENT_FIELDS = (
     ("seq", pa.int32()), ("event_id", pa.int64()), ("ts", pa.int64()), ("dur_ns", pa.int64()),
@@ -178,6 +184,12 @@ def _device(g: Graph, ev: dict, start: list, end: list, index: dict, replay: boo
                 g.edge(launched, start[i], "launch", i)
             if previous is not None:
                 g.edge(previous, start[i], "kernel_gap", g.event[previous])
+            free = ev["stream_free"][i]
+            if (free is not None and launched is not None and g.ts[launched] < free <= ev["ts"][i]
+                    and (previous is None or g.ts[previous] < free)):
+                # queued behind work launched before the window: the stream is free at a fixed time, which no
+                # change inside the window moves (else the launch edge would carry the queue's wait along)
+                g.edge(g.node(free, i, False), start[i], "kernel_gap", -1)
         elif (ev["queue_at_launch"][i] == 1 and ev["queue_at_start"][i] == 0 and launched is not None
                 and (previous is None or g.ts[previous] < g.ts[launched])
                 and (waited_end is None or g.ts[waited_end] < g.ts[launched])):
@@ -275,6 +287,17 @@ def _wakers(g: Graph, ev: dict, unanchored: list[int]) -> dict[int, int]:
     return woken
 
 
+def _waits_outside(g: Graph, ev: dict, end: list) -> None:
+    """For the replay: a blocking call that waited for device work launched before the window (none of the
+    window's device work ends when it waited) ends no earlier than that work did, a fixed time no change inside
+    the window moves; unless the what-if removes it (scale 0)."""
+    ends = {g.ts[end[i]] for i, role in enumerate(ev["role"]) if role in KERNELS and end[i] is not None}
+    for i, role in enumerate(ev["role"]):
+        free = ev["stream_free"][i]
+        if role == "blocking_op" and free is not None and free not in ends and ev["scale"][i] != 0:
+            g.edge(g.node(free, -1, False), end[i], "sync", i, weighs=False)  # -1: it hangs off the window's start
+
+
 def path(ev: dict, window: tuple[int, int] | None = None, gaps_scale: float | None = None) -> list[dict]:
     """The segments of the window's critical path, in order. window None: HTA's path (edges that weigh 0 left
     out). A window (start, end): the what-if replay, from the window's start to the later of its end and the
@@ -292,6 +315,8 @@ def path(ev: dict, window: tuple[int, int] | None = None, gaps_scale: float | No
     index = {event_id: i for i, event_id in enumerate(ev["id"])}
     _host(g, ev, start, end)
     _device(g, ev, start, end, index, replay=window is not None)
+    if window is not None:
+        _waits_outside(g, ev, end)
     if window is not None:  # the window's edges: its start to each first node, each last node to its end
         has_in, has_out = set(g.dst), set(g.src)
         first, last = g.node(window[0], -1, True), g.node(max([window[1]] + g.ts), -1, False)
@@ -336,8 +361,23 @@ def walk(events: pa.Array, window_ts: pa.Array, window_te: pa.Array, gaps_scale:
             out.append(None)
             continue
         ev = {name: values[offsets[row]:offsets[row + 1]] for name, values in columns.items()}
-        out.append(path(ev, None if ts is None else (ts, te), gaps))
+        # the scales take effect only with a gaps_scale: without, the walks of every what-if (each findings
+        # rule's) are one walk
+        key = hashlib.blake2b(pickle.dumps((ts, te, gaps, [v for name, v in ev.items()
+                                                          if name != "scale" or gaps is not None])),
+                              digest_size=16).digest()
+        if key not in _WALKED:
+            if len(_WALKED) >= WALKED_SIZE:
+                del _WALKED[next(iter(_WALKED))]
+            _WALKED[key] = path(ev, None if ts is None else (ts, te), gaps)
+        out.append(_WALKED[key])
     return pa.array(out, type=SEGMENT_TYPE)
+
+
+#: The latest walks, by a digest of their input: the findings rules replay the same windows unchanged and walk
+#: HTA's path of them, one what_if each.
+_WALKED: dict[bytes, list[dict]] = {}
+WALKED_SIZE = 256
 
 
 def register(con) -> None:

@@ -32,7 +32,7 @@ CREATE OR REPLACE MACRO is_queued_launch(name) AS (
 -- Per window, the list of its events as critical_path_walk takes them (tracesql/critical_path.py EVENT_FIELDS):
 -- the host events that start in it and last (ops are nodes, other ranges only hold them), the device work
 -- those host calls launched, and the synchronisations whose host call is in it. What-if: `faster` (a regex of
--- kernel or op names) takes faster_pct % off their time; hide_communication = 1 makes communication kernels
+-- kernel, op or host range names) takes faster_pct % off their time; hide_communication = 1 makes communication kernels
 -- weigh 0; remove_syncs = 1 removes the synchronisations and the host calls that wait for them (scale 0: the host
 -- no longer waits for the device).
 -- The changes take effect when critical_path_walk is given a gaps_scale.
@@ -53,13 +53,16 @@ WITH windows AS (
      AND d.kind IN ('kernel', 'memcpy', 'memset')
     GROUP BY b.run_id, b.rank, b.ts, b.te
 ), work AS (
-    -- the device work that starts after the rank's first window starts: what the windows launched, and all the
-    -- queue lengths need (work that started before has left its stream's queue)
+    -- the device work that ends after the rank's first window starts: what the windows launched, and all the
+    -- queue lengths need (work that started before has left its stream's queue: its launch and start add 0),
+    -- and when its stream was free: the end of the event before it on its stream (for the what-if replay, work
+    -- launched before the window that the window's work queues behind)
     SELECT d.run_id, d.rank, d.slice_id, d.name, d.ts, d.dur, d.pid, d.tid, d.stream, d.device_id, d.launch_id,
         d.launch_ts, d.launch_pid, d.launch_tid, is_queued_launch(l.name) AS queued,
-        d.class = 'communication' AS communication
+        d.class = 'communication' AS communication,
+        lag(d.ts + d.dur) OVER (PARTITION BY d.run_id, d.rank, d.stream ORDER BY d.ts, d.slice_id) AS stream_free
     FROM device_activity() d
-    JOIN horizon b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts >= b.ts
+    JOIN horizon b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts + d.dur >= b.ts
      AND (d.launch_ts <= b.upto OR d.ts <= b.upto)
     JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
     WHERE d.launch_dur > 0
@@ -104,21 +107,28 @@ WITH windows AS (
 ), events AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts AS window_ts, w.te AS window_te,
         h.slice_id AS id,
-        CASE WHEN h.kind NOT IN ('cpu_op', 'runtime', 'driver') THEN 'range'
+        -- a range the what-if changes (`faster`: e.g. a data loader's `enumerate(DataLoader)#...` annotation) is
+        -- an op of its own, so that its own time, between its child ops, scales
+        CASE WHEN h.kind NOT IN ('cpu_op', 'runtime', 'driver') AND NOT COALESCE(regexp_matches(h.name, faster), false)
+                 THEN 'range'
              WHEN h.name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventQuery',
                              'cudaEventSynchronize', 'cudaMemcpy', 'cudaMemcpyAsync') THEN 'blocking_op'
              ELSE 'op' END AS role,
         h.ts, h.dur, h.pid, h.tid, NULL::BIGINT AS stream, NULL::BIGINT AS launch, NULL::BIGINT AS queue_at_launch,
         NULL::BIGINT AS queue_at_start, NULL::BIGINT AS waits_on,
+        -- for a call that waits for the device: the end of the last device work that ended while it ran
+        CASE WHEN e.te > h.ts THEN e.te END AS stream_free,
         CASE WHEN remove_syncs = 1 AND critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync' THEN 0
              WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100 END AS scale
     FROM windows w
     JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
+    ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM work) e
+      ON e.run_id = h.run_id AND e.rank = h.rank AND e.te <= h.ts + h.dur
     WHERE h.device_id IS NULL AND h.dur > 0
     UNION ALL
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts, w.te, k.slice_id,
         CASE WHEN k.communication THEN 'communication' ELSE 'device' END, k.ts, k.dur, k.pid, k.tid, k.stream,
-        k.launch_id, ql.length, qs.length, sw.waits_on,
+        k.launch_id, ql.length, qs.length, sw.waits_on, k.stream_free,
         CASE WHEN k.communication AND hide_communication = 1 THEN 0
              WHEN regexp_matches(k.name, faster) THEN 1 - faster_pct / 100 END
     FROM windows w
@@ -131,7 +141,8 @@ WITH windows AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts, w.te, s.slice_id,
         CASE s.sync_kind WHEN 'Stream Sync' THEN 'stream_sync' WHEN 'Context Sync' THEN 'context_sync'
             ELSE 'event_sync' END,
-        s.ts, s.dur, NULL, NULL, s.stream, s.launch_id, NULL, NULL, rec.waits_on, CASE WHEN remove_syncs = 1 THEN 0 END
+        s.ts, s.dur, NULL, NULL, s.stream, s.launch_id, NULL, NULL, rec.waits_on, NULL,
+        CASE WHEN remove_syncs = 1 THEN 0 END
     FROM windows w
     JOIN syncs s ON s.run_id = w.run_id AND s.rank = w.rank
      AND CASE WHEN s.stream >= 0 THEN s.launch_ts BETWEEN w.ts AND w.te AND s.launch_dur > 0
@@ -141,7 +152,8 @@ WITH windows AS (
 )
 SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
     -- in slice_id order: the walk breaks ties between equal paths by it, the same on every run
-    list(struct_pack(id, role, ts, dur, pid, tid, stream, launch, queue_at_launch, queue_at_start, waits_on, scale)
+    list(struct_pack(id, role, ts, dur, pid, tid, stream, launch, queue_at_launch, queue_at_start, waits_on,
+                     stream_free, scale)
          ORDER BY id) AS events
 FROM events
 GROUP BY run_id, rank, window_name, instance, step, window_ts, window_te;
