@@ -85,6 +85,9 @@ def _retimed(table: pa.Table, run_id: str, rank: int, t0: int, f: float, shift: 
 def _write_runs(run: Path, parts: list, entries: dict, out: Path, ids: list[int], ranks: int, vary: bool) -> None:
     tables = {(table, rank): pq.read_table(run / table / part) for rank, part in parts for table in schema.TABLES
               if (run / table / part).exists()}
+    # the tables written once per run (runs, op_costs): one file each, its rows copied for every run (and rank)
+    whole = {table: pq.read_table(files[0]) for table in schema.RUN_TABLES
+             if (files := sorted((run / table).glob("run-*.parquet")))}
     bounds = [(pc.min(t.column("trace_start_ns")).as_py(), pc.max(t.column("trace_end_ns")).as_py())
               for (name, _), t in tables.items() if name == "ranks"]
     t0 = min(a for a, _ in bounds)
@@ -108,6 +111,15 @@ def _write_runs(run: Path, parts: list, entries: dict, out: Path, ids: list[int]
                 pq.write_table(_retimed(data, run_id, rank, t0, f, shift), staging / table / part,
                                compression="zstd")
             sources[f"rank-{rank}.json.gz"] = {**entries[source_rank], "ranks": [rank], "parts": [part]}
+        for table, data in whole.items():
+            if "rank" in data.column_names:
+                copied = pa.concat_tables(
+                    _retimed(data.filter(pc.equal(data.column("rank"), parts[rank % len(parts)][0])), run_id, rank,
+                             t0, factor(i, vary, rank, ranks), shift) for rank in range(ranks))
+            else:
+                copied = _retimed(data, run_id, 0, t0, factor(i, vary), shift)
+            (staging / table).mkdir(exist_ok=True)
+            pq.write_table(copied, staging / table / f"run-{store.generation(staging)}.parquet", compression="zstd")
         store.publish(staging, out / run_id, {"run_id": run_id, "sources": sources, "warnings": []}, init)
 
 

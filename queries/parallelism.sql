@@ -82,10 +82,26 @@ WITH layout AS (
     LEFT JOIN by_layout l ON l.run_id = g.run_id AND l.pg_name = g.pg_name
     LEFT JOIN hosts h ON h.run_id = g.run_id AND h.pg_name = g.pg_name
     LEFT JOIN (SELECT run_id, max(world_size) AS world_size FROM ranks GROUP BY run_id) w ON w.run_id = g.run_id
-), compute AS (  -- each device's compute segments (device_timeline), with the compute time before each
-    SELECT run_id, rank, device_id, ts, dur,
-        sum(dur) OVER (PARTITION BY run_id, rank, device_id ORDER BY ts ROWS UNBOUNDED PRECEDING) - dur AS before_ns
+), compute AS (  -- each device's compute segments (device_timeline), numbered, with the compute time before each
+    SELECT run_id, rank, device_id, ts, dur, sum(dur) OVER w - dur AS before_ns, row_number() OVER w AS n
     FROM device_timeline() WHERE classes & 1 = 1
+    WINDOW w AS (PARTITION BY run_id, rank, device_id ORDER BY ts ROWS UNBOUNDED PRECEDING)
+), edges AS (
+    -- each device call's start and end with the number of the last compute segment to start by then: a running
+    -- count of segment starts over one stream sorted by time (an ASOF lookup that Spark runs too)
+    SELECT run_id, rank, collective_id, edge, n FROM (
+        SELECT *, CAST(sum(1 - ord) OVER (PARTITION BY run_id, rank, device_id ORDER BY t, ord
+                                          ROWS UNBOUNDED PRECEDING) AS BIGINT) AS n
+        FROM (SELECT run_id, rank, device_id, ts AS t, 0 AS ord, CAST(NULL AS BIGINT) AS collective_id,
+                  CAST(NULL AS VARCHAR) AS edge
+              FROM compute
+              UNION ALL
+              SELECT run_id, rank, device_id, device_ts, 1, collective_id, 'start' FROM collectives
+              WHERE device_ts IS NOT NULL
+              UNION ALL
+              SELECT run_id, rank, device_id, device_ts + device_dur, 1, collective_id, 'end' FROM collectives
+              WHERE device_ts IS NOT NULL))
+    WHERE ord = 1
 ), calls AS (
     SELECT c.run_id, c.step, c.pg_name, COALESCE(l.dimension, 'unknown') AS dimension, l.labelled_by,
         l.group_size, l.intra_node, c.size_bytes,
@@ -96,10 +112,12 @@ WITH layout AS (
                  - COALESCE(s.before_ns + least(c.device_ts - s.ts, s.dur), 0) ELSE 0 END AS exposed_ns,
         c.size_bytes * busbw_factor(c.collective, COALESCE(c.group_size, l.group_size)) AS bus_bytes
     FROM collectives c LEFT JOIN labelled l ON l.run_id = c.run_id AND l.pg_name = c.pg_name
-    ASOF LEFT JOIN compute s ON s.run_id = c.run_id AND s.rank = c.rank AND s.device_id = c.device_id
-     AND s.ts <= c.device_ts
-    ASOF LEFT JOIN compute e ON e.run_id = c.run_id AND e.rank = c.rank AND e.device_id = c.device_id
-     AND e.ts <= c.device_ts + c.device_dur
+    LEFT JOIN edges cs ON cs.run_id = c.run_id AND cs.rank = c.rank AND cs.collective_id = c.collective_id
+     AND cs.edge = 'start'
+    LEFT JOIN compute s ON s.run_id = c.run_id AND s.rank = c.rank AND s.device_id = c.device_id AND s.n = cs.n
+    LEFT JOIN edges ce ON ce.run_id = c.run_id AND ce.rank = c.rank AND ce.collective_id = c.collective_id
+     AND ce.edge = 'end'
+    LEFT JOIN compute e ON e.run_id = c.run_id AND e.rank = c.rank AND e.device_id = c.device_id AND e.n = ce.n
     WHERE c.collective <> 'wait'
 ), step_time AS (
     SELECT run_id, step, sum(dur) AS step_ns FROM steps GROUP BY run_id, step

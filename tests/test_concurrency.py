@@ -19,7 +19,7 @@ import tracesql
 from conftest import DATASETS, REPO, write_trace
 
 pytestmark = pytest.mark.concurrency
-from tracesql import engine, store  # (tracesql.engine: imported, not only reached as an attribute)
+from tracesql import engine, schema, store  # (tracesql.engine: imported, not only reached as an attribute)
 
 A = DATASETS / "hta_trace_filter"  # 2 ranks, 9,487 slices
 B = DATASETS / "torch_gloo_2rank"
@@ -269,9 +269,12 @@ def test_every_ingest_names_its_files_anew_and_keeps_unchanged_ones(tmp_path):
     kept = set(second) & set(third)  # ranks 0 and 1 carried over: the same names for the same bytes
     assert {f.split("/")[1][:9] for f in kept} == {"rank00000", "rank00001"}
     assert all(second[f] == third[f] for f in kept)
-    # new: rank 2's parts, the run's checks and its runs row (its recorded world size went from 2 to 3)
-    assert {f.split("/")[1][:9] for f in set(third) - kept if not f.startswith("runs/")} == {"rank00002", "run-check"}
-    assert [f for f in set(third) - kept if f.startswith("runs/")] and not set(third) & set(first)
+    # new: rank 2's parts, the run's checks, and the tables written once per run: its runs row (its recorded
+    # world size went from 2 to 3) and the op costs of all its ranks
+    once = tuple(f"{t}/" for t in schema.RUN_TABLES)
+    assert {f.split("/")[1][:9] for f in set(third) - kept if not f.startswith(once)} == {"rank00002", "run-check"}
+    assert {f.split("/")[0] for f in set(third) - kept if f.startswith(once)} == set(schema.RUN_TABLES)
+    assert not set(third) & set(first)
 
 
 LOOP = """
