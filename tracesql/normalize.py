@@ -311,7 +311,7 @@ CLASSIFY_SQL = """
 CREATE OR REPLACE TABLE device_event_classes AS
 SELECT s.slice_id, c.class
 FROM read_slices s
-JOIN device_classes() c ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
+JOIN device_classes() c ON c.kind = s.kind AND c.name_hash = hash(s.name) AND c.category IS NOT DISTINCT FROM s.category
 WHERE s.kind IN ('kernel', 'memcpy', 'memset')
 """
 
@@ -319,7 +319,7 @@ WHERE s.kind IN ('kernel', 'memcpy', 'memset')
 def _classify(con) -> None:
     """Table device_event_classes (slice_id, class): the class of each device event by the default rules."""
     con.execute("CREATE OR REPLACE TEMP VIEW slices AS "
-                "SELECT kind, name, category FROM read_slices")
+                "SELECT '' AS run_id, 0 AS rank, slice_id, kind, name, category FROM read_slices")
     functions.install(con, names={"device_classes"})
     con.execute(CLASSIFY_SQL)
     con.execute("DROP VIEW slices")

@@ -583,6 +583,8 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
                               x=args[0])
             if name == "list_reverse":
                 return _fn("reverse", *args)
+            if name == "hash":  # DuckDB's is 64 bits, Spark's hash() 32: names known by hash would collide
+                return _fn("xxhash64", *args)
             if name == "error":
                 return _fn("raise_error", *args)
             if name == "histogram":

@@ -1,18 +1,27 @@
 -- Device activity, its classes, and the timeline of which classes are busy when.
 -- Used by the curated queries and available in every session on a run.
 
--- The class of each distinct (kind, name, category) of the device events (kernels, copies, memsets) by the rules of
--- `kernel_classes` of scheme class_scheme: the rule of lowest priority that matches; names no rule matches have no
--- row. The ingester stores the 'default' scheme's class in slices.class; device_activity classifies with this macro
--- the other scheme and the events of runs written before that column (schema < 9).
+-- The class of each distinct (kind, name, category) of the device events (kernels, copies, memsets) of each rank,
+-- by the rules of `kernel_classes` of scheme class_scheme: the rule of lowest priority that matches; names no rule
+-- matches have no row. A name is known by its 64-bit hash (name_hash: join on hash(name)), and its rules are
+-- matched on one event that bears it, so that no step holds every distinct name: a trace of a million distinct
+-- 8 kB kernel names is classified within a 256 MB limit. The ingester stores the 'default' scheme's class in
+-- slices.class; device_activity classifies with this macro the other scheme and the events of runs written before
+-- that column (schema < 9).
 CREATE OR REPLACE MACRO device_classes(class_scheme := 'default') AS TABLE
-SELECT n.kind, n.name, n.category, arg_min(r.class, r.priority) AS class
-FROM (SELECT DISTINCT kind, name, category FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')) n
+WITH firsts AS (
+    SELECT run_id, rank, kind, category, hash(name) AS name_hash, min(slice_id) AS slice_id
+    FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')
+    GROUP BY run_id, rank, kind, category, name_hash
+)
+SELECT n.run_id, n.rank, n.kind, n.category, hash(n.name) AS name_hash, arg_min(r.class, r.priority) AS class
+FROM slices n  -- streamed past the first events' ids (a semi-join: the names are never a join's build side)
 JOIN kernel_classes r
   ON r.scheme = class_scheme AND (r.kind IS NULL OR r.kind = n.kind)
  AND (r.name_regex IS NULL OR regexp_matches(n.name, r.name_regex))
  AND (r.category_regex IS NULL OR regexp_matches(n.category, r.category_regex))
-GROUP BY n.kind, n.name, n.category;
+WHERE n.kind IN ('kernel', 'memcpy', 'memset') AND (n.run_id, n.rank, n.slice_id) IN (SELECT run_id, rank, slice_id FROM firsts)
+GROUP BY n.run_id, n.rank, n.kind, n.category, name_hash;
 
 -- Kernels, copies and memsets, each with its class (compute / communication / memory / infeed_outfeed) from
 -- `kernel_classes`, whose rules match the kind, the name and the category (XLA ops: their HLO category).
@@ -39,7 +48,8 @@ WITH classified AS (
     SELECT s.* REPLACE (c.class AS class)
     FROM slices s
     JOIN device_classes(class_scheme := class_scheme) c
-      ON c.kind = s.kind AND c.name = s.name AND c.category IS NOT DISTINCT FROM s.category
+      ON c.run_id = s.run_id AND c.rank = s.rank AND c.kind = s.kind AND c.name_hash = hash(s.name)
+     AND c.category IS NOT DISTINCT FROM s.category
     WHERE class_scheme <> 'default' OR NOT COALESCE(getvariable('tracesql_classes_stored'), false)
 ), filtered_runs AS (
     -- HTA's rule: a run whose traces name at least two steps (all ranks together) is filtered ...
