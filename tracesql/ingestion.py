@@ -466,7 +466,8 @@ def _write_op_costs(staging: Path, lim: limits.Limits) -> None:
     con.execute(views.views_sql({**files, "op_costs": []})).fetchall()  # op_costs: empty, of the table's columns
     if con.execute("SELECT count(*) FROM ops").fetchall()[0][0]:  # else (Nsight, rocprof, ...) no formulas to bind
         functions.install(con, names=functions.words(OP_COSTS_SQL))
-        rows = con.sql(f"SELECT {schema.select_list('op_costs')} FROM ({OP_COSTS_SQL})")
+        # in a fixed order: the same run gives the same bytes (verify's answer), whatever DuckDB's threads did
+        rows = con.sql(f"SELECT {schema.select_list('op_costs')} FROM ({OP_COSTS_SQL}) ORDER BY rank, op_id")
     else:
         rows = con.sql("SELECT * FROM op_costs")
     (staging / "op_costs").mkdir(exist_ok=True)
