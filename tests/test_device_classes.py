@@ -74,3 +74,17 @@ def test_older_run_is_classified_when_read(ingested, tmp_path):
     for name in ("overlap", "bubbles", "phases", "kernel_breakdown"):
         query = queries.find(name)
         assert queries.run(con, query).fetchall() == queries.run(new, query).fetchall(), name
+
+
+@pytest.mark.parametrize("dataset", ["tracelens_b200_eager", "jax_cpu_4dev_allreduce", "hta_trace_filter"])
+def test_a_scheme_of_ones_own_is_matched_as_the_shipped_ones(dataset, ingested):
+    """The shipped schemes are compiled from the CSV (shipped_kernel_class); a user's scheme is read from the table
+    (docs/concepts/kernel-classes.md): the same rows under a new name give every event the same class."""
+    con = tracesql.connect(ingested(DATASETS / dataset))
+    for scheme in functions.SHIPPED_CLASS_SCHEMES:
+        con.execute(f"INSERT INTO kernel_classes SELECT 'mine_{scheme}', * EXCLUDE (scheme) FROM kernel_classes "
+                    f"WHERE scheme = '{scheme}'")
+        classes = "SELECT kind, name_hash, category, class FROM device_classes(class_scheme := '{}') ORDER BY ALL"
+        shipped = con.execute(classes.format(scheme)).fetchall()
+        assert len({c for *_, c in shipped}) >= (2 if scheme == "default" else 1)
+        assert con.execute(classes.format(f"mine_{scheme}")).fetchall() == shipped

@@ -85,9 +85,9 @@ def test_every_query_has_a_docs_example():
 
 
 def test_function_reference_finds_every_macro():
-    sql = "\n".join(p.read_text() for p in functions.HERE.glob("*.sql"))
+    sql = "\n".join(text for _, text in functions.sql_files())
     declared = set(re.findall(r"^CREATE (?:OR REPLACE )?MACRO (\w+)", sql, re.M))
-    parsed = {name for p in functions.HERE.glob("*.sql") for name, *_ in reference.macros(p)[1]}
+    parsed = {name for _, text in functions.sql_files() for name, *_ in reference.macros(text)[1]}
     assert declared and parsed == declared
 
 
@@ -170,8 +170,8 @@ def test_every_table_function_and_command_has_its_reference(site):
         for c in t.columns:
             assert f"<code>{c.name}</code>" in tables, (t.name, c.name)
     funcs = _page(out, "reference/functions")
-    for p in functions.HERE.glob("*.sql"):
-        for name, *_ in reference.macros(p)[1]:
+    for _, text in functions.sql_files():
+        for name, *_ in reference.macros(text)[1]:
             assert f'id="{name}"' in funcs, name
     cli = _page(out, "reference/cli")
     for name in main.commands:

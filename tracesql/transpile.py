@@ -92,8 +92,8 @@ def macros() -> dict[str, Macro]:
 
     con = duckdb.connect()
     found = {}
-    for path in sorted(functions.HERE.glob("*.sql")):
-        for statement in con.extract_statements(path.read_text()):
+    for _, text in functions.sql_files():
+        for statement in con.extract_statements(text):
             m = _MACRO.match(statement.query)
             if not m:
                 continue

@@ -299,9 +299,8 @@ def tables_page() -> str:
 _MACRO = re.compile(r"^CREATE (?:OR REPLACE )?MACRO (\w+)\s*\(", re.M)
 
 
-def macros(path: Path) -> tuple[str, list[tuple[str, str, bool, str]]]:
-    """The file's leading comment, and (name, arguments, is a table macro, its comment) for each macro."""
-    text = path.read_text()
+def macros(text: str) -> tuple[str, list[tuple[str, str, bool, str]]]:
+    """A macro file's leading comment, and (name, arguments, is a table macro, its comment) for each macro."""
     lines = text.splitlines()
     intro = []
     for line in lines:
@@ -341,11 +340,13 @@ def functions_page() -> str:
            "SQL macros and data tables that exist in every session on a run: `tracesql.connect`, `tracesql query`, "
            "`tracesql shell`, and any DuckDB client through the run's `init.sql`. Generated from "
            "`tracesql/functions/`, one section per file; each macro's text is the comment above it.\n"]
-    for path in sorted(functions.HERE.glob("*.sql")):
-        intro, found = macros(path)
-        topic = path.stem.split("_", 1)[-1]
-        out.append(f"## {topic.capitalize()}\n")
-        out.append(f"`tracesql/functions/{path.name}`" + (f": {_text(intro)}" if intro else "") + "\n")
+    for file_name, text in functions.sql_files():
+        intro, found = macros(text)
+        topic = file_name.removesuffix(".sql").split("_", 1)[-1]
+        out.append(f"## {topic.replace('_', ' ').capitalize()}\n")
+        where = (f"`tracesql/functions/{file_name}`" if (functions.HERE / file_name).exists()
+                 else "generated from `tracesql/functions/kernel_classes.csv`")
+        out.append(where + (f": {_text(intro)}" if intro else "") + "\n")
         for name, args, is_table, doc in found:
             kind = "table macro" if is_table else "macro"
             out.append(f"### `{name}`\n")

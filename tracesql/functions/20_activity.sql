@@ -2,25 +2,37 @@
 -- Used by the curated queries and available in every session on a run.
 
 -- The class of each distinct (kind, name, category) of the device events (kernels, copies, memsets) of each rank,
--- by the rules of `kernel_classes` of scheme class_scheme: the rule of lowest priority that matches; names no rule
--- matches have no row. A name is known by its 64-bit hash (name_hash: join on hash(name)), and its rules are
--- matched on one event that bears it, so that no step holds every distinct name: a trace of a million distinct
--- 8 kB kernel names is classified within a 256 MB limit. The ingester stores the 'default' scheme's class in
--- slices.class; device_activity classifies with this macro the other scheme and the events of runs written before
--- that column (schema < 9).
+-- by the rules of scheme class_scheme: the rule of lowest priority that matches; names no rule matches have no
+-- row. The shipped schemes (default, hta) are those of kernel_classes.csv, compiled into shipped_kernel_class;
+-- a scheme of the user's own is read from the table `kernel_classes`. A name is known by its 64-bit hash
+-- (name_hash: join on hash(name)), and its class is found on one event that bears it, so that no step holds every
+-- distinct name: a trace of a million distinct 8 kB kernel names is classified within a 256 MB limit. The
+-- ingester stores the 'default' scheme's class in slices.class; device_activity classifies with this macro the
+-- other scheme and the events of runs written before that column (schema < 9).
 CREATE OR REPLACE MACRO device_classes(class_scheme := 'default') AS TABLE
 WITH firsts AS (
     SELECT run_id, rank, kind, category, hash(name) AS name_hash, min(slice_id) AS slice_id
     FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')
     GROUP BY run_id, rank, kind, category, name_hash
+), named AS (
+    -- the first event of each name, streamed past the first events' ids (a semi-join: the names are never a
+    -- join's build side)
+    SELECT run_id, rank, kind, category, name FROM slices
+    WHERE kind IN ('kernel', 'memcpy', 'memset') AND (run_id, rank, slice_id) IN (SELECT run_id, rank, slice_id FROM firsts)
 )
+SELECT * FROM (
+    SELECT run_id, rank, kind, category, hash(name) AS name_hash,
+        shipped_kernel_class(class_scheme, kind, name, category) AS class
+    FROM named WHERE shipped_class_scheme(class_scheme)
+) WHERE class IS NOT NULL
+UNION ALL
 SELECT n.run_id, n.rank, n.kind, n.category, hash(n.name) AS name_hash, arg_min(r.class, r.priority) AS class
-FROM slices n  -- streamed past the first events' ids (a semi-join: the names are never a join's build side)
+FROM named n
 JOIN kernel_classes r
   ON r.scheme = class_scheme AND (r.kind IS NULL OR r.kind = n.kind)
  AND (r.name_regex IS NULL OR regexp_matches(n.name, r.name_regex))
  AND (r.category_regex IS NULL OR regexp_matches(n.category, r.category_regex))
-WHERE n.kind IN ('kernel', 'memcpy', 'memset') AND (n.run_id, n.rank, n.slice_id) IN (SELECT run_id, rank, slice_id FROM firsts)
+WHERE NOT shipped_class_scheme(class_scheme)
 GROUP BY n.run_id, n.rank, n.kind, n.category, name_hash;
 
 -- Kernels, copies and memsets, each with its class (compute / communication / memory / infeed_outfeed) from
