@@ -50,3 +50,18 @@ def test_gemm_under_roofline_on_b200(ingested):
     assert re.search(r"faster=\^\((.*)\)\$", row.query)[1].replace("\\", "").split("|") == sorted(kernels)
     (replayed,) = cited(run, row.query).itertuples()
     assert (replayed.saving_ns, replayed.predicted_ns) == (0, 87_216_931)
+
+
+def test_idle_bubbles_on_b200(ingested):
+    """vLLM's B200 step: the device sits idle in 250 gaps of 100 µs or more, all waiting for the host (the bubbles
+    query's macro gaps of scope device); the what-if without the host work on the path in them saves 24.6 %."""
+    run = ingested(B200)
+    (row,) = rule_rows(run, "idle_bubbles").itertuples()
+    bubbles = tracesql.query("bubbles", run, scope="device").set_index("category")
+    host = bubbles.loc["host_wait"]
+    assert (host.macro_gaps, host.macro_idle_ns) == (250, 46_640_206) and bubbles.macro_gaps.sum() == 250
+    assert row.evidence.startswith(
+        "the device sits idle 46.64 ms of 87.22 ms in 250 gaps of 100 us or more, 250 of them (46.64 ms) waiting "
+        "for the host; on the critical path in the run's host gaps the host was in aten::addmm (9.10 ms), ")
+    (replayed,) = cited(run, row.query).itertuples()
+    assert replayed.saving_ns == row.saving_ns == 21_440_855 and replayed.saving_pct == row.saving_pct == 24.58
