@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 import tracesql
-from conftest import DATASETS
+from conftest import DATASETS, raw_events
 from tracesql import findings, queries
 
 B200 = DATASETS / "tracelens_b200_eager"  # vLLM on a B200, one execute_model range, host-bound: shapes recorded
@@ -65,3 +65,22 @@ def test_idle_bubbles_on_b200(ingested):
         "for the host; on the critical path in the run's host gaps the host was in aten::addmm (9.10 ms), ")
     (replayed,) = cited(run, row.query).itertuples()
     assert replayed.saving_ns == row.saving_ns == 21_440_855 and replayed.saving_pct == row.saving_pct == 24.58
+
+
+def test_tiny_kernels_on_b200(ingested):
+    """vLLM's B200 step: 532 of its 768 kernels are shorter than the median launch call (7.161 µs, the launch
+    query's runtime_p50_ns), counted again from the raw JSON; with launches costing nothing it saves 6.69 %."""
+    run = ingested(B200)
+    (row,) = rule_rows(run, "tiny_kernels").itertuples()
+    (launch,) = tracesql.query("launch", run).query("step == 0").itertuples()
+    assert (launch.calls, launch.runtime_p50_ns) == (929, 7161)
+    kernels = [e for e in raw_events(B200 / "eager_trace.json.gz") if e.get("cat") == "kernel"]
+    tiny = [e for e in kernels if round(e["dur"] * 1000) < launch.runtime_p50_ns]
+    assert (len(tiny), len(kernels)) == (532, 768)
+    assert row.evidence.startswith(
+        f"532 of 768 kernels (69 %) are shorter than the launch overhead (7.2 us, the median launch call), "
+        f"{sum(round(e['dur'] * 1000) for e in tiny) / 1e6:.2f} ms in all; 929 launch calls take ")
+    (replayed,) = cited(run, row.query).itertuples()
+    assert replayed.saving_ns == row.saving_ns == 5_836_530 and row.saving_pct == 6.69
+    # the device side alone (the launch_overhead rule's change) saves nothing: the host is what the step waits for
+    assert tracesql.query("what_if", run, no_launch_overhead=1).saving_ns.tolist() == [0]
