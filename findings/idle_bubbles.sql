@@ -25,6 +25,9 @@
 --   saving_ns   BIGINT   step time the what-if replay says the fix saves (0 when it saves none)
 --   saving_pct  DOUBLE   saving_ns in % of the step's replayed time
 --   query       VARCHAR  the tracesql command that shows the evidence
+-- The gaps and their causes, worked out first and kept as a value: a what-if regex that is a subquery is compiled
+-- again for every name it is matched against.
+SET VARIABLE idle_bubbles_change = (
 WITH gaps AS (
     SELECT w.run_id, w.rank, w.instance, g.ts, g.ts + g.dur AS te, g.dur, g.category
     FROM critical_path_windows() w
@@ -45,18 +48,25 @@ WITH gaps AS (
     GROUP BY e.name
     ORDER BY in_gaps_ns DESC, e.name
     LIMIT COALESCE(getvariable('top_causes'), 3)
-), change AS (
-    SELECT '^(' || string_agg(regexp_escape(name), '|' ORDER BY in_gaps_ns DESC, name) || ')$' AS names,
-        string_agg(printf('%s (%.2f ms)', name, in_gaps_ns / 1e6), ', ' ORDER BY in_gaps_ns DESC, name) AS listed
-    FROM causes
-), priced AS (
-    SELECT * FROM what_if(faster := (SELECT names FROM change), faster_pct := 100)
+)
+SELECT {'names': (SELECT '^(' || string_agg(regexp_escape(name), '|' ORDER BY in_gaps_ns DESC, name) || ')$'
+                  FROM causes),
+        'listed': (SELECT string_agg(printf('%s (%.2f ms)', name, in_gaps_ns / 1e6), ', '
+                                     ORDER BY in_gaps_ns DESC, name) FROM causes),
+        'steps': list({'run_id': run_id, 'rank': rank, 'instance': instance, 'host_gaps': host_gaps,
+                       'host_idle_ns': host_idle_ns, 'all_gaps': all_gaps, 'idle_ns': idle_ns})}
+FROM (SELECT run_id, rank, instance, count(*) FILTER (WHERE category = 'host_wait') AS host_gaps,
+          COALESCE(sum(dur) FILTER (WHERE category = 'host_wait'), 0) AS host_idle_ns,
+          count(*) AS all_gaps, sum(dur) AS idle_ns
+      FROM gaps
+      GROUP BY ALL));
+
+WITH priced AS (
+    SELECT * FROM what_if(faster := getvariable('idle_bubbles_change').names, faster_pct := 100)
 ), per_step AS (
-    SELECT run_id, rank, instance, count(*) FILTER (WHERE category = 'host_wait') AS host_gaps,
-        COALESCE(sum(dur) FILTER (WHERE category = 'host_wait'), 0) AS host_idle_ns,
-        count(*) AS all_gaps, sum(dur) AS idle_ns
-    FROM gaps
-    GROUP BY ALL
+    SELECT unnest(getvariable('idle_bubbles_change').steps, recursive := true)
+), change AS (
+    SELECT getvariable('idle_bubbles_change').names AS names, getvariable('idle_bubbles_change').listed AS listed
 )
 SELECT p.run_id, p.rank, p.step, 'idle_bubbles' AS finding,
     printf('the device sits idle %.2f ms of %.2f ms in %d gaps of %.0f us or more, %d of them (%.2f ms) waiting for '

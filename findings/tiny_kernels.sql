@@ -25,6 +25,9 @@
 --   saving_ns   BIGINT   step time the what-if replay says the fix saves (0 when it saves none)
 --   saving_pct  DOUBLE   saving_ns in % of the step's replayed time
 --   query       VARCHAR  the tracesql command that shows the evidence
+-- The steps' kernels and the launch calls to free, worked out first and kept as a value: a what-if regex that is
+-- a subquery is compiled again for every name it is matched against.
+SET VARIABLE tiny_kernels_change = (
 WITH launched AS (
     SELECT w.run_id, w.rank, w.instance, d.kind, d.dur, d.launch_id, d.launch_dur, l.name AS call
     FROM critical_path_windows() w
@@ -45,12 +48,21 @@ WITH launched AS (
     JOIN overhead o ON o.run_id = k.run_id AND o.rank = k.rank AND o.instance = k.instance
     WHERE k.kind = 'kernel'
     GROUP BY ALL
+)
+SELECT {'calls': (SELECT '^(' || string_agg(DISTINCT regexp_escape(call), '|' ORDER BY regexp_escape(call)) || ')$'
+                  FROM (SELECT unnest(tiny_calls) AS call FROM kernels
+                        WHERE 100 * tiny / kernels >= COALESCE(getvariable('min_tiny_pct'), 50))),
+        'steps': list({'run_id': run_id, 'rank': rank, 'instance': instance, 'launch_p50_ns': launch_p50_ns,
+                       'calls': calls, 'calls_ns': calls_ns, 'kernels': kernels, 'tiny': tiny, 'tiny_ns': tiny_ns})}
+FROM kernels);
+
+WITH kernels AS (
+    SELECT unnest(getvariable('tiny_kernels_change').steps, recursive := true)
 ), change AS (
-    SELECT '^(' || string_agg(DISTINCT regexp_escape(call), '|' ORDER BY regexp_escape(call)) || ')$' AS calls
-    FROM (SELECT unnest(tiny_calls) AS call FROM kernels
-          WHERE 100 * tiny / kernels >= COALESCE(getvariable('min_tiny_pct'), 50))
+    SELECT getvariable('tiny_kernels_change').calls AS calls
 ), priced AS (
-    SELECT * FROM what_if(faster := (SELECT calls FROM change), faster_pct := 100, no_launch_overhead := 1)
+    SELECT * FROM what_if(faster := getvariable('tiny_kernels_change').calls, faster_pct := 100,
+                          no_launch_overhead := 1)
 )
 SELECT p.run_id, p.rank, p.step, 'tiny_kernels' AS finding,
     printf('%d of %d kernels (%.0f %%) are shorter than the launch overhead (%.1f us, the median launch call), '
