@@ -18,6 +18,9 @@ from tracesql.cli import main
 
 RULES = findings.catalogue()
 TRACE_FILTER = DATASETS / "hta_trace_filter"
+#: The rules whose cause HTA's sampled trace holds (it records no shapes: no GEMM to rate against its roofline;
+#: a fifth of its kernels are tiny, under tiny_kernels' 50 %; no kernel sequence recurs 10 times)
+ON_TRACE_FILTER = sorted({r.name for r in RULES} - {"gemm_under_roofline", "tiny_kernels", "kernel_sequences"})
 
 
 def _bench():
@@ -48,7 +51,7 @@ def test_findings_match_the_what_if_they_cite(ingested):
     con = tracesql.connect(run)
     found = findings.run(con, "RUN", {"min_saving_pct": 0}).df()
     assert list(found.columns) == [c for c, _, _ in findings.FINDING_COLUMNS]
-    assert found.groupby("finding").size().to_dict() == {r.name: 4 for r in RULES}
+    assert found.groupby("finding").size().to_dict() == {name: 4 for name in ON_TRACE_FILTER}
     assert found[found.finding == "host_op"].evidence.str.startswith("without forward ").all()
     assert found.saving_ns.notna().all() and (found.saving_ns >= 0).all()
     assert list(found.saving_ns) == sorted(found.saving_ns, reverse=True)
@@ -68,7 +71,7 @@ def test_findings_command(ingested):
     done = CliRunner().invoke(main, ["findings", str(run), "-p", "min_saving_pct=0", "-f", "json"])
     assert done.exit_code == 0, done.output
     rows = json.loads(done.stdout)
-    assert len(rows) == 4 * len(RULES)  # each rule on each of 2 ranks × 2 steps
+    assert len(rows) == 4 * len(ON_TRACE_FILTER)  # each rule on each of 2 ranks × 2 steps
     import jsonschema
 
     jsonschema.Draft202012Validator(json_schemas.findings()).validate(rows)
