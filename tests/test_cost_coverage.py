@@ -37,16 +37,15 @@ def test_b200_costed_share_walked_and_uncosted_rows_add_up(ingested):
     rank = tracesql.query("cost_coverage", run).iloc[0]
     compute_ns, costed_ns = walked(run)
     # the 73 symmetric-memory all-reduce kernels (2,119,548 ns) are communication, not compute
-    assert (rank.compute_ns, rank.costed_ns) == (compute_ns, costed_ns) == (8_721_415, 2_148_176)
-    assert rank.costed_pct == 24.63 and rank.uncosted_ns == compute_ns - costed_ns
-    # vLLM's MoE with MXFP4 weights: its op records the hidden states and router logits, not the experts' weights
-    assert list(zip(rank.top_uncosted[:2], rank.top_uncosted_ns[:2])) == [
-        ("vllm::moe_forward", 6_078_426), ("vllm::unified_attention_with_output", 485_821)]
+    # vLLM's MoE with MXFP4 weights (6,078,426 ns) is costed from the buffers it allocates (test_serving_costs.py)
+    assert (rank.compute_ns, rank.costed_ns) == (compute_ns, costed_ns) == (8_721_415, 8_226_602)
+    assert rank.costed_pct == 94.33 and rank.uncosted_ns == compute_ns - costed_ns
+    assert list(zip(rank.top_uncosted, rank.top_uncosted_ns)) == [
+        ("vllm::unified_attention_with_output", 485_821), ("_copy_page_indices_kernel", 5_088), ("aten::index", 3_904)]
     rows = tracesql.query("cost_coverage", run, per="kernel", top=1000)
     assert rows.uncosted_ns.sum() == rank.uncosted_ns and rows.kernels.sum() < rank.kernels
     assert rows.costed_ns.isna().all() and (rows.compute_ns == compute_ns).all()
-    assert list(rows.name[:2]) == ["vllm::moe_forward", "vllm::unified_attention_with_output"]
-    assert list(rows.reason[:2]) == ["no formula", "no formula"]
+    assert list(rows.reason) == ["no formula", "no launch recorded", "no formula"]
     # the rows are what the rank's top_uncosted lists
     assert list(zip(rank.top_uncosted, rank.top_uncosted_ns)) == list(zip(rows.name[:5], rows.uncosted_ns[:5]))
 

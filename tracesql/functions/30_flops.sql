@@ -918,6 +918,75 @@ CREATE OR REPLACE MACRO fused_bytes(name, d, a) AS (
 );
 
 -- ---------------------------------------------------------------------------------------------------------
+-- Serving engines' MoE ops, whose own arguments lack what their cost needs. The ingest (tracesql/op_costs.sql)
+-- reads it from around each call into `x` (STRUCT(allocs STRUCT(shape BIGINT[], dtype INTEGER)[], kernels
+-- VARCHAR)): a MoE op's buffers (its child aten::empty calls: shape and c10::ScalarType code, in order) and its
+-- kernels' names. Without `x` (the op_flops / op_bytes functions, a trace without it) they have no cost.
+CREATE OR REPLACE MACRO serving_op_kind(name) AS (
+    CASE
+        -- vllm::moe_forward(hidden_states [T, H], router_logits [T, E], layer_name): the fused MoE layer, every
+        -- backend (Triton fused_moe, matmul_ogs, FlashInfer/TRT-LLM, CUTLASS) under it
+        WHEN name = 'vllm::moe_forward' THEN 'moe'
+    END
+);
+
+-- The cost family the op's formula belongs to: the MoE's expert GEMMs are grouped GEMMs ('gemm', as
+-- aten::_grouped_mm).
+CREATE OR REPLACE MACRO serving_op_family(name) AS (
+    CASE serving_op_kind(name) WHEN 'moe' THEN 'gemm' END
+);
+
+-- MoE routing: T tokens of hidden size H, E experts (the router's width), top-k (the width of the first [T, k]
+-- buffer the op allocates, k < E: the routing weights or expert ids) and the experts' intermediate size I (the
+-- last dim of the first non-integer buffer of at least T·k rows whose last dim is not H: the activation between
+-- the two expert GEMMs). Sizes as the op ran them (padded for the kernel when the engine pads).
+CREATE OR REPLACE MACRO moe_routing(d, x) AS (
+    list_transform([{'t': d[1][1], 'h': d[1][2], 'e': d[2][2],
+                     'k': list_filter(x.allocs, lambda b: len(b.shape) = 2 AND b.shape[1] = d[1][1]
+                                                          AND b.shape[2] < d[2][2])[1].shape[2]}], lambda r:
+    {'t': r.t, 'h': r.h, 'e': r.e, 'k': r.k,
+     'i': list_filter(x.allocs, lambda b: len(b.shape) >= 2
+                                          AND list_product(b.shape[1:len(b.shape) - 1]) >= r.t * r.k
+                                          AND b.shape[-1] <> r.h
+                                          -- not an index buffer (int16/32/64, bool, uint16/32/64)
+                                          AND b.dtype NOT IN (2, 3, 4, 11, 27, 28, 29))[1].shape[-1]})[1]
+);
+
+-- Bytes per weight element from the expert GEMM kernels' names: MXFP4 (E2M1, 4 bits, one E8M0 scale byte per
+-- block of 32: TRT-LLM's MxE2m1, Triton matmul_ogs' mxfp4), MXFP8 (E4m3 with its scales), else the hidden
+-- states' element size (weights in the activations' dtype).
+CREATE OR REPLACE MACRO moe_weight_bytes(kernels, act_bpe) AS (
+    CASE WHEN regexp_matches(coalesce(kernels, ''), 'MxE2m1|mxfp4') THEN 0.5 + 1 / 32
+         WHEN regexp_matches(coalesce(kernels, ''), 'MxE4m3|mxfp8') THEN 1 + 1 / 32
+         ELSE act_bpe END
+);
+
+-- FLOPs (NULL without what x must give).
+CREATE OR REPLACE MACRO serving_op_flops(name, d, a, x, attention_convention) AS (
+    CASE serving_op_kind(name)
+        -- gate and up projections [T·k, H]·[H, 2I], down projection [T·k, I]·[I, H]: 6·T·k·H·I
+        WHEN 'moe' THEN list_transform([moe_routing(d, x)], lambda r: 6 * r.t * r.k * r.h * r.i)[1]
+    END
+);
+
+-- Bytes: MoE reads the hidden states and router logits, writes its output [T, H], and reads the weights of every
+-- expert a routed token can reach (min(E, T·k): all of them once T·k ≥ E) once: 3·H·I elements each at the
+-- packed size (moe_weight_bytes).
+CREATE OR REPLACE MACRO serving_op_bytes(name, d, a, x) AS (
+    CASE serving_op_kind(name)
+        WHEN 'moe' THEN list_transform([moe_routing(d, x)], lambda r:
+            read_bytes(a, [1, 2]) + r.t * r.h * a[1].bpe
+            + least(r.e, r.t * r.k) * 3 * r.h * r.i * moe_weight_bytes(x.kernels, a[1].bpe))[1]
+    END
+);
+
+-- The dtype whose peak the op is rated against: a MoE whose kernels run MXFP8 activations (TRT-LLM's MxE4m3,
+-- with FP8 or FP4 weights: the tensor cores' FP8 rate) 'mxfp8', else the first tensor argument's (op_dtype).
+CREATE OR REPLACE MACRO serving_op_dtype(name, x) AS (
+    CASE WHEN serving_op_kind(name) = 'moe' AND regexp_matches(coalesce(x.kernels, ''), 'MxE4m3') THEN 'mxfp8' END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
 -- Views and allocations: no data moved.
 CREATE OR REPLACE MACRO op_is_view(core) AS (
     core IN ('aten::view', 'aten::_unsafe_view', 'aten::_reshape_alias', 'aten::as_strided', 'aten::t',
