@@ -9,6 +9,7 @@ import tracesql
 from conftest import DATASETS, raw_events
 
 B200 = DATASETS / "tracelens_b200_eager"
+SGLANG = DATASETS / "tracelens_sglang_decode"
 
 
 def test_vllm_moe_forward_from_its_buffers_and_kernels(ingested):
@@ -40,3 +41,54 @@ def test_vllm_moe_forward_from_its_buffers_and_kernels(ingested):
     # ad hoc, without the buffers the ingest reads around the call, the op has no cost
     assert con.sql("SELECT op_flops('vllm::moe_forward', [[888, 3072], [888, 128], []], "
                    "['c10::BFloat16', 'c10::BFloat16', ''], ['', '', ''])").fetchall() == [(None,)]
+
+
+def test_sglang_paged_decode_attention_from_the_steps_batch(ingested):
+    """SGLang's decode (HIP-graph replay, costed through its capture trace): aiter's paged_attention_ragged records
+    the KV cache's pages, not the sequences' lengths. The step's annotation does: 32 decode requests holding
+    32,785 keys in all (execute_32_context_0(...)_generation_32(sq32sk32785sqsq32sqsk32785))."""
+    run = ingested(SGLANG)
+    annotations = [ev["name"] for ev in raw_events(SGLANG / "sglang_Qwen3-8B_decode.json.gz")
+                   if ev.get("name", "").startswith("execute_")]
+    assert annotations == ["execute_32_context_0(sq0sk0sqsq0sqsk0)_generation_32(sq32sk32785sqsq32sqsk32785)"]
+    con = tracesql.connect(run)
+    rows = con.sql("SELECT family, dtype, flops, bytes, counted, count(*) FROM op_costs() "
+                   "WHERE name = 'sglang_profiler::attention_paged_attention_ragged_100' GROUP BY ALL").fetchall()
+    hq, hkv, d, keys = 32, 8, 128, 32_785
+    # one query per request: 2·Hq·(d_qk + d_v) per key; the query read, the output written (bf16 [32, 32, 128]),
+    # every cached key and value read once (bf16, 8 KV heads)
+    assert rows == [("attention", "bf16", 2 * hq * 2 * d * keys, 2 * 32 * hq * d * 2 + keys * hkv * 2 * d * 2,
+                     True, 36)]
+    assert rows[0][2] == 537_149_440
+    # decode attention is linear in the keys: SDPA (its formula checked against FlopCounterMode) of one query
+    # over all 32,785 keys costs the same; not causal (the query is the last position), so both conventions agree
+    sdpa = con.sql("SELECT op_flops('aten::_scaled_dot_product_flash_attention', "
+                   "[[1, 32, 1, 128], [1, 32, 32785, 128], [1, 32, 32785, 128], [], []], "
+                   "['c10::BFloat16', 'c10::BFloat16', 'c10::BFloat16', 'Scalar', 'Scalar'], "
+                   "['', '', '', '0.0', 'False'])").fetchall()[0][0]
+    torch_flops = con.sql("SELECT DISTINCT flops FROM op_costs(attention_convention := 'torch') "
+                          "WHERE name = 'sglang_profiler::attention_paged_attention_ragged_100'").fetchall()
+    assert sdpa == rows[0][2] and torch_flops == [(sdpa,)]
+
+
+def test_vllm_prefill_attention_from_the_steps_batch(ingested):
+    """The B200's prefill: one request of 888 tokens (execute_context_1(888_788544)_generation_0(0)), FP8 attention
+    (query quantized to the FP8 KV cache), 8 query heads and 1 KV head of 64 per rank."""
+    con = tracesql.connect(ingested(B200))
+    rows = con.sql("SELECT DISTINCT family, dtype, flops, bytes, counted FROM op_costs() "
+                   "WHERE name = 'vllm::unified_attention_with_output'").fetchall()
+    t, hq, d = 888, 8, 64
+    # SDPA's causal prefill over the same tokens, checked against FlopCounterMode ('torch') and halved ('flash')
+    sdpa = {c: con.sql(f"SELECT op_flops('aten::_scaled_dot_product_flash_attention', "
+                       f"[[1, 8, 888, 64], [1, 8, 888, 64], [1, 8, 888, 64], [], []], "
+                       f"['c10::BFloat16', 'c10::BFloat16', 'c10::BFloat16', 'Scalar', 'Scalar'], "
+                       f"['', '', '', '0.0', 'True'], attention_convention := '{c}')").fetchall()[0][0]
+            for c in ("flash", "torch")}
+    assert sdpa == {"flash": 4 * hq * t * t * d / 2, "torch": 4 * hq * t * t * d}
+    torch_flops = con.sql("SELECT DISTINCT flops FROM op_costs(attention_convention := 'torch') "
+                          "WHERE name = 'vllm::unified_attention_with_output'").fetchall()
+    assert torch_flops == [(sdpa["torch"],)]
+    # bytes: the fp8 query read, the new bf16 key and value read (to go into the cache), the bf16 output written,
+    # the 888 cached keys and values read in the cache's fp8 (1 KV head)
+    assert rows == [("attention", "fp8", sdpa["flash"], t * hq * d + 2 * t * d * 2 + t * hq * d * 2 + t * 2 * d,
+                     True)]

@@ -41,7 +41,7 @@ WITH async_done AS (
      AND d.name = o.name AND d.pid = o.pid AND d.tid = o.tid AND d.ts >= o.ts
     GROUP BY o.run_id, o.rank, o.op_id, o.ts
 ), serving_ops AS (
-    -- serving engines' MoE ops, whose formulas read what their arguments lack from around them
+    -- serving engines' MoE and attention ops, whose formulas read what their arguments lack from around them
     -- (30_flops.sql, serving_op_kind)
     SELECT run_id, rank, op_id, ts, serving_op_kind(name) AS kind FROM ops
     WHERE program_id IS NULL AND serving_op_kind(name) IS NOT NULL
@@ -59,13 +59,33 @@ WITH async_done AS (
     JOIN slices k ON k.run_id = s.run_id AND k.rank = s.rank AND k.op_id = s.op_id AND k.kind = 'kernel'
     WHERE s.kind = 'moe'
     GROUP BY s.run_id, s.rank, s.op_id
+), batch_steps AS (  -- the engine's annotation of each step's batch (30_flops.sql, attention_batch)
+    SELECT run_id, rank, ts, ts + dur AS te, name FROM slices
+    WHERE kind = 'user_annotation' AND starts_with(name, 'execute_')
+      AND regexp_matches(name, '_context_[0-9]+\(.*\)_generation_[0-9]+\(.*\)$')
+), attention_anchors AS (
+    -- where an attention op ran on the host: its start, and its kernels' launches (a graph replay's op, copied
+    -- from the capture trace, sits at its kernels' device time, after the step's host annotation: its kernels'
+    -- launch is the graph launch, in it)
+    SELECT run_id, rank, op_id, ts FROM serving_ops WHERE kind = 'paged_attention'
+    UNION ALL
+    SELECT s.run_id, s.rank, s.op_id, k.launch_ts
+    FROM serving_ops s
+    JOIN slices k ON k.run_id = s.run_id AND k.rank = s.rank AND k.op_id = s.op_id AND k.kind = 'kernel'
+    WHERE s.kind = 'paged_attention' AND k.launch_ts IS NOT NULL
+), attention_batches AS (  -- an attention op's step: the innermost such annotation around it
+    SELECT s.run_id, s.rank, s.op_id, arg_max(b.name, b.ts) AS batch
+    FROM attention_anchors s
+    JOIN batch_steps b ON b.run_id = s.run_id AND b.rank = s.rank AND s.ts >= b.ts AND s.ts < b.te
+    GROUP BY s.run_id, s.rank, s.op_id
 ), serving_context AS (
     SELECT s.run_id, s.rank, s.op_id,
-        CAST({'allocs': a.allocs, 'kernels': k.kernels}
-             AS STRUCT(allocs STRUCT(shape BIGINT[], dtype INTEGER)[], kernels VARCHAR)) AS x
+        CAST({'allocs': a.allocs, 'kernels': k.kernels, 'batch': b.batch}
+             AS STRUCT(allocs STRUCT(shape BIGINT[], dtype INTEGER)[], kernels VARCHAR, batch VARCHAR)) AS x
     FROM serving_ops s
     LEFT JOIN moe_allocs a ON a.run_id = s.run_id AND a.rank = s.rank AND a.op_id = s.op_id
     LEFT JOIN moe_kernels k ON k.run_id = s.run_id AND k.rank = s.rank AND k.op_id = s.op_id
+    LEFT JOIN attention_batches b ON b.run_id = s.run_id AND b.rank = s.rank AND b.op_id = s.op_id
 ), contexts AS (  -- every op, with what its formula reads around it (NULL for all but serving_ops)
     SELECT o.*, sc.x FROM ops o
     LEFT JOIN serving_context sc ON sc.run_id = o.run_id AND sc.rank = o.rank AND sc.op_id = o.op_id
