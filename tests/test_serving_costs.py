@@ -6,7 +6,7 @@ FlopCounterMode in test_flops.py)."""
 import pytest
 
 import tracesql
-from conftest import DATASETS, raw_events
+from conftest import DATASETS, empty_session, raw_events
 
 B200 = DATASETS / "tracelens_b200_eager"
 SGLANG = DATASETS / "tracelens_sglang_decode"
@@ -92,3 +92,33 @@ def test_vllm_prefill_attention_from_the_steps_batch(ingested):
     # the 888 cached keys and values read in the cache's fp8 (1 KV head)
     assert rows == [("attention", "fp8", sdpa["flash"], t * hq * d + 2 * t * d * 2 + t * hq * d * 2 + t * 2 * d,
                      True)]
+
+
+def test_aiter_paged_prefill_hand_count():
+    """SGLang's prefill of TraceLens' corpus (sglang_prefilldecode): aiter::mha_batch_prefill over 15 fresh requests
+    of 1,024 tokens (execute_15360_context_15(sq15360sk15360sqsq15728640sqsk15728640)_generation_0(...)), its
+    arguments and annotation as recorded, costed by the formulas the ingest runs."""
+    con = empty_session()
+    dims = [[15360, 32, 128], [835874, 8, 128], [835874, 8, 128], [16], [16], [15616]] + [[]] * 12
+    types = ["c10::BFloat16"] * 3 + ["int"] * 3 + ["Scalar"] * 12
+    values = [""] * 6 + ["1024", "1024", "0.", "0.088388347648318447", "0.", "False", "True", "-1", "-1", "0",
+                         "False", "False"]
+    batch = "execute_15360_context_15(sq15360sk15360sqsq15728640sqsk15728640)_generation_0(sq0sk0sqsq0sqsk0)"
+    # what the ingest hands the formula (op_costs.sql serving_context): the step's annotation
+    cost = {c: con.execute(
+        "SELECT serving_op_flops('aiter::mha_batch_prefill', d, op_args(d, t, v), x, ?), "
+        "       serving_op_bytes('aiter::mha_batch_prefill', d, op_args(d, t, v), x) "
+        "FROM (SELECT ?::BIGINT[][] AS d, ?::VARCHAR[] AS t, ?::VARCHAR[] AS v, "
+        "             {'allocs': NULL::STRUCT(shape BIGINT[], dtype INTEGER)[], 'kernels': NULL::VARCHAR, "
+        "              'batch': ?::VARCHAR} AS x)",
+        [c, dims, types, values, batch]).fetchall()[0] for c in ("flash", "torch")}
+    # per request the causal mask keeps 1024·1025/2 of the 1024² pairs; 2·Hq·(d_qk + d_v) = 16,384 FLOPs each
+    assert cost["flash"][0] == 16_384 * 15 * 1024 * 1025 / 2 == 128_974_848_000
+    # the query read, the output [15360, 32, 128] written, 15,360 cached keys and values of 8 heads read (bf16)
+    assert cost["flash"][1] == cost["torch"][1] == 2 * 15360 * 32 * 128 * 2 + 15360 * 8 * 256 * 2
+    # the whole matrices ('torch') are SDPA's over the 15 requests, its formula checked against FlopCounterMode
+    sdpa = con.sql("SELECT op_flops('aten::_scaled_dot_product_flash_attention', "
+                   "[[15, 32, 1024, 128], [15, 32, 1024, 128], [15, 32, 1024, 128], [], []], "
+                   "['c10::BFloat16', 'c10::BFloat16', 'c10::BFloat16', 'Scalar', 'Scalar'], "
+                   "['', '', '', '0.0', 'True'], attention_convention := 'torch')").fetchall()[0][0]
+    assert cost["torch"][0] == sdpa == 257_698_037_760

@@ -931,8 +931,9 @@ CREATE OR REPLACE MACRO serving_op_kind(name) AS (
         -- vllm::unified_attention_with_output(query [T, Hq, d], key [T, Hkv, d], value, output, layer_name, ...):
         -- every token of the step's batch against its request's cached keys (any vLLM attention backend);
         -- SGLang's kernel-shape profiler's aiter paged_attention_ragged(out, workspace, query [B, Hq, d],
-        -- key_cache [pages, page_size, Hkv, d], value_cache, ...)
-        WHEN name = 'vllm::unified_attention_with_output'
+        -- key_cache [pages, page_size, Hkv, d], value_cache, ...); aiter's paged prefill
+        -- mha_batch_prefill(q [T, Hq, d], k_cache [pages, Hkv, d], v_cache, cu_seqlens_q, kv_indptr, ...) -> out
+        WHEN name IN ('vllm::unified_attention_with_output', 'aiter::mha_batch_prefill')
              OR regexp_matches(name, '^sglang_profiler::attention_paged_attention_ragged_[0-9]+$')
             THEN 'paged_attention'
     END
@@ -1000,12 +1001,14 @@ CREATE OR REPLACE MACRO attention_batch(batch) AS (
     END)[1]
 );
 
--- Positions (1-based) of the query, key, value and output arguments, and whether key and value are the step's
--- new tokens (vLLM: read once more, to be written into the cache) or the whole cache (aiter: not read whole).
+-- Positions (1-based) of the query, key, value and output arguments (NULL: the op returns a query-shaped output),
+-- and whether key and value are the step's new tokens (vLLM: read once more, to be written into the cache) or the
+-- whole cache (aiter: not read whole).
 CREATE OR REPLACE MACRO paged_attention_layout(name) AS (
-    CASE WHEN name = 'vllm::unified_attention_with_output' THEN {'q': 1, 'k': 2, 'v': 3, 'out': 4, 'new_kv': true}
-         WHEN serving_op_kind(name) = 'paged_attention' THEN {'q': 3, 'k': 4, 'v': 5, 'out': 1, 'new_kv': false}
-    END
+    CAST(CASE WHEN name = 'vllm::unified_attention_with_output' THEN {'q': 1, 'k': 2, 'v': 3, 'out': 4, 'new_kv': true}
+              WHEN name = 'aiter::mha_batch_prefill' THEN {'q': 1, 'k': 2, 'v': 3, 'out': NULL, 'new_kv': false}
+              WHEN serving_op_kind(name) = 'paged_attention' THEN {'q': 3, 'k': 4, 'v': 5, 'out': 1, 'new_kv': false}
+         END AS STRUCT(q INTEGER, k INTEGER, v INTEGER, out INTEGER, new_kv BOOLEAN))
 );
 
 -- FLOPs (NULL without what x must give). Paged attention: 2·Hq·(d_qk + d_v) per query·key pair, as
@@ -1034,7 +1037,8 @@ CREATE OR REPLACE MACRO serving_op_bytes(name, d, a, x) AS (
             read_bytes(a, [1, 2]) + r.t * r.h * a[1].bpe
             + least(r.e, r.t * r.k) * 3 * r.h * r.i * moe_weight_bytes(x.kernels, a[1].bpe))[1]
         WHEN 'paged_attention' THEN list_transform([paged_attention_layout(name)], lambda l:
-            read_bytes(a, CASE WHEN l.new_kv THEN [l.q, l.k, l.v] ELSE [l.q] END) + a[l.out].numel * a[l.out].bpe
+            read_bytes(a, CASE WHEN l.new_kv THEN [l.q, l.k, l.v] ELSE [l.q] END)
+            + a[coalesce(l.out, l.q)].numel * a[coalesce(l.out, l.q)].bpe
             + attention_batch(x.batch).kv * d[l.k][-2] * (d[l.k][-1] + d[l.v][-1])
               * least(a[l.q].bpe, a[l.k].bpe))[1]
     END
