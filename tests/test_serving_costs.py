@@ -105,20 +105,18 @@ def test_aiter_paged_prefill_hand_count():
                          "False", "False"]
     batch = "execute_15360_context_15(sq15360sk15360sqsq15728640sqsk15728640)_generation_0(sq0sk0sqsq0sqsk0)"
     # what the ingest hands the formula (op_costs.sql serving_context): the step's annotation
-    cost = {c: con.execute(
-        "SELECT serving_op_flops('aiter::mha_batch_prefill', d, op_args(d, t, v), x, ?), "
-        "       serving_op_bytes('aiter::mha_batch_prefill', d, op_args(d, t, v), x) "
-        "FROM (SELECT ?::BIGINT[][] AS d, ?::VARCHAR[] AS t, ?::VARCHAR[] AS v, "
-        "             {'allocs': NULL::STRUCT(shape BIGINT[], dtype INTEGER)[], 'kernels': NULL::VARCHAR, "
-        "              'batch': ?::VARCHAR} AS x)",
-        [c, dims, types, values, batch]).fetchall()[0] for c in ("flash", "torch")}
+    flash, torch, bytes_ = con.execute(
+        "SELECT c.flash, c.torch, c.bytes FROM (SELECT serving_op_cost('aiter::mha_batch_prefill', d, "
+        "op_args(d, t, v), x) AS c FROM (SELECT ?::BIGINT[][] AS d, ?::VARCHAR[] AS t, ?::VARCHAR[] AS v, "
+        "{'allocs': NULL::STRUCT(shape BIGINT[], dtype INTEGER)[], 'kernels': NULL::VARCHAR, 'batch': ?::VARCHAR} AS x))",
+        [dims, types, values, batch]).fetchall()[0]
     # per request the causal mask keeps 1024·1025/2 of the 1024² pairs; 2·Hq·(d_qk + d_v) = 16,384 FLOPs each
-    assert cost["flash"][0] == 16_384 * 15 * 1024 * 1025 / 2 == 128_974_848_000
+    assert flash == 16_384 * 15 * 1024 * 1025 / 2 == 128_974_848_000
     # the query read, the output [15360, 32, 128] written, 15,360 cached keys and values of 8 heads read (bf16)
-    assert cost["flash"][1] == cost["torch"][1] == 2 * 15360 * 32 * 128 * 2 + 15360 * 8 * 256 * 2
+    assert bytes_ == 2 * 15360 * 32 * 128 * 2 + 15360 * 8 * 256 * 2
     # the whole matrices ('torch') are SDPA's over the 15 requests, its formula checked against FlopCounterMode
     sdpa = con.sql("SELECT op_flops('aten::_scaled_dot_product_flash_attention', "
                    "[[15, 32, 1024, 128], [15, 32, 1024, 128], [15, 32, 1024, 128], [], []], "
                    "['c10::BFloat16', 'c10::BFloat16', 'c10::BFloat16', 'Scalar', 'Scalar'], "
                    "['', '', '', '0.0', 'True'], attention_convention := 'torch')").fetchall()[0][0]
-    assert cost["torch"][0] == sdpa == 257_698_037_760
+    assert torch == sdpa == 257_698_037_760

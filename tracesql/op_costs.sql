@@ -93,14 +93,11 @@ WITH async_done AS (
     -- the formulas once per distinct call (name, shapes, dtypes, scalar arguments: a few hundred in a run of
     -- millions of ops), joined back to the ops below
     SELECT name, input_dims, input_types, concrete_inputs, x, coalesce(k.family, serving_op_family(name)) AS family,
-        coalesce(typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'flash'),
-                 serving_op_flops(name, input_dims, a, x, 'flash')) AS op_flops,
-        coalesce(typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'torch'),
-                 serving_op_flops(name, input_dims, a, x, 'torch')) AS torch_flops,
-        coalesce(typed_op_bytes(k, input_dims, input_types, concrete_inputs, a),
-                 serving_op_bytes(name, input_dims, a, x)) AS op_bytes,
+        coalesce(typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'flash'), sv.flash) AS op_flops,
+        coalesce(typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'torch'), sv.torch) AS torch_flops,
+        coalesce(typed_op_bytes(k, input_dims, input_types, concrete_inputs, a), sv.bytes) AS op_bytes,
         coalesce(serving_op_dtype(name, x), op_dtype(input_types)) AS dtype
-    FROM (SELECT *, op_kind(name, base, family0, a) AS k
+    FROM (SELECT *, op_kind(name, base, family0, a) AS k, serving_op_cost(name, input_dims, a, x) AS sv
           FROM (SELECT *, op_base_family(name, base) AS family0, op_args(input_dims, input_types, concrete_inputs) AS a
                 FROM (SELECT *, op_base_name(name) AS base
                       FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs, x FROM contexts

@@ -1011,37 +1011,32 @@ CREATE OR REPLACE MACRO paged_attention_layout(name) AS (
          END AS STRUCT(q INTEGER, k INTEGER, v INTEGER, out INTEGER, new_kv BOOLEAN))
 );
 
--- FLOPs (NULL without what x must give). Paged attention: 2·Hq·(d_qk + d_v) per query·key pair, as
--- attention_flops; the pairs of every layer's call are the step's (a sliding-window layer is counted as full
--- attention: an upper bound there). 'flash' counts the pairs the causal mask keeps, 'torch' the whole matrices.
-CREATE OR REPLACE MACRO serving_op_flops(name, d, a, x, attention_convention) AS (
-    CASE serving_op_kind(name)
-        -- gate and up projections [T·k, H]·[H, 2I], down projection [T·k, I]·[I, H]: 6·T·k·H·I
-        WHEN 'moe' THEN list_transform([moe_routing(d, x)], lambda r: 6 * r.t * r.k * r.h * r.i)[1]
-        WHEN 'paged_attention' THEN list_transform([paged_attention_layout(name)], lambda l:
-            list_transform([attention_batch(x.batch)], lambda b:
-                2 * d[l.q][-2] * (d[l.q][-1] + d[l.v][-1])
-                  * CASE WHEN attention_convention = 'flash' THEN b.causal ELSE b.full END)[1])[1]
-    END
-);
-
--- Bytes: MoE reads the hidden states and router logits, writes its output [T, H], and reads the weights of every
+-- The op's cost, once per call: STRUCT(flash, torch, bytes), NULL without what x must give (each formula expanded
+-- once: the ingest binds it for every distinct call of a run).
+-- FLOPs. MoE: gate and up projections [T·k, H]·[H, 2I], down projection [T·k, I]·[I, H]: 6·T·k·H·I. Paged
+-- attention: 2·Hq·(d_qk + d_v) per query·key pair, as attention_flops; the pairs of every layer's call are the
+-- step's (a sliding-window layer is counted as full attention: an upper bound there); 'flash' counts the pairs
+-- the causal mask keeps, 'torch' the whole matrices.
+-- Bytes. MoE reads the hidden states and router logits, writes its output [T, H], and reads the weights of every
 -- expert a routed token can reach (min(E, T·k): all of them once T·k ≥ E) once: 3·H·I elements each at the
 -- packed size (moe_weight_bytes). Paged attention reads the query and the keys and values of its step's kv tokens
 -- from the cache (Hkv·(d_k + d_v) each, at the cache's element size: the query's when it is smaller, as vLLM
 -- quantizes the query for an FP8 cache, else the key's), writes the output; vLLM's op also reads the new tokens'
 -- key and value to write them into the cache.
-CREATE OR REPLACE MACRO serving_op_bytes(name, d, a, x) AS (
-    CASE serving_op_kind(name)
-        WHEN 'moe' THEN list_transform([moe_routing(d, x)], lambda r:
-            read_bytes(a, [1, 2]) + r.t * r.h * a[1].bpe
-            + least(r.e, r.t * r.k) * 3 * r.h * r.i * moe_weight_bytes(x.kernels, a[1].bpe))[1]
+CREATE OR REPLACE MACRO serving_op_cost(name, d, a, x) AS (
+    CAST(CASE serving_op_kind(name)
+        WHEN 'moe' THEN list_transform([moe_routing(d, x)], lambda r: {
+            'flash': 6 * r.t * r.k * r.h * r.i, 'torch': 6 * r.t * r.k * r.h * r.i,
+            'bytes': read_bytes(a, [1, 2]) + r.t * r.h * a[1].bpe
+                     + least(r.e, r.t * r.k) * 3 * r.h * r.i * moe_weight_bytes(x.kernels, a[1].bpe)})[1]
         WHEN 'paged_attention' THEN list_transform([paged_attention_layout(name)], lambda l:
-            read_bytes(a, CASE WHEN l.new_kv THEN [l.q, l.k, l.v] ELSE [l.q] END)
-            + a[coalesce(l.out, l.q)].numel * a[coalesce(l.out, l.q)].bpe
-            + attention_batch(x.batch).kv * d[l.k][-2] * (d[l.k][-1] + d[l.v][-1])
-              * least(a[l.q].bpe, a[l.k].bpe))[1]
-    END
+            list_transform([{'b': attention_batch(x.batch), 'per_pair': 2 * d[l.q][-2] * (d[l.q][-1] + d[l.v][-1])}],
+                           lambda p: {
+            'flash': p.per_pair * p.b.causal, 'torch': p.per_pair * p.b.full,
+            'bytes': read_bytes(a, CASE WHEN l.new_kv THEN [l.q, l.k, l.v] ELSE [l.q] END)
+                     + a[coalesce(l.out, l.q)].numel * a[coalesce(l.out, l.q)].bpe
+                     + p.b.kv * d[l.k][-2] * (d[l.k][-1] + d[l.v][-1]) * least(a[l.q].bpe, a[l.k].bpe)})[1])[1]
+    END AS STRUCT(flash DOUBLE, torch DOUBLE, bytes DOUBLE))
 );
 
 -- The dtype whose peak the op is rated against: a MoE whose kernels run MXFP8 activations (TRT-LLM's MxE4m3,
