@@ -40,18 +40,67 @@ WITH async_done AS (
     JOIN async_done d ON d.run_id = o.run_id AND d.rank = o.rank AND d.program_id = o.program_id
      AND d.name = o.name AND d.pid = o.pid AND d.tid = o.tid AND d.ts >= o.ts
     GROUP BY o.run_id, o.rank, o.op_id, o.ts
+), serving_ops AS (
+    -- serving engines' MoE and attention ops, whose formulas read what their arguments lack from around them
+    -- (30_flops.sql, serving_op_kind)
+    SELECT run_id, rank, op_id, ts, serving_op_kind(name) AS kind FROM ops
+    WHERE program_id IS NULL AND serving_op_kind(name) IS NOT NULL
+), moe_allocs AS (  -- the buffers a MoE op allocates, in order
+    SELECT s.run_id, s.rank, s.op_id,
+        list({'shape': TRY_CAST(c.concrete_inputs[1] AS BIGINT[]), 'dtype': TRY_CAST(c.concrete_inputs[2] AS INTEGER)}
+             ORDER BY c.ts, c.op_id) AS allocs
+    FROM serving_ops s
+    JOIN ops c ON c.run_id = s.run_id AND c.rank = s.rank AND c.parent_op_id = s.op_id AND c.name = 'aten::empty'
+    WHERE s.kind = 'moe'
+    GROUP BY s.run_id, s.rank, s.op_id
+), moe_kernels AS (  -- the names of the kernels a MoE op launched
+    SELECT s.run_id, s.rank, s.op_id, string_agg(DISTINCT k.name, ' ' ORDER BY k.name) AS kernels
+    FROM serving_ops s
+    JOIN slices k ON k.run_id = s.run_id AND k.rank = s.rank AND k.op_id = s.op_id AND k.kind = 'kernel'
+    WHERE s.kind = 'moe'
+    GROUP BY s.run_id, s.rank, s.op_id
+), batch_steps AS (  -- the engine's annotation of each step's batch (30_flops.sql, attention_batch)
+    SELECT run_id, rank, ts, ts + dur AS te, name FROM slices
+    WHERE kind = 'user_annotation' AND starts_with(name, 'execute_')
+      AND regexp_matches(name, '_context_[0-9]+\(.*\)_generation_[0-9]+\(.*\)$')
+), attention_anchors AS (
+    -- where an attention op ran on the host: its start, and its kernels' launches (a graph replay's op, copied
+    -- from the capture trace, sits at its kernels' device time, after the step's host annotation: its kernels'
+    -- launch is the graph launch, in it)
+    SELECT run_id, rank, op_id, ts FROM serving_ops WHERE kind = 'paged_attention'
+    UNION ALL
+    SELECT s.run_id, s.rank, s.op_id, k.launch_ts
+    FROM serving_ops s
+    JOIN slices k ON k.run_id = s.run_id AND k.rank = s.rank AND k.op_id = s.op_id AND k.kind = 'kernel'
+    WHERE s.kind = 'paged_attention' AND k.launch_ts IS NOT NULL
+), attention_batches AS (  -- an attention op's step: the innermost such annotation around it
+    SELECT s.run_id, s.rank, s.op_id, arg_max(b.name, b.ts) AS batch
+    FROM attention_anchors s
+    JOIN batch_steps b ON b.run_id = s.run_id AND b.rank = s.rank AND s.ts >= b.ts AND s.ts < b.te
+    GROUP BY s.run_id, s.rank, s.op_id
+), serving_context AS (
+    SELECT s.run_id, s.rank, s.op_id,
+        CAST({'allocs': a.allocs, 'kernels': k.kernels, 'batch': b.batch}
+             AS STRUCT(allocs STRUCT(shape BIGINT[], dtype INTEGER)[], kernels VARCHAR, batch VARCHAR)) AS x
+    FROM serving_ops s
+    LEFT JOIN moe_allocs a ON a.run_id = s.run_id AND a.rank = s.rank AND a.op_id = s.op_id
+    LEFT JOIN moe_kernels k ON k.run_id = s.run_id AND k.rank = s.rank AND k.op_id = s.op_id
+    LEFT JOIN attention_batches b ON b.run_id = s.run_id AND b.rank = s.rank AND b.op_id = s.op_id
+), contexts AS (  -- every op, with what its formula reads around it (NULL for all but serving_ops)
+    SELECT o.*, sc.x FROM ops o
+    LEFT JOIN serving_context sc ON sc.run_id = o.run_id AND sc.rank = o.rank AND sc.op_id = o.op_id
 ), signatures AS (
     -- the formulas once per distinct call (name, shapes, dtypes, scalar arguments: a few hundred in a run of
     -- millions of ops), joined back to the ops below
-    SELECT name, input_dims, input_types, concrete_inputs, k.family,
-        typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'flash') AS op_flops,
-        typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'torch') AS torch_flops,
-        typed_op_bytes(k, input_dims, input_types, concrete_inputs, a) AS op_bytes,
-        op_dtype(input_types) AS dtype
-    FROM (SELECT *, op_kind(name, base, family0, a) AS k
+    SELECT name, input_dims, input_types, concrete_inputs, x, coalesce(k.family, serving_op_family(name)) AS family,
+        coalesce(typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'flash'), sv.flash) AS op_flops,
+        coalesce(typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'torch'), sv.torch) AS torch_flops,
+        coalesce(typed_op_bytes(k, input_dims, input_types, concrete_inputs, a), sv.bytes) AS op_bytes,
+        coalesce(serving_op_dtype(name, x), op_dtype(input_types)) AS dtype
+    FROM (SELECT *, op_kind(name, base, family0, a) AS k, serving_op_cost(name, input_dims, a, x) AS sv
           FROM (SELECT *, op_base_family(name, base) AS family0, op_args(input_dims, input_types, concrete_inputs) AS a
                 FROM (SELECT *, op_base_name(name) AS base
-                      FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs FROM ops
+                      FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs, x FROM contexts
                             WHERE program_id IS NULL))))
 ), costed AS (
     SELECT o.run_id, o.rank, o.op_id, o.name, o.step, o.pid, o.tid, o.ts, o.dur, o.op_depth, o.input_dims,
@@ -63,13 +112,13 @@ WITH async_done AS (
         CASE WHEN o.program_id IS NOT NULL THEN o.flops ELSE s.torch_flops END AS torch_flops,
         CASE WHEN o.program_id IS NOT NULL THEN o.bytes_accessed ELSE s.op_bytes END AS op_bytes,
         CASE WHEN o.program_id IS NOT NULL THEN op_dtype(o.input_types) ELSE s.dtype END AS dtype
-    FROM ops o
+    FROM contexts o
     LEFT JOIN async_span a ON a.run_id = o.run_id AND a.rank = o.rank AND a.op_id = o.op_id
     LEFT JOIN xla_ops x ON o.program_id IS NOT NULL AND x.run_id = o.run_id AND x.rank = o.rank
      AND x.program_id = o.program_id AND x.name = o.name
     LEFT JOIN signatures s ON o.program_id IS NULL AND s.name IS NOT DISTINCT FROM o.name
      AND s.input_dims IS NOT DISTINCT FROM o.input_dims AND s.input_types IS NOT DISTINCT FROM o.input_types
-     AND s.concrete_inputs IS NOT DISTINCT FROM o.concrete_inputs
+     AND s.concrete_inputs IS NOT DISTINCT FROM o.concrete_inputs AND s.x IS NOT DISTINCT FROM o.x
 ), formula AS (
     SELECT * FROM costed WHERE op_flops IS NOT NULL AND family NOT IN ('xla', 'view')  -- XLA ops never nest
 ), lanes AS (

@@ -918,6 +918,134 @@ CREATE OR REPLACE MACRO fused_bytes(name, d, a) AS (
 );
 
 -- ---------------------------------------------------------------------------------------------------------
+-- Serving engines' MoE and paged-attention ops, whose own arguments lack what their cost needs. The ingest
+-- (tracesql/op_costs.sql) reads it from around each call into `x` (STRUCT(allocs STRUCT(shape BIGINT[], dtype
+-- INTEGER)[], kernels VARCHAR, batch VARCHAR)): a MoE op's buffers (its child aten::empty calls: shape and
+-- c10::ScalarType code, in order) and its kernels' names; an attention op's step annotation. Without `x` (the
+-- op_flops / op_bytes functions, a trace without it) they have no cost.
+CREATE OR REPLACE MACRO serving_op_kind(name) AS (
+    CASE
+        -- vllm::moe_forward(hidden_states [T, H], router_logits [T, E], layer_name): the fused MoE layer, every
+        -- backend (Triton fused_moe, matmul_ogs, FlashInfer/TRT-LLM, CUTLASS) under it
+        WHEN name = 'vllm::moe_forward' THEN 'moe'
+        -- vllm::unified_attention_with_output(query [T, Hq, d], key [T, Hkv, d], value, output, layer_name, ...):
+        -- every token of the step's batch against its request's cached keys (any vLLM attention backend);
+        -- SGLang's kernel-shape profiler's aiter paged_attention_ragged(out, workspace, query [B, Hq, d],
+        -- key_cache [pages, page_size, Hkv, d], value_cache, ...); aiter's paged prefill
+        -- mha_batch_prefill(q [T, Hq, d], k_cache [pages, Hkv, d], v_cache, cu_seqlens_q, kv_indptr, ...) -> out
+        WHEN name IN ('vllm::unified_attention_with_output', 'aiter::mha_batch_prefill')
+             OR regexp_matches(name, '^sglang_profiler::attention_paged_attention_ragged_[0-9]+$')
+            THEN 'paged_attention'
+    END
+);
+
+-- The cost family the op's formula belongs to: the MoE's expert GEMMs are grouped GEMMs ('gemm', as
+-- aten::_grouped_mm), paged attention is attention.
+CREATE OR REPLACE MACRO serving_op_family(name) AS (
+    CASE serving_op_kind(name) WHEN 'moe' THEN 'gemm' WHEN 'paged_attention' THEN 'attention' END
+);
+
+-- MoE routing: T tokens of hidden size H, E experts (the router's width), top-k (the width of the first [T, k]
+-- buffer the op allocates, k < E: the routing weights or expert ids) and the experts' intermediate size I (the
+-- last dim of the first non-integer buffer of at least T·k rows whose last dim is not H: the activation between
+-- the two expert GEMMs). Sizes as the op ran them (padded for the kernel when the engine pads).
+CREATE OR REPLACE MACRO moe_routing(d, x) AS (
+    list_transform([{'t': d[1][1], 'h': d[1][2], 'e': d[2][2],
+                     'k': list_filter(x.allocs, lambda b: len(b.shape) = 2 AND b.shape[1] = d[1][1]
+                                                          AND b.shape[2] < d[2][2])[1].shape[2]}], lambda r:
+    {'t': r.t, 'h': r.h, 'e': r.e, 'k': r.k,
+     'i': list_filter(x.allocs, lambda b: len(b.shape) >= 2
+                                          AND list_product(b.shape[1:len(b.shape) - 1]) >= r.t * r.k
+                                          AND b.shape[-1] <> r.h
+                                          -- not an index buffer (int16/32/64, bool, uint16/32/64)
+                                          AND b.dtype NOT IN (2, 3, 4, 11, 27, 28, 29))[1].shape[-1]})[1]
+);
+
+-- Bytes per weight element from the expert GEMM kernels' names: MXFP4 (E2M1, 4 bits, one E8M0 scale byte per
+-- block of 32: TRT-LLM's MxE2m1, Triton matmul_ogs' mxfp4), MXFP8 (E4m3 with its scales), else the hidden
+-- states' element size (weights in the activations' dtype).
+CREATE OR REPLACE MACRO moe_weight_bytes(kernels, act_bpe) AS (
+    CASE WHEN regexp_matches(coalesce(kernels, ''), 'MxE2m1|mxfp4') THEN 0.5 + 1 / 32
+         WHEN regexp_matches(coalesce(kernels, ''), 'MxE4m3|mxfp8') THEN 1 + 1 / 32
+         ELSE act_bpe END
+);
+
+-- Paged attention's batch, from the step annotation vLLM writes around each forward (the SGLang decode trace of
+-- TraceLens carries it too): execute_{T}_context_{C}(sq{Σq}sk{Σk}sqsq{Σq²}sqsk{Σq·k})_generation_{G}(sq..sk..
+-- sqsq..sqsk..), or the shorter execute_context_{C}({Σq}_{Σq·k})_generation_{G}({Σq}_{Σq·k})
+-- (G = 0: '(0)'), over the requests in prefill (context) and decode (generation): q = query tokens, kv = key
+-- tokens read (the short form has no Σk: its Σq, a lower bound, exact for a prefill with no cached prefix),
+-- full = query·key pairs of the whole score matrices (Σ q·k), causal = the pairs the causal mask keeps (query
+-- i of a request sees k − q + i + 1 keys: Σ q·k − (Σ q² − Σ q)/2; the short form has no Σq²: the context part
+-- halved, as 'flash' counts causal SDPA). NULL when the step has no such annotation.
+CREATE OR REPLACE MACRO attention_batch(batch) AS (
+    list_transform([{
+        'long': regexp_extract(batch, '_context_[0-9]+\(sq([0-9]+)sk([0-9]+)sqsq([0-9]+)sqsk([0-9]+)\)'
+                                      || '_generation_[0-9]+\(sq([0-9]+)sk([0-9]+)sqsq([0-9]+)sqsk([0-9]+)\)$',
+                       ['cq', 'ck', 'cqq', 'cqk', 'gq', 'gk', 'gqq', 'gqk']),
+        'short': regexp_extract(batch, '_context_[0-9]+\(([0-9]+)_([0-9]+)\)'
+                                       || '_generation_[0-9]+\(([0-9]+)(_([0-9]+))?\)$',
+                                ['cq', 'cqk', 'gq', 'g_', 'gqk'])}], lambda m:
+    CASE
+        WHEN m.long.cq <> '' THEN list_transform([{
+                'cq': CAST(m.long.cq AS DOUBLE), 'ck': CAST(m.long.ck AS DOUBLE), 'cqq': CAST(m.long.cqq AS DOUBLE),
+                'cqk': CAST(m.long.cqk AS DOUBLE), 'gq': CAST(m.long.gq AS DOUBLE), 'gk': CAST(m.long.gk AS DOUBLE),
+                'gqq': CAST(m.long.gqq AS DOUBLE), 'gqk': CAST(m.long.gqk AS DOUBLE)}], lambda s:
+            {'q': s.cq + s.gq, 'kv': s.ck + s.gk, 'full': s.cqk + s.gqk,
+             'causal': s.cqk + s.gqk - (s.cqq - s.cq + s.gqq - s.gq) / 2})[1]
+        -- decode requests without their Σq·k (G > 0, one number) have no pairs
+        WHEN m.short.cq <> '' AND (m.short.gqk <> '' OR m.short.gq = '0') THEN list_transform([{
+                'cq': CAST(m.short.cq AS DOUBLE), 'cqk': CAST(m.short.cqk AS DOUBLE),
+                'gq': CAST(m.short.gq AS DOUBLE), 'gqk': coalesce(TRY_CAST(m.short.gqk AS DOUBLE), 0)}], lambda s:
+            {'q': s.cq + s.gq, 'kv': s.cq + s.gq, 'full': s.cqk + s.gqk, 'causal': s.cqk / 2 + s.gqk})[1]
+    END)[1]
+);
+
+-- Positions (1-based) of the query, key, value and output arguments (NULL: the op returns a query-shaped output),
+-- and whether key and value are the step's new tokens (vLLM: read once more, to be written into the cache) or the
+-- whole cache (aiter: not read whole).
+CREATE OR REPLACE MACRO paged_attention_layout(name) AS (
+    CAST(CASE WHEN name = 'vllm::unified_attention_with_output' THEN {'q': 1, 'k': 2, 'v': 3, 'out': 4, 'new_kv': true}
+              WHEN name = 'aiter::mha_batch_prefill' THEN {'q': 1, 'k': 2, 'v': 3, 'out': NULL, 'new_kv': false}
+              WHEN serving_op_kind(name) = 'paged_attention' THEN {'q': 3, 'k': 4, 'v': 5, 'out': 1, 'new_kv': false}
+         END AS STRUCT(q INTEGER, k INTEGER, v INTEGER, out INTEGER, new_kv BOOLEAN))
+);
+
+-- The op's cost, once per call: STRUCT(flash, torch, bytes), NULL without what x must give (each formula expanded
+-- once: the ingest binds it for every distinct call of a run).
+-- FLOPs. MoE: gate and up projections [T·k, H]·[H, 2I], down projection [T·k, I]·[I, H]: 6·T·k·H·I. Paged
+-- attention: 2·Hq·(d_qk + d_v) per query·key pair, as attention_flops; the pairs of every layer's call are the
+-- step's (a sliding-window layer is counted as full attention: an upper bound there); 'flash' counts the pairs
+-- the causal mask keeps, 'torch' the whole matrices.
+-- Bytes. MoE reads the hidden states and router logits, writes its output [T, H], and reads the weights of every
+-- expert a routed token can reach (min(E, T·k): all of them once T·k ≥ E) once: 3·H·I elements each at the
+-- packed size (moe_weight_bytes). Paged attention reads the query and the keys and values of its step's kv tokens
+-- from the cache (Hkv·(d_k + d_v) each, at the cache's element size: the query's when it is smaller, as vLLM
+-- quantizes the query for an FP8 cache, else the key's), writes the output; vLLM's op also reads the new tokens'
+-- key and value to write them into the cache.
+CREATE OR REPLACE MACRO serving_op_cost(name, d, a, x) AS (
+    CAST(CASE serving_op_kind(name)
+        WHEN 'moe' THEN list_transform([moe_routing(d, x)], lambda r: {
+            'flash': 6 * r.t * r.k * r.h * r.i, 'torch': 6 * r.t * r.k * r.h * r.i,
+            'bytes': read_bytes(a, [1, 2]) + r.t * r.h * a[1].bpe
+                     + least(r.e, r.t * r.k) * 3 * r.h * r.i * moe_weight_bytes(x.kernels, a[1].bpe)})[1]
+        WHEN 'paged_attention' THEN list_transform([paged_attention_layout(name)], lambda l:
+            list_transform([{'b': attention_batch(x.batch), 'per_pair': 2 * d[l.q][-2] * (d[l.q][-1] + d[l.v][-1])}],
+                           lambda p: {
+            'flash': p.per_pair * p.b.causal, 'torch': p.per_pair * p.b.full,
+            'bytes': read_bytes(a, CASE WHEN l.new_kv THEN [l.q, l.k, l.v] ELSE [l.q] END)
+                     + a[coalesce(l.out, l.q)].numel * a[coalesce(l.out, l.q)].bpe
+                     + p.b.kv * d[l.k][-2] * (d[l.k][-1] + d[l.v][-1]) * least(a[l.q].bpe, a[l.k].bpe)})[1])[1]
+    END AS STRUCT(flash DOUBLE, torch DOUBLE, bytes DOUBLE))
+);
+
+-- The dtype whose peak the op is rated against: a MoE whose kernels run MXFP8 activations (TRT-LLM's MxE4m3,
+-- with FP8 or FP4 weights: the tensor cores' FP8 rate) 'mxfp8', else the first tensor argument's (op_dtype).
+CREATE OR REPLACE MACRO serving_op_dtype(name, x) AS (
+    CASE WHEN serving_op_kind(name) = 'moe' AND regexp_matches(coalesce(x.kernels, ''), 'MxE4m3') THEN 'mxfp8' END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
 -- Views and allocations: no data moved.
 CREATE OR REPLACE MACRO op_is_view(core) AS (
     core IN ('aten::view', 'aten::_unsafe_view', 'aten::_reshape_alias', 'aten::as_strided', 'aten::t',
