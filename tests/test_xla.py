@@ -328,6 +328,7 @@ def test_gpu_model_from_stats():
     assert gpu_model({"device_vendor": "AMD"}) is None
 
 
+@pytest.mark.corpus
 def test_te_fused_attention_and_cublas_custom_calls_costed_from_their_dims(ingested):
     """Transformer Engine's JAX fused attention (BS3HD, causal) and XLA's cuBLAS/hipBLASLt GEMM are custom calls:
     no HLO to count inside, so their FLOPs come from the dims their backend configs record (hand counts below);
