@@ -17,7 +17,7 @@
 --   run_id         VARCHAR  run
 --   rank           INTEGER  rank
 --   name           VARCHAR  per = 'kernel': the uncosted op, or the kernel's name when no op launched it; NULL per rank
---   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, e.g. a TensorList's), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay whose capture trace was not given or did not match: docs/guides/serving.md), 'no launch recorded' (launched before the profile's host events began or by an untraced thread); NULL per rank
+--   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, or the op takes a TensorList, whose tensors' shapes Kineto does not keep: aten::cat, _foreach_*), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay whose capture trace was not given or did not match: docs/guides/serving.md), 'no launch recorded' (launched before the profile's host events began or by an untraced thread); NULL per rank
 --   kernels        BIGINT   compute kernels of the rank (per = 'kernel': of that name)
 --   compute_ns     BIGINT   summed duration of the rank's compute kernels
 --   costed_ns      BIGINT   the part under a costed op (per = 'kernel': NULL)
@@ -46,6 +46,8 @@ WITH RECURSIVE op_costs_all AS (
              ELSE COALESCE(o.name, k.name) END AS name,
         CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN 'graph replay'
              WHEN o.op_id IS NULL THEN 'no launch recorded'
+             -- cat, stack, _foreach_*: Kineto keeps no shape of a TensorList's tensors, so no formula could cost it
+             WHEN oc.family IS NULL AND list_contains(o.input_types, 'TensorList') THEN 'shapes not recorded'
              WHEN oc.family IS NULL THEN 'no formula'
              WHEN oc.flops IS NULL THEN 'shapes not recorded'
              ELSE 'not counted' END AS reason

@@ -110,3 +110,16 @@ def test_graph_replay_costed_through_its_capture_trace(ingested):
     assert walked(run) == (rank.compute_ns, rank.costed_ns) == (9_765_437, 9_731_512)
     assert rank.costed_pct == 99.65  # without the capture trace: 0.77; without the paged attention's cost: 77.86
     assert list(zip(rank.top_uncosted[:1], rank.top_uncosted_ns[:1])) == [("aten::_foreach_copy_", 12_096)]
+
+
+def test_tensor_list_ops_are_uncosted_for_want_of_shapes(ingested):
+    """aten::cat takes a TensorList, whose tensors' shapes Kineto does not keep (it records `[[null, null], []]`):
+    its kernels are uncosted because the shapes are not in the trace, not for want of a formula."""
+    run = ingested(DATASETS / "hta_trace_filter")
+    rows = tracesql.query("cost_coverage", run, per="kernel", top=1000)
+    cat = rows[rows.name == "aten::cat"]
+    assert list(zip(cat["rank"], cat.reason, cat.kernels, cat.uncosted_ns)) == [
+        (0, "shapes not recorded", 34, 11_380_000), (1, "shapes not recorded", 34, 11_578_000)]
+    types = tracesql.connect(run).execute(
+        "SELECT DISTINCT input_types FROM ops WHERE name = 'aten::cat'").fetchall()
+    assert len(types) == 2 and all("TensorList" in t for (t,) in types)

@@ -229,6 +229,18 @@ CASES = {
                             ("triton", 0, 888 * 4 + 888 * 8 + 888)),
     "triton_template_has_no_formula": ("triton_tem_fused_mm_0", [[64, 32], [32, 16], [64, 16], []],
                                        [B, B, B, "Scalar"], None, (None, None, None)),
+    # --- losses and random fills, as the corpus' normalization_layer_test trace records them (fp32 [8, 16, 32, 32])
+    "mse_loss_mean": ("aten::mse_loss", [[8, 16, 32, 32], [8, 16, 32, 32], []], [F, F, "Scalar"], ["", "", "1"],
+                      ("loss", 3 * 131_072, 2 * 131_072 * 4 + 4)),  # self, target read; the mean written
+    "mse_loss_none": ("aten::mse_loss", [[8, 16, 32, 32], [8, 16, 32, 32], []], [F, F, "Scalar"], ["", "", "0"],
+                      ("loss", 2 * 131_072, 3 * 131_072 * 4)),
+    "mse_loss_reduction_unrecorded": ("aten::mse_loss", [[8, 16, 32, 32], [8, 16, 32, 32], []], [F, F, "Scalar"],
+                                      None, ("loss", None, None)),
+    # grad_output (0-dim), self, target read; grad_input (the out= tensor) written
+    "mse_loss_backward": ("aten::mse_loss_backward", [[], [8, 16, 32, 32], [8, 16, 32, 32], [], [8, 16, 32, 32]],
+                          [F, F, F, "Scalar", F], ["", "", "", "1", ""], ("loss", 3 * 131_072, 4 + 3 * 131_072 * 4)),
+    "normal_": ("aten::normal_", [[8, 16, 32, 32], [], [], []], [F, "Scalar", "Scalar", ""], ["", "0.", "1.", ""],
+                ("random", 0, 131_072 * 4)),
 }
 
 

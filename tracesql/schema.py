@@ -407,8 +407,10 @@ TABLES: dict[str, Table] = {
                  "elementwise ops and per reduced element; fusions: the sum over their parts)."),
                 ("bytes_accessed", "DOUBLE", "Bytes one execution reads and writes: XLA's cost analysis when the "
                  "profile carries it, else operands read once plus the output written once."),
-                ("cost_source", "VARCHAR", "'profile' (XLA's cost analysis recorded in the profile) or 'shapes' "
-                 "(counted by tracesql from the HLO)."),
+                ("cost_source", "VARCHAR", "'profile' (XLA's cost analysis recorded in the profile), "
+                 "'cost_estimate' (a custom call's own declared cost: a Pallas/Mosaic kernel's cost_estimate, kept "
+                 "in its backend config) or 'shapes' (counted by tracesql from the HLO's shapes; for the custom "
+                 "calls it knows, from the dims their operands and backend configs record)."),
                 ("op_name", "VARCHAR", "The framework op path (JAX named scopes: jit(step)/transpose(jvp(...))/dot)."),
                 ("op_type", "VARCHAR", "The framework op type, when recorded."),
                 ("source_file", "VARCHAR", "Source file of the framework op."),

@@ -1045,6 +1045,33 @@ CREATE OR REPLACE MACRO serving_op_dtype(name, x) AS (
     CASE WHEN serving_op_kind(name) = 'moe' AND regexp_matches(coalesce(x.kernels, ''), 'MxE4m3') THEN 'mxfp8' END
 );
 
+-- Losses: mse_loss(self, target, reduction) and mse_loss_backward(grad_output, self, target, reduction[,
+-- grad_input]) (reduction, a Concrete Input: 0 none, 1 mean, 2 sum). Forward: 2 FLOPs per element (subtract,
+-- square) and 1 more to accumulate when reduced; reads self and target, writes one element (reduced) or self's
+-- shape. Backward: 3 per element (subtract, scale by 2 (/N), times grad_output); reads grad_output, self and
+-- target, writes grad_input (self's shape). NULL when the reduction was not recorded.
+CREATE OR REPLACE MACRO loss_flops(core, a, c) AS (
+    CASE core
+        WHEN 'aten::mse_loss' THEN a[1].numel * CASE c[3] WHEN '0' THEN 2 WHEN '1' THEN 3 WHEN '2' THEN 3 END
+        WHEN 'aten::mse_loss_backward' THEN 3 * a[2].numel
+    END
+);
+
+CREATE OR REPLACE MACRO loss_bytes(core, a, c) AS (
+    CASE core
+        WHEN 'aten::mse_loss' THEN read_bytes(a, [1, 2])
+            + CASE c[3] WHEN '0' THEN a[1].numel WHEN '1' THEN 1 WHEN '2' THEN 1 END * a[1].bpe
+        WHEN 'aten::mse_loss_backward' THEN read_bytes(a, [1, 2, 3]) + a[2].numel * a[2].bpe
+    END
+);
+
+-- Random fills in place (normal_, uniform_, ... (self, parameters, generator)): self written once; 0 FLOPs, as
+-- fill_ (the generator's arithmetic is not counted).
+CREATE OR REPLACE MACRO op_is_random_fill(base) AS (
+    base IN ('aten::normal_', 'aten::uniform_', 'aten::random_', 'aten::exponential_', 'aten::log_normal_',
+             'aten::cauchy_', 'aten::geometric_')
+);
+
 -- ---------------------------------------------------------------------------------------------------------
 -- Views and allocations: no data moved.
 CREATE OR REPLACE MACRO op_is_view(core) AS (
@@ -1060,7 +1087,8 @@ CREATE OR REPLACE MACRO op_is_view(core) AS (
 
 -- ---------------------------------------------------------------------------------------------------------
 -- Which formula an op name takes: 'gemm', 'conv', 'attention' (the math that FLOPs are usually about),
--- 'elementwise', 'reduction', 'norm', 'softmax', 'copy', 'upsample', 'index', 'fused', 'triton' (memory-bound work),
+-- 'elementwise', 'reduction', 'norm', 'softmax', 'copy', 'upsample', 'index', 'fused', 'triton', 'loss', 'random'
+-- (memory-bound work),
 -- 'view' (views and allocations: nothing moved); NULL when tracesql has no formula for it.
 CREATE OR REPLACE MACRO op_base_family(name, base) AS (
     list_transform([op_core_name(base)], lambda fc: CASE
@@ -1093,6 +1121,8 @@ CREATE OR REPLACE MACRO op_base_family(name, base) AS (
                     'aten::_index_put_impl', 'aten::embedding_dense_backward')
             THEN 'index'
         WHEN fused_kernel(name) IS NOT NULL THEN 'fused'
+        WHEN base IN ('aten::mse_loss', 'aten::mse_loss_backward') THEN 'loss'
+        WHEN op_is_random_fill(base) THEN 'random'
         WHEN regexp_matches(name, '^triton_(poi|red|per)_') THEN 'triton'
     END)[1]
 );
@@ -1150,6 +1180,8 @@ CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
         WHEN 'index' THEN index_flops(k.core, d, a, c)
         WHEN 'fused' THEN fused_flops(fused_kernel(k.name), a)
         WHEN 'triton' THEN CASE WHEN len(tensor_positions(a, 99)) > 0 THEN 0 END
+        WHEN 'loss' THEN loss_flops(k.base, a, c)
+        WHEN 'random' THEN CASE WHEN a[1].numel IS NOT NULL THEN 0 END
     END AS DOUBLE)
 );
 
@@ -1180,6 +1212,8 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
         WHEN 'index' THEN index_bytes(k, k.core, d, a, c)
         WHEN 'fused' THEN fused_bytes(fused_kernel(k.name), d, a)
         WHEN 'triton' THEN read_bytes(a, tensor_positions(a, 99))
+        WHEN 'loss' THEN loss_bytes(k.base, a, c)
+        WHEN 'random' THEN a[1].numel * a[1].bpe
     END AS DOUBLE)
 );
 

@@ -12,11 +12,16 @@ so that it counts as communication. Costs: XLA's own cost analysis where the pro
 profiles: per op `flops` and `bytes_accessed`), else counted here from the shapes: 2 FLOPs per multiply-add
 for dot and convolution, one per output element of elementwise ops (transcendentals too, as tracesql's
 other formulas), one per reduced input element; bytes = operands read once + output written once (for a
-fusion, its operands and output: what crosses memory).
+fusion, its operands and output: what crosses memory). Custom calls (kernels XLA does not see into): a Pallas /
+Mosaic kernel's own `cost_estimate` (pallas_call(cost_estimate=...)), which XLA keeps in the call's backend config
+and its cost analysis reports as the op's cost; else, for the targets tracesql knows, from the dims the call's
+operands and backend config record: cuBLAS/hipBLASLt GEMMs as a dot, Transformer Engine's fused attention as
+attention (`CUSTOM_CALL_FLOPS`); other custom calls have no FLOPs.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from functools import cache
@@ -41,6 +46,17 @@ ELEMENTWISE = {
 #: Elementwise opcodes that compute nothing (their cost is memory traffic only).
 NO_FLOPS = {"convert", "reduce-precision", "real", "imag", "complex", "bitcast-convert"}
 CONTROL_FLOW = {"while", "conditional", "call", "async-start", "async-update", "async-done"}
+#: Custom-call targets whose FLOPs tracesql counts from their dims, and how: 'gemm' (cuBLAS / hipBLASLt, a dot
+#: whose dimension numbers the backend config's gemm_backend_config holds), 'attention_forward' /
+#: 'attention_backward' (Transformer Engine's JAX fused attention, whose backend config records batch, heads,
+#: sequence lengths, head dims and mask).
+CUSTOM_CALL_FLOPS = {
+    "__cublas$gemm": "gemm", "__cublas$lt$matmul": "gemm", "__cublas$lt$matmul$f8": "gemm",
+    "te_fused_attn_forward_ffi": "attention_forward", "te_fused_attn_backward_ffi": "attention_backward",
+}
+#: Transformer Engine's NVTE_Mask_Type values without padding (whose sequences' real lengths are run-time data):
+#: no mask, causal (top left), causal (bottom right); True where causal.
+TE_MASK_CAUSAL = {0: False, 2: True, 4: True}
 _ASYNC_SUFFIX = re.compile(r"-(start|update|done)$")
 
 
@@ -221,9 +237,10 @@ class Module:
             parts = [self.flops(i) for i in self.called(instruction)]
             return float(sum(p for p in parts if p))
         if opcode == "dot" and operands and operands[0] is not None:
-            lhs = operands[0].shape.dimensions
-            k = math.prod(lhs[d] for d in instruction.dot_dimension_numbers.lhs_contracting_dimensions)
-            return 2.0 * out * k
+            return _dot_flops(out, operands[0].shape.dimensions,
+                              instruction.dot_dimension_numbers.lhs_contracting_dimensions)
+        if opcode == "custom-call" and instruction.custom_call_target in CUSTOM_CALL_FLOPS:
+            return custom_call_flops(instruction, operands)
         if (opcode == "convolution" or instruction.convolution_dimension_numbers.kernel_spatial_dimensions) \
                 and len(operands) >= 2 and operands[1] is not None:
             numbers, kernel = instruction.convolution_dimension_numbers, operands[1].shape.dimensions
@@ -251,6 +268,73 @@ class Module:
         """Operands read once plus the output written once."""
         operands = [self.instructions.get(i) for i in instruction.operand_ids]
         return float(sum(shape_bytes(o.shape) for o in operands if o is not None) + shape_bytes(instruction.shape))
+
+
+def _dot_flops(out_elements: int, lhs_dims, lhs_contracting) -> float:
+    """2 FLOPs per multiply-add: each output element sums over the contracted dims of the left operand."""
+    return 2.0 * out_elements * math.prod(lhs_dims[int(d)] for d in lhs_contracting)
+
+
+def backend_config(instruction) -> dict:
+    """A custom call's backend config as a dict: JSON (XLA's GPU configs, Pallas/Mosaic's custom_call_config) or
+    an MLIR attribute dictionary (FFI calls: `{attn_heads = 16 : i64, is_training = true, ...}`, values as
+    numbers and booleans); {} when it is neither."""
+    text = instruction.backend_config.decode("utf-8", "replace").strip()
+    if text.startswith('{"'):
+        try:
+            config = json.loads(text)
+        except ValueError:
+            return {}
+        return config if isinstance(config, dict) else {}
+    attributes = {}
+    for key, value in re.findall(r"(\w+) = ([^,{}]+?)(?: : \w+)?(?=,|}$)", text):
+        value = value.strip()
+        attributes[key] = value == "true" if value in ("true", "false") else _number(value)
+    return attributes
+
+
+def custom_call_estimate(instruction) -> tuple[float, float] | None:
+    """(flops, bytes_accessed) a Pallas/Mosaic kernel declares (pallas_call(cost_estimate=...)), as XLA keeps it in
+    the custom call's backend config ({"custom_call_config": {"cost_estimate": {"flops", "transcendentals",
+    "bytes_accessed"}}}) and reports it in its cost analysis: flops as declared (XLA counts transcendentals
+    apart); None when the call declares none."""
+    if instruction.opcode != "custom-call":
+        return None
+    config = backend_config(instruction).get("custom_call_config")
+    estimate = config.get("cost_estimate") if isinstance(config, dict) else None
+    if not isinstance(estimate, dict):
+        return None
+    flops, bytes_ = _number(estimate.get("flops")), _number(estimate.get("bytes_accessed"))
+    return (flops, bytes_) if flops is not None and bytes_ is not None else None
+
+
+def custom_call_flops(instruction, operands) -> float | None:
+    """FLOPs of a custom call whose target CUSTOM_CALL_FLOPS names, from its dims; None for any other target or
+    when what the formula needs is not recorded.
+    gemm: as a dot (2 per multiply-add) over the first output (the second is cuBLAS's workspace).
+    attention: 2·B·Hq·Sq·Skv·(d_qk + d_v) forward, 2·B·Hq·Sq·Skv·(3·d_qk + 2·d_v) backward, as
+    functions/30_flops.sql's attention; causal masks count half (an XLA op has one number: the default 'flash'
+    convention); padding masks and packed sequences (their real lengths are run-time data) and sliding windows are
+    not counted."""
+    kind = CUSTOM_CALL_FLOPS.get(instruction.custom_call_target)
+    config = backend_config(instruction) if kind else {}
+    if kind == "gemm":
+        numbers = (config.get("gemm_backend_config") or {}).get("dot_dimension_numbers")
+        if not operands or operands[0] is None or not isinstance(numbers, dict):
+            return None
+        return _dot_flops(_elements(_first_leaf(instruction.shape)), operands[0].shape.dimensions,
+                          numbers.get("lhs_contracting_dimensions", []))
+    if kind in ("attention_forward", "attention_backward"):
+        dims = [config.get(k) for k in ("input_batch", "attn_heads", "q_max_seqlen", "kv_max_seqlen",
+                                        "qk_head_dim", "v_head_dim")]
+        mask = config.get("mask_type")
+        if None in dims or mask not in TE_MASK_CAUSAL or config.get("max_segments_per_seq", 1) != 1 \
+                or (config.get("window_size_left"), config.get("window_size_right")) not in ((-1, -1), (-1, 0)):
+            return None
+        batch, heads, sq, skv, d_qk, d_v = dims
+        head_dims = d_qk + d_v if kind == "attention_forward" else 3 * d_qk + 2 * d_v
+        return 2.0 * batch * heads * sq * skv * head_dims * (0.5 if TE_MASK_CAUSAL[mask] else 1.0)
+    return None
 
 
 def _message_out(collective) -> int:
@@ -299,6 +383,7 @@ def op_rows(module, program_id: str, trace_costs: dict | None = None) -> list[di
             file, line = index.source(instruction)
             flops, bytes_ = _number(traced.get("flops")), _number(traced.get("bytes_accessed"))
             from_trace = flops is not None and bytes_ is not None
+            estimate = None if from_trace else custom_call_estimate(instruction)
             leaf = None if dtype_name(instruction.shape.element_type) == "tuple" else instruction.shape
             rows.append({
                 "program_id": program_id,
@@ -325,9 +410,10 @@ def op_rows(module, program_id: str, trace_costs: dict | None = None) -> list[di
                 if message_operands else None,
                 "collective_in_elems": sum(_elements(o.shape) for o in message_operands) if message else None,
                 "collective_out_elems": _message_out(message) if message else None,
-                "flops": flops if from_trace else index.flops(instruction),
-                "bytes_accessed": bytes_ if from_trace else index.bytes_accessed(instruction),
-                "cost_source": "profile" if from_trace else "shapes",
+                "flops": flops if from_trace else estimate[0] if estimate else index.flops(instruction),
+                "bytes_accessed": bytes_ if from_trace else estimate[1] if estimate
+                else index.bytes_accessed(instruction),
+                "cost_source": "profile" if from_trace else "cost_estimate" if estimate else "shapes",
                 "op_name": instruction.metadata.op_name or None,
                 "op_type": instruction.metadata.op_type or None,
                 "source_file": file,
