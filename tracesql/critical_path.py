@@ -218,6 +218,19 @@ def _device(g: Graph, ev: dict, start: list, end: list, index: dict, replay: boo
         last_on[stream] = end[i]
 
 
+def _binding(g: Graph) -> tuple[list[bool], dict[int, int]]:
+    """Per edge, whether its node waits for several things (contested); per such node, the edge that held it
+    up: the one whose source came last."""
+    waits = ("launch", "kernel_gap", "sync", "collective")
+    contested = [kind in waits or (kind == "op" and (not g.weighs[e] or g.dst[e] in g.completions))
+                 for e, kind in enumerate(g.kind)]
+    binding: dict[int, int] = {}
+    for e, dst in enumerate(g.dst):
+        if contested[e] and (dst not in binding or g.ts[g.src[e]] > g.ts[g.src[binding[dst]]]):
+            binding[dst] = e
+    return contested, binding
+
+
 def _weights(g: Graph, scale: list, gaps_scale: float, replay: bool) -> list[float]:
     """HTA's weights (replay False), or the replay's (True): every edge weighs its time, changed by the what-if,
     except where a node waits for several things (a device event for its launch, the previous event on its
@@ -225,13 +238,7 @@ def _weights(g: Graph, scale: list, gaps_scale: float, replay: bool) -> list[flo
     with): there only what came last, what held it up, weighs its time; the others weigh 0 (they still order)."""
     if not replay:
         return [max(time, 0) if weighs else 0 for time, weighs in zip(g.time, g.weighs)]
-    waits = ("launch", "kernel_gap", "sync", "collective")
-    contested = [kind in waits or (kind == "op" and (not g.weighs[e] or g.dst[e] in g.completions))
-                 for e, kind in enumerate(g.kind)]
-    binding: dict[int, int] = {}  # node -> the edge that held it up
-    for e, dst in enumerate(g.dst):
-        if contested[e] and (dst not in binding or g.ts[g.src[e]] > g.ts[g.src[binding[dst]]]):
-            binding[dst] = e
+    contested, binding = _binding(g)
     weights = []
     for e, kind in enumerate(g.kind):
         time, owner = g.time[e], g.owner[e]
@@ -345,6 +352,34 @@ def path(ev: dict, windows: list[dict] | None = None, gaps_scale: float | None =
     if gaps_scale is not None:  # removed synchronisations
         keep = [i for i, (role, scale) in enumerate(zip(ev["role"], ev["scale"])) if role not in SYNCS or scale != 0]
         ev = {name: [values[i] for i in keep] for name, values in ev.items()}
+    g, ends = build(ev, windows)
+    if not g.src:
+        return []
+    scale = [1.0 if s is None or gaps_scale is None else s for s in ev["scale"]]
+    weight = _weights(g, scale, 1.0 if gaps_scale is None else gaps_scale, replay=windows is not None)
+    segments = []
+    paths = _longest(g, weight, None if ends is None else list(ends.values()))
+    for path_rank, edges in zip(ends or [ev["rank"][0]], paths):
+        first_seq = len(segments)
+        for e in edges:
+            kind, owner = g.kind[e], g.owner[e]
+            if weight[e] == 0 and (windows is not None or not g.weighs[e]):
+                continue
+            role = ev["role"][owner] if owner >= 0 else "range"
+            bound_by = BOUND_BY.get(kind) or ("cpu_bound" if role in OPS or role == "range" else
+                                              "gpu_communication_bound" if role == "communication" else
+                                              "gpu_compute_bound")
+            # HTA counts a -1 (a child ending 1 ns after its parent: rounding) as -1 in the total, 0 in the path
+            dur = g.time[e] if windows is None and g.time[e] < 0 else round(weight[e])
+            segments.append({"seq": len(segments) - first_seq, "event_id": ev["id"][owner] if owner >= 0 else None,
+                             "ts": g.ts[g.src[e]], "dur_ns": dur, "edge": kind, "bound_by": bound_by,
+                             "path_rank": path_rank, "rank": ev["rank"][owner] if owner >= 0 else path_rank})
+    return segments
+
+
+def build(ev: dict, windows: list[dict] | None = None) -> tuple[Graph, dict | None]:
+    """The dependency graph of the events (see the module's doc), and with windows (the replay's) each rank's
+    end node."""
     g = Graph()
     count = len(ev["id"])
     start, end = [None] * count, [None] * count
@@ -374,28 +409,7 @@ def path(ev: dict, windows: list[dict] | None = None, gaps_scale: float | None =
                 g.edge(woken.get(v, first), v, "window")
             if v not in has_out:
                 g.edge(v, ends[ev["rank"][g.event[v]]], "window")
-    if not g.src:
-        return []
-    scale = [1.0 if s is None or gaps_scale is None else s for s in ev["scale"]]
-    weight = _weights(g, scale, 1.0 if gaps_scale is None else gaps_scale, replay=windows is not None)
-    segments = []
-    paths = _longest(g, weight, None if ends is None else list(ends.values()))
-    for path_rank, edges in zip(ends or [ev["rank"][0]], paths):
-        first_seq = len(segments)
-        for e in edges:
-            kind, owner = g.kind[e], g.owner[e]
-            if weight[e] == 0 and (windows is not None or not g.weighs[e]):
-                continue
-            role = ev["role"][owner] if owner >= 0 else "range"
-            bound_by = BOUND_BY.get(kind) or ("cpu_bound" if role in OPS or role == "range" else
-                                              "gpu_communication_bound" if role == "communication" else
-                                              "gpu_compute_bound")
-            # HTA counts a -1 (a child ending 1 ns after its parent: rounding) as -1 in the total, 0 in the path
-            dur = g.time[e] if windows is None and g.time[e] < 0 else round(weight[e])
-            segments.append({"seq": len(segments) - first_seq, "event_id": ev["id"][owner] if owner >= 0 else None,
-                             "ts": g.ts[g.src[e]], "dur_ns": dur, "edge": kind, "bound_by": bound_by,
-                             "path_rank": path_rank, "rank": ev["rank"][owner] if owner >= 0 else path_rank})
-    return segments
+    return g, ends
 
 
 def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
