@@ -47,7 +47,8 @@ CAUSES = {"host_stall": "host_op", "sync_d2h": "host_sync", "slow_loader": "data
 #: Jobs of several ranks for the causes across ranks (a folder of rank traces, or one trace taken as `copies`
 #: identical ranks: a balanced job), and those causes' rules.
 JOBS = [(REPO / "datasets" / "hta_trace_filter", 1),
-        (CORPUS / "hta/tests/data/trace_diff/control/control.json.gz", 4)]
+        (CORPUS / "hta/tests/data/trace_diff/control/control.json.gz", 4),
+        (CORPUS / "hta/tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", 2)]
 JOB_CAUSES = {"slow_rank": "straggler", "exposed_collective": "exposed_communication"}
 SLOW_FACTOR = 1.3  # slow_rank: its kernels take this × their time
 #: The causes that are one host range at the step's start: its category and name.
