@@ -44,6 +44,13 @@ TRACES = [REPO / "datasets" / "hta_trace_filter" / "sampled_rank-0.json.gz",
           CORPUS / "hta/tests/data/negative_queue_length_values_check/rank0.json.gz",
           CORPUS / "hta/tests/data/trace_diff/control/control.json.gz"]
 CAUSES = {"host_stall": "host_op", "sync_d2h": "host_sync", "slow_loader": "data_loader"}
+#: Jobs of several ranks for the causes across ranks (a folder of rank traces, or one trace taken as `copies`
+#: identical ranks: a balanced job), and those causes' rules.
+JOBS = [(REPO / "datasets" / "hta_trace_filter", 1),
+        (CORPUS / "hta/tests/data/trace_diff/control/control.json.gz", 4),
+        (CORPUS / "hta/tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", 2)]
+JOB_CAUSES = {"slow_rank": "straggler", "exposed_collective": "exposed_communication"}
+SLOW_FACTOR = 1.3  # slow_rank: its kernels take this × their time
 #: The causes that are one host range at the step's start: its category and name.
 STALLS = {"host_stall": ("cpu_op", "planted::host_stall"),
           "slow_loader": ("user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__")}
@@ -209,6 +216,181 @@ def plant(trace: dict, cause: str, fraction: float) -> dict:
     return trace
 
 
+def load_job(path: Path, copies: int = 1) -> list[dict]:
+    """The rank traces of a job: a folder's, or one trace as `copies` ranks (distributedInfo's rank rewritten)."""
+    if path.is_dir():
+        return [load(p) for p in sorted(path.glob("*.json*"))]
+    text = json.dumps(load(path))
+    job = [json.loads(text) for _ in range(copies)]
+    for rank, trace in enumerate(job):
+        trace["distributedInfo"] = dict(trace.get("distributedInfo", {}), rank=rank, world_size=copies)
+    return job
+
+
+def _communication(events: list[dict]) -> list[dict]:
+    """A rank's communication (NCCL) kernels in start order: the n-th of each rank are one collective."""
+    return sorted((e for e in events if e.get("cat") == "kernel" and e["name"].startswith("nccl")),
+                  key=lambda e: e["ts"])
+
+
+def _retime_rank(events: list[dict], factor: float, collectives: list, waits_for: dict) -> tuple:
+    """One rank's device work replayed (see _retime) given the collectives' arrivals: (new (ts, dur) by
+    id(device event), the host's breaks)."""
+    device = [e for e in events if e.get("cat") in DEVICE_CATS]
+    calls = {e["args"]["correlation"]: e for e in events
+             if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    synced = {e["args"]["correlation"]: (e["pid"], e["args"].get("stream")) for e in events
+              if e.get("cat") == "cuda_sync" and "correlation" in e.get("args", {})}
+    syncs = [e for e in calls.values() if e["name"] in SYNC_CALLS]
+    streams = {(e["pid"], e["args"].get("stream")) for e in device}
+    order = sorted([(e["ts"], 0, id(e), e) for e in device] + [(e["ts"] + e["dur"], 1, id(e), e) for e in syncs],
+                   key=lambda x: x[:3])
+    new, stream_end, breaks = {}, {}, [(float("-inf"), 0.0)]
+    warp = _warp(breaks)
+    launched_at = {id(e): calls[e["args"]["correlation"]]["ts"] for e in device
+                   if e["args"].get("correlation") in calls}
+    for _, is_sync, _, e in order:
+        if is_sync:  # it returns when the work it waited for (launched before it, on its stream or all) ends
+            corr = e["args"]["correlation"]
+            keys = [synced[corr]] if corr in synced else streams
+            waited = [d for d in device if (d["pid"], d["args"].get("stream")) in keys
+                      and launched_at.get(id(d), e["ts"]) < e["ts"] and id(d) in new]
+            was = max((d["ts"] + d["dur"] for d in waited), default=0.0)
+            now = max((sum(new[id(d)]) for d in waited), default=0.0)
+            end = e["ts"] + e["dur"]
+            back = max(warp(e["ts"]) + min(e["dur"], SYNC_RETURN_US), end + now - was)
+            breaks.append((end, back - end))
+            warp = _warp(breaks)
+            continue
+        key, start = (e["pid"], e["args"].get("stream")), e["ts"]
+        if id(e) in launched_at:
+            latency = min(max(e["ts"] - launched_at[id(e)], 0.0), 20.0)
+            start = max(start, warp(launched_at[id(e)]) + latency)
+        start = max(start, stream_end.get(key, start))
+        if id(e) in waits_for:  # a stream wait: after the collective it waits for
+            start = max(start, sum(new[id(waits_for[id(e)])]))
+        dur = e["dur"] * (factor if e.get("cat") == "kernel" else 1.0)
+        if id(e) in collectives:  # it completes its transfer after the last rank's arrival
+            latest, last = collectives[id(e)]
+            end = e["ts"] + e["dur"]
+            if end >= last:  # (else the ranks' clocks disagree: taken as not waiting)
+                dur = max(start, latest) + end - last - start
+            else:
+                dur = e["dur"]
+        new[id(e)] = (start, dur)
+        stream_end[key] = start + dur
+    return new, breaks
+
+
+def _retime(job: list[dict], slow: int | None = None, waits_for: dict | None = None) -> None:
+    """Replay the job's device work after a change on the device: rank `slow`'s kernels take SLOW_FACTOR × their
+    time, and/or device events wait for a collective (waits_for: id(event) -> the collective kernel). Each
+    device event starts at the earliest its stream, its launch (moved as the host moved) and what it waits for
+    allow, never earlier than it did; the n-th collective of each rank completes its transfer (its time after
+    the last arrival) after the last rank's new arrival; a synchronize returns when the work it waited for
+    ends, moving the host after it (as in _shift). The ranks wait for each other: four rounds settle it."""
+    ranks = [t["traceEvents"] for t in job]
+    comm = [_communication(events) for events in ranks]
+    count = min(len(c) for c in comm)
+    last = [max(c[n]["ts"] for c in comm) for n in range(count)]
+    arrivals = [[c[n]["ts"] for n in range(count)] for c in comm]
+    for _ in range(4):
+        done = []
+        for r, events in enumerate(ranks):
+            others = [max(a[n] for q, a in enumerate(arrivals) if q != r) if len(ranks) > 1 else float("-inf")
+                      for n in range(count)]
+            collectives = {id(comm[r][n]): (others[n], last[n]) for n in range(count)}
+            done.append(_retime_rank(events, SLOW_FACTOR if r == slow else 1.0, collectives, waits_for or {}))
+        arrivals = [[done[r][0][id(comm[r][n])][0] for n in range(count)] for r in range(len(ranks))]
+    for events, (new, breaks) in zip(ranks, done):
+        warp = _warp(breaks)
+        calls = {}
+        for e in events:
+            if e.get("cat") in DEVICE_CATS:
+                e["ts"], e["dur"] = new[id(e)]
+            elif e.get("cat") not in ("cuda_sync", "gpu_user_annotation"):
+                end = e["ts"] + e.get("dur", 0)
+                shift = warp(e["ts"]) - e["ts"]
+                e["ts"] += shift
+                if e.get("ph") == "X":
+                    e["dur"] += warp(end) - end - shift
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+                    calls[e["args"]["correlation"]] = e
+        for e in events:
+            if e.get("cat") == "cuda_sync" and e["args"].get("correlation") in calls:
+                call = calls[e["args"]["correlation"]]
+                e["ts"] = call["ts"] + call["dur"] - e["dur"]
+
+
+def _hidden_collective(events: list[dict]) -> list[tuple]:
+    """Per step, the collective most hidden under compute: (collective kernel, the first kernel launched after
+    it on the busiest other stream of its device, which started while it ran), the longest overlap first."""
+    launched = _launch_starts(events)
+    kernels = [e for e in events if e.get("cat") == "kernel" and e["args"].get("correlation") in launched]
+    busiest = {}
+    for e in kernels:
+        busiest.setdefault(e["pid"], {}).setdefault(e["args"].get("stream"), []).append(e)
+    picks = []
+    for step in _steps(events):
+        best = None
+        for c in _communication(events):
+            at = launched.get(c["args"].get("correlation"))
+            if at is None or not step["ts"] <= at <= step["ts"] + step["dur"]:
+                continue
+            streams = {k: v for k, v in busiest[c["pid"]].items() if k != c["args"].get("stream")}
+            if not streams:
+                continue
+            compute = max(streams.values(), key=len)
+            after = [k for k in compute if launched[k["args"]["correlation"]] > at]
+            first = min(after, key=lambda k: launched[k["args"]["correlation"]], default=None)
+            if first is not None and c["ts"] < first["ts"] < c["ts"] + c["dur"]:
+                overlap = c["ts"] + c["dur"] - first["ts"]
+                if best is None or overlap > best[0]:
+                    best = (overlap, c, first)
+        if best is not None:
+            picks.append(best[1:])
+    return picks
+
+
+def plant_job(job: list[dict], cause: str) -> list[dict]:
+    """`job` (one Kineto trace per rank) with `cause` added: slow_rank, the last rank's kernels SLOW_FACTOR × as
+    long; exposed_collective, on every rank, each step's collective most hidden under compute made to hold the
+    compute stream (a cudaEventRecord after its launch and a cudaStreamWaitEvent on the compute stream, with the
+    cuda_sync record Kineto writes for it: the next kernel launched there waits until the collective ends)."""
+    if cause == "slow_rank":
+        _retime(job, slow=len(job) - 1)
+        return job
+    if cause != "exposed_collective":
+        raise ValueError(f"unknown cause {cause!r} (known: {', '.join(JOB_CAUSES)})")
+    waits_for = {}
+    for trace in job:
+        events = trace["traceEvents"]
+        correlation = max((e.get("args", {}).get("correlation", 0) for e in events), default=0) + 1_000_000
+        calls = {e["args"]["correlation"]: e for e in events
+                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+        for collective, first in _hidden_collective(events):
+            launch, next_launch = calls[collective["args"]["correlation"]], calls[first["args"]["correlation"]]
+            # the two calls fit between the collective's launch and the next event on the thread
+            t0 = launch["ts"] + launch["dur"]
+            room = min([e["ts"] for e in events if e.get("tid") == launch["tid"] and e.get("pid") == launch["pid"]
+                        and e["ts"] >= t0] + [next_launch["ts"]]) - t0
+            length = room / 3
+            record, wait = correlation, correlation + 1
+            correlation += 2
+            stream, waiting = collective["args"]["stream"], first["args"]["stream"]
+            events += [{"ph": "X", "cat": "cuda_runtime", "name": name, "pid": launch["pid"], "tid": launch["tid"],
+                        "ts": t0 + k * length, "dur": length / 2, "args": {"correlation": corr}}
+                       for k, (name, corr) in enumerate((("cudaEventRecord", record), ("cudaStreamWaitEvent", wait)))]
+            events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": first["pid"],
+                           "tid": waiting, "ts": t0 + length, "dur": length / 2,
+                           "args": {"cuda_sync_kind": "Stream Wait Event", "stream": waiting, "device": first["pid"],
+                                    "wait_on_stream": stream, "wait_on_cuda_event_record_corr_id": record,
+                                    "correlation": wait}})
+            waits_for[id(first)] = collective
+    _retime(job, waits_for=waits_for)
+    return job
+
+
 def write(trace: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
@@ -219,15 +401,31 @@ def write(trace: dict, path: Path) -> Path:
 _CACHE: dict = {}
 
 
-def evaluate(original: Path, cause: str, fraction: float, scratch: Path) -> dict:
-    """Plant `cause` in `original`, run findings on both, and score the variant's top finding per step."""
+def _variants(original: Path, cause: str, fraction: float, scratch: Path, copies: int) -> tuple[str, dict]:
+    """The name, and the original's and the variant's trace files or folders (written under scratch)."""
+    name = original.name.split(".")[0] + (f"x{copies}" if copies > 1 else "")
+    if cause in CAUSES:
+        return name, {"original": original, "variant": write(plant(load(original), cause, fraction),
+                                                             scratch / "traces" / f"{name}-{cause}.json.gz")}
+    folders = {"original": original if original.is_dir() else scratch / "traces" / name,
+               "variant": scratch / "traces" / f"{name}-{cause}"}
+    if not folders["original"].exists():
+        for rank, trace in enumerate(load_job(original, copies)):
+            write(trace, folders["original"] / f"rank-{rank}.json.gz")
+    for rank, trace in enumerate(plant_job(load_job(original, copies), cause)):
+        write(trace, folders["variant"] / f"rank-{rank}.json.gz")
+    return name, folders
+
+
+def evaluate(original: Path, cause: str, fraction: float, scratch: Path, copies: int = 1) -> dict:
+    """Plant `cause` in `original` (a job's folder or trace, taken as `copies` ranks, for the causes across
+    ranks), run findings on both, and score the variant's top finding per rank and step."""
     import tracesql
     from tracesql import findings
 
-    name = original.name.split(".")[0]
-    variant = write(plant(load(original), cause, fraction), scratch / "traces" / f"{name}-{cause}.json.gz")
+    name, sources = _variants(original, cause, fraction, scratch, copies)
     runs = {}
-    for label, source in (("original", original), ("variant", variant)):
+    for label, source in sources.items():
         out = scratch / "runs" / f"{name}-{label if label == 'original' else cause}"
         if not out.exists():
             tracesql.ingest([source], out)
@@ -242,7 +440,7 @@ def evaluate(original: Path, cause: str, fraction: float, scratch: Path) -> dict
             _CACHE[run, "spans"] = (ends - steps.ts.groupby(level="rank").min(), steps.measured_ns)
             _CACHE[run, "found"] = findings.run(tracesql.connect(run), str(run)).df()
         spans[label], found[label] = _CACHE[run, "spans"], _CACHE[run, "found"]
-    rule, rows = CAUSES[cause], []
+    rule, rows = {**CAUSES, **JOB_CAUSES}[cause], []
     for rank, span in spans["original"][0].items():
         steps = spans["original"][1].loc[rank]
         cost = (spans["variant"][0][rank] - span) / len(steps)  # per step: queued work may move it to the next
@@ -278,10 +476,17 @@ def main(argv=None) -> int:
     parser.add_argument("traces", nargs="*", type=Path, help="Kineto traces (default: the bundled and corpus ones)")
     parser.add_argument("--fraction", type=float, default=0.3, help="host stall length, × the step's (0.3)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the docs)")
+    parser.add_argument("--cause", action="append", choices=list(CAUSES) + list(JOB_CAUSES),
+                        help="only this cause (repeatable; default: all)")
     args = parser.parse_args(argv)
     traces = [t for t in (args.traces or TRACES) if t.exists()]
+    jobs = [(path, copies) for path, copies in ([] if args.traces else JOBS) if path.exists()]
+    causes = args.cause or list(CAUSES) + list(JOB_CAUSES)
     with tempfile.TemporaryDirectory() as tmp:
-        results = [evaluate(t, cause, args.fraction, Path(tmp)) for t in traces for cause in CAUSES]
+        results = [evaluate(t, cause, args.fraction, Path(tmp)) for t in traces for cause in CAUSES
+                   if cause in causes]
+        results += [evaluate(path, cause, args.fraction, Path(tmp), copies) for path, copies in jobs
+                    for cause in JOB_CAUSES if cause in causes]
     table = summary(results)
     columns = list(table[0])
     if args.markdown:

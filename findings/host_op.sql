@@ -23,7 +23,7 @@ WITH top_op AS (
     -- the op whose own time lies most on the steps' critical paths: what the steps waited for (the largest by
     -- self time may run while the device is busy)
     SELECT e.name, sum(w.s.dur_ns) AS path_ns
-    FROM (SELECT run_id, rank, unnest(critical_path_walk(events, NULL, NULL, NULL)) AS s
+    FROM (SELECT run_id, rank, unnest(critical_path_walk(events, NULL, NULL)) AS s
           FROM critical_path_events()) w
     JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.s.event_id
     WHERE w.s.edge = 'op' AND e.kind = 'cpu_op' AND critical_path_cause(NULL, 'cpu_op', e.name, NULL) = 'host'

@@ -35,7 +35,7 @@ WITH gaps AS (
       ON g.run_id = w.run_id AND g.rank = w.rank AND g.ts >= w.ts AND g.ts + g.dur <= w.te
     WHERE g.dur >= COALESCE(getvariable('min_gap_ns'), 100000)
 ), path AS (
-    SELECT run_id, rank, instance, unnest(critical_path_walk(events, NULL, NULL, NULL)) AS s
+    SELECT run_id, rank, instance, unnest(critical_path_walk(events, NULL, NULL)) AS s
     FROM critical_path_events()
 ), causes AS (
     -- the host pieces of the steps' paths that lie in the host's gaps, by the op or range they belong to

@@ -90,9 +90,9 @@ WITH launched AS (
     GROUP BY ALL
 ), priced AS (
     SELECT g.run_id, g.rank, g.instance, g.step,
-        CAST(list_sum([s.dur_ns FOR s IN critical_path_walk(g.events, g.window_ts, g.window_te, NULL)]) AS BIGINT)
+        CAST(list_sum([s.dur_ns FOR s IN critical_path_walk(g.events, [{'rank': CAST(g.rank AS BIGINT), 'ts': g.window_ts, 'te': g.window_te}], NULL)]) AS BIGINT)
             AS replayed_ns,
-        CAST(list_sum([s.dur_ns FOR s IN critical_path_walk(c.events, g.window_ts, g.window_te, 1.0)]) AS BIGINT)
+        CAST(list_sum([s.dur_ns FOR s IN critical_path_walk(c.events, [{'rank': CAST(g.rank AS BIGINT), 'ts': g.window_ts, 'te': g.window_te}], 1.0)]) AS BIGINT)
             AS predicted_ns
     FROM graphs g
     JOIN changed c ON c.run_id = g.run_id AND c.rank = g.rank AND c.instance = g.instance

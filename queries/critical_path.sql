@@ -40,7 +40,7 @@
 --   cause        VARCHAR  what the segment is (see above)
 WITH walked AS (
     SELECT run_id, rank, window_name, instance, step,
-        unnest(critical_path_walk(events, NULL, NULL, NULL)) AS s
+        unnest(critical_path_walk(events, NULL, NULL)) AS s
     FROM critical_path_events(annotation := COALESCE(getvariable('annotation'), NULL),
         occurrence := COALESCE(getvariable('instance'), NULL), rank_filter := COALESCE(getvariable('rank'), NULL))
 ), segments AS (

@@ -9,8 +9,12 @@
 -- delays and gaps between kernels take no time; remove_syncs = 1 removes the synchronisations (the host stops
 -- waiting for the device). Work still waits for what it depends on: a kernel for its launch and the previous
 -- kernel on its stream (at the time it was free, if that was launched before the window), a host call for the
--- device work it synchronises with. The graph is one rank's: a collective's wait for a slower rank is its
--- kernel's time (hide_communication removes it), and work outside the trace is not seen.
+-- device work it synchronises with. The replay takes each step's windows on every rank together: a collective
+-- completes on each rank when the last rank has arrived (its communication kernels matched across ranks as in
+-- `collectives`), so a rank made faster or slower moves the others' steps; straggler_to_median = 1 makes each
+-- step's straggler (the rank with the most device work other than communication) as fast as the median of the
+-- others. remote_ns is the part of a rank's replayed path on other ranks' work (remote_rank: whose, the most):
+-- the rank waited for them. Work outside the trace (and ranks not in the run) is not seen.
 -- bound: what takes the largest share of the window's critical path (the critical_path query's, HTA's: the
 -- replay's paths all last the measured time, so they tell nothing apart): compute, communication, host_launch
 -- (host work, launch calls and delays, gaps between kernels), input (data loading), sync or memory_copy; each
@@ -26,6 +30,7 @@
 --   hide_communication = 0     one of 0, 1: 1 = communication kernels take no time
 --   no_launch_overhead = 0     one of 0, 1: 1 = launch delays and gaps between kernels take no time
 --   remove_syncs = 0           one of 0, 1: 1 = no synchronisation (stream, device, event)
+--   straggler_to_median = 0    one of 0, 1: 1 = each step's straggler's device work at the other ranks' median
 -- Columns:
 --   run_id               VARCHAR  run
 --   rank                 INTEGER  rank
@@ -46,11 +51,14 @@
 --   input_share          DOUBLE   ... in data loading
 --   sync_share           DOUBLE   ... in host calls that wait for the device
 --   memory_copy_share    DOUBLE   ... in copies and memsets
+--   remote_ns            BIGINT   part of the replayed path on other ranks' work (waiting for them at collectives)
+--   remote_rank          INTEGER  the rank with the most of it (NULL: none)
 SELECT *
 FROM what_if(annotation := COALESCE(getvariable('annotation'), NULL),
     occurrence := COALESCE(getvariable('instance'), NULL), rank_filter := COALESCE(getvariable('rank'), NULL),
     faster := COALESCE(getvariable('faster'), NULL), faster_pct := COALESCE(getvariable('faster_pct'), 0),
     hide_communication := COALESCE(getvariable('hide_communication'), 0),
     no_launch_overhead := COALESCE(getvariable('no_launch_overhead'), 0),
-    remove_syncs := COALESCE(getvariable('remove_syncs'), 0))
+    remove_syncs := COALESCE(getvariable('remove_syncs'), 0),
+    straggler_to_median := COALESCE(getvariable('straggler_to_median'), 0))
 ORDER BY run_id, rank, instance, window_name;

@@ -134,3 +134,33 @@ def test_what_if_replay_reproduces_every_corpus_step(path, ingested):
         pytest.skip(f"{path}: no steps with host ops")
     assert ((base.replayed_ns - base.measured_ns).abs() <= 0.01 * base.measured_ns).all(), base
     assert (base.saving_ns == 0).all()
+
+
+def test_replay_waits_for_the_last_rank_at_collectives(ingested):
+    """HTA's sampled two-rank trace: the replay takes each step's windows of both ranks as one graph, in which a
+    rank's collective completes when the last rank has arrived: the edge that holds each completion up comes from
+    the rank that started the collective's kernel last (the second method: collective_calls' device starts,
+    matched by match key), where the other rank arrived before it completed. Rank 1 is the step's straggler in device work (+29 % and +43 %), yet at the median
+    it saves nothing: these steps wait for the host."""
+    from tracesql import critical_path
+
+    run = ingested(DATASETS / "hta_trace_filter")
+    con = tracesql.connect(run)
+    last = dict(con.sql("""SELECT CAST(hash(match_key) >> 1 AS BIGINT), arg_max(rank, device_ts)
+                           FROM collective_calls() GROUP BY match_key""").fetchall())
+    held = []
+    for events, spans in con.sql("""SELECT flatten(list(events)), list(struct_pack(rank := CAST(rank AS BIGINT),
+                                        ts := window_ts, te := window_te))
+                                    FROM critical_path_events() GROUP BY step ORDER BY step""").fetchall():
+        ev = {name: [e[name] for e in events] for name, _ in critical_path.EVENT_FIELDS}
+        g, ends = critical_path.build(ev, spans)
+        _, binding = critical_path._binding(g)
+        for node in g.completions:
+            key, rank = ev["collective"][g.event[node]], ev["rank"][g.event[node]]
+            held.append((rank, last[key], ev["rank"][g.event[g.src[binding[node]]]]))
+    # 14 completions wait for the other rank: of 20 calls, 6 of rank 0's ended before rank 1's started (its
+    # clock is off, or the all_to_all calls of differing dtypes are no one collective), and tell nothing
+    assert len(held) == 14 and all(by == last_rank for _, last_rank, by in held)
+    assert sorted(held).count((0, 1, 1)) == 4  # rank 0 waited for rank 1
+    straggler = _what_if(run, straggler_to_median=1)
+    assert (straggler.saving_ns == 0).all() and (straggler.remote_ns == 0).all()

@@ -24,14 +24,20 @@ end; an edge's weight is the time between its nodes unless said otherwise.
   synchronize) or the event a CUDA event recorded (event synchronize) to the end of the host call that waited;
   the event a cudaStreamWaitEvent waited for to the next event launched on the waiting stream.
 Weights of -1 (a child ending 1 ns after its parent: rounding) count 0 in the path and -1 in its total, as HTA.
+HTA's path is one rank's: its graph holds one rank's window.
 
-The what-if replay of a window adds an edge from the window's start to every node nothing leads to and from
+The what-if replay takes the windows of one step (or annotation instance) on every rank together, one graph, and
+adds the edges across ranks HTA's has not: a collective completes when the last rank has arrived. Each rank's
+communication kernels of one matched collective (`collectives`' match key: process group, kind, sequence number)
+run from its first kernel's start (its arrival) to its last one's end (the completion); every other rank's arrival
+leads to that completion, owned by the completing kernel (edge 'collective'). The replay of a window adds an edge from the window's start to every node nothing leads to and from
 every node that leads nowhere to the window's end (or the last node's time, if later), gives each device event
 an edge from its launch and from the previous event on its stream, and weighs every edge its time, except where
 a node waits for several things: only the one that came last weighs its time (see _weights). Work launched
 before the window holds the window's at fixed times: a device event queued behind it waits for its stream to be
-free when it was (stream_free), a blocking call that waited for it ends no earlier (_waits_outside). Unchanged, its
-longest path is the window's measured time. Changes: each event's `scale` multiplies the time of every piece
+free when it was (stream_free), a blocking call that waited for it ends no earlier (_waits_outside). Each rank's own
+window ends the paths of its nodes: the longest path to each rank's end is that rank's time (from the earliest
+window start; the what_if macro subtracts its own start's offset). Unchanged, it is the window's measured time. Changes: each event's `scale` multiplies the time of every piece
 that belongs to it (a synchronisation with scale 0 is removed), `gaps_scale` the launch delays and the gaps
 between kernels; with gaps_scale NULL nothing changes.
 """
@@ -51,19 +57,28 @@ import pyarrow as pa
 #: that launched a device event, or that waited (syncs). waits_on: the device event a device event (stream
 #: wait) or an event synchronize waits for. stream_free: the end of the event before a device event on its
 #: stream, in the whole trace (it may have been launched before the window); of a host call, the end of the last
-#: device work that ended while it ran.
+#: device work that ended while it ran. rank: the event's rank (ids, threads, streams are per rank); collective:
+#: of a communication kernel, its collective instance across ranks (a digest of its match key), else NULL.
 EVENT_FIELDS = (
     ("id", pa.int64()), ("role", pa.string()), ("ts", pa.int64()), ("dur", pa.int64()), ("pid", pa.int64()),
     ("tid", pa.int64()), ("stream", pa.int64()), ("launch", pa.int64()), ("queue_at_launch", pa.int64()),
     ("queue_at_start", pa.int64()), ("waits_on", pa.int64()), ("stream_free", pa.int64()), ("scale", pa.float64()),
+    ("rank", pa.int64()), ("collective", pa.int64()),
 )
+#: path_rank: whose path the segment is on (the replay's: one path per rank); rank: the rank of its event
+WINDOW_FIELDS = (("rank", pa.int64()), ("ts", pa.int64()), ("te", pa.int64()))
 SEGMENT_FIELDS = (
     ("seq", pa.int32()), ("event_id", pa.int64()), ("ts", pa.int64()), ("dur_ns", pa.int64()),
-    ("edge", pa.string()), ("bound_by", pa.string()),
+    ("edge", pa.string()), ("bound_by", pa.string()), ("path_rank", pa.int64()), ("rank", pa.int64()),
 )
 SQL_TYPES = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR"}
-EVENT_SQL = "STRUCT(" + ", ".join(f"{n} {SQL_TYPES[t]}" for n, t in EVENT_FIELDS) + ")[]"
-SEGMENT_SQL = "STRUCT(" + ", ".join(f"{n} {SQL_TYPES[t]}" for n, t in SEGMENT_FIELDS) + ")[]"
+
+
+def _struct_sql(fields) -> str:
+    return "STRUCT(" + ", ".join(f"{n} {SQL_TYPES[t]}" for n, t in fields) + ")[]"
+
+
+EVENT_SQL, WINDOW_SQL, SEGMENT_SQL = (_struct_sql(f) for f in (EVENT_FIELDS, WINDOW_FIELDS, SEGMENT_FIELDS))
 SEGMENT_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in SEGMENT_FIELDS]))
 
 OPS = ("op", "blocking_op")
@@ -84,6 +99,7 @@ class Graph:
         self.weighs: list[bool] = []  # HTA's weight is that time (else 0)
         self.kind: list[str] = []  # 'op', 'launch', 'kernel_gap', 'dependency', 'sync', 'window'
         self.owner: list[int] = []  # index of the event the piece belongs to (-1: none)
+        self.completions: set[int] = set()  # nodes where a collective completes (they wait for every rank)
 
     def node(self, ts: int, event: int, is_start: bool) -> int:
         self.ts.append(ts)
@@ -111,7 +127,7 @@ def _host(g: Graph, ev: dict, start: list, end: list) -> None:
     threads: dict[tuple, list[int]] = {}
     for i, role in enumerate(ev["role"]):
         if role in OPS or role == "range":
-            threads.setdefault((ev["pid"][i], ev["tid"][i]), []).append(i)
+            threads.setdefault((ev["rank"][i], ev["pid"][i], ev["tid"][i]), []).append(i)
     for rows in threads.values():
         # nesting: by start, the longer first; an event that starts as another ends follows it
         rows.sort(key=lambda i: (ev["ts"][i], -ev["dur"][i], ev["id"][i]))
@@ -156,24 +172,26 @@ def _device(g: Graph, ev: dict, start: list, end: list, index: dict, replay: boo
     # device events in start order, syncs at their end (a stream sync spans the copy it waits for)
     rows = [i for i, role in enumerate(ev["role"]) if role in KERNELS or role in SYNCS]
     rows.sort(key=lambda i: (ev["ts"][i] + (ev["dur"][i] if ev["role"][i] in SYNCS else 0), ev["id"][i]))
-    last_on: dict[int, int] = {}  # stream -> end node of its last event
+    last_on: dict[tuple, int] = {}  # (rank, stream) -> end node of its last event
     for i in rows:
-        role, stream = ev["role"][i], ev["stream"][i]
-        caller = index.get(ev["launch"][i])
+        role, rank, stream = ev["role"][i], ev["rank"][i], (ev["rank"][i], ev["stream"][i])
+        caller = index.get((rank, ev["launch"][i]))
         if role in SYNCS:
             if caller is None or end[caller] is None:
                 continue
             if role == "event_sync":
-                waited = index.get(ev["waits_on"][i])
+                waited = index.get((rank, ev["waits_on"][i]))
                 sources = [end[waited]] if waited is not None and end[waited] is not None else []
+            elif role == "context_sync":
+                sources = [node for (r, _), node in last_on.items() if r == rank]
             else:
-                sources = list(last_on.values()) if role == "context_sync" else [last_on.get(stream)]
+                sources = [last_on.get(stream)]
             for node in sources:
                 if node is not None:
                     g.edge(node, end[caller], "sync", caller, weighs=False)
             continue
         g.edge(start[i], end[i], "op", i)
-        waited = index.get(ev["waits_on"][i])
+        waited = index.get((rank, ev["waits_on"][i]))
         waited_end = end[waited] if waited is not None else None
         if waited_end is not None:
             g.edge(waited_end, start[i], "sync", i, weighs=False)
@@ -200,6 +218,19 @@ def _device(g: Graph, ev: dict, start: list, end: list, index: dict, replay: boo
         last_on[stream] = end[i]
 
 
+def _binding(g: Graph) -> tuple[list[bool], dict[int, int]]:
+    """Per edge, whether its node waits for several things (contested); per such node, the edge that held it
+    up: the one whose source came last."""
+    waits = ("launch", "kernel_gap", "sync", "collective")
+    contested = [kind in waits or (kind == "op" and (not g.weighs[e] or g.dst[e] in g.completions))
+                 for e, kind in enumerate(g.kind)]
+    binding: dict[int, int] = {}
+    for e, dst in enumerate(g.dst):
+        if contested[e] and (dst not in binding or g.ts[g.src[e]] > g.ts[g.src[binding[dst]]]):
+            binding[dst] = e
+    return contested, binding
+
+
 def _weights(g: Graph, scale: list, gaps_scale: float, replay: bool) -> list[float]:
     """HTA's weights (replay False), or the replay's (True): every edge weighs its time, changed by the what-if,
     except where a node waits for several things (a device event for its launch, the previous event on its
@@ -207,30 +238,25 @@ def _weights(g: Graph, scale: list, gaps_scale: float, replay: bool) -> list[flo
     with): there only what came last, what held it up, weighs its time; the others weigh 0 (they still order)."""
     if not replay:
         return [max(time, 0) if weighs else 0 for time, weighs in zip(g.time, g.weighs)]
-    waits = ("launch", "kernel_gap", "sync")
-    binding: dict[int, int] = {}  # node -> the edge that held it up
-    for e, kind in enumerate(g.kind):
-        if kind in waits or (kind == "op" and not g.weighs[e]):
-            b = g.dst[e]
-            if b not in binding or g.ts[g.src[e]] > g.ts[g.src[binding[b]]]:
-                binding[b] = e
+    contested, binding = _binding(g)
     weights = []
     for e, kind in enumerate(g.kind):
         time, owner = g.time[e], g.owner[e]
-        if (kind in waits or (kind == "op" and not g.weighs[e])) and binding[g.dst[e]] != e:
+        if contested[e] and binding[g.dst[e]] != e:
             weights.append(0)
         elif kind in ("launch", "kernel_gap"):
             weights.append(time * gaps_scale)
-        elif kind == "op":
+        elif kind in ("op", "collective"):
             weights.append(time * scale[owner])
         else:  # a negative time (clocks of host and device apart, rounding) too: the replay is the trace's
             weights.append(time)
     return weights
 
 
-def _longest(g: Graph, weight: list) -> list[int]:
+def _longest(g: Graph, weight: list, ends: list[int] | None = None) -> list[list[int]]:
     """The edges (indexes) of the longest path: a walk in topological order (Kahn's; of the nodes ready, the
-    earliest first), of equal paths the first found."""
+    earliest first), of equal paths the first found. ends None: the longest path of all; else the longest path
+    to each of these nodes."""
     n = len(g.ts)
     outgoing: list[list[int]] = [[] for _ in range(n)]
     indegree = [0] * n
@@ -253,27 +279,28 @@ def _longest(g: Graph, weight: list) -> list[int]:
             indegree[b] -= 1
             if indegree[b] == 0:
                 heapq.heappush(ready, (g.ts[b], b))
-    path = []
-    v = best
-    while v is not None and via[v] >= 0:
-        path.append(via[v])
-        v = g.src[via[v]]
-    return path[::-1]
+    paths = []
+    for v in [best] if ends is None else ends:
+        edges = []
+        while v is not None and via[v] >= 0:
+            edges.append(via[v])
+            v = g.src[via[v]]
+        paths.append(edges[::-1])
+    return paths
 
 
 BOUND_BY = {"launch": "gpu_kernel_launch_overhead", "kernel_gap": "gpu_kernel_kernel_overhead"}
 
 
-def _wakers(g: Graph, ev: dict, unanchored: list[int]) -> dict[int, int]:
+def _wakers(g: Graph, ev: dict, unanchored: list[int], count: int) -> dict[int, int]:
     """For the replay: the host node that each first op of a thread (nothing leads to it) hangs off, the latest
-    one of another thread before it: the work that woke it, as far as the trace tells (the autograd thread
+    one of another thread of its rank before it: the work that woke it, as far as the trace tells (the autograd thread
     starts when the main thread calls backward). Unchanged, the edge lasts the time between them, as the
     window's start would; with earlier work made faster, the thread starts earlier."""
-    host = sorted((g.ts[v], v) for v in range(len(g.ts) - 2)
-                  if g.event[v] >= 0 and ev["role"][g.event[v]] in OPS)
+    host = sorted((g.ts[v], v) for v in range(count) if g.event[v] >= 0 and ev["role"][g.event[v]] in OPS)
     thread = [None] * len(g.ts)
     for _, v in host:
-        thread[v] = (ev["pid"][g.event[v]], ev["tid"][g.event[v]])
+        thread[v] = (ev["rank"][g.event[v]], ev["pid"][g.event[v]], ev["tid"][g.event[v]])
     times = [ts for ts, _ in host]
     woken = {}
     for v in unanchored:
@@ -281,7 +308,7 @@ def _wakers(g: Graph, ev: dict, unanchored: list[int]) -> dict[int, int]:
             continue
         for k in range(bisect.bisect_right(times, g.ts[v]) - 1, -1, -1):
             u = host[k][1]
-            if thread[u] != thread[v]:
+            if thread[u] != thread[v] and thread[u][0] == thread[v][0]:
                 woken[v] = u
                 break
     return woken
@@ -291,20 +318,68 @@ def _waits_outside(g: Graph, ev: dict, end: list) -> None:
     """For the replay: a blocking call that waited for device work launched before the window (none of the
     window's device work ends when it waited) ends no earlier than that work did, a fixed time no change inside
     the window moves; unless the what-if removes it (scale 0)."""
-    ends = {g.ts[end[i]] for i, role in enumerate(ev["role"]) if role in KERNELS and end[i] is not None}
+    ends = {(ev["rank"][i], g.ts[end[i]]) for i, role in enumerate(ev["role"]) if role in KERNELS and end[i] is not None}
     for i, role in enumerate(ev["role"]):
         free = ev["stream_free"][i]
-        if role == "blocking_op" and free is not None and free not in ends and ev["scale"][i] != 0:
+        if role == "blocking_op" and free is not None and (ev["rank"][i], free) not in ends and ev["scale"][i] != 0:
             g.edge(g.node(free, -1, False), end[i], "sync", i, weighs=False)  # -1: it hangs off the window's start
 
 
-def path(ev: dict, window: tuple[int, int] | None = None, gaps_scale: float | None = None) -> list[dict]:
-    """The segments of the window's critical path, in order. window None: HTA's path (edges that weigh 0 left
-    out). A window (start, end): the what-if replay, from the window's start to the later of its end and the
-    end of the last work: every edge weighs its time, changed by the events' scales and gaps_scale if given."""
+def _collectives(g: Graph, ev: dict, start: list, end: list) -> None:
+    """For the replay: each rank's completion of a collective instance waits for every other rank's arrival (its
+    first kernel's start); the edge is the completing kernel's (a slower rank's arrival lengthens it)."""
+    calls: dict[int, dict[int, tuple[int, int]]] = {}  # instance -> rank -> (arrival node, completion node)
+    for i, key in enumerate(ev["collective"]):
+        if key is None or ev["role"][i] != "communication":
+            continue
+        arrival, completion = calls.setdefault(key, {}).get(ev["rank"][i], (start[i], end[i]))
+        calls[key][ev["rank"][i]] = (min(arrival, start[i], key=g.ts.__getitem__),
+                                     max(completion, end[i], key=g.ts.__getitem__))
+    for ranks in calls.values():
+        for rank, (_, completion) in ranks.items():
+            for other, (arrival, _) in ranks.items():
+                # clocks of other hosts may be off: an arrival after the completion tells nothing
+                if other != rank and g.ts[arrival] <= g.ts[completion]:
+                    g.edge(arrival, completion, "collective", g.event[completion])
+                    g.completions.add(completion)
+
+
+def path(ev: dict, windows: list[dict] | None = None, gaps_scale: float | None = None) -> list[dict]:
+    """The segments of the critical path, in order. windows None: HTA's path of one rank's window (edges that
+    weigh 0 left out). Windows (each rank's: rank, ts, te): the what-if replay of them together, each rank's path
+    from the earliest window start to the later of its window's end and the end of its last work: every edge
+    weighs its time, changed by the events' scales and gaps_scale if given."""
     if gaps_scale is not None:  # removed synchronisations
         keep = [i for i, (role, scale) in enumerate(zip(ev["role"], ev["scale"])) if role not in SYNCS or scale != 0]
         ev = {name: [values[i] for i in keep] for name, values in ev.items()}
+    g, ends = build(ev, windows)
+    if not g.src:
+        return []
+    scale = [1.0 if s is None or gaps_scale is None else s for s in ev["scale"]]
+    weight = _weights(g, scale, 1.0 if gaps_scale is None else gaps_scale, replay=windows is not None)
+    segments = []
+    paths = _longest(g, weight, None if ends is None else list(ends.values()))
+    for path_rank, edges in zip(ends or [ev["rank"][0]], paths):
+        first_seq = len(segments)
+        for e in edges:
+            kind, owner = g.kind[e], g.owner[e]
+            if weight[e] == 0 and (windows is not None or not g.weighs[e]):
+                continue
+            role = ev["role"][owner] if owner >= 0 else "range"
+            bound_by = BOUND_BY.get(kind) or ("cpu_bound" if role in OPS or role == "range" else
+                                              "gpu_communication_bound" if role == "communication" else
+                                              "gpu_compute_bound")
+            # HTA counts a -1 (a child ending 1 ns after its parent: rounding) as -1 in the total, 0 in the path
+            dur = g.time[e] if windows is None and g.time[e] < 0 else round(weight[e])
+            segments.append({"seq": len(segments) - first_seq, "event_id": ev["id"][owner] if owner >= 0 else None,
+                             "ts": g.ts[g.src[e]], "dur_ns": dur, "edge": kind, "bound_by": bound_by,
+                             "path_rank": path_rank, "rank": ev["rank"][owner] if owner >= 0 else path_rank})
+    return segments
+
+
+def build(ev: dict, windows: list[dict] | None = None) -> tuple[Graph, dict | None]:
+    """The dependency graph of the events (see the module's doc), and with windows (the replay's) each rank's
+    end node."""
     g = Graph()
     count = len(ev["id"])
     start, end = [None] * count, [None] * count
@@ -312,64 +387,55 @@ def path(ev: dict, window: tuple[int, int] | None = None, gaps_scale: float | No
                    for i, role in enumerate(ev["role"]) if role in OPS or role in KERNELS for at_end in (0, 1))
     for t, at_end, i in nodes:
         (end if at_end else start)[i] = g.node(t, i, not at_end)
-    index = {event_id: i for i, event_id in enumerate(ev["id"])}
+    index = {event: i for i, event in enumerate(zip(ev["rank"], ev["id"]))}
     _host(g, ev, start, end)
-    _device(g, ev, start, end, index, replay=window is not None)
-    if window is not None:
+    _device(g, ev, start, end, index, replay=windows is not None)
+    ends = None
+    if windows is not None:
         _waits_outside(g, ev, end)
-    if window is not None:  # the window's edges: its start to each first node, each last node to its end
-        has_in, has_out = set(g.dst), set(g.src)
-        first, last = g.node(window[0], -1, True), g.node(max([window[1]] + g.ts), -1, False)
-        woken = _wakers(g, ev, [v for v in range(len(g.ts) - 2) if v not in has_in])
-        for v in range(len(g.ts) - 2):
+        _collectives(g, ev, start, end)
+        # the windows' edges: the earliest start to each first node, each last node to its rank's end
+        count, has_in, has_out = len(g.ts), set(g.dst), set(g.src)
+        first = g.node(min(w["ts"] for w in windows), -1, True)
+        last_ts = {w["rank"]: w["te"] for w in windows}
+        for v in range(count):
+            if g.event[v] >= 0:
+                rank = ev["rank"][g.event[v]]
+                last_ts[rank] = max(last_ts[rank], g.ts[v])
+        ends = {rank: g.node(ts, -1, False) for rank, ts in last_ts.items()}
+        woken = _wakers(g, ev, [v for v in range(count) if v not in has_in], count)
+        for v in range(count):
             if v not in has_in:
                 g.edge(woken.get(v, first), v, "window")
             if v not in has_out:
-                g.edge(v, last, "window")
-    if not g.src:
-        return []
-    scale = [1.0 if s is None or gaps_scale is None else s for s in ev["scale"]]
-    weight = _weights(g, scale, 1.0 if gaps_scale is None else gaps_scale, replay=window is not None)
-    segments = []
-    for e in _longest(g, weight):
-        kind, owner = g.kind[e], g.owner[e]
-        if weight[e] == 0 and (window is not None or not g.weighs[e]):
-            continue
-        role = ev["role"][owner] if owner >= 0 else "range"
-        bound_by = BOUND_BY.get(kind) or ("cpu_bound" if role in OPS or role == "range" else
-                                          "gpu_communication_bound" if role == "communication" else
-                                          "gpu_compute_bound")
-        # HTA counts a -1 (a child ending 1 ns after its parent: rounding) as -1 in the total, 0 in the path
-        dur = g.time[e] if window is None and g.time[e] < 0 else round(weight[e])
-        segments.append({"seq": len(segments), "event_id": ev["id"][owner] if owner >= 0 else None,
-                         "ts": g.ts[g.src[e]], "dur_ns": dur, "edge": kind, "bound_by": bound_by})
-    return segments
+                g.edge(v, ends[ev["rank"][g.event[v]]], "window")
+    return g, ends
 
 
-def walk(events: pa.Array, window_ts: pa.Array, window_te: pa.Array, gaps_scale: pa.Array) -> pa.Array:
-    """The DuckDB function (Arrow), per row: a window's events -> its path's segments; HTA's path when window_ts
-    is NULL, else the replay of [window_ts, window_te], with the what-if's changes unless gaps_scale is NULL."""
+def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
+    """The DuckDB function (Arrow), per row: a window's events -> its path's segments; HTA's path when windows
+    is NULL, else the replay of those windows (each rank's), with the what-if's changes unless gaps_scale is
+    NULL."""
     if isinstance(events, pa.ChunkedArray):
         events = events.combine_chunks()
     flat = events.values  # every row's events (offsets index it), one column at a time: far quicker than dicts
     columns = {name: flat.field(name).to_pylist() for name, _ in EVENT_FIELDS}
     offsets, valid = events.offsets.to_pylist(), events.is_valid().to_pylist()
     out = []
-    for row, (ts, te, gaps) in enumerate(zip(window_ts.to_pylist(), window_te.to_pylist(),
-                                             gaps_scale.to_pylist())):
+    for row, (spans, gaps) in enumerate(zip(windows.to_pylist(), gaps_scale.to_pylist())):
         if not valid[row]:
             out.append(None)
             continue
         ev = {name: values[offsets[row]:offsets[row + 1]] for name, values in columns.items()}
         # the scales take effect only with a gaps_scale: without, the walks of every what-if (each findings
         # rule's) are one walk
-        key = hashlib.blake2b(pickle.dumps((ts, te, gaps, [v for name, v in ev.items()
-                                                          if name != "scale" or gaps is not None])),
+        key = hashlib.blake2b(pickle.dumps((spans, gaps, [v for name, v in ev.items()
+                                                           if name != "scale" or gaps is not None])),
                               digest_size=16).digest()
         if key not in _WALKED:
             if len(_WALKED) >= WALKED_SIZE:
                 del _WALKED[next(iter(_WALKED))]
-            _WALKED[key] = path(ev, None if ts is None else (ts, te), gaps)
+            _WALKED[key] = path(ev, spans, gaps)
         out.append(_WALKED[key])
     return pa.array(out, type=SEGMENT_TYPE)
 
@@ -381,6 +447,6 @@ WALKED_SIZE = 256
 
 
 def register(con) -> None:
-    """Create `critical_path_walk(events, window_ts, window_te, gaps_scale)` on `con`."""
-    con.create_function("critical_path_walk", walk, [EVENT_SQL, "BIGINT", "BIGINT", "DOUBLE"], SEGMENT_SQL,
+    """Create `critical_path_walk(events, windows, gaps_scale)` on `con`."""
+    con.create_function("critical_path_walk", walk, [EVENT_SQL, WINDOW_SQL, "DOUBLE"], SEGMENT_SQL,
                         type="arrow", side_effects=False, null_handling="special")

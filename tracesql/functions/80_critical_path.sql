@@ -34,10 +34,13 @@ CREATE OR REPLACE MACRO is_queued_launch(name) AS (
 -- those host calls launched, and the synchronisations whose host call is in it. What-if: `faster` (a regex of
 -- kernel, op or host range names) takes faster_pct % off their time; hide_communication = 1 makes communication kernels
 -- weigh 0; remove_syncs = 1 removes the synchronisations and the host calls that wait for them (scale 0: the host
--- no longer waits for the device).
--- The changes take effect when critical_path_walk is given a gaps_scale.
+-- no longer waits for the device); straggler_to_median = 1: in each step (annotation instance) of several ranks,
+-- the rank whose device work other than communication took the longest (the straggler) does it as fast as the
+-- median of the other ranks (its kernels and copies scaled by that median ÷ its time).
+-- The changes take effect when critical_path_walk is given a gaps_scale. A communication kernel carries its
+-- collective instance (collective: a digest of recorded_collective_calls' match_key), for the edges across ranks.
 CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
-        faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0) AS TABLE
+        faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0, straggler_to_median := 0) AS TABLE
 WITH windows AS (
     SELECT * FROM critical_path_windows(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter)
 ), bounds AS (
@@ -104,6 +107,29 @@ WITH windows AS (
      AND w.stream = s.stream AND w.launch_ts >= s.launch_ts
     WHERE s.sync_kind = 'Stream Wait Event'
     GROUP BY w.run_id, w.rank, w.slice_id
+), launched AS (
+    -- the device work each window's host calls launched; a communication kernel with its collective instance
+    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts AS window_ts, w.te AS window_te,
+        COALESCE(w.step, w.instance) AS joint, k.* EXCLUDE (run_id, rank), c.collective
+    FROM windows w
+    JOIN work k ON k.run_id = w.run_id AND k.rank = w.rank AND k.launch_ts BETWEEN w.ts AND w.te
+    LEFT JOIN (SELECT run_id, rank, stream, device_ts, device_ts + device_dur AS device_te,
+                      CAST(hash(match_key) >> 1 AS BIGINT) AS collective
+               FROM recorded_collective_calls() WHERE device_ts IS NOT NULL) c
+      ON k.communication AND c.run_id = k.run_id AND c.rank = k.rank AND c.stream = k.stream
+     AND k.ts >= c.device_ts AND k.ts < c.device_te
+), device_time AS (
+    SELECT run_id, window_name, joint, rank, sum(dur) AS busy_ns
+    FROM launched WHERE NOT communication GROUP BY ALL
+), stragglers AS (
+    -- per step of several ranks: the rank with the most device work, scaled to the median of the others'
+    SELECT s.run_id, s.window_name, s.joint, s.rank, median(o.busy_ns) / s.busy_ns AS scale
+    FROM (SELECT *, row_number() OVER (PARTITION BY run_id, window_name, joint ORDER BY busy_ns DESC, rank) AS n
+          FROM device_time) s
+    JOIN device_time o ON o.run_id = s.run_id AND o.window_name = s.window_name AND o.joint = s.joint
+     AND o.rank <> s.rank
+    WHERE s.n = 1 AND straggler_to_median = 1
+    GROUP BY s.run_id, s.window_name, s.joint, s.rank, s.busy_ns
 ), events AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts AS window_ts, w.te AS window_te,
         h.slice_id AS id,
@@ -119,20 +145,23 @@ WITH windows AS (
         -- for a call that waits for the device: the end of the last device work that ended while it ran
         CASE WHEN e.te > h.ts THEN e.te END AS stream_free,
         CASE WHEN remove_syncs = 1 AND critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync' THEN 0
-             WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100 END AS scale
+             WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100 END AS scale,
+        NULL::BIGINT AS collective
     FROM windows w
     JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
     ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM work) e
       ON e.run_id = h.run_id AND e.rank = h.rank AND e.te <= h.ts + h.dur
     WHERE h.device_id IS NULL AND h.dur > 0
     UNION ALL
-    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts, w.te, k.slice_id,
+    SELECT k.run_id, k.rank, k.window_name, k.instance, k.step, k.window_ts, k.window_te, k.slice_id,
         CASE WHEN k.communication THEN 'communication' ELSE 'device' END, k.ts, k.dur, k.pid, k.tid, k.stream,
         k.launch_id, ql.length, qs.length, sw.waits_on, k.stream_free,
         CASE WHEN k.communication AND hide_communication = 1 THEN 0
-             WHEN regexp_matches(k.name, faster) THEN 1 - faster_pct / 100 END
-    FROM windows w
-    JOIN work k ON k.run_id = w.run_id AND k.rank = w.rank AND k.launch_ts BETWEEN w.ts AND w.te
+             WHEN regexp_matches(k.name, faster) THEN 1 - faster_pct / 100
+             WHEN straggler_to_median = 1 AND NOT k.communication AND k.rank = st.rank THEN st.scale END,
+        k.collective
+    FROM launched k
+    LEFT JOIN stragglers st ON st.run_id = k.run_id AND st.window_name = k.window_name AND st.joint = k.joint
     LEFT JOIN queue ql ON ql.run_id = k.run_id AND ql.rank = k.rank AND ql.slice_id = k.slice_id AND ql.at_start = 0
     LEFT JOIN queue qs ON qs.run_id = k.run_id AND qs.rank = k.rank AND qs.slice_id = k.slice_id AND qs.at_start = 1
     LEFT JOIN stream_waits sw ON sw.run_id = k.run_id AND sw.rank = k.rank AND sw.slice_id = k.slice_id
@@ -142,7 +171,7 @@ WITH windows AS (
         CASE s.sync_kind WHEN 'Stream Sync' THEN 'stream_sync' WHEN 'Context Sync' THEN 'context_sync'
             ELSE 'event_sync' END,
         s.ts, s.dur, NULL, NULL, s.stream, s.launch_id, NULL, NULL, rec.waits_on, NULL,
-        CASE WHEN remove_syncs = 1 THEN 0 END
+        CASE WHEN remove_syncs = 1 THEN 0 END, NULL
     FROM windows w
     JOIN syncs s ON s.run_id = w.run_id AND s.rank = w.rank
      AND CASE WHEN s.stream >= 0 THEN s.launch_ts BETWEEN w.ts AND w.te AND s.launch_dur > 0
@@ -153,7 +182,7 @@ WITH windows AS (
 SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
     -- in slice_id order: the walk breaks ties between equal paths by it, the same on every run
     list(struct_pack(id, role, ts, dur, pid, tid, stream, launch, queue_at_launch, queue_at_start, waits_on,
-                     stream_free, scale)
+                     stream_free, scale, rank := CAST(rank AS BIGINT), collective)
          ORDER BY id) AS events
 FROM events
 GROUP BY run_id, rank, window_name, instance, step, window_ts, window_te;
@@ -177,23 +206,50 @@ CREATE OR REPLACE MACRO critical_path_cause(edge, kind, name, class) AS (
 
 -- The what_if query's rows (see queries/what_if.sql, which documents the parameters and columns): each window
 -- replayed unchanged and with the changes, its measured, replayed and predicted time, and what bounds its
--- critical path. A table macro so that the findings rules (findings/*.sql) price their causes with it.
+-- critical path. A table macro so that the findings rules (findings/*.sql) price their causes with it. The
+-- replay takes the windows of one step (else annotation instance) of every rank together (the ranks wait for
+-- each other at collectives); rank_filter only picks the rows shown.
 CREATE OR REPLACE MACRO what_if(annotation := NULL, occurrence := NULL, rank_filter := NULL, faster := NULL,
-        faster_pct := 0, hide_communication := 0, no_launch_overhead := 0, remove_syncs := 0) AS TABLE
+        faster_pct := 0, hide_communication := 0, no_launch_overhead := 0, remove_syncs := 0,
+        straggler_to_median := 0) AS TABLE
 WITH windows AS (
     -- the end of its last node (op or device work; ranges and syncs are none)
-    SELECT *, list_max([e.ts + e.dur FOR e IN events
-                        IF e.role NOT IN ('range', 'stream_sync', 'context_sync', 'event_sync')]) AS work_end
-    FROM critical_path_events(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter,
+    SELECT *, COALESCE(step, instance) AS joint,
+        list_max([e.ts + e.dur FOR e IN events
+                  IF e.role NOT IN ('range', 'stream_sync', 'context_sync', 'event_sync')]) AS work_end
+    FROM critical_path_events(annotation := annotation, occurrence := occurrence,
         faster := faster, faster_pct := faster_pct, hide_communication := hide_communication,
-        remove_syncs := remove_syncs)
-), walked AS (
-    SELECT run_id, rank, window_name, instance, step, window_ts, window_te, work_end,
-        critical_path_walk(events, NULL, NULL, NULL) AS path,
-        critical_path_walk(events, window_ts, window_te, NULL) AS replayed,
-        critical_path_walk(events, window_ts, window_te,
-            CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END) AS predicted
+        remove_syncs := remove_syncs, straggler_to_median := straggler_to_median)
+), joint AS (
+    SELECT run_id, window_name, joint, min(window_ts) AS joint_ts, flatten(list(events)) AS events,
+        list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)) AS spans
     FROM windows
+    GROUP BY ALL
+), replays AS (
+    SELECT run_id, window_name, joint, joint_ts,
+        critical_path_walk(events, spans, NULL) AS replayed,
+        critical_path_walk(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END) AS predicted
+    FROM joint
+), replayed AS (
+    -- each rank's path: its length from the earliest window start, the part on other ranks' work and whose
+    SELECT run_id, window_name, joint, joint_ts, s.path_rank AS rank, sum(s.dur_ns) AS length_ns,
+        COALESCE(sum(s.dur_ns) FILTER (WHERE s.rank <> s.path_rank), 0) AS remote_ns,
+        arg_max(s.rank, s.dur_ns) FILTER (WHERE s.rank <> s.path_rank) AS remote_rank
+    FROM (SELECT run_id, window_name, joint, joint_ts, unnest(replayed) AS s FROM replays)
+    GROUP BY ALL
+), predicted AS (
+    SELECT run_id, window_name, joint, s.path_rank AS rank, sum(s.dur_ns) AS length_ns
+    FROM (SELECT run_id, window_name, joint, unnest(predicted) AS s FROM replays)
+    GROUP BY ALL
+), walked AS (
+    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.window_ts, w.window_te, w.work_end,
+        critical_path_walk(w.events, NULL, NULL) AS path,
+        r.length_ns - (w.window_ts - r.joint_ts) AS replayed_ns, p.length_ns - (w.window_ts - r.joint_ts) AS predicted_ns,
+        r.remote_ns, r.remote_rank
+    FROM windows w
+    JOIN replayed r ON r.run_id = w.run_id AND r.window_name = w.window_name AND r.joint = w.joint AND r.rank = w.rank
+    JOIN predicted p ON p.run_id = w.run_id AND p.window_name = w.window_name AND p.joint = w.joint AND p.rank = w.rank
+    WHERE rank_filter IS NULL OR w.rank = rank_filter
 ), causes AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance,
         CASE critical_path_cause(w.s.edge, e.kind, e.name, d.class)
@@ -217,8 +273,8 @@ WITH windows AS (
 ), per_window AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.window_te - w.window_ts AS range_ns,
         greatest(w.window_te, w.work_end) - w.window_ts AS measured_ns,
-        CAST(list_sum([s.dur_ns FOR s IN w.replayed]) AS BIGINT) AS replayed_ns,
-        CAST(list_sum([s.dur_ns FOR s IN w.predicted]) AS BIGINT) AS predicted_ns
+        CAST(w.replayed_ns AS BIGINT) AS replayed_ns, CAST(w.predicted_ns AS BIGINT) AS predicted_ns,
+        CAST(w.remote_ns AS BIGINT) AS remote_ns, CAST(w.remote_rank AS INTEGER) AS remote_rank
     FROM walked w
 )
 SELECT p.run_id, p.rank, p.window_name, p.instance, p.step, p.range_ns, p.measured_ns, p.replayed_ns,
@@ -227,7 +283,8 @@ SELECT p.run_id, p.rank, p.window_name, p.instance, p.step, p.range_ns, p.measur
     CAST(s.path_ns AS BIGINT) AS path_ns, s.bound,
     s.compute_ns / s.path_ns AS compute_share, s.communication_ns / s.path_ns AS communication_share,
     s.host_launch_ns / s.path_ns AS host_launch_share, s.input_ns / s.path_ns AS input_share,
-    s.sync_ns / s.path_ns AS sync_share, s.memory_copy_ns / s.path_ns AS memory_copy_share
+    s.sync_ns / s.path_ns AS sync_share, s.memory_copy_ns / s.path_ns AS memory_copy_share,
+    p.remote_ns, p.remote_rank
 FROM per_window p
 LEFT JOIN shares s ON s.run_id = p.run_id AND s.rank = p.rank AND s.window_name = p.window_name
  AND s.instance = p.instance;
