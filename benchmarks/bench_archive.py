@@ -12,6 +12,7 @@ Usage:
     python benchmarks/bench_archive.py                      # 5,000 members, every core
     python benchmarks/bench_archive.py --members 200 --jobs 1
     python benchmarks/bench_archive.py --members 500 --trace datasets/torch_mesh_dp2_tp2/rank-0.pt.trace.json.gz
+    PYTHONPATH=/path/to/other/checkout python benchmarks/bench_archive.py ...   # that checkout's tracesql
 """
 
 from __future__ import annotations
@@ -73,15 +74,16 @@ def main() -> None:
         scratch.mkdir(parents=True, exist_ok=True)
         archive = make_zip(scratch / "artifact.zip", args.members, args.trace)
         run = scratch / "run"
+        code = os.environ.get("PYTHONPATH") or str(REPO)  # the tracesql measured (another checkout's: compare)
         cmd = [sys.executable, "-m", "tracesql", "ingest", str(archive), "-o", str(run), "-q",
                *(["-j", str(args.jobs)] if args.jobs else [])]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": code})
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        sys.path.insert(0, str(REPO))
+        sys.path.insert(0, code)
         import tracesql
 
         slices = tracesql.connect(run).execute("SELECT count(*) FROM slices").fetchone()[0]

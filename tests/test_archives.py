@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 import tracesql
-from conftest import DATASETS
+from conftest import DATASETS, write_trace
+from tracesql import schema
 from tracesql.cli import main
 
 TRACE_FILTER = DATASETS / "hta_trace_filter"
@@ -159,3 +160,50 @@ def test_a_damaged_member_is_named_as_archive_slash_member(tmp_path):
     assert result.exit_code == 1
     assert result.output == f"Error: {artifact}/ranks/rank-1.json.gz: truncated gzip\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".run.lock", "artifact.zip"]
+
+
+#: The per-rank tables: every one but those written once per run over all its ranks (schema.RUN_TABLES), and
+#: `warnings`, whose run-wide checks (clocks far apart) depend on the other ranks of the run.
+RANK_TABLES = sorted(set(schema.TABLES) - set(schema.RUN_TABLES) - {"warnings"})
+
+
+def _rows(run, table: str, ranks: tuple[int, ...]):
+    con = tracesql.connect(run)
+    ranks_of = "rank IN (" + ", ".join(map(str, ranks)) + ")"
+    rows = con.execute(f"SELECT * EXCLUDE (run_id) FROM {table} WHERE {ranks_of}").fetchall()
+    if table == "ranks":  # where the trace was found differs between runs
+        columns = [d[0] for d in con.execute("SELECT * EXCLUDE (run_id) FROM ranks LIMIT 0").description]
+        keep = [i for i, c in enumerate(columns) if c not in ("source_path", "source_bytes")]
+        rows = [tuple(r[i] for i in keep) for r in rows]
+    return sorted(rows, key=repr)
+
+
+def test_members_read_by_one_process_give_the_rows_each_gives_alone(tmp_path, ingested):
+    """One process reads an archive's members one after another on the DuckDB connections it keeps between
+    traces (db.for_trace), and skips the queries a member has no input for: nothing of one member's work may
+    reach the next. Ranks 0 and 1 of the dp2 x tp2 mesh (collectives, steps, process groups) with, read between
+    them, a member with a memory event, a communication kernel and no steps, give each member's own rows."""
+    mesh = DATASETS / "torch_mesh_dp2_tp2"
+    host = {"pid": 1, "tid": 1}
+    events = [  # an allocation, then an all-gather kernel and its launch
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 5, "s": "t", **host,
+         "args": {"Device Type": 1, "Device Id": 0, "Bytes": 512, "Total Allocated": 512, "Addr": 64}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 9, "dur": 3, **host,
+         "args": {"correlation": 3}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL", "pid": 0, "tid": 9, "ts": 14,
+         "dur": 8, "args": {"correlation": 3, "device": 0, "stream": 9}},
+    ]
+    other = write_trace(tmp_path / "rank-2.json", events, distributedInfo={"rank": 2, "world_size": 3})
+    artifact = _zip(tmp_path / "artifact.zip", {"a/rank-0.json.gz": (mesh / "rank-0.pt.trace.json.gz").read_bytes(),
+                                                "b/rank-2.json": other.read_bytes(),
+                                                "c/rank-1.json.gz": (mesh / "rank-1.pt.trace.json.gz").read_bytes()})
+    tracesql.ingest([artifact], tmp_path / "run", jobs=1)
+    tracesql.ingest([other], tmp_path / "alone")
+    for table in RANK_TABLES:
+        assert _rows(tmp_path / "run", table, (0, 1)) == _rows(ingested(mesh), table, (0, 1)), table
+        assert _rows(tmp_path / "run", table, (2,)) == _rows(tmp_path / "alone", table, (2,)), table
+    con = tracesql.connect(tmp_path / "run")  # what the members hold, so that the comparison above can fail
+    assert con.execute("SELECT rank, count(*) FROM collectives GROUP BY rank ORDER BY rank").fetchall() == [
+        (0, 4), (1, 4), (2, 1)]
+    assert con.execute("SELECT rank, count(*) FROM memory GROUP BY rank").fetchall() == [(2, 1)]
+    assert con.execute("SELECT DISTINCT rank FROM steps ORDER BY rank").fetchall() == [(0,), (1,)]

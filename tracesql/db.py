@@ -52,7 +52,10 @@ def for_trace(threads: int | None = None, memory_limit: str | None = None, datab
         for con in _kept.pop(other):
             con.close()
     free = _kept.setdefault(key, [])
-    con = free.pop() if free else connect(threads, memory_limit)
+    try:
+        con = free.pop()  # (atomic: two threads never get the same one)
+    except IndexError:
+        con = connect(threads, memory_limit)
     try:
         yield con
         clear(con)
