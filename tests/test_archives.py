@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 import tracesql
-from conftest import DATASETS
+from conftest import DATASETS, write_trace
+from tracesql import schema
 from tracesql.cli import main
 
 TRACE_FILTER = DATASETS / "hta_trace_filter"
@@ -48,23 +49,62 @@ def _same_slices(run_a, run_b):
                        f"SELECT * EXCLUDE (run_id) FROM read_parquet('{run_b}/slices/*.parquet'))").fetchone()[0] == 0
 
 
+#: The per-rank tables: every one but those written once per run over all its ranks (schema.RUN_TABLES), and
+#: `warnings`, whose run-wide checks (clocks far apart) depend on the other ranks of the run.
+RANK_TABLES = sorted(set(schema.TABLES) - set(schema.RUN_TABLES) - {"warnings"})
+
+
+def _rows(con, table: str, ranks: list[int]) -> list[tuple]:
+    """The rows of `table` for `ranks`, less what differs between runs (the run's id, where the trace was found)."""
+    differ = "source_path, source_bytes, run_id" if table == "ranks" else "run_id"
+    rows = con.execute(f"SELECT * EXCLUDE ({differ}) FROM {table} WHERE list_contains($ranks, rank)",
+                       {"ranks": ranks}).fetchall()
+    return sorted(rows, key=repr)
+
+
 def test_zip_artifact_ingests_like_the_folder(tmp_path, ingested):
-    artifact = _zip(tmp_path / "artifact.zip", {
-        "README.txt": b"CI job 1234",
-        **{f"traces/{f.name}": f.read_bytes() for f in sorted(TRACE_FILTER.glob("*.json.gz"))}})
-    result = CliRunner().invoke(main, ["ingest", str(artifact), "-o", str(tmp_path / "run")])
+    """The members are read one after another by one process (-j 1), on the DuckDB connections it keeps between
+    traces (db.for_trace), skipping the queries a member has no input for: nothing of one member's work may
+    reach the next. The ranks of the dp2 x tp2 mesh (collectives, steps, process groups), with a member read
+    between them that has a memory event, a communication kernel and no steps, give the rows of the folder."""
+    mesh = DATASETS / "torch_mesh_dp2_tp2"
+    host = {"pid": 1, "tid": 1}
+    events = [  # an allocation, then an all-gather kernel and its launch
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 5, "s": "t", **host,
+         "args": {"Device Type": 1, "Device Id": 0, "Bytes": 512, "Total Allocated": 512, "Addr": 64}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 9, "dur": 3, **host,
+         "args": {"correlation": 3}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL", "pid": 0, "tid": 9, "ts": 14,
+         "dur": 8, "args": {"correlation": 3, "device": 0, "stream": 9}},
+    ]
+    other = write_trace(tmp_path / "other.json", events, distributedInfo={"rank": 7, "world_size": 8}).read_bytes()
+    traces = sorted(mesh.glob("*.json.gz"))
+    artifact = _zip(tmp_path / "artifact.zip", {"README.txt": b"CI job 1234", f"traces/{traces[0].name}":
+                                                traces[0].read_bytes(), "traces/rank-7.json": other,
+                                                **{f"traces/{f.name}": f.read_bytes() for f in traces[1:]}})
+    result = CliRunner().invoke(main, ["ingest", str(artifact), "-o", str(tmp_path / "run"), "-j", "1"])
     assert result.exit_code == 0, result.output
-    con = tracesql.connect(tmp_path / "run")
-    assert con.execute("SELECT rank, source_path FROM ranks ORDER BY rank").fetchall() == [
-        (0, "artifact.zip/traces/sampled_rank-0.json.gz"), (1, "artifact.zip/traces/sampled_rank-1.json.gz")]
-    assert _same_slices(tmp_path / "run", ingested(TRACE_FILTER))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.lock", "artifact.zip", "run"]  # scratch removed
+    run, folder = tracesql.connect(tmp_path / "run"), tracesql.connect(ingested(mesh))
+    assert run.execute("SELECT rank, source_path FROM ranks ORDER BY rank").fetchall() == [
+        *[(r, f"artifact.zip/traces/rank-{r}.pt.trace.json.gz") for r in range(4)],
+        (7, "artifact.zip/traces/rank-7.json")]
+    for table in RANK_TABLES:
+        assert _rows(run, table, [0, 1, 2, 3]) == _rows(folder, table, [0, 1, 2, 3]), table
+    # the member between them: its own rows only (the mesh's steps and ops did not reach it, nor its rows them)
+    assert {t: run.execute(f"SELECT count(*) FROM {t} WHERE rank = 7").fetchall()[0][0]
+            for t in ("slices", "ops", "steps", "collectives", "memory")} == {
+        "slices": 3, "ops": 0, "steps": 0, "collectives": 1, "memory": 1}
+    assert run.execute("SELECT collective, bytes FROM collectives JOIN memory USING (rank)").fetchall() == [
+        ("all_gather", 512)]
+    run.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.lock", "artifact.zip", "other.json", "run"]
 
     again = tracesql.ingest([artifact], tmp_path / "run")
-    assert not again.changed and len(again.reused) == 2
-    _zip(artifact, {f"traces/{f.name}": f.read_bytes() for f in sorted(TRACE_FILTER.glob("*.json.gz"))[:1]})
+    assert not again.changed and len(again.reused) == 5
+    _zip(artifact, {f"traces/{f.name}": f.read_bytes() for f in traces[:1]})
     changed = tracesql.ingest([artifact], tmp_path / "run")
-    assert changed.removed == ["artifact.zip/traces/sampled_rank-1.json.gz"]
+    assert changed.removed == [*(f"artifact.zip/traces/{f.name}" for f in traces[1:]),
+                               "artifact.zip/traces/rank-7.json"]
 
 
 @pytest.mark.parametrize("suffix", [".tar", pytest.param(".tar.gz", marks=pytest.mark.slow),
@@ -159,3 +199,4 @@ def test_a_damaged_member_is_named_as_archive_slash_member(tmp_path):
     assert result.exit_code == 1
     assert result.output == f"Error: {artifact}/ranks/rank-1.json.gz: truncated gzip\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".run.lock", "artifact.zip"]
+

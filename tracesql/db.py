@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import uuid
 from pathlib import Path
@@ -26,6 +27,58 @@ def connect(threads: int | None = None, memory_limit: str | None = None,
         spill = Path(tempfile.gettempdir()) / f"tracesql-spill-{uuid.uuid4().hex[:12]}"
         con.execute(f"SET temp_directory = '{str(spill).replace(chr(39), chr(39) * 2)}'").fetchall()
     return con
+
+
+#: Connections `for_trace` keeps for the next trace of this process, by (threads, memory limit, temporary folder).
+_kept: dict[tuple, list[duckdb.DuckDBPyConnection]] = {}
+
+
+@contextlib.contextmanager
+def for_trace(threads: int | None = None, memory_limit: str | None = None, database: Path | None = None):
+    """A connection for one trace's work (a reader's, normalize's). On a scratch database file (a big trace),
+    a new one, closed after. In memory, one kept open afterwards for the next trace this process reads: opening
+    one and creating the macros costs more CPU than all the work on a tiny trace (an archive of 5,000 ranks pays
+    it 5,000 times); what the work made (tables, views, registered Arrow tables) is dropped after it, the macros
+    and their data tables (tracesql.functions) stay. A connection whose work failed is closed, not kept."""
+    if database is not None:
+        con = connect(threads, memory_limit, database)
+        try:
+            yield con
+        finally:
+            con.close()
+        return
+    key = (threads, memory_limit, tempfile.gettempdir())
+    for other in [k for k in _kept if k != key]:  # another ingest's settings or scratch folder: not needed again
+        for con in _kept.pop(other):
+            con.close()
+    free = _kept.setdefault(key, [])
+    try:
+        con = free.pop()  # (atomic: two threads never get the same one)
+    except IndexError:
+        con = connect(threads, memory_limit)
+    try:
+        yield con
+        clear(con)
+    except BaseException:
+        con.close()
+        raise
+    free.append(con)
+
+
+def clear(con) -> None:
+    """Drop what a trace's work made on `con`, keeping the macros' data tables."""
+    from . import functions
+
+    kept = functions.table_names()
+    drops = []
+    for name, kind in con.execute("SELECT view_name, 'VIEW' FROM duckdb_views() WHERE NOT internal UNION ALL "
+                                  "SELECT table_name, 'TABLE' FROM duckdb_tables()").fetchall():
+        if name.lower() not in kept:
+            if kind == "VIEW":
+                con.unregister(name)  # an Arrow table registered on `con` (a view the work made: no-op)
+            drops.append(f'DROP {kind} IF EXISTS "{name}";')
+    if drops:
+        con.execute("".join(drops))
 
 
 def on_cursor(con, views: dict, work):

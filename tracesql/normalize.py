@@ -41,8 +41,7 @@ def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 
     with tempfile.TemporaryDirectory(prefix="tracesql-link-") as scratch:
         scratch = Path(scratch)
         on_disk = slices.num_rows > ON_DISK_ROWS
-        con = db.connect(threads, limits.current().memory, database=scratch / "link.duckdb" if on_disk else None)
-        try:
+        with db.for_trace(threads, limits.current().memory, scratch / "link.duckdb" if on_disk else None) as con:
             # queries that do not wait for each other run on a second thread (on a cursor): both cores work
             with ThreadPoolExecutor(1, thread_name_prefix="tracesql-normalize") as beside:
                 con.register("read_slices", slices)
@@ -54,8 +53,6 @@ def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 
                     slices = slices.append_column(name, links[name])
                 checks = quality.skipped_rows(data.skipped, data.examples) + checks
                 return _derive(con, beside, extra, slices, checks, data, run_id, rank, on_table)
-        finally:
-            con.close()
 
 
 def _link(con, beside: ThreadPoolExecutor, slices: pa.Table, scratch: Path, run_id: str, rank: int, mappings: list,
@@ -443,16 +440,25 @@ def _derive(con, beside: ThreadPoolExecutor, extra: Future, slices: pa.Table, ch
         views[name] = table
         return table
 
-    def derived(name: str, sql: str) -> Future:
-        """Table `name` computed and written on `beside`, with the views registered so far."""
+    def derived(name: str, sql: str, has_input: bool = True) -> Future:
+        """Table `name` computed and written on `beside`, with the views registered so far. Without `has_input`
+        (none of the rows it reads exists) it is empty, written without planning its query: planning the
+        collectives' query alone costs more CPU than the rest of a tiny trace's work (an archive of 5,000)."""
+        if not has_input:
+            done = Future()
+            done.set_result(on_table(name, _empty(name)))
+            return done
         return beside.submit(db.on_cursor, con, dict(views),
                              lambda cur: on_table(name, cur.sql(f"SELECT {schema.select_list(name)} FROM ({sql})")))
 
     slices = emit("slices", schema.conform("slices", slices))
     # in batches (zero-copy views) so that DuckDB scans them on every thread
     view("slices", pa.Table.from_batches(slices.to_batches(max_chunksize=SCAN_BATCH), slices.schema))
-    late = {"memory": derived("memory", MEMORY_SQL)}  # (queued after `extra`)
-    view("steps", emit("steps", _table(con, "steps", STEPS_SQL)))
+    late = {"memory": derived("memory", MEMORY_SQL, _any(slices["kind"], "memory"))}  # (queued after `extra`)
+    if con.execute("SELECT count(*) FROM step_ranges").fetchall()[0][0]:
+        view("steps", emit("steps", _table(con, "steps", STEPS_SQL)))
+    else:  # no step ranges, no steps (STEPS_SQL's rows are theirs)
+        view("steps", emit("steps", _empty("steps")))
     functions.install(con, names=functions.words(OPS_SQL + COLLECTIVES_SQL + MEMORY_SQL))  # only what they use
     metadata = _metadata_tables(con, data, run_id, rank)
     for name, table in metadata.items():
@@ -466,11 +472,23 @@ def _derive(con, beside: ThreadPoolExecutor, extra: Future, slices: pa.Table, ch
     view("xla_ops", emit("xla_ops", _from_rows(con, "xla_ops", [{"run_id": run_id, "rank": rank, **r}
                                                                 for r in data.xla_ops])))
     extra.result()
-    late["collectives"] = derived("collectives", COLLECTIVES_SQL)
+    # a collective's row is a collective call's or a communication kernel's (COLLECTIVES_SQL: calls, kernel_only)
+    calls = con.execute("SELECT count(*) FROM extra WHERE is_collective_call").fetchall()[0][0]
+    late["collectives"] = derived("collectives", COLLECTIVES_SQL, calls > 0 or _any(slices["class"], "communication"))
     emit("ops", con.sql(f"SELECT {schema.select_list('ops')} FROM ({OPS_SQL})"))
     for name in ("collectives", "memory"):
         rows[name] = late[name].result()
     return rows
+
+
+def _empty(name: str) -> pa.Table:
+    """Table `name` without rows."""
+    return pa.Table.from_batches([], schema.arrow_schema(name))
+
+
+def _any(column: pa.ChunkedArray, value: str) -> bool:
+    """Whether `column` holds `value`."""
+    return pc.any(pc.equal(column, value)).as_py() or False
 
 
 # A backward op (Fwd thread id > 0; not the autograd engine's evaluate_function wrapper, which carries the same
@@ -766,7 +784,7 @@ def _metadata_tables(con, data: TraceData, run_id: str, rank: int) -> dict[str, 
 
 def _counters(counters: pa.Table | None, run_id: str, rank: int) -> pa.Table:
     if counters is None:
-        return pa.Table.from_batches([], schema.arrow_schema("counters"))
+        return _empty("counters")
     return schema.conform("counters", _with_run_rank(counters, run_id, rank))
 
 
@@ -779,5 +797,5 @@ def _with_run_rank(table: pa.Table, run_id: str, rank: int) -> pa.Table:
 def _from_rows(con, name: str, rows: list[dict]) -> pa.Table:
     """Python rows (dicts with the same keys) -> the table, through DuckDB: pa.Table.from_pylist imports pandas."""
     if not rows:
-        return pa.Table.from_batches([], schema.arrow_schema(name))
+        return _empty(name)
     return _table(con, name, "SELECT r.* FROM (SELECT unnest($rows) AS r)", {"rows": rows})

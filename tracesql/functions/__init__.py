@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import functools
 import re
+import weakref
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -138,11 +139,26 @@ def needed(names: set[str], tables: set[str] = frozenset()) -> tuple[list[str], 
     return [text for name, text in defs if name is None or name in seen], used_tables
 
 
+@functools.cache
+def table_names() -> frozenset[str]:
+    """The data tables (lower case) the definitions create: kept on a connection `db.for_trace` keeps."""
+    return frozenset(p.stem.lower() for p in HERE.iterdir() if p.suffix == ".csv")
+
+
+#: The definitions (by name) already made on each connection that `names` installs: a connection `db.for_trace`
+#: keeps gets each once, not once per trace.
+_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def install(con, files: tuple[str, ...] | None = None, names: set[str] | None = None) -> None:
-    """Create the functions on `con`: all of them, those of `files`, or only those SQL using `names` needs."""
+    """Create the functions on `con`: all of them, those of `files`, or only those SQL using `names` needs
+    (those not made on `con` already)."""
     if names is not None:
         statements, _ = needed(names)
+        made = _made.setdefault(con, set())
+        statements = [s for s in statements if s not in made]
         if statements:
             con.execute("\n".join(statements)).fetchall()
+            made.update(statements)
         return
     con.execute(sql(files)).fetchall()

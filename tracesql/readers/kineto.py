@@ -326,23 +326,20 @@ def read(path: Path, threads: int | None = None):
         # a big trace's events live in a database file in the scratch folder (DuckDB holds at most its memory
         # limit of them); a small one's in memory, which is faster
         on_disk = events_file.stat().st_size > lim.memory_bytes * _ON_DISK_SHARE
-        con = db.connect(threads, lim.memory, database=scratch / "events.duckdb" if on_disk else None)
-        try:
-            _load_events(con, path, events_file, notes, lim.max_events)
-        except TraceError as e:
-            if not located:
-                raise
-            size = events_file.stat().st_size
-            if size > whole_read_bytes():  # an event DuckDB cannot read (one huge string, deep nesting, no memory)
-                raise _too_large_to_read_whole(path, size, e.problem) from None
+        with db.for_trace(threads, lim.memory, scratch / "events.duckdb" if on_disk else None) as con:
+            try:
+                _load_events(con, path, events_file, notes, lim.max_events)
+            except TraceError as e:
+                if not located:
+                    raise
+                size = events_file.stat().st_size
+                if size > whole_read_bytes():  # an event DuckDB cannot read (one huge string, deep nesting, no memory)
+                    raise _too_large_to_read_whole(path, size, e.problem) from None
+                events_file.unlink()
+                events_file, meta, _ = _events_file(path, scratch, whole=True)
+                _load_events(con, path, events_file, notes, lim.max_events)
             events_file.unlink()
-            events_file, meta, _ = _events_file(path, scratch, whole=True)
-            _load_events(con, path, events_file, notes, lim.max_events)
-        events_file.unlink()
-        try:
             return _read_events(con, path, meta, notes, lim.max_events, scratch / "slices.arrows")
-        finally:
-            con.close()
 
 
 def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None, slices_file: Path):
@@ -377,7 +374,7 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
     counters = con.sql(_COUNTERS, params={"base": base_time_ns}).to_arrow_table()
     skipped["counter value that is not a number"] = counters["value"].null_count
     counters = counters.filter(pc.is_valid(counters["value"]))
-    con.close()  # frees the events table before normalizing
+    db.clear(con)  # frees the events table (and the rest) before normalizing
 
     dist = meta.pop("distributedInfo", None)
     dist = dist if isinstance(dist, dict) else {}
