@@ -73,11 +73,20 @@ WITH classified AS (
     SELECT run_id, rank, max(ts) AS last_start FROM steps
     WHERE analysis_window = 'hta' AND (rule IS NULL OR rule = 'profiler_step')
     GROUP BY run_id, rank
-), hta_launch AS (
-    -- the earliest host call with each correlation id (HTA keeps device work if any of them is early enough)
-    SELECT run_id, rank, correlation, min(ts) AS ts FROM slices
-    WHERE analysis_window = 'hta' AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL
-    GROUP BY run_id, rank, correlation
+), early_calls AS (
+    -- HTA keeps device work if any host call with its correlation id started before the rank's last step. Its
+    -- recorded launch (slices.launch_ts: one of those calls) answers for most; the others are looked up only for
+    -- the few events whose launch started later or was not recorded (grouping every host call by correlation
+    -- id took a third of the query)
+    SELECT h.run_id, h.rank, h.correlation
+    FROM slices h JOIN step_bounds b ON b.run_id = h.run_id AND b.rank = h.rank
+    WHERE analysis_window = 'hta' AND h.kind IN ('runtime', 'driver') AND h.correlation IS NOT NULL
+      AND h.ts < b.last_start
+      AND (h.run_id, h.rank, h.correlation) IN (
+          SELECT d.run_id, d.rank, d.correlation
+          FROM slices d JOIN step_bounds b ON b.run_id = d.run_id AND b.rank = d.rank
+          WHERE d.kind IN ('kernel', 'memcpy', 'memset') AND d.correlation IS NOT NULL
+            AND (d.launch_ts IS NULL OR d.launch_ts >= b.last_start))
 ), streamless AS (
     -- MTIA DMA requests whose event names no stream (the reader gives them their thread as stream; HTA gives -1
     -- and analyses only events on a stream): looked for among that category's rows, so that `args` is read
@@ -94,12 +103,13 @@ WITH classified AS (
     FROM classified s
     LEFT JOIN filtered_runs f ON f.run_id = s.run_id
     LEFT JOIN step_bounds b ON b.run_id = s.run_id AND b.rank = s.rank
-    LEFT JOIN hta_launch h ON h.run_id = s.run_id AND h.rank = s.rank AND h.correlation = s.correlation
     LEFT JOIN streamless x ON x.run_id = s.run_id AND x.rank = s.rank AND x.slice_id = s.slice_id
     WHERE analysis_window = 'hta' AND x.slice_id IS NULL AND (
           f.run_id IS NULL  -- fewer than two step names: no filter
        OR (s.correlation IS NULL AND s.ts < b.last_start)
-       OR h.ts < b.last_start)
+       OR (s.correlation IS NOT NULL AND s.launch_ts < b.last_start)
+       -- (a semi-join: early_calls, of a few rows, is its build side)
+       OR (s.run_id, s.rank, s.correlation) IN (SELECT run_id, rank, correlation FROM early_calls))
 )
 SELECT * REPLACE (
         (ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS ts,
