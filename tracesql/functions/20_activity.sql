@@ -28,12 +28,15 @@ SELECT * FROM (
 UNION ALL
 SELECT n.run_id, n.rank, n.kind, n.category, hash(n.name) AS name_hash, arg_min(r.class, r.priority) AS class
 FROM named n
-JOIN kernel_classes r
+-- a LEFT JOIN, which DuckDB does not reorder: as an inner join it matched the rules against every device event
+-- before the semi-join kept the first ones (75 s instead of 0.4 s on 535 k kernels of 51 names)
+LEFT JOIN kernel_classes r
   ON r.scheme = class_scheme AND (r.kind IS NULL OR r.kind = n.kind)
  AND (r.name_regex IS NULL OR regexp_matches(n.name, r.name_regex))
  AND (r.category_regex IS NULL OR regexp_matches(n.category, r.category_regex))
 WHERE NOT shipped_class_scheme(class_scheme)
-GROUP BY n.run_id, n.rank, n.kind, n.category, name_hash;
+GROUP BY n.run_id, n.rank, n.kind, n.category, name_hash
+HAVING arg_min(r.class, r.priority) IS NOT NULL;
 
 -- Kernels, copies and memsets, each with its class (compute / communication / memory / infeed_outfeed) from
 -- `kernel_classes`, whose rules match the kind, the name and the category (XLA ops: their HLO category).
