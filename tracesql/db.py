@@ -41,7 +41,7 @@ def for_trace(threads: int | None = None, memory_limit: str | None = None, datab
     it 5,000 times); what the work made (tables, views, registered Arrow tables) is dropped after it, the macros
     and their data tables (tracesql.functions) stay. A connection whose work failed is closed, not kept."""
     if database is not None:
-        con = connect(threads, memory_limit, database)
+        con = connect(threads, memory_limit, database=database)
         try:
             yield con
         finally:
