@@ -247,8 +247,9 @@ WITH windows AS (
         r.length_ns - (w.window_ts - r.joint_ts) AS replayed_ns, p.length_ns - (w.window_ts - r.joint_ts) AS predicted_ns,
         r.remote_ns, r.remote_rank
     FROM windows w
-    JOIN replayed r ON r.run_id = w.run_id AND r.window_name = w.window_name AND r.joint = w.joint AND r.rank = w.rank
-    JOIN predicted p ON p.run_id = w.run_id AND p.window_name = w.window_name AND p.joint = w.joint AND p.rank = w.rank
+    -- (a window with nothing to replay keeps its row: measured, with no replay)
+    LEFT JOIN replayed r ON r.run_id = w.run_id AND r.window_name = w.window_name AND r.joint = w.joint AND r.rank = w.rank
+    LEFT JOIN predicted p ON p.run_id = w.run_id AND p.window_name = w.window_name AND p.joint = w.joint AND p.rank = w.rank
     WHERE rank_filter IS NULL OR w.rank = rank_filter
 ), causes AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance,
