@@ -119,14 +119,15 @@ def test_what_if_replays_bundled_steps(ingested):
                                          (1, 552): 812_000}
 
 
-CORPUS_KINETO = [
+# Kineto traces, and JAX's XPlane profiles (GPU: their launches; without steps, the profiled range)
+CORPUS_REPLAYED = [
     line.split("\t")[0] for line in (CORPUS / "MANIFEST.tsv").read_text().splitlines()[1:]
-    if line.split("\t")[6:7] == ["pytorch-kineto-json"]
+    if line.split("\t")[6:7] in (["pytorch-kineto-json"], ["jax-xplane-pb"])
 ] if (CORPUS / "MANIFEST.tsv").exists() else []
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", CORPUS_KINETO or ["(corpus absent)"])
+@pytest.mark.parametrize("path", CORPUS_REPLAYED or ["(corpus absent)"])
 def test_what_if_replay_reproduces_every_corpus_step(path, ingested):
     run = ingested(corpus_path(path))
     base = tracesql.query("what_if", run)
@@ -134,6 +135,30 @@ def test_what_if_replay_reproduces_every_corpus_step(path, ingested):
         pytest.skip(f"{path}: no steps with host ops")
     assert ((base.replayed_ns - base.measured_ns).abs() <= 0.01 * base.measured_ns).all(), base
     assert (base.saving_ns == 0).all()
+
+
+XLA_BUNDLED = ("jax_cpu_4dev_allreduce", "jax_cpu_8dev_ffn", "jax_cpu_mlp", "xprof_gpu_multi_worker",
+               "xprof_tpu_inference")
+
+
+def test_device_only_replay_of_xla_profiles(ingested):
+    """XLA on TPU and CPU runs its ops without launches: the replay is each device's lines, ops in order with
+    their gaps kept, from the window's start (a step; the profiled range without steps) to its end. Unchanged it
+    is the measured time on every bundled XLA profile (the GPU one replays its launches); an op family made free
+    saves what it saved the device line that saves least (every line ends the window with its tail kept): summed
+    from device_activity here, the second method."""
+    for key in XLA_BUNDLED:
+        base = tracesql.query("what_if", ingested(DATASETS / key))
+        assert len(base) == (1 if key == "xprof_tpu_inference" else 3 if key.startswith("jax") else 1), key
+        assert (base.replayed_ns == base.measured_ns).all() and (base.saving_ns == 0).all(), key
+    run = ingested(DATASETS / "xprof_tpu_inference")
+    lines = tracesql.connect(run).sql("""
+        SELECT device_id, stream, sum(dur) FILTER (WHERE regexp_matches(name, '^copy-done')) AS copy_done
+        FROM device_activity() GROUP BY ALL""").df()
+    assert len(lines) == 4 and lines.copy_done.min() == 75_993_796_650
+    freed = tracesql.query("what_if", run, faster="^copy-done", faster_pct=100)
+    assert freed.measured_ns.tolist() == [98_153_057_682] and freed.step.isna().all()
+    assert freed.saving_ns.tolist() == [lines.copy_done.min()]
 
 
 def test_replay_waits_for_the_last_rank_at_collectives(ingested):
