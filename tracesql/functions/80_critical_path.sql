@@ -26,6 +26,18 @@ SELECT run_id, rank, name AS window_name, n AS instance, step, ts, te
 FROM numbered
 WHERE occurrence IS NULL OR n = occurrence;
 
+-- The XLA ops each window's device ran (its device events, by their launch or, without one, their start; on a GPU
+-- several kernels an op), with their HLO facts (xla_ops): what the XLA findings rules (findings/xla_*.sql) look at.
+-- event_name: the device event's name, which the what-if's `faster` matches (a GPU kernel's, not the HLO op's).
+CREATE OR REPLACE MACRO xla_window_ops() AS TABLE
+SELECT w.run_id, w.rank, w.instance, w.step, a.slice_id, a.name AS event_name, a.device_id, a.op_id, a.dur,
+    x.* EXCLUDE (run_id, rank)
+FROM critical_path_windows() w
+JOIN device_activity() a ON a.run_id = w.run_id AND a.rank = w.rank
+ AND COALESCE(a.launch_ts, a.ts) BETWEEN w.ts AND w.te
+JOIN ops o ON o.run_id = a.run_id AND o.rank = a.rank AND o.op_id = a.op_id
+JOIN xla_ops x ON x.run_id = o.run_id AND x.rank = o.rank AND x.program_id = o.program_id AND x.name = o.name;
+
 -- Host calls that put one device event on a stream (HTA's list of launch calls): the stream's queue grows by one
 -- when they run and shrinks by one when the event starts.
 CREATE OR REPLACE MACRO is_queued_launch(name) AS (
