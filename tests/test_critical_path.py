@@ -142,7 +142,7 @@ XLA_BUNDLED = ("jax_cpu_4dev_allreduce", "jax_cpu_8dev_ffn", "jax_cpu_mlp", "xpr
 
 
 def test_device_only_replay_of_xla_profiles(ingested):
-    """XLA on TPU and CPU runs its ops without launches: the replay is each device's lines, ops in order with
+    """XLA on TPU and CPU runs its ops without launches: the replay is each device's line, its ops in order with
     their gaps kept, from the window's start (a step; the profiled range without steps) to its end. Unchanged it
     is the measured time on every bundled XLA profile (the GPU one replays its launches); an op family made free
     saves what it saved the device line that saves least (every line ends the window with its tail kept): summed

@@ -26,6 +26,15 @@ SELECT run_id, rank, name AS window_name, n AS instance, step, ts, te
 FROM numbered
 WHERE occurrence IS NULL OR n = occurrence;
 
+-- Ranks whose device work has no launches (XLA on TPU and CPU: the device runs the program's ops by itself, no
+-- host call puts them on a stream): their device work belongs to the windows it starts in, and the replay is
+-- each device's line, its ops in order with their gaps (a device-only replay).
+CREATE OR REPLACE MACRO device_only_ranks() AS TABLE
+SELECT run_id, rank FROM slices
+WHERE kind IN ('kernel', 'memcpy', 'memset')
+GROUP BY run_id, rank
+HAVING count(launch_id) = 0;
+
 -- The XLA ops each window's device ran (its device events, by their launch or, without one, their start; on a GPU
 -- several kernels an op), with their HLO facts (xla_ops): what the XLA findings rules (findings/xla_*.sql) look at.
 -- event_name: the device event's name, which the what-if's `faster` matches (a GPU kernel's, not the HLO op's).
@@ -73,26 +82,19 @@ WITH windows AS (
      AND d.kind IN ('kernel', 'memcpy', 'memset')
     GROUP BY b.run_id, b.rank, b.ts, b.te
 ), device_only AS (
-    -- ranks whose device work has no launches (XLA on TPU and CPU: the device runs the program's ops by itself,
-    -- no host call puts them on a stream): their device work is in the windows it starts in, each device's
-    -- line in order with its gaps (a device-only replay)
-    SELECT d.run_id, d.rank
-    FROM slices d JOIN bounds b ON b.run_id = d.run_id AND b.rank = d.rank
-    WHERE d.kind IN ('kernel', 'memcpy', 'memset')
-    GROUP BY d.run_id, d.rank
-    HAVING count(d.launch_id) = 0
+    SELECT * FROM device_only_ranks()
 ), work AS (
     -- the device work that ends after the rank's first window starts: what the windows launched, and all the
     -- queue lengths need (work that started before has left its stream's queue: its launch and start add 0),
     -- and when its stream was free: the end of the event before it on its stream (for the what-if replay, work
     -- launched before the window that the window's work queues behind)
-    -- (a device-only rank's lines are told apart by device too: stream numbers repeat across its devices)
+    -- (a device-only rank's line is its device: XLA runs a program's ops one at a time on a TPU core, and on
+    -- the CPU on whichever thread of its pool is free, the threads' lines never overlapping)
     SELECT d.run_id, d.rank, d.slice_id, d.name, d.ts, d.dur, d.pid, d.tid,
-        CASE WHEN o.rank IS NULL THEN d.stream ELSE CAST(hash(d.device_id, d.stream) >> 1 AS BIGINT) END AS stream,
+        CASE WHEN o.rank IS NULL THEN d.stream ELSE CAST(hash(d.device_id) >> 1 AS BIGINT) END AS stream,
         d.device_id, d.launch_id, d.launch_ts, d.launch_pid, d.launch_tid, is_queued_launch(l.name) AS queued,
         d.class = 'communication' AS communication,
-        lag(d.ts + d.dur) OVER (PARTITION BY d.run_id, d.rank, d.device_id, d.stream ORDER BY d.ts, d.slice_id)
-            AS stream_free
+        lag(d.ts + d.dur) OVER (PARTITION BY d.run_id, d.rank, d.stream ORDER BY d.ts, d.slice_id) AS stream_free
     FROM device_activity() d
     JOIN horizon b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts + d.dur >= b.ts
      AND (d.launch_ts <= b.upto OR d.ts <= b.upto)
