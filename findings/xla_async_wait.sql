@@ -30,6 +30,8 @@ SET VARIABLE xla_async_wait_change = (
 
 WITH priced AS (
     SELECT * FROM what_if(faster := getvariable('xla_async_wait_change'), faster_pct := 100)
+    -- (no such op in the run: no replay)
+    WHERE getvariable('xla_async_wait_change') IS NOT NULL
 ), waits AS (
     SELECT run_id, rank, instance, count(*) AS ops, count(DISTINCT device_id) AS devices, sum(dur) AS total_ns,
         arg_max(name, dur) AS longest, arg_max(async_start, dur) AS started_by, max(dur) AS longest_ns

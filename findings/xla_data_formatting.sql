@@ -30,6 +30,8 @@ SET VARIABLE xla_data_formatting_change = (
 
 WITH priced AS (
     SELECT * FROM what_if(faster := getvariable('xla_data_formatting_change'), faster_pct := 100)
+    -- (no such op in the run: no replay)
+    WHERE getvariable('xla_data_formatting_change') IS NOT NULL
 ), device AS (
     SELECT run_id, rank, instance, sum(dur) AS device_ns,
         count(*) FILTER (WHERE formatting) AS ops, COALESCE(sum(dur) FILTER (WHERE formatting), 0) AS total_ns,

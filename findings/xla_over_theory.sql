@@ -69,6 +69,8 @@ WITH flagged AS (
 ), priced AS (
     SELECT * FROM what_if(faster := getvariable('xla_over_theory_change').events,
                           faster_pct := getvariable('xla_over_theory_change').faster_pct)
+    -- (no op over its theory in the run: no replay)
+    WHERE getvariable('xla_over_theory_change').events IS NOT NULL
 ), in_step AS (
     SELECT run_id, rank, instance, count(*) AS executions, count(DISTINCT name) AS ops,
         count(*) FILTER (WHERE collective IS NOT NULL) AS collectives, sum(measured_ns) AS measured_ns,
