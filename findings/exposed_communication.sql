@@ -6,7 +6,11 @@
 -- critical path. The replay sees one rank's trace: a collective that waits for a slower rank lasts the wait, so a
 -- straggler shows here on the ranks that wait for it (`tracesql query collectives` names the last to arrive).
 --
--- Needs: host ops and the communication kernels they launched (Kineto GPU traces with correlation ids)
+-- On an XLA profile of TPU or CPU (no launches) the step's collectives are the communication ops its devices ran:
+-- on the CPU they run one at a time between the matmuls, never overlapped.
+--
+-- Needs: host ops and the communication kernels they launched (Kineto GPU traces with correlation ids), or an XLA
+-- profile's device ops
 -- Parameters:
 --   run = 'RUN'             text: the run as the user named it, for the query column's command
 --   min_saving_pct = 5      number >= 0: fires when the fix saves at least this % of the step
@@ -25,8 +29,11 @@ WITH priced AS (
     SELECT d.run_id, d.rank, w.instance, count(*) AS kernels, sum(d.dur) AS total_ns,
         arg_max(d.name, d.dur) AS longest, max(d.dur) AS longest_ns
     FROM device_activity() d
-    JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
-    JOIN critical_path_windows() w ON w.run_id = d.run_id AND w.rank = d.rank AND l.ts BETWEEN w.ts AND w.te
+    LEFT JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
+    LEFT JOIN device_only_ranks() o ON o.run_id = d.run_id AND o.rank = d.rank
+    -- (on a rank without launches, XLA's: those that start in the window)
+    JOIN critical_path_windows() w ON w.run_id = d.run_id AND w.rank = d.rank
+     AND CASE WHEN o.rank IS NULL THEN l.ts ELSE d.ts END BETWEEN w.ts AND w.te
     WHERE d.class = 'communication'
     GROUP BY ALL
 )

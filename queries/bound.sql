@@ -8,7 +8,7 @@
 -- what-if replays it, path_ns the critical path's length (host gaps between top-level ops weigh 0, as in HTA).
 -- The findings (`tracesql findings`) say what to do about it and what that would save.
 --
--- Needs: host ops and the device work they launched (Kineto GPU traces with correlation ids)
+-- Needs: host ops and the device work they launched (Kineto GPU traces with correlation ids), or XLA ops (XPlane)
 -- Parameters:
 --   annotation = NULL   text: a host range name (substring, as HTA); NULL: each step; '': the whole trace
 --   instance = NULL     integer >= 0: which window on each rank (0 = its first step or annotation); NULL: all

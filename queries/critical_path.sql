@@ -17,7 +17,7 @@
 -- event_id, name, ts, edge NULL). The path sees one rank's trace only: the time a collective waits for another
 -- rank shows as its kernel's duration (see the what_if query and docs/guides/critical-path.md).
 --
--- Needs: host ops and the device work they launched (Kineto GPU traces with correlation ids); cuda_sync events for the synchronisation edges
+-- Needs: host ops and the device work they launched (Kineto GPU traces with correlation ids), or XLA ops (XPlane); cuda_sync events for the synchronisation edges
 -- Parameters:
 --   annotation = NULL   text: a host range name (substring, as HTA); NULL: each step; '': the whole trace
 --   instance = NULL     integer >= 0: which window on each rank (0 = its first step or annotation); NULL: all

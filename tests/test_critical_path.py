@@ -119,21 +119,46 @@ def test_what_if_replays_bundled_steps(ingested):
                                          (1, 552): 812_000}
 
 
-CORPUS_KINETO = [
+# Kineto traces, and JAX's XPlane profiles (GPU: their launches; without steps, the profiled range)
+CORPUS_REPLAYED = [
     line.split("\t")[0] for line in (CORPUS / "MANIFEST.tsv").read_text().splitlines()[1:]
-    if line.split("\t")[6:7] == ["pytorch-kineto-json"]
+    if line.split("\t")[6:7] in (["pytorch-kineto-json"], ["jax-xplane-pb"])
 ] if (CORPUS / "MANIFEST.tsv").exists() else []
 
 
+#: the bundled XLA profiles: TPU and CPU replayed device-only (steps; the TPU inference's profiled range)
+XLA_BUNDLED = ("jax_cpu_4dev_allreduce", "jax_cpu_8dev_ffn", "jax_cpu_mlp", "xprof_gpu_multi_worker",
+               "xprof_tpu_inference")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", CORPUS_KINETO or ["(corpus absent)"])
+@pytest.mark.parametrize("path", [pytest.param(DATASETS / key, id=key) for key in XLA_BUNDLED]
+                         + [pytest.param(CORPUS / path, id=path) for path in CORPUS_REPLAYED])
 def test_what_if_replay_reproduces_every_corpus_step(path, ingested):
-    run = ingested(corpus_path(path))
+    if not path.exists():
+        pytest.skip(f"corpus not available: {path}")
+    run = ingested(path)
     base = tracesql.query("what_if", run)
     if base.empty:
         pytest.skip(f"{path}: no steps with host ops")
     assert ((base.replayed_ns - base.measured_ns).abs() <= 0.01 * base.measured_ns).all(), base
     assert (base.saving_ns == 0).all()
+
+
+def test_device_only_replay_of_xla_profiles(ingested):
+    """XLA on TPU runs its ops without launches: the replay is each device's line, its ops in order with their
+    gaps kept, from the window's start (the profiled range: no steps) to its end. Unchanged it is the measured
+    time (here and on every bundled and corpus XLA profile: the test above); an op family made free saves what it
+    saved the device that saves least (every line ends the window with its tail kept): summed from
+    device_activity here, the second method."""
+    run = ingested(DATASETS / "xprof_tpu_inference")
+    lines = tracesql.connect(run).sql("""
+        SELECT device_id, stream, sum(dur) FILTER (WHERE regexp_matches(name, '^copy-done')) AS copy_done
+        FROM device_activity() GROUP BY ALL""").df()
+    assert len(lines) == 4 and lines.copy_done.min() == 75_993_796_650
+    freed = tracesql.query("what_if", run, faster="^copy-done", faster_pct=100)
+    assert freed.measured_ns.tolist() == freed.replayed_ns.tolist() == [98_153_057_682] and freed.step.isna().all()
+    assert freed.saving_ns.tolist() == [lines.copy_done.min()]
 
 
 def test_replay_waits_for_the_last_rank_at_collectives(ingested):

@@ -6,19 +6,22 @@ from __future__ import annotations
 import re
 import shlex
 
+import pandas as pd
 import pytest
 
 import tracesql
-from conftest import DATASETS, raw_events
+from conftest import DATASETS, corpus_path, raw_events
 from tracesql import findings, queries
 
 B200 = DATASETS / "tracelens_b200_eager"  # vLLM on a B200, one execute_model range, host-bound: shapes recorded
 
 
 def rule_rows(run, name: str, **params):
-    """One rule's rows, every step whatever its saving (min_saving_pct 0), as the findings command runs it."""
+    """One rule's rows, every step whatever its saving (min_saving_pct 0, for the rules that price a saving), as
+    the findings command runs it."""
     (rule,) = [r for r in findings.catalogue() if r.name == name]
-    return queries.run(tracesql.connect(run), rule, {"run": "RUN", "min_saving_pct": 0} | params).df()
+    everything = {"min_saving_pct": 0} if "min_saving_pct" in rule.params else {}
+    return queries.run(tracesql.connect(run), rule, {"run": "RUN"} | everything | params).df()
 
 
 def cited(run, command: str):
@@ -117,3 +120,54 @@ def test_kernel_sequences_on_b200(ingested):
         "rank's steps); fusing the 36 that run back to back on one stream removes 12.40 ms of gaps between their "
         "kernels and 216 launch calls (1.40 ms): the step takes 1.40 ms less of 87.22 ms")
     assert row.saving_ns == freed[0][1] and row.saving_pct == 1.6
+
+
+def test_xla_rules_on_the_tpu_inference(ingested):
+    """XProf's TPU v6e inference profile (no steps: its profiled range, 98.15 s): the devices wait 194 ms at each
+    copy-done of a 5 GiB copy; without those waits the replay saves the least-saving device's copy-done time
+    (tests/test_critical_path.py sums it). Its all-reduces take 10.2x what 5 GiB over a 448 GB/s ICI link needs,
+    but 0.34 % of the range: a finding only without the threshold. No copy or transpose, no capacity recorded."""
+    run = ingested(DATASETS / "xprof_tpu_inference")
+    (wait,) = rule_rows(run, "xla_async_wait").itertuples()
+    assert (wait.saving_ns, wait.saving_pct) == (75_993_796_650, 77.42) and pd.isna(wait.step)
+    assert wait.evidence.startswith("2400 async done ops on 4 devices wait 304033.21 ms in all")
+    assert "longest copy-done.4 (194.46 ms, started by copy-start.4)" in wait.evidence
+    (theory,) = rule_rows(run, "xla_over_theory").itertuples()
+    (measured_ms,), = tracesql.connect(run).sql("SELECT sum(dur) / 1e6 FROM device_activity() WHERE name = 'all-reduce'").fetchall()
+    theory_ms = 12 * 1_342_177_280 * 4 * 2 * (2 - 1) / 2 / 448e9 * 1e3  # f32 elements, all-reduce of 2 over ICI
+    assert theory.evidence.startswith(f"12 executions of 1 ops (12 collectives) take {measured_ms:.2f} ms where "
+                                      f"their HLO shapes need {theory_ms:.2f} ms (10.2x)")
+    assert theory.saving_ns == 329_102_575 and theory.saving_pct == 0.34  # under the default 5 %: no finding
+    assert rule_rows(run, "xla_data_formatting").empty and rule_rows(run, "memory_peak").empty
+
+
+def test_exposed_collectives_of_xla_on_cpu(ingested):
+    """JAX's FFN sharded over 8 CPU devices: XLA on the CPU runs its all-gathers and reduce-scatters between the
+    matmuls, never overlapped; hidden, the steady steps take 27 % less (the what_if query's number)."""
+    run = ingested(DATASETS / "jax_cpu_8dev_ffn")
+    found = rule_rows(run, "exposed_communication", min_saving_pct=5)
+    hidden = tracesql.query("what_if", run, hide_communication=1).set_index("step")
+    assert sorted(found.step) == [1, 2]
+    assert all(row.saving_ns == hidden.saving_ns[row.step] for row in found.itertuples())
+    assert sorted(found.saving_pct) == [26.79, 26.99]
+
+
+def test_memory_peak_against_the_device_capacity(ingested):
+    """TensorFlow's GPU profile: the BFC allocators' peaks (the memory query's) against the 15.78 GiB the devices
+    record: 36.6 %, a finding at min_peak_pct=30 (saving 0), none at the default 90 %."""
+    run = ingested(DATASETS / "xprof_gpu_multi_worker")
+    assert rule_rows(run, "memory_peak").empty
+    found = rule_rows(run, "memory_peak", min_peak_pct=30)
+    peaks = tracesql.query("memory", run).groupby("device_id").peak_allocated_bytes.max()
+    assert [int(e.split()[1]) for e in found.evidence] == [4, 6] and (found.saving_ns == 0).all()
+    assert all(f"peak {peaks[d] / 2**30:.2f} GiB of 15.78 GiB (36.6 %)" in e for d, e in zip([4, 6], found.evidence))
+
+
+def test_xla_data_formatting_around_convolutions(ingested):
+    """JAX convolutions on an MI300X (TraceLens' jax_conv_minimal_08): the NCHW/NHWC transposes around the
+    cuDNN-style convolution calls take 55 % of the XLA ops' time; the profiled range is bound by the host, so
+    removing them saves 0, which the evidence says."""
+    run = ingested(corpus_path("tracelens", "tests", "traces", "mi300", "jax_conv_minimal_08", "tw003.xplane.pb"))
+    (row,) = rule_rows(run, "xla_data_formatting").itertuples()
+    assert row.evidence.startswith("119 copy / transpose ops take 15.02 ms, 55 % of the step's 27.55 ms of XLA ops")
+    assert row.saving_ns == 0

@@ -10,6 +10,11 @@ WITH found AS (
     UNION ALL
     SELECT run_id, rank, '', NULL, trace_start_ns, trace_end_ns FROM ranks WHERE annotation = ''
     UNION ALL
+    -- an XLA profile without steps (an inference, a few jit calls): each step is its profiled range
+    SELECT run_id, rank, '', NULL, trace_start_ns, trace_end_ns FROM ranks
+    WHERE annotation IS NULL AND (run_id, rank) NOT IN (SELECT run_id, rank FROM steps)
+      AND (run_id, rank) IN (SELECT run_id, rank FROM ops WHERE program_id IS NOT NULL)
+    UNION ALL
     SELECT run_id, rank, name, step, ts, ts + dur FROM slices
     WHERE annotation <> '' AND device_id IS NULL AND dur > 0 AND contains(name, annotation)
 ), numbered AS (
@@ -20,6 +25,27 @@ WITH found AS (
 SELECT run_id, rank, name AS window_name, n AS instance, step, ts, te
 FROM numbered
 WHERE occurrence IS NULL OR n = occurrence;
+
+-- Ranks whose device work has no launches (XLA on TPU and CPU: the device runs the program's ops by itself, no
+-- host call puts them on a stream): their device work belongs to the windows it starts in, and the replay is
+-- each device's line, its ops in order with their gaps (a device-only replay).
+CREATE OR REPLACE MACRO device_only_ranks() AS TABLE
+SELECT run_id, rank FROM slices
+WHERE kind IN ('kernel', 'memcpy', 'memset')
+GROUP BY run_id, rank
+HAVING count(launch_id) = 0;
+
+-- The XLA ops each window's device ran (its device events, by their launch or, without one, their start; on a GPU
+-- several kernels an op), with their HLO facts (xla_ops): what the XLA findings rules (findings/xla_*.sql) look at.
+-- event_name: the device event's name, which the what-if's `faster` matches (a GPU kernel's, not the HLO op's).
+CREATE OR REPLACE MACRO xla_window_ops() AS TABLE
+SELECT w.run_id, w.rank, w.instance, w.step, a.slice_id, a.name AS event_name, a.device_id, a.op_id, a.dur,
+    x.* EXCLUDE (run_id, rank)
+FROM critical_path_windows() w
+JOIN device_activity() a ON a.run_id = w.run_id AND a.rank = w.rank
+ AND COALESCE(a.launch_ts, a.ts) BETWEEN w.ts AND w.te
+JOIN ops o ON o.run_id = a.run_id AND o.rank = a.rank AND o.op_id = a.op_id
+JOIN xla_ops x ON x.run_id = o.run_id AND x.rank = o.rank AND x.program_id = o.program_id AND x.name = o.name;
 
 -- Host calls that put one device event on a stream (HTA's list of launch calls): the stream's queue grows by one
 -- when they run and shrinks by one when the event starts.
@@ -55,20 +81,26 @@ WITH windows AS (
     LEFT JOIN slices d ON d.run_id = b.run_id AND d.rank = b.rank AND d.launch_ts BETWEEN b.ts AND b.te
      AND d.kind IN ('kernel', 'memcpy', 'memset')
     GROUP BY b.run_id, b.rank, b.ts, b.te
+), device_only AS (
+    SELECT * FROM device_only_ranks()
 ), work AS (
     -- the device work that ends after the rank's first window starts: what the windows launched, and all the
     -- queue lengths need (work that started before has left its stream's queue: its launch and start add 0),
     -- and when its stream was free: the end of the event before it on its stream (for the what-if replay, work
     -- launched before the window that the window's work queues behind)
-    SELECT d.run_id, d.rank, d.slice_id, d.name, d.ts, d.dur, d.pid, d.tid, d.stream, d.device_id, d.launch_id,
-        d.launch_ts, d.launch_pid, d.launch_tid, is_queued_launch(l.name) AS queued,
+    -- (a device-only rank's line is its device: XLA runs a program's ops one at a time on a TPU core, and on
+    -- the CPU on whichever thread of its pool is free, the threads' lines never overlapping)
+    SELECT d.run_id, d.rank, d.slice_id, d.name, d.ts, d.dur, d.pid, d.tid,
+        CASE WHEN o.rank IS NULL THEN d.stream ELSE CAST(hash(d.device_id) >> 1 AS BIGINT) END AS stream,
+        d.device_id, d.launch_id, d.launch_ts, d.launch_pid, d.launch_tid, is_queued_launch(l.name) AS queued,
         d.class = 'communication' AS communication,
         lag(d.ts + d.dur) OVER (PARTITION BY d.run_id, d.rank, d.stream ORDER BY d.ts, d.slice_id) AS stream_free
     FROM device_activity() d
     JOIN horizon b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts + d.dur >= b.ts
      AND (d.launch_ts <= b.upto OR d.ts <= b.upto)
-    JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
-    WHERE d.launch_dur > 0
+    LEFT JOIN device_only o ON o.run_id = d.run_id AND o.rank = d.rank
+    LEFT JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
+    WHERE d.launch_dur > 0 AND l.slice_id IS NOT NULL OR o.rank IS NOT NULL
 ), queue AS (
     -- each stream's queue length after each launch and after each start (HTA counts streams apart by number)
     SELECT run_id, rank, slice_id, at_start,
@@ -112,7 +144,7 @@ WITH windows AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts AS window_ts, w.te AS window_te,
         COALESCE(w.step, w.instance) AS joint, k.* EXCLUDE (run_id, rank), c.collective
     FROM windows w
-    JOIN work k ON k.run_id = w.run_id AND k.rank = w.rank AND k.launch_ts BETWEEN w.ts AND w.te
+    JOIN work k ON k.run_id = w.run_id AND k.rank = w.rank AND COALESCE(k.launch_ts, k.ts) BETWEEN w.ts AND w.te
     LEFT JOIN (SELECT run_id, rank, stream, device_ts, device_ts + device_dur AS device_te,
                       CAST(hash(match_key) >> 1 AS BIGINT) AS collective
                FROM recorded_collective_calls() WHERE device_ts IS NOT NULL) c
@@ -151,7 +183,9 @@ WITH windows AS (
     JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
     ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM work) e
       ON e.run_id = h.run_id AND e.rank = h.rank AND e.te <= h.ts + h.dur
+    -- (a device-only rank's host work leads to none of its device work: the replay is its devices' alone)
     WHERE h.device_id IS NULL AND h.dur > 0
+      AND (w.run_id, w.rank) NOT IN (SELECT run_id, rank FROM device_only)
     UNION ALL
     SELECT k.run_id, k.rank, k.window_name, k.instance, k.step, k.window_ts, k.window_te, k.slice_id,
         CASE WHEN k.communication THEN 'communication' ELSE 'device' END, k.ts, k.dur, k.pid, k.tid, k.stream,
