@@ -80,10 +80,11 @@ def stages(archive: Path, members: int, scratch: Path) -> None:
 
     tracesql.ingest([make_zip(scratch / "warm-up.zip", 2)], scratch / "warm-up", jobs=1)  # the imports, the macros
     cpu: collections.Counter = collections.Counter()
+    writes = "write the parts (and the queries streamed into them)"  # (inside normalize)
     wrapped = {"unpack the members": [(archives, "members"), (archives, "extract")],
                "read (Kineto reader)": [(readers, "read_trace")],
                "normalize (less its writes)": [(normalize_module, "normalize")],
-               "write the parts": [(store.PartWriter, "write"), (store.PartWriter, "__exit__")],
+               writes: [(store.PartWriter, "write"), (store.PartWriter, "__exit__")],
                "run-wide tables": [(ingestion, "_write_run_checks"), (ingestion, "_write_run_labels"),
                                    (ingestion, "_write_op_costs")],
                "publish (hashes, manifest, swap)": [(store, "publish")]}
@@ -115,7 +116,7 @@ def stages(archive: Path, members: int, scratch: Path) -> None:
     t0 = time.process_time()
     tracesql.ingest([archive], scratch / "run-in-process", jobs=1)
     total = time.process_time() - t0
-    cpu["normalize (less its writes)"] -= cpu["write the parts"]  # (the writes happen inside normalize)
+    cpu["normalize (less its writes)"] -= cpu[writes]
     cpu["the rest"] = total - sum(cpu.values())
     statements = sum(map(_statements, logged))
     print(f"\nIn one warm process, one job: {total:.1f} CPU s, {total / members * 1000:.0f} ms a member; "
