@@ -13,12 +13,21 @@ Usage:
     python benchmarks/bench_archive.py --members 200 --jobs 1
     python benchmarks/bench_archive.py --members 500 --trace datasets/torch_mesh_dp2_tp2/rank-0.pt.trace.json.gz
     PYTHONPATH=/path/to/other/checkout python benchmarks/bench_archive.py ...   # that checkout's tracesql
+    python benchmarks/bench_archive.py --members 100 --stages   # then where each member's CPU goes
+
+`--stages` then ingests the zip again in this process (one job, after a warm-up ingest, as a worker is warm) and
+prints the CPU seconds a member costs in each stage (the reader, normalize, the Parquet writes, what is done once
+per run), and how many DuckDB statements a member runs: what batching members would have to share.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+import functools
 import gzip
+import io
 import json
 import os
 import resource
@@ -62,12 +71,80 @@ def make_zip(path: Path, members: int, trace: Path | None = None) -> Path:
     return path
 
 
+def stages(archive: Path, members: int, scratch: Path) -> None:
+    """Ingest `archive` in this process (one job, warm) with each stage's CPU time taken, and print a table of
+    them per member, with the DuckDB statements the in-memory connections ran (DuckDB's query log)."""
+    import tracesql
+    from tracesql import archives, db, ingestion, readers, store
+    from tracesql import normalize as normalize_module
+
+    tracesql.ingest([make_zip(scratch / "warm-up.zip", 2)], scratch / "warm-up", jobs=1)  # the imports, the macros
+    cpu: collections.Counter = collections.Counter()
+    writes = "write the parts (and the queries streamed into them)"  # (inside normalize)
+    wrapped = {"unpack the members": [(archives, "members"), (archives, "extract")],
+               "read (Kineto reader)": [(readers, "read_trace")],
+               "normalize (less its writes)": [(normalize_module, "normalize")],
+               writes: [(store.PartWriter, "write"), (store.PartWriter, "__exit__")],
+               "run-wide tables": [(ingestion, "_write_run_checks"), (ingestion, "_write_run_labels"),
+                                   (ingestion, "_write_op_costs")],
+               "publish (hashes, manifest, swap)": [(store, "publish")]}
+
+    def timed(stage: str, f):
+        @functools.wraps(f)
+        def call(*args, **kwargs):
+            t = time.process_time()  # (the process's: DuckDB's threads too)
+            try:
+                return f(*args, **kwargs)
+            finally:
+                cpu[stage] += time.process_time() - t
+        return call
+
+    for stage, functions in wrapped.items():
+        for owner, name in functions:
+            setattr(owner, name, timed(stage, getattr(owner, name)))
+    logged = []
+    connect = db.connect
+
+    def logging_connect(threads=None, memory_limit=None, database=None):
+        con = connect(threads, memory_limit, database)
+        con.execute("CALL enable_logging('QueryLog')")
+        logged.append(con)
+        return con
+
+    db.connect = logging_connect
+    db._kept.clear()  # (connections kept by the warm-up: new ones, logged)
+    t0 = time.process_time()
+    tracesql.ingest([archive], scratch / "run-in-process", jobs=1)
+    total = time.process_time() - t0
+    cpu["normalize (less its writes)"] -= cpu[writes]
+    cpu["the rest"] = total - sum(cpu.values())
+    statements = sum(map(_statements, logged))
+    print(f"\nIn one warm process, one job: {total:.1f} CPU s, {total / members * 1000:.0f} ms a member; "
+          f"{statements / members:.0f} DuckDB statements a member")
+    print("| stage | CPU ms / member | share |")
+    print("|---|---|---|")
+    for stage, seconds in cpu.items():
+        print(f"| {stage} | {seconds / members * 1000:.1f} | {seconds / total:.0%} |")
+
+
+def _statements(con) -> int:
+    """The statements DuckDB logged on `con` (0 when it is closed: the run-wide tables' connections, not a
+    member's)."""
+    import duckdb
+
+    try:
+        return con.execute("SELECT count(*) FROM duckdb_logs WHERE type = 'QueryLog'").fetchone()[0]
+    except duckdb.ConnectionException:
+        return 0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--members", type=int, default=5000, help="traces in the zip (default 5,000)")
     p.add_argument("--jobs", type=int, help="ingest's --jobs (default: every core)")
     p.add_argument("--trace", type=Path, help="a Kineto trace whose copies are the members (default: synthetic)")
     p.add_argument("--scratch", type=Path, help="folder for the zip and the run (default: a temporary one)")
+    p.add_argument("--stages", action="store_true", help="then the CPU a member costs in each stage (see above)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="tracesql-bench-") as tmp:
         scratch = args.scratch or Path(tmp)
@@ -87,6 +164,10 @@ def main() -> None:
         import tracesql
 
         slices = tracesql.connect(run).execute("SELECT count(*) FROM slices").fetchone()[0]
+        if args.stages:
+            breakdown = io.StringIO()
+            with contextlib.redirect_stdout(breakdown):
+                stages(archive, args.members, scratch)
     n = args.members
     target = ("met" if wall <= TARGET_S else "not met") if n >= 5000 else f"({TARGET_S:.0f} s for 5,000)"
     load = os.getloadavg()[0]  # the machine's other work, which the wall time includes
@@ -94,6 +175,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     print(f"| {n:,} | {args.jobs or os.cpu_count()} | {wall:.1f} | {cpu:.1f} | {wall / n:.4f} | {cpu / n:.4f} | "
           f"{slices:,} | {target} | {load:.1f} |")
+    if args.stages:
+        print(breakdown.getvalue(), end="")
 
 if __name__ == "__main__":
     main()

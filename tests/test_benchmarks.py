@@ -169,5 +169,7 @@ def test_bench_mcp(tmp_path):
 
 
 def test_bench_archive(tmp_path):
-    out = bench("bench_archive.py", "--members", "4", "--jobs", "1", "--scratch", tmp_path / "a", tmp_path=tmp_path)
+    out = bench("bench_archive.py", "--members", "4", "--jobs", "1", "--scratch", tmp_path / "a", "--stages",
+                tmp_path=tmp_path)
     assert "| 4 | 1 |" in out and "| 16 | (60 s for 5,000) |" in out  # 4 events a member, each a slice
+    assert "| read (Kineto reader) |" in out and "DuckDB statements a member" in out
