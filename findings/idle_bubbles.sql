@@ -29,7 +29,7 @@
 -- again for every name it is matched against.
 SET VARIABLE idle_bubbles_change = (
 WITH gaps AS (
-    SELECT w.run_id, w.rank, w.instance, g.ts, g.ts + g.dur AS te, g.dur, g.category
+    SELECT w.run_id, w.rank, w.instance, g.device_id, g.ts, g.ts + g.dur AS te, g.dur, g.category
     FROM critical_path_windows() w
     JOIN idle_gaps(scope := 'device', with_step := false) g
       ON g.run_id = w.run_id AND g.rank = w.rank AND g.ts >= w.ts AND g.ts + g.dur <= w.te
@@ -54,11 +54,16 @@ SELECT {'names': (SELECT '^(' || string_agg(regexp_escape(name), '|' ORDER BY in
         'listed': (SELECT string_agg(printf('%s (%.2f ms)', name, in_gaps_ns / 1e6), ', '
                                      ORDER BY in_gaps_ns DESC, name) FROM causes),
         'steps': list({'run_id': run_id, 'rank': rank, 'instance': instance, 'host_gaps': host_gaps,
-                       'host_idle_ns': host_idle_ns, 'all_gaps': all_gaps, 'idle_ns': idle_ns})}
-FROM (SELECT run_id, rank, instance, count(*) FILTER (WHERE category = 'host_wait') AS host_gaps,
-          COALESCE(sum(dur) FILTER (WHERE category = 'host_wait'), 0) AS host_idle_ns,
-          count(*) AS all_gaps, sum(dur) AS idle_ns
-      FROM gaps
+                       'host_idle_ns': host_idle_ns, 'all_gaps': all_gaps, 'idle_ns': idle_ns,
+                       'devices': devices, 'most_idle_ns': most_idle_ns})}
+FROM (SELECT run_id, rank, instance, sum(host_gaps) AS host_gaps, sum(host_idle_ns) AS host_idle_ns,
+          sum(all_gaps) AS all_gaps, sum(idle_ns) AS idle_ns, count(*) AS devices, max(idle_ns) AS most_idle_ns
+      -- per device first: a rank with several devices (XLA) has gaps on each, and their sum can exceed the step
+      FROM (SELECT run_id, rank, instance, device_id, count(*) FILTER (WHERE category = 'host_wait') AS host_gaps,
+                COALESCE(sum(dur) FILTER (WHERE category = 'host_wait'), 0) AS host_idle_ns,
+                count(*) AS all_gaps, sum(dur) AS idle_ns
+            FROM gaps
+            GROUP BY ALL)
       GROUP BY ALL));
 
 WITH priced AS (
@@ -69,8 +74,10 @@ WITH priced AS (
     SELECT getvariable('idle_bubbles_change').names AS names, getvariable('idle_bubbles_change').listed AS listed
 )
 SELECT p.run_id, p.rank, p.step, 'idle_bubbles' AS finding,
-    printf('the device sits idle %.2f ms of %.2f ms in %d gaps of %.0f us or more, %d of them (%.2f ms) waiting for '
-           || 'the host; ', g.idle_ns / 1e6, p.replayed_ns / 1e6, g.all_gaps,
+    CASE WHEN g.devices = 1 THEN printf('the device sits idle %.2f ms of %.2f ms', g.idle_ns / 1e6, p.replayed_ns / 1e6)
+         ELSE printf('its %d devices sit idle %.2f ms in all (the most idle %.2f ms of %.2f ms)', g.devices,
+                     g.idle_ns / 1e6, g.most_idle_ns / 1e6, p.replayed_ns / 1e6) END
+    || printf(' in %d gaps of %.0f us or more, %d of them (%.2f ms) waiting for the host; ', g.all_gaps,
            COALESCE(getvariable('min_gap_ns'), 100000) / 1e3, g.host_gaps, g.host_idle_ns / 1e6)
     || CASE WHEN g.host_gaps = 0 THEN 'the others wait for synchronisations, copies or other streams: no saving'
             WHEN c.names IS NULL THEN 'no host op or range of the run lies on the critical path in them: no saving'

@@ -171,3 +171,6 @@ def test_xla_data_formatting_around_convolutions(ingested):
     (row,) = rule_rows(run, "xla_data_formatting").itertuples()
     assert row.evidence.startswith("119 copy / transpose ops take 15.02 ms, 55 % of the step's 27.55 ms of XLA ops")
     assert row.saving_ns == 0
+    # its 8 devices' gaps add up to more than the range: the evidence counts them per device
+    (bubbles,) = rule_rows(run, "idle_bubbles").itertuples()
+    assert bubbles.evidence.startswith("its 8 devices sit idle 800.34 ms in all (the most idle 133.49 ms of 164.91 ms)")
