@@ -13,7 +13,8 @@
 -- completes on each rank when the last rank has arrived (its communication kernels matched across ranks as in
 -- `collectives`), so a rank made faster or slower moves the others' steps; straggler_to_median = 1 makes each
 -- step's straggler (the rank with the most device work other than communication) as fast as the median of the
--- others. remote_ns is the part of a rank's replayed path on other ranks' work (remote_rank: whose, the most):
+-- others (in a step without device work, CPU ranks: the most own time in host ops other than communication calls,
+-- those ops scaled). remote_ns is the part of a rank's replayed path on other ranks' work (remote_rank: whose, the most):
 -- the rank waited for them. Work outside the trace (and ranks not in the run) is not seen.
 -- bound: what takes the largest share of the window's critical path (the critical_path query's, HTA's: the
 -- replay's paths all last the measured time, so they tell nothing apart): compute, communication, host_launch

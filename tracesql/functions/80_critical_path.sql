@@ -36,7 +36,8 @@ CREATE OR REPLACE MACRO is_queued_launch(name) AS (
 -- weigh 0; remove_syncs = 1 removes the synchronisations and the host calls that wait for them (scale 0: the host
 -- no longer waits for the device); straggler_to_median = 1: in each step (annotation instance) of several ranks,
 -- the rank whose device work other than communication took the longest (the straggler) does it as fast as the
--- median of the other ranks (its kernels and copies scaled by that median ÷ its time).
+-- median of the other ranks (its kernels and copies scaled by that median ÷ its time); in a step without device
+-- work (CPU ranks), the rank whose host ops other than communication calls took the longest own time.
 -- The changes take effect when critical_path_walk is given a gaps_scale. A communication kernel carries its
 -- collective instance (collective: a digest of recorded_collective_calls' match_key), for the edges across ranks.
 CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
@@ -121,15 +122,26 @@ WITH windows AS (
 ), device_time AS (
     SELECT run_id, window_name, joint, rank, sum(dur) AS busy_ns
     FROM launched WHERE NOT communication GROUP BY ALL
+), host_time AS (
+    -- a step in which no rank ran device work (CPU ranks, e.g. over gloo): each rank's own time in host ops other
+    -- than communication calls (what the straggler's scale then applies to)
+    SELECT w.run_id, w.window_name, COALESCE(w.step, w.instance) AS joint, w.rank, sum(o.self_dur) AS busy_ns
+    FROM windows w
+    JOIN ops o ON o.run_id = w.run_id AND o.rank = w.rank AND o.ts BETWEEN w.ts AND w.te
+    ANTI JOIN device_time d ON d.run_id = w.run_id AND d.window_name = w.window_name
+     AND d.joint = COALESCE(w.step, w.instance)
+    WHERE straggler_to_median = 1 AND NOT is_communication_call(o.name)
+    GROUP BY ALL
 ), stragglers AS (
-    -- per step of several ranks: the rank with the most device work, scaled to the median of the others'
-    SELECT s.run_id, s.window_name, s.joint, s.rank, median(o.busy_ns) / s.busy_ns AS scale
+    -- per step of several ranks: the rank with the most device work (none: host work), scaled to the median of
+    -- the others'
+    SELECT s.run_id, s.window_name, s.joint, s.rank, s.on_host, median(o.busy_ns) / NULLIF(s.busy_ns, 0) AS scale
     FROM (SELECT *, row_number() OVER (PARTITION BY run_id, window_name, joint ORDER BY busy_ns DESC, rank) AS n
-          FROM device_time) s
-    JOIN device_time o ON o.run_id = s.run_id AND o.window_name = s.window_name AND o.joint = s.joint
-     AND o.rank <> s.rank
+          FROM (SELECT *, false AS on_host FROM device_time UNION ALL SELECT *, true FROM host_time)) s
+    JOIN (SELECT * FROM device_time UNION ALL SELECT * FROM host_time) o
+      ON o.run_id = s.run_id AND o.window_name = s.window_name AND o.joint = s.joint AND o.rank <> s.rank
     WHERE s.n = 1 AND straggler_to_median = 1
-    GROUP BY s.run_id, s.window_name, s.joint, s.rank, s.busy_ns
+    GROUP BY s.run_id, s.window_name, s.joint, s.rank, s.on_host, s.busy_ns
 ), events AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts AS window_ts, w.te AS window_te,
         h.slice_id AS id,
@@ -145,10 +157,13 @@ WITH windows AS (
         -- for a call that waits for the device: the end of the last device work that ended while it ran
         CASE WHEN e.te > h.ts THEN e.te END AS stream_free,
         CASE WHEN remove_syncs = 1 AND critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync' THEN 0
-             WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100 END AS scale,
+             WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100
+             WHEN h.kind = 'cpu_op' AND NOT is_communication_call(h.name) THEN st.scale END AS scale,
         NULL::BIGINT AS collective
     FROM windows w
     JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
+    LEFT JOIN stragglers st ON st.on_host AND st.run_id = w.run_id AND st.window_name = w.window_name
+     AND st.joint = COALESCE(w.step, w.instance) AND st.rank = w.rank
     ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM work) e
       ON e.run_id = h.run_id AND e.rank = h.rank AND e.te <= h.ts + h.dur
     WHERE h.device_id IS NULL AND h.dur > 0
@@ -158,7 +173,7 @@ WITH windows AS (
         k.launch_id, ql.length, qs.length, sw.waits_on, k.stream_free,
         CASE WHEN k.communication AND hide_communication = 1 THEN 0
              WHEN regexp_matches(k.name, faster) THEN 1 - faster_pct / 100
-             WHEN straggler_to_median = 1 AND NOT k.communication AND k.rank = st.rank THEN st.scale END,
+             WHEN NOT k.communication AND k.rank = st.rank AND NOT st.on_host THEN st.scale END,
         k.collective
     FROM launched k
     LEFT JOIN stragglers st ON st.run_id = k.run_id AND st.window_name = k.window_name AND st.joint = k.joint
