@@ -115,7 +115,9 @@ def test_what_if_replays_bundled_steps(ingested):
     half, whole = _what_if(run, faster="^aten::", faster_pct=50), _what_if(run, faster="^aten::", faster_pct=100)
     assert (half.saving_ns > 0).all() and (whole.saving_ns >= half.saving_ns).all()
     assert all(whole.saving_ns[k] <= ops[k] for k in ops)
-    assert whole.saving_ns.to_dict() == {(0, 551): 967_000, (0, 552): 828_000, (1, 551): 1_006_000,
+    # (its cudaMemcpyAsync calls, blocking as HTA takes them, have no cuda_sync records: they also wait for the
+    # device work that ended while they ran, which two steps' savings lose 47 µs and 2 µs to)
+    assert whole.saving_ns.to_dict() == {(0, 551): 967_000, (0, 552): 781_000, (1, 551): 1_004_000,
                                          (1, 552): 812_000}
 
 

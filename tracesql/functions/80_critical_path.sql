@@ -62,7 +62,7 @@ WITH windows AS (
     -- and when its stream was free: the end of the event before it on its stream (for the what-if replay, work
     -- launched before the window that the window's work queues behind)
     SELECT d.run_id, d.rank, d.slice_id, d.name, d.ts, d.dur, d.pid, d.tid, d.stream, d.device_id, d.launch_id,
-        d.launch_ts, d.launch_pid, d.launch_tid, is_queued_launch(l.name) AS queued,
+        d.launch_ts, d.launch_dur, d.launch_pid, d.launch_tid, is_queued_launch(l.name) AS queued,
         d.class = 'communication' AS communication,
         lag(d.ts + d.dur) OVER (PARTITION BY d.run_id, d.rank, d.stream ORDER BY d.ts, d.slice_id) AS stream_free
     FROM device_activity() d
@@ -79,6 +79,18 @@ WITH windows AS (
     FROM (SELECT run_id, rank, stream, slice_id, launch_ts AS t, 1 AS delta, 0 AS at_start FROM work WHERE queued
           UNION ALL
           SELECT run_id, rank, stream, slice_id, ts, -1, 1 FROM work WHERE queued)
+), blocked AS (
+    -- launch calls that waited for room in a full launch queue (for the replay: they end when the device frees
+    -- it, not after a time of their own): the stream's queue was at its depth after them (within 1 % of the most
+    -- it held, and that 64 or more: CUDA's holds about 1,000; HTA's ns_resolution_trace: 1,022) and they lasted
+    -- 10 × the rank's median launch call or more (there: 125 µs against 5 µs)
+    SELECT w.run_id, w.rank, w.launch_id AS slice_id
+    FROM (SELECT w.*, q.length, max(q.length) OVER (PARTITION BY w.run_id, w.rank, w.stream) AS depth,
+                 median(w.launch_dur) OVER (PARTITION BY w.run_id, w.rank) AS typical_ns
+          FROM work w
+          JOIN queue q ON q.run_id = w.run_id AND q.rank = w.rank AND q.slice_id = w.slice_id AND q.at_start = 0
+          WHERE w.queued) w
+    WHERE w.length >= 0.99 * w.depth AND w.depth >= 64 AND w.launch_dur >= 10 * w.typical_ns
 ), syncs AS (
     SELECT s.run_id, s.rank, s.slice_id, s.ts, s.dur, s.stream, s.device_id, s.launch_id, l.ts AS launch_ts,
         l.pid AS launch_pid, l.tid AS launch_tid, l.dur AS launch_dur,
@@ -151,6 +163,7 @@ WITH windows AS (
                  THEN 'range'
              WHEN h.name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventQuery',
                              'cudaEventSynchronize', 'cudaMemcpy', 'cudaMemcpyAsync') THEN 'blocking_op'
+             WHEN bl.slice_id IS NOT NULL THEN 'blocked_launch'
              ELSE 'op' END AS role,
         h.ts, h.dur, h.pid, h.tid, NULL::BIGINT AS stream, NULL::BIGINT AS launch, NULL::BIGINT AS queue_at_launch,
         NULL::BIGINT AS queue_at_start, NULL::BIGINT AS waits_on,
@@ -166,6 +179,7 @@ WITH windows AS (
      AND st.joint = COALESCE(w.step, w.instance) AND st.rank = w.rank
     ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM work) e
       ON e.run_id = h.run_id AND e.rank = h.rank AND e.te <= h.ts + h.dur
+    LEFT JOIN blocked bl ON bl.run_id = h.run_id AND bl.rank = h.rank AND bl.slice_id = h.slice_id
     WHERE h.device_id IS NULL AND h.dur > 0
     UNION ALL
     SELECT k.run_id, k.rank, k.window_name, k.instance, k.step, k.window_ts, k.window_te, k.slice_id,
