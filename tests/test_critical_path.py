@@ -138,6 +138,28 @@ def test_what_if_replay_reproduces_every_corpus_step(path, ingested):
     assert (base.saving_ns == 0).all()
 
 
+@pytest.mark.slow  # ingests a corpus trace (the ingest the corpus replay test above shares)
+def test_replay_frees_launches_blocked_on_a_full_queue(ingested):
+    """HTA's ns_resolution_trace is device-bound and runs a step behind its host: its launch calls block on a full
+    queue (1,022 deep). The replay takes those as waiting for the device (153 to 188 a step), so with the
+    compute kernels 23 % faster (1/1.3) each step saves 23 % of the kernels it launched (their time from the
+    slices, the second method), to 0.01 %; unchanged, the replay is the measured step."""
+    run = ingested(corpus_path("hta/tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"))
+    con = tracesql.connect(run)
+    blocked = dict(con.sql("""SELECT step, count(*) FILTER (WHERE e.role = 'blocked_launch')
+                              FROM (SELECT step, unnest(events) AS e FROM critical_path_events()) GROUP BY step""")
+                   .fetchall())
+    assert blocked == {101: 0, 102: 153, 103: 182, 104: 186, 105: 188}
+    kernels = "^(void|volta|cudnn|cask)"
+    faster = con.sql(f"SELECT * FROM what_if(faster := '{kernels}', faster_pct := 23)").df().set_index("step")
+    assert (faster.replayed_ns == faster.measured_ns).all()
+    launched = dict(con.sql(f"""SELECT l.step, 0.23 * sum(d.dur) FROM device_activity() d
+                                JOIN slices l ON l.rank = d.rank AND l.slice_id = d.launch_id
+                                WHERE regexp_matches(d.name, '{kernels}') GROUP BY l.step""").fetchall())
+    for step, saving in faster.saving_ns.items():
+        assert saving == pytest.approx(float(launched[step]), rel=1e-4)
+
+
 def test_replay_waits_for_the_last_rank_at_collectives(ingested):
     """HTA's sampled two-rank trace: the replay takes each step's windows of both ranks as one graph, in which a
     rank's collective completes when the last rank has arrived: the edge that holds each completion up comes from
