@@ -165,7 +165,7 @@ def test_replay_waits_for_the_last_rank_at_collectives(ingested):
     rank's collective completes when the last rank has arrived: the edge that holds each completion up comes from
     the rank that started the collective's kernel last (the second method: collective_calls' device starts,
     matched by match key), where the other rank arrived before it completed. Rank 1 is the step's straggler in device work (+29 % and +43 %), yet at the median
-    it saves nothing: these steps wait for the host."""
+    it saves next to nothing (under 0.005 %): these steps wait for the host."""
     from tracesql import critical_path
 
     run = ingested(DATASETS / "hta_trace_filter")
@@ -187,4 +187,6 @@ def test_replay_waits_for_the_last_rank_at_collectives(ingested):
     assert len(held) == 14 and all(by == last_rank for _, last_rank, by in held)
     assert sorted(held).count((0, 1, 1)) == 4  # rank 0 waited for rank 1
     straggler = _what_if(run, straggler_to_median=1)
-    assert (straggler.saving_ns == 0).all() and (straggler.remote_ns == 0).all()
+    # (rank 1's cudaMemcpyAsync calls wait for the device work that ended while they ran: 1.8 and 27.4 µs)
+    assert straggler.saving_ns.to_dict() == {(0, 551): 0, (0, 552): 0, (1, 551): 1_812, (1, 552): 27_424}
+    assert (straggler.remote_ns == 0).all()

@@ -19,8 +19,9 @@ from tracesql.cli import main
 RULES = findings.catalogue()
 TRACE_FILTER = DATASETS / "hta_trace_filter"
 #: The rules whose cause HTA's sampled trace holds (it records no shapes: no GEMM to rate against its roofline;
-#: a fifth of its kernels are tiny, under tiny_kernels' 50 %; no kernel sequence recurs 10 times)
-ON_TRACE_FILTER = sorted({r.name for r in RULES} - {"gemm_under_roofline", "tiny_kernels", "kernel_sequences"})
+#: a fifth of its kernels are tiny, under tiny_kernels' 50 %; no kernel sequence recurs 10 times; no pipeline)
+ON_TRACE_FILTER = sorted({r.name for r in RULES} - {"gemm_under_roofline", "tiny_kernels", "kernel_sequences",
+                                                    "pipeline_bubbles"})
 
 
 def _bench():
