@@ -243,13 +243,33 @@ def _retime_rank(events: list[dict], factor: float, collectives: list, waits_for
               if e.get("cat") == "cuda_sync" and "correlation" in e.get("args", {})}
     syncs = [e for e in calls.values() if e["name"] in SYNC_CALLS]
     streams = {(e["pid"], e["args"].get("stream")) for e in device}
-    order = sorted([(e["ts"], 0, id(e), e) for e in device] + [(e["ts"] + e["dur"], 1, id(e), e) for e in syncs],
-                   key=lambda x: x[:3])
+    on_stream: dict[tuple, list[dict]] = {}
+    for e in sorted(device, key=lambda e: e["ts"]):
+        on_stream.setdefault((e["pid"], e["args"].get("stream")), []).append(e)
+    starts = {key: [e["ts"] for e in work] for key, work in on_stream.items()}
+    launched = {e["args"]["correlation"]: e for e in device if "correlation" in e["args"]}
+    median = {name: statistics.median(e["dur"] for e in calls.values() if e["name"] == name)
+              for name in {e["name"] for e in calls.values()}}
+    # launches blocked on a full queue (as _shift tells them): they return when a slot frees
+    blocked = [c for corr, c in calls.items() if c["name"] in QUEUED_CALLS and corr in launched
+               and c["dur"] > 2 * median[c["name"]] and launched[corr]["ts"] - c["ts"] - c["dur"] > DEEP_QUEUE_US]
+    order = sorted([(e["ts"], 0, id(e), e) for e in device] + [(e["ts"] + e["dur"], 1, id(e), e) for e in syncs]
+                   + [(e["ts"] + e["dur"], 2, id(e), e) for e in blocked], key=lambda x: x[:3])
     new, stream_end, breaks = {}, {}, [(float("-inf"), 0.0)]
     warp = _warp(breaks)
     launched_at = {id(e): calls[e["args"]["correlation"]]["ts"] for e in device
                    if e["args"].get("correlation") in calls}
     for _, is_sync, _, e in order:
+        if is_sync == 2:  # a blocked launch returns when the work running as it returned starts the next
+            work = launched[e["args"]["correlation"]]
+            key, end = (work["pid"], work["args"].get("stream")), e["ts"] + e["dur"]
+            k = bisect.bisect_right(starts[key], end) - 1
+            running = on_stream[key][k] if k >= 0 else None
+            freed = new[id(running)][0] + new[id(running)][1] - running["ts"] - running["dur"] \
+                if running is not None and id(running) in new else 0.0
+            breaks.append((end, max(warp(e["ts"]) + median[e["name"]], end + freed) - end))
+            warp = _warp(breaks)
+            continue
         if is_sync:  # it returns when the work it waited for (launched before it, on its stream or all) ends
             corr = e["args"]["correlation"]
             keys = [synced[corr]] if corr in synced else streams

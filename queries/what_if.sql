@@ -13,10 +13,12 @@
 -- completes on each rank when the last rank has arrived (its communication kernels matched across ranks as in
 -- `collectives`), so a rank made faster or slower moves the others' steps; straggler_to_median = 1 makes each
 -- step's straggler (the rank with the most device work other than communication) as fast as the median of the
--- others. XLA on TPU and CPU launches nothing: its ranks' replay is device-only, each device's ops in order with
--- their gaps kept (a device the change does not touch keeps its time); an XLA rank without steps is replayed over
--- its profiled range (step NULL). remote_ns is the part of a rank's replayed path on other ranks' work
--- (remote_rank: whose, the most): the rank waited for them. Work outside the trace (and ranks not in the run) is not seen.
+-- others (in a step without device work, CPU ranks: the most own time in host ops other than communication calls,
+-- those ops scaled). XLA on TPU and CPU launches nothing: its ranks' replay is device-only, each device's ops in
+-- order with their gaps kept (a device the change does not touch keeps its time); an XLA rank without steps is
+-- replayed over its profiled range (step NULL). remote_ns is the part of a rank's replayed path on other ranks'
+-- work (remote_rank: whose, the most): the rank waited for them. Work outside the trace (and ranks not in the run)
+-- is not seen.
 -- bound: what takes the largest share of the window's critical path (the critical_path query's, HTA's: the
 -- replay's paths all last the measured time, so they tell nothing apart): compute, communication, host_launch
 -- (host work, launch calls and delays, gaps between kernels), input (data loading), sync or memory_copy; each

@@ -19,11 +19,11 @@ from tracesql.cli import main
 RULES = findings.catalogue()
 TRACE_FILTER = DATASETS / "hta_trace_filter"
 #: The rules whose cause HTA's sampled trace holds (it records no shapes: no GEMM to rate against its roofline;
-#: a fifth of its kernels are tiny, under tiny_kernels' 50 %; no kernel sequence recurs 10 times)
+#: a fifth of its kernels are tiny, under tiny_kernels' 50 %; no kernel sequence recurs 10 times; no pipeline)
 #: (nor XLA ops, nor a memory peak near the device's capacity: tests/test_findings_rules.py)
 ON_TRACE_FILTER = sorted({r.name for r in RULES} - {"gemm_under_roofline", "tiny_kernels", "kernel_sequences",
-                                                    "xla_async_wait", "xla_data_formatting", "xla_over_theory",
-                                                    "memory_peak"})
+                                                    "pipeline_bubbles", "xla_async_wait", "xla_data_formatting",
+                                                    "xla_over_theory", "memory_peak"})
 
 
 def _bench():

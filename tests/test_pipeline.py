@@ -64,6 +64,26 @@ def test_unbalanced_stage_is_the_limit(ingested):
     assert st.iloc[0]["rank"] == 2
 
 
+def test_pipeline_bubbles_finding_prices_the_limiting_stage(ingested):
+    """The pipeline_bubbles rule on the unbalanced 1F1B job: both steps idle far above 1F1B's ideal (3/11), the
+    limiting stage 2 (rank 2) is named, and its saving is the what-if's with rank 2's host compute at the others'
+    median (straggler_to_median, host ops' own time) = the pipeline query's compute of stage 2 minus the median
+    stage's (the union of its busy intervals: a second measure of the same time), within 0.1 ms."""
+    from tracesql import findings
+
+    con = tracesql.connect(ingested(SLOW))
+    rule = next(r for r in findings.catalogue() if r.name == "pipeline_bubbles")
+    found = tracesql.queries.run(con, rule, {"run": "RUN"}).df().set_index("step")
+    assert list(found.sort_index()["rank"]) == [2, 2]
+    stages = con.sql("SELECT * FROM pipeline_stages()").df()
+    for step, rows in stages.groupby("step"):
+        median = sorted(rows.compute_ns)[1]  # of the 3 other stages
+        assert found.loc[step, "saving_ns"] == pytest.approx(rows.compute_ns.max() - median, abs=100_000)
+        assert f"the schedule's ideal {100 * 3 / 11:.1f} %" in found.loc[step, "evidence"]
+    assert found.saving_ns.tolist() == [158_773_131, 250_259_974]
+    assert (found["query"] == "tracesql query pipeline RUN").all()
+
+
 def test_idle_decompositions_add_up_and_compute_matches_the_json(ingested):
     """Both splits of idle add up exactly; a stage's compute is the union of its host ops other than c10d calls
     inside its ProfilerStep, recomputed here from the raw JSON."""

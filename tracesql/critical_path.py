@@ -35,7 +35,7 @@ every node that leads nowhere to the window's end (or the last node's time, if l
 an edge from its launch and from the previous event on its stream, and weighs every edge its time, except where
 a node waits for several things: only the one that came last weighs its time (see _weights). Work launched
 before the window holds the window's at fixed times: a device event queued behind it waits for its stream to be
-free when it was (stream_free), a blocking call that waited for it ends no earlier (_waits_outside). Each rank's own
+free when it was (stream_free), a blocking call that waited for it ends no earlier (_waits). Each rank's own
 window ends the paths of its nodes: the longest path to each rank's end is that rank's time (from the earliest
 window start; the what_if macro subtracts its own start's offset). Unchanged, it is the window's measured time. Changes: each event's `scale` multiplies the time of every piece
 that belongs to it (a synchronisation with scale 0 is removed), `gaps_scale` the launch delays and the gaps
@@ -52,7 +52,8 @@ import pickle
 import pyarrow as pa
 
 #: One event of the window. role: 'range' (a host range that holds ops but is no node: annotations, Python
-#: functions), 'op', 'blocking_op' (an op whose end waits for the device), 'device', 'communication' (a
+#: functions), 'op', 'blocking_op' (an op whose end waits for the device), 'blocked_launch' (a launch call that
+#: waited for room in a full launch queue: an op for HTA's path, a blocking op for the replay), 'device', 'communication' (a
 #: communication kernel), 'stream_sync', 'context_sync', 'event_sync'. launch: the slice_id of the host call
 #: that launched a device event, or that waited (syncs). waits_on: the device event a device event (stream
 #: wait) or an event synchronize waits for. stream_free: the end of the event before a device event on its
@@ -81,7 +82,7 @@ def _struct_sql(fields) -> str:
 EVENT_SQL, WINDOW_SQL, SEGMENT_SQL = (_struct_sql(f) for f in (EVENT_FIELDS, WINDOW_FIELDS, SEGMENT_FIELDS))
 SEGMENT_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in SEGMENT_FIELDS]))
 
-OPS = ("op", "blocking_op")
+OPS = ("op", "blocking_op", "blocked_launch")
 KERNELS = ("device", "communication")
 SYNCS = ("stream_sync", "context_sync", "event_sync")
 
@@ -100,6 +101,7 @@ class Graph:
         self.kind: list[str] = []  # 'op', 'launch', 'kernel_gap', 'dependency', 'sync', 'window'
         self.owner: list[int] = []  # index of the event the piece belongs to (-1: none)
         self.completions: set[int] = set()  # nodes where a collective completes (they wait for every rank)
+        self.rank_ends: set[int] = set()  # the replay's end node of each rank's window
 
     def node(self, ts: int, event: int, is_start: bool) -> int:
         self.ts.append(ts)
@@ -123,7 +125,9 @@ class Graph:
         self.edge(src, dst, "op", owner, weighs)
 
 
-def _host(g: Graph, ev: dict, start: list, end: list) -> None:
+def _host(g: Graph, ev: dict, start: list, end: list, replay: bool) -> None:
+    # the replay waits in a launch blocked on a full queue as in a blocking call (HTA's path: host time)
+    waits = ("blocking_op", "blocked_launch") if replay else ("blocking_op",)
     threads: dict[tuple, list[int]] = {}
     for i, role in enumerate(ev["role"]):
         if role in OPS or role == "range":
@@ -141,7 +145,7 @@ def _host(g: Graph, ev: dict, start: list, end: list) -> None:
             nonlocal last, last_top, enclosing, depth
             depth -= 1
             if last is not None:
-                g.piece(last, end[i], enclosing, weighs=ev["role"][i] != "blocking_op")
+                g.piece(last, end[i], enclosing, weighs=ev["role"][i] not in waits)
             if depth == 0:
                 last, last_top = None, end[i]
             else:
@@ -223,7 +227,7 @@ def _binding(g: Graph) -> tuple[list[bool], dict[int, int]]:
     up: the one whose source came last."""
     waits = ("launch", "kernel_gap", "sync", "collective")
     contested = [kind in waits or (kind == "op" and (not g.weighs[e] or g.dst[e] in g.completions))
-                 for e, kind in enumerate(g.kind)]
+                 or (kind == "window" and g.dst[e] in g.rank_ends) for e, kind in enumerate(g.kind)]
     binding: dict[int, int] = {}
     for e, dst in enumerate(g.dst):
         if contested[e] and (dst not in binding or g.ts[g.src[e]] > g.ts[g.src[binding[dst]]]):
@@ -314,15 +318,21 @@ def _wakers(g: Graph, ev: dict, unanchored: list[int], count: int) -> dict[int, 
     return woken
 
 
-def _waits_outside(g: Graph, ev: dict, end: list) -> None:
-    """For the replay: a blocking call that waited for device work launched before the window (none of the
-    window's device work ends when it waited) ends no earlier than that work did, a fixed time no change inside
-    the window moves; unless the what-if removes it (scale 0)."""
-    ends = {(ev["rank"][i], g.ts[end[i]]) for i, role in enumerate(ev["role"]) if role in KERNELS and end[i] is not None}
+def _waits(g: Graph, ev: dict, end: list) -> None:
+    """For the replay: a blocking call (or a launch blocked on a full queue) ends no earlier than the last device
+    work that ended while it ran (stream_free): the window's, an edge from its end (so that a blocking call the
+    trace recorded without a `cuda_sync` event still waits for the device, and a blocked launch for the queue to
+    drain), or work launched before the window, a fixed time no change inside the window moves; unless the
+    what-if removes the call's time (scale 0)."""
+    ends = {(ev["rank"][i], g.ts[end[i]]): end[i] for i, role in enumerate(ev["role"])
+            if role in KERNELS and end[i] is not None}
     for i, role in enumerate(ev["role"]):
         free = ev["stream_free"][i]
-        if role == "blocking_op" and free is not None and (ev["rank"][i], free) not in ends and ev["scale"][i] != 0:
-            g.edge(g.node(free, -1, False), end[i], "sync", i, weighs=False)  # -1: it hangs off the window's start
+        if role in ("blocking_op", "blocked_launch") and free is not None and ev["scale"][i] != 0:
+            # -1: a fixed time hangs off the window's start
+            waited = ends.get((ev["rank"][i], free))
+            waited = g.node(free, -1, False) if waited is None else waited
+            g.edge(waited, end[i], "sync", i, weighs=False)
 
 
 def _collectives(g: Graph, ev: dict, start: list, end: list) -> None:
@@ -388,27 +398,36 @@ def build(ev: dict, windows: list[dict] | None = None) -> tuple[Graph, dict | No
     for t, at_end, i in nodes:
         (end if at_end else start)[i] = g.node(t, i, not at_end)
     index = {event: i for i, event in enumerate(zip(ev["rank"], ev["id"]))}
-    _host(g, ev, start, end)
+    _host(g, ev, start, end, replay=windows is not None)
     _device(g, ev, start, end, index, replay=windows is not None)
     ends = None
     if windows is not None:
-        _waits_outside(g, ev, end)
+        _waits(g, ev, end)
         _collectives(g, ev, start, end)
-        # the windows' edges: the earliest start to each first node, each last node to its rank's end
+        # the windows' edges: the earliest start to each first node; each last node to its rank's range end (the
+        # window's end: its time after them is the range's own, fixed), or, after that, to the rank's end, where
+        # only the latest weighs (device work that ends after the range ends when it does, not at a fixed time
+        # after the host's last op)
         count, has_in, has_out = len(g.ts), set(g.dst), set(g.src)
         first = g.node(min(w["ts"] for w in windows), -1, True)
-        last_ts = {w["rank"]: w["te"] for w in windows}
+        range_end = {w["rank"]: w["te"] for w in windows}
+        last_ts = dict(range_end)
         for v in range(count):
             if g.event[v] >= 0:
                 rank = ev["rank"][g.event[v]]
                 last_ts[rank] = max(last_ts[rank], g.ts[v])
         ends = {rank: g.node(ts, -1, False) for rank, ts in last_ts.items()}
+        g.rank_ends.update(ends.values())
+        range_nodes = {rank: g.node(te, -1, False) for rank, te in range_end.items()}
+        for rank, node in range_nodes.items():
+            g.edge(node, ends[rank], "window")
         woken = _wakers(g, ev, [v for v in range(count) if v not in has_in], count)
         for v in range(count):
             if v not in has_in:
                 g.edge(woken.get(v, first), v, "window")
             if v not in has_out:
-                g.edge(v, ends[ev["rank"][g.event[v]]], "window")
+                rank = ev["rank"][g.event[v]]
+                g.edge(v, range_nodes[rank] if g.ts[v] <= range_end[rank] else ends[rank], "window")
     return g, ends
 
 

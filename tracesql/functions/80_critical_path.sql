@@ -62,7 +62,8 @@ CREATE OR REPLACE MACRO is_queued_launch(name) AS (
 -- weigh 0; remove_syncs = 1 removes the synchronisations and the host calls that wait for them (scale 0: the host
 -- no longer waits for the device); straggler_to_median = 1: in each step (annotation instance) of several ranks,
 -- the rank whose device work other than communication took the longest (the straggler) does it as fast as the
--- median of the other ranks (its kernels and copies scaled by that median ÷ its time).
+-- median of the other ranks (its kernels and copies scaled by that median ÷ its time); in a step without device
+-- work (CPU ranks), the rank whose host ops other than communication calls took the longest own time.
 -- The changes take effect when critical_path_walk is given a gaps_scale. A communication kernel carries its
 -- collective instance (collective: a digest of recorded_collective_calls' match_key), for the edges across ranks.
 CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
@@ -92,7 +93,7 @@ WITH windows AS (
     -- the CPU on whichever thread of its pool is free, the threads' lines never overlapping)
     SELECT d.run_id, d.rank, d.slice_id, d.name, d.ts, d.dur, d.pid, d.tid,
         CASE WHEN o.rank IS NULL THEN d.stream ELSE CAST(hash(d.device_id) >> 1 AS BIGINT) END AS stream,
-        d.device_id, d.launch_id, d.launch_ts, d.launch_pid, d.launch_tid, is_queued_launch(l.name) AS queued,
+        d.device_id, d.launch_id, d.launch_ts, d.launch_dur, d.launch_pid, d.launch_tid, is_queued_launch(l.name) AS queued,
         d.class = 'communication' AS communication,
         lag(d.ts + d.dur) OVER (PARTITION BY d.run_id, d.rank, d.stream ORDER BY d.ts, d.slice_id) AS stream_free
     FROM device_activity() d
@@ -110,6 +111,18 @@ WITH windows AS (
     FROM (SELECT run_id, rank, stream, slice_id, launch_ts AS t, 1 AS delta, 0 AS at_start FROM work WHERE queued
           UNION ALL
           SELECT run_id, rank, stream, slice_id, ts, -1, 1 FROM work WHERE queued)
+), blocked AS (
+    -- launch calls that waited for room in a full launch queue (for the replay: they end when the device frees
+    -- it, not after a time of their own): the stream's queue was at its depth after them (within 1 % of the most
+    -- it held, and that 64 or more: CUDA's holds about 1,000; HTA's ns_resolution_trace: 1,022) and they lasted
+    -- 10 × the rank's median launch call or more (there: 125 µs against 5 µs)
+    SELECT w.run_id, w.rank, w.launch_id AS slice_id
+    FROM (SELECT w.*, q.length, max(q.length) OVER (PARTITION BY w.run_id, w.rank, w.stream) AS depth,
+                 median(w.launch_dur) OVER (PARTITION BY w.run_id, w.rank) AS typical_ns
+          FROM work w
+          JOIN queue q ON q.run_id = w.run_id AND q.rank = w.rank AND q.slice_id = w.slice_id AND q.at_start = 0
+          WHERE w.queued) w
+    WHERE w.length >= 0.99 * w.depth AND w.depth >= 64 AND w.launch_dur >= 10 * w.typical_ns
 ), syncs AS (
     SELECT s.run_id, s.rank, s.slice_id, s.ts, s.dur, s.stream, s.device_id, s.launch_id, l.ts AS launch_ts,
         l.pid AS launch_pid, l.tid AS launch_tid, l.dur AS launch_dur,
@@ -153,15 +166,26 @@ WITH windows AS (
 ), device_time AS (
     SELECT run_id, window_name, joint, rank, sum(dur) AS busy_ns
     FROM launched WHERE NOT communication GROUP BY ALL
+), host_time AS (
+    -- a step in which no rank ran device work (CPU ranks, e.g. over gloo): each rank's own time in host ops other
+    -- than communication calls (what the straggler's scale then applies to)
+    SELECT w.run_id, w.window_name, COALESCE(w.step, w.instance) AS joint, w.rank, sum(o.self_dur) AS busy_ns
+    FROM windows w
+    JOIN ops o ON o.run_id = w.run_id AND o.rank = w.rank AND o.ts BETWEEN w.ts AND w.te
+    ANTI JOIN device_time d ON d.run_id = w.run_id AND d.window_name = w.window_name
+     AND d.joint = COALESCE(w.step, w.instance)
+    WHERE straggler_to_median = 1 AND NOT is_communication_call(o.name)
+    GROUP BY ALL
 ), stragglers AS (
-    -- per step of several ranks: the rank with the most device work, scaled to the median of the others'
-    SELECT s.run_id, s.window_name, s.joint, s.rank, median(o.busy_ns) / s.busy_ns AS scale
+    -- per step of several ranks: the rank with the most device work (none: host work), scaled to the median of
+    -- the others'
+    SELECT s.run_id, s.window_name, s.joint, s.rank, s.on_host, median(o.busy_ns) / NULLIF(s.busy_ns, 0) AS scale
     FROM (SELECT *, row_number() OVER (PARTITION BY run_id, window_name, joint ORDER BY busy_ns DESC, rank) AS n
-          FROM device_time) s
-    JOIN device_time o ON o.run_id = s.run_id AND o.window_name = s.window_name AND o.joint = s.joint
-     AND o.rank <> s.rank
+          FROM (SELECT *, false AS on_host FROM device_time UNION ALL SELECT *, true FROM host_time)) s
+    JOIN (SELECT * FROM device_time UNION ALL SELECT * FROM host_time) o
+      ON o.run_id = s.run_id AND o.window_name = s.window_name AND o.joint = s.joint AND o.rank <> s.rank
     WHERE s.n = 1 AND straggler_to_median = 1
-    GROUP BY s.run_id, s.window_name, s.joint, s.rank, s.busy_ns
+    GROUP BY s.run_id, s.window_name, s.joint, s.rank, s.on_host, s.busy_ns
 ), events AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts AS window_ts, w.te AS window_te,
         h.slice_id AS id,
@@ -171,18 +195,23 @@ WITH windows AS (
                  THEN 'range'
              WHEN h.name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventQuery',
                              'cudaEventSynchronize', 'cudaMemcpy', 'cudaMemcpyAsync') THEN 'blocking_op'
+             WHEN bl.slice_id IS NOT NULL THEN 'blocked_launch'
              ELSE 'op' END AS role,
         h.ts, h.dur, h.pid, h.tid, NULL::BIGINT AS stream, NULL::BIGINT AS launch, NULL::BIGINT AS queue_at_launch,
         NULL::BIGINT AS queue_at_start, NULL::BIGINT AS waits_on,
         -- for a call that waits for the device: the end of the last device work that ended while it ran
         CASE WHEN e.te > h.ts THEN e.te END AS stream_free,
         CASE WHEN remove_syncs = 1 AND critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync' THEN 0
-             WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100 END AS scale,
+             WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100
+             WHEN h.kind = 'cpu_op' AND NOT is_communication_call(h.name) THEN st.scale END AS scale,
         NULL::BIGINT AS collective
     FROM windows w
     JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
+    LEFT JOIN stragglers st ON st.on_host AND st.run_id = w.run_id AND st.window_name = w.window_name
+     AND st.joint = COALESCE(w.step, w.instance) AND st.rank = w.rank
     ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM work) e
       ON e.run_id = h.run_id AND e.rank = h.rank AND e.te <= h.ts + h.dur
+    LEFT JOIN blocked bl ON bl.run_id = h.run_id AND bl.rank = h.rank AND bl.slice_id = h.slice_id
     -- (a device-only rank's host work leads to none of its device work: the replay is its devices' alone)
     WHERE h.device_id IS NULL AND h.dur > 0
       AND (w.run_id, w.rank) NOT IN (SELECT run_id, rank FROM device_only)
@@ -192,7 +221,7 @@ WITH windows AS (
         k.launch_id, ql.length, qs.length, sw.waits_on, k.stream_free,
         CASE WHEN k.communication AND hide_communication = 1 THEN 0
              WHEN regexp_matches(k.name, faster) THEN 1 - faster_pct / 100
-             WHEN straggler_to_median = 1 AND NOT k.communication AND k.rank = st.rank THEN st.scale END,
+             WHEN NOT k.communication AND k.rank = st.rank AND NOT st.on_host THEN st.scale END,
         k.collective
     FROM launched k
     LEFT JOIN stragglers st ON st.run_id = k.run_id AND st.window_name = k.window_name AND st.joint = k.joint
