@@ -25,7 +25,7 @@
 -- the -start's device time is the pair's async span, from its start to the end of the first execution of its
 -- -done on the same device lane after it: the 1-2 µs of the start op alone would credit it with moving gigabytes
 -- at petabytes per second (a TPU copy-start of 5.37 GB: 56,441,433 % of the roofline).
-WITH async_done AS (
+WITH RECURSIVE async_done AS (
     SELECT d.run_id, d.rank, d.program_id, x.async_start AS name, d.pid, d.tid, d.ts, d.ts + d.dur AS te
     FROM ops d
     JOIN xla_ops x ON x.run_id = d.run_id AND x.rank = d.rank AND x.program_id = d.program_id AND x.name = d.name
@@ -150,14 +150,66 @@ WITH async_done AS (
     FROM links l
     LEFT JOIN math_inside m ON m.run_id = l.run_id AND m.rank = l.rank AND m.op_id = l.outer_id
     WHERE l.inner_family NOT IN ('gemm', 'conv', 'attention') AND m.op_id IS NULL
+), op_rows AS (
+    SELECT c.run_id, c.rank, c.op_id, c.family, c.dtype, c.op_flops AS flops, c.torch_flops, c.op_bytes AS bytes,
+        c.device_total_ns,
+        c.op_flops IS NOT NULL AND CASE
+            WHEN c.family = 'view' THEN false
+            WHEN c.family = 'xla' THEN NOT c.async_done
+            ELSE m.op_id IS NULL AND (c.family IN ('gemm', 'conv', 'attention') OR s.op_id IS NULL)
+        END AS counted,
+        CASE WHEN c.op_flops IS NULL THEN NULL WHEN c.family = 'xla' THEN 'xla' ELSE 'formula' END AS cost_source,
+        CAST(NULL AS BIGINT) AS cost_op_id
+    FROM costed c
+    LEFT JOIN math_inside m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_id = c.op_id
+    LEFT JOIN shadowed s ON s.run_id = c.run_id AND s.rank = c.rank AND s.op_id = c.op_id
+), covered AS (  -- each counted op and the ops nested in it, with the counted op (counted ops never nest)
+    SELECT run_id, rank, op_id, op_id AS cost_op_id FROM op_rows WHERE counted
+    UNION ALL
+    SELECT o.run_id, o.rank, o.op_id, c.cost_op_id
+    FROM covered c JOIN ops o ON o.run_id = c.run_id AND o.rank = c.rank AND o.parent_op_id = c.op_id
+), kernel_launches AS (
+    -- device kernels and what identifies their launch: the kernel and its launch configuration (grid, block,
+    -- registers, shared memory: as Kineto records them), and the counted op whose cost covers the kernel
+    SELECT k.run_id, k.rank, k.slice_id, k.op_id, k.launch_id, k.dur, k.name, k.args->>'grid' AS grid,
+        k.args->>'block' AS block,
+        k.args->>'registers per thread' AS registers, k.args->>'shared memory' AS shared_memory, v.cost_op_id
+    FROM slices k
+    LEFT JOIN covered v ON v.run_id = k.run_id AND v.rank = k.rank AND v.op_id = k.op_id
+    WHERE k.kind = 'kernel'
+), single_kernel_ops AS (  -- counted ops whose device work is one kernel: its cost is that kernel's
+    SELECT run_id, rank, cost_op_id FROM kernel_launches WHERE cost_op_id IS NOT NULL
+    GROUP BY run_id, rank, cost_op_id HAVING count(*) = 1
+), identical_costs AS (
+    -- per launch identity, the costs of the ops that launched such a kernel: the op's cost when it is one kernel's
+    -- cost, else NULL (the op has none, or its cost covers other kernels too)
+    SELECT l.run_id, l.rank, l.name, l.grid, l.block, l.registers, l.shared_memory,
+        count(DISTINCT {'name': o.name, 'family': r.family, 'dtype': r.dtype, 'flops': r.flops,
+                        'torch_flops': r.torch_flops, 'bytes': r.bytes}) FILTER (WHERE one.cost_op_id IS NOT NULL)
+            AS costs,
+        count(*) FILTER (WHERE one.cost_op_id IS NULL) AS without_cost,
+        min(l.cost_op_id) FILTER (WHERE one.cost_op_id IS NOT NULL) AS cost_op_id
+    FROM kernel_launches l
+    LEFT JOIN single_kernel_ops one ON one.run_id = l.run_id AND one.rank = l.rank AND one.cost_op_id = l.cost_op_id
+    LEFT JOIN op_rows r ON r.run_id = l.run_id AND r.rank = l.rank AND r.op_id = one.cost_op_id
+    LEFT JOIN ops o ON o.run_id = l.run_id AND o.rank = l.rank AND o.op_id = one.cost_op_id
+    WHERE l.op_id IS NOT NULL
+    GROUP BY l.run_id, l.rank, l.name, l.grid, l.block, l.registers, l.shared_memory
+), kernel_rows AS (
+    -- a kernel whose launch is not in the trace (no launch, no op: not a graph replay, whose launch is there)
+    -- takes the cost of the ops that launched identical kernels on its rank when they all have the same cost
+    -- (cost_source 'identical kernel'); when they differ (or some have none) it stays without cost, and its row
+    -- says why (flops NULL)
+    SELECT k.run_id, k.rank, k.slice_id AS op_id, r.family, r.dtype, r.flops, r.torch_flops, r.bytes,
+        k.dur AS device_total_ns, r.op_id IS NOT NULL AS counted, 'identical kernel' AS cost_source, r.op_id AS cost_op_id
+    FROM kernel_launches k
+    JOIN identical_costs i ON i.run_id = k.run_id AND i.rank = k.rank AND i.name = k.name
+     AND i.grid IS NOT DISTINCT FROM k.grid AND i.block IS NOT DISTINCT FROM k.block
+     AND i.registers IS NOT DISTINCT FROM k.registers AND i.shared_memory IS NOT DISTINCT FROM k.shared_memory
+    LEFT JOIN op_rows r ON i.costs = 1 AND i.without_cost = 0 AND r.run_id = i.run_id AND r.rank = i.rank
+     AND r.op_id = i.cost_op_id
+    WHERE k.op_id IS NULL AND k.launch_id IS NULL AND i.costs > 0
 )
-SELECT c.run_id, c.rank, c.op_id, c.family, c.dtype, c.op_flops AS flops, c.torch_flops, c.op_bytes AS bytes,
-    c.device_total_ns,
-    c.op_flops IS NOT NULL AND CASE
-        WHEN c.family = 'view' THEN false
-        WHEN c.family = 'xla' THEN NOT c.async_done
-        ELSE m.op_id IS NULL AND (c.family IN ('gemm', 'conv', 'attention') OR s.op_id IS NULL)
-    END AS counted
-FROM costed c
-LEFT JOIN math_inside m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_id = c.op_id
-LEFT JOIN shadowed s ON s.run_id = c.run_id AND s.rank = c.rank AND s.op_id = c.op_id
+SELECT * FROM op_rows
+UNION ALL
+SELECT * FROM kernel_rows
