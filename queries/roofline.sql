@@ -33,7 +33,7 @@
 --   ranks                   BIGINT    ranks that made them
 --   flops                   DOUBLE    FLOPs per call
 --   bytes                   DOUBLE    bytes per call (inputs read and output written once)
---   cost_source             VARCHAR   where FLOPs and bytes come from: 'formula', 'xla', 'identical kernel' (kernels with no launch recorded, costed as the op of that name and shapes that launched identical kernels: op_costs)
+--   cost_source             VARCHAR   where FLOPs and bytes come from: 'formula', 'xla', 'identical kernel' or 'aligned kernel' (kernels with no launch recorded, costed as the op of that name and shapes that launched identical kernels, or those at the kernel's place in its stream's sequence: op_costs)
 --   arithmetic_intensity    DOUBLE    FLOPs per byte
 --   device_ns               BIGINT    device time of all calls (NULL: no device events)
 --   achieved_flops_per_s    DOUBLE    FLOPs of the timed calls / their device time

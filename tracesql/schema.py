@@ -58,7 +58,9 @@ SCHEMA_CHANGES = {
     11: "costs of kernels with no launch (issue 28): op_costs gains cost_source (where an op's cost comes from: "
         "'formula', 'xla', 'identical kernel') and cost_op_id, and a row for each kernel with no launch recorded "
         "whose identical kernels (same name, grid, block, registers, shared memory) were launched by costed ops "
-        "(op_id: the kernel's slice_id): their cost when they all agree, else none; a run of version 10 reads "
+        "(op_id: the kernel's slice_id): their cost when they all agree ('identical kernel'), else the cost of "
+        "the ops that launched the identical kernels at its place in its stream's kernel sequence, when they agree "
+        "('aligned kernel'), else none; a run of version 10 reads "
         "cost_source from family and flops",
 }
 OLDEST_READABLE = 1
@@ -277,7 +279,7 @@ TABLES: dict[str, Table] = {
             _cols(
                 *_RUN_RANK,
                 ("op_id", "BIGINT", "The op (`ops.op_id`); for a kernel with no launch recorded (cost_source "
-                 "'identical kernel'), the kernel's `slices.slice_id`."),
+                 "'identical kernel' or 'aligned kernel'), the kernel's `slices.slice_id`."),
                 ("family", "VARCHAR", "Which formula costs the op: gemm, conv, attention, elementwise, reduction, norm, "
                  "softmax, copy, upsample, index, fused, triton, view (moves nothing), or xla (XLA's own cost "
                  "analysis); NULL when tracesql has no formula for it."),
@@ -295,8 +297,11 @@ TABLES: dict[str, Table] = {
                 ("cost_source", "VARCHAR", "Where the cost comes from: 'formula' (the op's recorded arguments), 'xla' "
                  "(XLA's own numbers: xla_ops.cost_source), 'identical kernel' (a kernel with no launch: the cost of "
                  "the ops that launched identical kernels, same name, grid, block, registers and shared memory, each "
-                 "that one kernel's only op; flops NULL when their costs differ); NULL: no cost."),
-                ("cost_op_id", "BIGINT", "For cost_source 'identical kernel' with a cost: one op it is taken from "
+                 "that one kernel's only op; flops NULL when their costs differ), 'aligned kernel' (a kernel with no "
+                 "launch whose identical kernels' ops differ: the cost of those that launched the identical kernels "
+                 "at its place in the kernel sequence of its stream, the launchless kernels lined up with the "
+                 "launched ones where most match); NULL: no cost."),
+                ("cost_op_id", "BIGINT", "For cost_source 'identical kernel' or 'aligned kernel' with a cost: one op it is taken from "
                  "(the first); NULL otherwise."),
             ),
         ),

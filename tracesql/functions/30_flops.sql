@@ -1286,7 +1286,7 @@ CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS 
 -- torch.profiler(with_flops=True) attached, when the trace carries it). A run ingested before the table existed
 -- (schema version 9 and older) has ops but no costs: reading whether an op is counted fails, saying so.
 -- Also one row per kernel with no launch recorded whose identical kernels were launched by costed ops
--- (cost_source 'identical kernel', op_id its slice_id): the name, shapes and dtypes of the op its cost is taken
+-- (cost_source 'identical kernel' or 'aligned kernel', op_id its slice_id): the name, shapes and dtypes of the op its cost is taken
 -- from (cost_op_id; the kernel's own name when their costs differ and it has none), its step, its duration.
 CREATE OR REPLACE MACRO op_costs(attention_convention := 'flash') AS TABLE
 SELECT o.run_id, o.rank, o.op_id, o.name, o.step, c.family, c.dtype, o.input_dims, o.input_types,
@@ -1306,7 +1306,7 @@ SELECT c.run_id, c.rank, c.op_id, coalesce(s.name, k.name) AS name, k.step, c.fa
 FROM op_costs c
 JOIN slices k ON k.run_id = c.run_id AND k.rank = c.rank AND k.slice_id = c.op_id
 LEFT JOIN ops s ON s.run_id = c.run_id AND s.rank = c.rank AND s.op_id = c.cost_op_id
-WHERE c.cost_source = 'identical kernel';
+WHERE c.cost_source IN ('identical kernel', 'aligned kernel');
 
 -- The peaks of the device each rank ran on, one row per (run, rank, dtype): the `device_peaks` row whose
 -- name_regex matches the rank's device name (the rows' patterns never overlap on a real name: a name two rows
