@@ -49,7 +49,8 @@ WITH RECURSIVE op_costs_all AS (
         CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN k.name
              ELSE COALESCE(o.name, k.name) END AS name,
         CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN 'graph replay'
-             -- identical kernels (same name and launch configuration) were launched by ops of different costs
+             -- identical kernels (same name and launch configuration) were launched by ops of different costs, and
+             -- its place in its stream's sequence does not say which
              WHEN o.op_id IS NULL AND ik.op_id IS NOT NULL THEN 'identical kernels, different costs'
              WHEN o.op_id IS NULL THEN 'no launch recorded'
              -- cat, stack, _foreach_*: Kineto keeps no shape of a TensorList's tensors, so no formula could cost it
