@@ -56,31 +56,32 @@ def launchless_kernel_costs(run) -> dict[int, tuple]:
             op_id = parent[op_id]
         return op_id
 
-    def identity(k) -> tuple:
+    def launch(k) -> tuple:
         args = json.loads(k[3])
         return (k[2], *(str(args.get(a)) for a in ("grid", "block", "registers per thread", "shared memory")))
 
+    identity = {k[0]: launch(k) for k in kernels}
     launched = [(k, counted_op(k[1])) for k in kernels if k[1] is not None or k[4] is not None]
     kernels_of = Counter(op for _, op in launched)
     cost_of = {k[0]: costs[op] if op is not None and kernels_of[op] == 1 else None for k, op in launched}
     seen: dict[tuple, set] = {}
     for k, _ in launched:
         if k[1] is not None:
-            seen.setdefault(identity(k), set()).add(cost_of[k[0]])
+            seen.setdefault(identity[k[0]], set()).add(cost_of[k[0]])
     found = {}
     for stream in {k[5] for k in kernels}:
         tail = [k for k in kernels if k[5] == stream and k[1] is None and k[4] is None]
         sequence = [k for k, _ in launched if k[5] == stream]
-        matches = {shift: [(t, sequence[i + shift]) for i, t in enumerate(tail)
-                           if 0 <= i + shift < len(sequence) and identity(t) == identity(sequence[i + shift])]
+        matches = {shift: {t[0]: cost_of[sequence[i + shift][0]] for i, t in enumerate(tail)
+                           if 0 <= i + shift < len(sequence) and identity[t[0]] == identity[sequence[i + shift][0]]}
                    for shift in range(-len(tail), len(sequence))}
         most = max(map(len, matches.values()), default=0)
         aligned: dict[int, set] = {}
-        for pairs in (p for p in matches.values() if most and len(p) == most):
-            for t, k in pairs:
-                aligned.setdefault(t[0], set()).add(cost_of[k[0]])
+        for matched in (m for m in matches.values() if most and len(m) == most):
+            for t in tail:  # no identical kernel at its place in one of the best shifts: no cost from there
+                aligned.setdefault(t[0], set()).add(matched.get(t[0]))
         for t in tail:
-            candidates = seen.get(identity(t), set())
+            candidates = seen.get(identity[t[0]], set())
             if candidates - {None}:
                 here = aligned.get(t[0], {None})
                 found[t[0]] = (next(iter(candidates)) if len(candidates) == 1 else None,

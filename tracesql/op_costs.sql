@@ -218,12 +218,12 @@ WITH RECURSIVE async_done AS (
     QUALIFY matched = max(matched) OVER (PARTITION BY run_id, rank, stream)
 ), aligned_costs AS (
     -- per launchless kernel, the costs of the ops that launched the identical kernels at its place in the best
-    -- shifts
+    -- shifts (no identical kernel there in one of them: without cost)
     SELECT t.run_id, t.rank, t.slice_id, count(DISTINCT l.cost) AS costs,
         count(*) FILTER (WHERE l.cost IS NULL) AS without_cost, min(l.cost_op_id) AS cost_op_id
     FROM kernel_launches t
     JOIN best_shifts b ON b.run_id = t.run_id AND b.rank = t.rank AND b.stream IS NOT DISTINCT FROM t.stream
-    JOIN launched_costs l ON l.run_id = t.run_id AND l.rank = t.rank AND l.stream IS NOT DISTINCT FROM t.stream
+    LEFT JOIN launched_costs l ON l.run_id = t.run_id AND l.rank = t.rank AND l.stream IS NOT DISTINCT FROM t.stream
      AND l.position = t.position + b.shift AND l.launch = t.launch
     WHERE t.launchless
     GROUP BY t.run_id, t.rank, t.slice_id
