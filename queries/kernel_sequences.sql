@@ -37,23 +37,33 @@ WITH cutoff AS (
     FROM slices s LEFT JOIN cutoff c ON c.run_id = s.run_id AND c.rank = s.rank
     WHERE s.device_id IS NULL AND s.dur > 0 AND contains(s.name, COALESCE(getvariable('operator'), ''))
       AND (c.last_start IS NULL OR s.ts < c.last_start)
-), launched AS (
-    -- each candidate with the device events launched from inside it on its thread (kernels, copies, memsets
-    -- and the device side of stream waits)
-    SELECT c.run_id, c.rank, c.slice_id AS root_id, c.name AS root, c.dur AS root_dur, c.depth,
-           d.name AS kernel, d.ts AS kernel_ts, d.slice_id AS kernel_id, d.dur AS kernel_dur
-    FROM candidates c
-    JOIN slices l ON l.run_id = c.run_id AND l.rank = c.rank AND l.pid = c.pid AND l.tid = c.tid
-                 AND l.ts >= c.ts AND l.ts <= c.ts + c.dur AND l.kind IN ('runtime', 'driver')
-                 AND (c.last_start IS NULL OR l.ts < c.last_start)
-    JOIN slices d ON d.run_id = l.run_id AND d.rank = l.rank AND d.launch_id = l.slice_id
-    WHERE d.device_id IS NOT NULL
 ), shallowest AS (
-    SELECT run_id, rank, min(depth) AS depth FROM candidates GROUP BY run_id, rank
+    -- the roots: the candidates at the shallowest depth any of them has
+    SELECT c.* FROM candidates c
+    JOIN (SELECT run_id, rank, min(depth) AS depth FROM candidates GROUP BY run_id, rank) s
+      ON s.run_id = c.run_id AND s.rank = c.rank AND s.depth = c.depth
+), buckets AS (
+    -- each root once per time bucket it touches (width: the roots' mean length), so that a launch finds the roots
+    -- that hold it by an equi-join on (thread, bucket) and a check of the few roots of its bucket, where a range
+    -- join compared it with every root of its thread
+    SELECT r.*, b.bucket
+    FROM (SELECT *, CAST(greatest(avg(dur) OVER (), 1) AS BIGINT) AS width FROM shallowest) r,
+        range(r.ts // r.width, (r.ts + r.dur) // r.width + 1) b(bucket)
+), launched AS (
+    -- each root with the device events launched from inside it on its thread (kernels, copies, memsets and the
+    -- device side of stream waits; slices.launch_*: their launching runtime or driver call's start and thread)
+    SELECT c.run_id, c.rank, c.slice_id AS root_id, c.name AS root, c.dur AS root_dur,
+           d.name AS kernel, d.ts AS kernel_ts, d.slice_id AS kernel_id, d.dur AS kernel_dur
+    FROM (SELECT d.*, d.launch_ts // x.width AS bucket
+          FROM slices d CROSS JOIN (SELECT max(width) AS width FROM buckets) x
+          WHERE d.device_id IS NOT NULL AND d.launch_id IS NOT NULL) d
+    JOIN buckets c ON c.run_id = d.run_id AND c.rank = d.rank AND c.pid = d.launch_pid AND c.tid = d.launch_tid
+                  AND c.bucket = d.bucket AND d.launch_ts >= c.ts AND d.launch_ts <= c.ts + c.dur
+                  AND (c.last_start IS NULL OR d.launch_ts < c.last_start)
 ), roots AS (
     SELECT l.run_id, l.rank, l.root_id, any_value(l.root) AS root, any_value(l.root_dur) AS root_dur,
            list(l.kernel ORDER BY l.kernel_ts, l.kernel_id) AS kernel_names, sum(l.kernel_dur) AS kernel_dur
-    FROM launched l JOIN shallowest s ON s.run_id = l.run_id AND s.rank = l.rank AND s.depth = l.depth
+    FROM launched l
     GROUP BY l.run_id, l.rank, l.root_id
     HAVING count(*) >= COALESCE(getvariable('min_pattern_len'), 3)
 ), patterns AS (
