@@ -83,6 +83,8 @@ EVENT_SQL, WINDOW_SQL, SEGMENT_SQL = (_struct_sql(f) for f in (EVENT_FIELDS, WIN
 SEGMENT_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in SEGMENT_FIELDS]))
 
 OPS = ("op", "blocking_op", "blocked_launch")
+#: the replay's host calls that wait for the device: their end is held by it (HTA's path: a blocked launch is host time)
+WAITING = ("blocking_op", "blocked_launch")
 KERNELS = ("device", "communication")
 SYNCS = ("stream_sync", "context_sync", "event_sync")
 
@@ -127,7 +129,7 @@ class Graph:
 
 def _host(g: Graph, ev: dict, start: list, end: list, replay: bool) -> None:
     # the replay waits in a launch blocked on a full queue as in a blocking call (HTA's path: host time)
-    waits = ("blocking_op", "blocked_launch") if replay else ("blocking_op",)
+    waits = WAITING if replay else ("blocking_op",)
     threads: dict[tuple, list[int]] = {}
     for i, role in enumerate(ev["role"]):
         if role in OPS or role == "range":
@@ -328,7 +330,7 @@ def _waits(g: Graph, ev: dict, end: list) -> None:
             if role in KERNELS and end[i] is not None}
     for i, role in enumerate(ev["role"]):
         free = ev["stream_free"][i]
-        if role in ("blocking_op", "blocked_launch") and free is not None and ev["scale"][i] != 0:
+        if role in WAITING and free is not None and ev["scale"][i] != 0:
             # -1: a fixed time hangs off the window's start
             waited = ends.get((ev["rank"][i], free))
             waited = g.node(free, -1, False) if waited is None else waited
