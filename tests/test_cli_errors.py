@@ -143,6 +143,7 @@ def test_shell_piped_exits_1_after_a_failed_statement(ws):
     assert (done.returncode, done.stderr.decode()) == (1, "Error: statement not terminated with ';'\n")
 
 
+@pytest.mark.concurrency  # a kill, like test_cleanup's kill -9: in the concurrency group (5 s in CI)
 def test_ctrl_c_during_ingest_is_one_line_exit_130(tmp_path):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) while workers read: 49 lines of
     tracebacks before; now one line, exit status 130, no worker left, the run as it was (absent)."""

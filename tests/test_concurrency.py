@@ -14,16 +14,19 @@ import threading
 import time
 
 import pytest
+from click.testing import CliRunner
 
 import tracesql
 from conftest import DATASETS, REPO, write_trace
 
 pytestmark = pytest.mark.concurrency
 from tracesql import engine, schema, store  # (tracesql.engine: imported, not only reached as an attribute)
+from tracesql.cli import main
 
 A = DATASETS / "hta_trace_filter"  # 2 ranks, 9,487 slices
 B = DATASETS / "torch_gloo_2rank"
-JOBS = {"2 ranks": B, "4 ranks": DATASETS / "torch_gloo_4rank_straggler"}
+# two jobs whose files share names (rank-0, rank-1, ...): small ones, as every `report` of the loop reads one whole
+JOBS = {"2 ranks": DATASETS / "torch_pipeline_1f1b_2stage", "4 ranks": DATASETS / "torch_mesh_dp2_tp2"}
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 READER = """
@@ -49,6 +52,11 @@ def _state(run):
     con = tracesql.connect(run)
     return list(con.execute("SELECT (SELECT count(*) FROM slices), (SELECT list(source_path ORDER BY source_path) "
                             "FROM ranks), (SELECT count(*) FROM ops)").fetchone())
+
+
+def _shape(run):
+    """The run's files as (table, rank of the part or run-wide), less the key that names them anew each ingest."""
+    return sorted(rel.rpartition("-")[0] for rel in store.load_manifest(run)["files"])
 
 
 def _files(run):
@@ -300,13 +308,15 @@ while not last:
         answer["metrics"] = [metrics["runs"], sorted(metrics["ranks"], key=lambda r: r["rank"])]
     print(json.dumps(answer, sort_keys=True), flush=True)
 """
-#: Swaps of the run (alternating jobs) at least, and answers each reader gives while they go on at least: counted,
-#: not timed (it was 40 s), so a loaded machine makes the test longer, never weaker. Four swaps publish each job
-#: twice; of two answers finished while swapping, the second was read wholly between swaps (a reader holds the
-#: run: an ingest waits to swap until it is done), and each reader gives one more after the last swap. Query,
-#: verify and export (a second or so an answer) give at most ANSWERS_CAP while swapping, and then wait: the
-#: report's answers need the CPU. (Six swaps took 234-414 s of CI's time; each swap waits for a report.)
-SWAPS = 4
+#: The loop swaps the run (alternating jobs) for LOOP_S seconds (issue 26: "for a minute"), and on until it has
+#: swapped SWAPS times and each reader has given ANSWERS_WHILE_SWAPPING answers while swapping: so a loaded machine
+#: makes the test longer, never weaker. Two swaps publish each job once more; of two answers finished while
+#: swapping, the second was read wholly between swaps (a reader holds the run: an ingest waits to swap until it is
+#: done), and each reader gives one more after the last swap. Query, verify and export (a second or so an answer)
+#: give at most ANSWERS_CAP while swapping, and then wait: the report's answers need the CPU. (Counted alone, six
+#: swaps of larger jobs took 234-414 s of CI's time: each swap waits for a report.)
+LOOP_S = 60
+SWAPS = 2
 ANSWERS_WHILE_SWAPPING = 2
 ANSWERS_CAP = 8
 MAX_SWAPS = 60  # a reader that stopped answering fails the test rather than hanging it
@@ -327,9 +337,10 @@ def _collect(proc: subprocess.Popen) -> tuple[list[str], threading.Thread]:
 
 
 @pytest.mark.slow
-def test_query_verify_export_and_report_see_one_job_whole_while_ingests_alternate_two_jobs(tmp_path):
+def test_query_verify_export_and_report_see_one_job_whole_while_ingests_alternate_two_jobs(tmp_path, record_property):
     """A run swapped between a 2-rank and a 4-rank job again and again while `query`, `verify`, `export` and
-    `report` run in a loop beside it: each answer is the one a run of one job alone gives; none is an error."""
+    `report` run in a loop beside it: each answer is the one a run of one job alone gives (`verify`'s: the one of a
+    generation the loop published, of its job's files); none is an error."""
     modes = ("query", "verify", "export", "report")
     sql = "SELECT (SELECT count(*) FROM slices) AS slices, (SELECT list(source_path ORDER BY rank) FROM ranks) " \
           "AS sources, (SELECT count(*) FROM ops) AS ops, (SELECT count(*) FROM warnings) AS warnings"
@@ -347,8 +358,22 @@ def test_query_verify_export_and_report_see_one_job_whole_while_ingests_alternat
     for mode in modes:
         assert all(a["code"] == 0 for a in expected[mode]) and expected[mode][0] != expected[mode][1], mode
 
+    # `verify` counts the bytes of the generation it read, and one job's bytes differ between ingests: the rows of
+    # a Kineto trace's slices come in the order DuckDB's threads give them (their number: the cores over --jobs;
+    # their timing), and so do the Parquet files' sizes (CI's 47 files and 206,811 bytes: the 4-rank job ingested
+    # with -j 1, two threads; 206,793 with the API's two jobs of one thread). Its expected answers are those of
+    # the generations the loop publishes, each of them of its job's files (the table and rank of each, as alone).
+    shapes = {job: _shape(tmp_path / job / "run") for job in JOBS}
+    published = []
+
+    def publish(job):  # (the loop is the only writer: its run stays this generation until its next ingest)
+        assert _shape(run) == shapes[job], job
+        verified = CliRunner().invoke(main, ["verify", str(run)])
+        published.append({"code": verified.exit_code, "out": verified.output.replace(str(run), "RUN")})
+
     run, stop = tmp_path / "loop" / "run", tmp_path / "loop" / "stop"
     tracesql.ingest([JOBS["2 ranks"]], run, run_id="run")
+    publish("2 ranks")
     readers, lines, threads = {}, {}, []
     for mode in modes:
         work = tmp_path / "loop" / mode
@@ -357,16 +382,24 @@ def test_query_verify_export_and_report_see_one_job_whole_while_ingests_alternat
         readers[mode] = _answers(mode, run, work, stop, math.inf if mode == "report" else ANSWERS_CAP)
         lines[mode], thread = _collect(readers[mode])
         threads.append(thread)
-    swaps, before = 0, {mode: len(seen) for mode, seen in lines.items()}
-    while swaps < SWAPS or any(len(lines[m]) - before[m] < ANSWERS_WHILE_SWAPPING for m in modes):
-        assert swaps < MAX_SWAPS and all(p.poll() is None for p in readers.values()), (swaps, before, lines)
-        subprocess.run(_ingest_cmd(JOBS["4 ranks" if swaps % 2 == 0 else "2 ranks"], run), env=ENV, check=True)
-        swaps += 1
-    stop.touch()
+    swaps, before, until = 0, {mode: len(seen) for mode, seen in lines.items()}, time.monotonic() + LOOP_S
+    try:
+        while time.monotonic() < until or swaps < SWAPS or \
+                any(len(lines[m]) - before[m] < ANSWERS_WHILE_SWAPPING for m in modes):
+            assert swaps < MAX_SWAPS and all(p.poll() is None for p in readers.values()), (swaps, before, lines)
+            job = "4 ranks" if swaps % 2 == 0 else "2 ranks"
+            subprocess.run(_ingest_cmd(JOBS[job], run), env=ENV, check=True)
+            swaps += 1
+            publish(job)
+    finally:
+        stop.touch()  # the readers end also when the loop failed or timed out (else they answer on for ever)
     for p, thread in zip(readers.values(), threads):
         thread.join(timeout=300)
         p.wait(timeout=10)
     answers = {mode: [json.loads(line) for line in seen] for mode, seen in lines.items()}
+    expected["verify"] = published
+    record_property("swaps", swaps)  # the loop's figures, in the report log (docs/robustness.md quotes them)
+    record_property("answers", {mode: len(seen) for mode, seen in answers.items()})
     # each command holds the run while it reads it (store.reading): no answer is another's, none a refusal
     for mode, seen in answers.items():
         wrong = [a for a in seen if a not in expected[mode]]

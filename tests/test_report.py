@@ -124,10 +124,25 @@ def test_gate_verdicts_on_edge_values():
 
 
 @pytest.fixture(scope="module")
-def gloo_report(tmp_path_factory):
-    """2-rank gloo baseline, then the 4-rank run with a straggler: slower steps."""
+def gloo_fleet(tmp_path_factory):
+    """A folder of raw-trace folders as CI fills it: the 2-rank gloo baseline, found (and ingested into the cache)
+    first; then the 4-rank run with a straggler joins it. The folder, and the baseline's cached run and the time
+    its manifest was written at, before the straggler joined."""
+    from tracesql.report import find_runs
+
     tmp = tmp_path_factory.mktemp("gloo")
-    runs = fleet(tmp, GLOO2, GLOO4)
+    runs = fleet(tmp, GLOO2)
+    (first,) = find_runs([runs])
+    stamp = (first / "tracesql.json").stat().st_mtime_ns
+    (runs / GLOO4.name).symlink_to(GLOO4)
+    return runs, first, stamp
+
+
+@pytest.fixture(scope="module")
+def gloo_report(gloo_fleet):
+    """The report of the gloo fleet against its baseline: slower steps."""
+    runs = gloo_fleet[0]
+    tmp = runs.parent
     result = cli("report", runs, "-o", tmp / "report", "--baseline", runs / GLOO2.name,
                  "--fail-on", "step_time_p50>+5%", "--fail-on", "peak_memory>+50%", "--fail-on", "step_time_p90>200ms")
     return tmp, result
@@ -439,35 +454,38 @@ def test_hostile_names_are_shown_not_run(hostile_report, tmp_path):
     assert seen["scripts"] == 2  # executable scripts: the page's own plotly.js and chart loader, nothing injected
 
 
-def test_mfu_from_model_flops_matches_the_formula_on_raw_steps(tmp_path):
+@pytest.fixture(scope="module")
+def hta_report(tmp_path_factory):
+    """The report of hta_trace_filter, as the latest run, with the model's size for its MFU; its folder."""
+    out = tmp_path_factory.mktemp("hta") / "r"
+    result = cli("report", DATASETS / "hta_trace_filter", "-o", out, "--params", "1e8", "--tokens-per-step", "1e6",
+                 "--device", "A100-SXM", "--fail-on", "mfu<-0.01pp")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_mfu_from_model_flops_matches_the_formula_on_raw_steps(hta_report):
     """MFU = 6·P·T / (step time × devices × peak): step time per step the slowest rank's device window (raw JSON),
     devices the job's world size (128), the A100's dense fp32 peak (19.5 TFLOP/s, the trace's ops are fp32)."""
     folder = DATASETS / "hta_trace_filter"
-    result = cli("report", folder, "-o", tmp_path / "r", "--params", "1e8", "--tokens-per-step", "1e6",
-                 "--device", "A100-SXM", "--fail-on", "mfu<-0.01pp")
-    assert result.exit_code == 0, result.output
     windows = [device_step_windows_from_json(f) for f in sorted(folder.glob("*.json.gz"))]
     per_step = [max(w) for w in zip(*windows)]
     expected = statistics.mean(6 * 1e8 * 1e6 / (w / 1e9 * 128 * 19.5e12) for w in per_step) * 100
-    (run,) = json.loads((tmp_path / "r" / "metrics.json").read_text())["runs"]
+    (run,) = json.loads((hta_report / "metrics.json").read_text())["runs"]
     assert run["mfu"] == pytest.approx(expected, rel=1e-9) and round(expected, 2) == 39.06
     assert run["step_time_p50"] == statistics.median(per_step)
     # issue 28: the report names the peaks its roofline rated against, with their source
-    page = (tmp_path / "r" / "index.html").read_text()
+    page = (hta_report / "index.html").read_text()
     assert ("The roofline rates against the <code>device_peaks</code> row <code>A100-SXM</code> fp32: 19.5 TFLOP/s "
             "and 2.039 TB/s (source: NVIDIA A100 Tensor Core GPU datasheet, https://") in page
 
 
-def test_new_runs_in_the_folder_are_ingested_once(tmp_path):
+def test_new_runs_in_the_folder_are_ingested_once(gloo_fleet, gloo_report):
     """A folder of raw-trace folders: each is ingested into the cache on first sight, never again when unchanged."""
     from tracesql.report import find_runs
 
-    runs = fleet(tmp_path, GLOO2)
-    (first,) = find_runs([runs])
-    stamp = (first / "tracesql.json").stat().st_mtime_ns
-    (runs / GLOO4.name).symlink_to(GLOO4)
-    result = cli("report", runs, "-o", tmp_path / "r")
-    assert result.exit_code == 0 and "2 run(s)" in result.output
+    runs, first, stamp = gloo_fleet
+    assert "2 run(s)" in gloo_report[1].output  # (it exits 3: a gate failed)
     again = find_runs([runs])
     assert again[0] == first and (first / "tracesql.json").stat().st_mtime_ns == stamp
     assert len(again) == 2 and again[1] != first
@@ -509,7 +527,7 @@ def figures(page: Path) -> dict[str, dict]:
     return out
 
 
-def test_rank_by_step_heatmaps_match_the_raw_json_and_link_the_slowest_step(tmp_path):
+def test_rank_by_step_heatmaps_match_the_raw_json_and_link_the_slowest_step(hta_report):
     """hta_trace_filter as the latest run: step time per (rank, step) equals each rank's device window of the step
     in the raw JSON; exposed communication and idle equal temporal_breakdown per=step; the slowest step is written
     as a Perfetto trace whose ProfilerStep slice is that step, and linked from the page and the summary."""
@@ -517,9 +535,7 @@ def test_rank_by_step_heatmaps_match_the_raw_json_and_link_the_slowest_step(tmp_
     from tracesql.export import read
 
     folder = DATASETS / "hta_trace_filter"
-    result = cli("report", folder, "-o", tmp_path / "r")
-    assert result.exit_code == 0, result.output
-    figs = figures(tmp_path / "r" / "index.html")
+    figs = figures(hta_report / "index.html")
     time_map = figs["hta_trace_filter: step time per rank and step"]["data"][0]
     assert time_map["type"] == "heatmap" and time_map["y"] == [0, 1] and time_map["x"] == [551, 552]
     for rank in (0, 1):
@@ -536,14 +552,14 @@ def test_rank_by_step_heatmaps_match_the_raw_json_and_link_the_slowest_step(tmp_
     # the slowest step: the longest device window of any rank and step (rank 1, step 552 here)
     slowest = max((w, rank, step) for rank in (0, 1) for step, w in zip(
         (551, 552), device_step_windows_from_json(folder / f"sampled_rank-{rank}.json.gz")))
-    data = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    data = json.loads((hta_report / "metrics.json").read_text())
     trace, merged = data["traces"]  # the slowest step of the rank that sets it, and of every rank
     assert merged["all_ranks"] and merged["file"] == "perfetto/hta_trace_filter-all-ranks-step552.pftrace"
     assert (trace["rank"], trace["step"], trace["step_ns"]) == (slowest[1], slowest[2], slowest[0])
     assert trace["file"] == "perfetto/hta_trace_filter-rank1-step552.pftrace"
-    page = (tmp_path / "r" / "index.html").read_text()
-    assert f'<a href="{trace["file"]}">' in page and f"`{trace['file']}`" in (tmp_path / "r" / "summary.md").read_text()
-    steps = [p.track_event for p in read(tmp_path / "r" / trace["file"])
+    page = (hta_report / "index.html").read_text()
+    assert f'<a href="{trace["file"]}">' in page and f"`{trace['file']}`" in (hta_report / "summary.md").read_text()
+    steps = [p.track_event for p in read(hta_report / trace["file"])
              if p.HasField("track_event") and p.track_event.name == "ProfilerStep#552"]
     assert len(steps) == 1
 
@@ -580,6 +596,7 @@ def test_metrics_collected_in_groups_equal_one_session(tmp_path):
         assert len(grouped.tables[name]) == len(table), name
 
 
+@pytest.mark.concurrency
 def test_a_second_report_into_a_folder_another_is_writing_waits_or_is_refused(tmp_path, monkeypatch):
     """Two reports into one folder never interleave their files: the second waits for the first to have said
     what it wrote, or, past the wait, is refused in one line naming the folder."""

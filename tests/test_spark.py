@@ -79,6 +79,13 @@ def fleet(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def duck(fleet):
+    """One DuckDB session over the fleet for the module (each connection checks every file's SHA-256 again, a CPU
+    second or so): `queries.run` sets every parameter of the query it runs, so none carries over to the next."""
+    return engine.connect(fleet)
+
+
 def _value(v):
     if hasattr(v, "tolist"):
         v = v.tolist()
@@ -128,22 +135,22 @@ def _on(spark, fleet: Path):
     return spark
 
 
-def _parity(spark, fleet: Path, name: str, params: dict) -> int:
+def _parity(spark, duck, fleet: Path, name: str, params: dict) -> int:
     q = queries.find(name)
-    duck = queries.run(engine.connect(fleet), q, params).to_arrow_table()
+    want = queries.run(duck, q, params).to_arrow_table()
     session = _on(spark, fleet)
-    assert_same_table(duck, tsp.to_arrow(tsp.run(session, q, params)), f"{name} {params}")
-    return duck.num_rows
+    assert_same_table(want, tsp.to_arrow(tsp.run(session, q, params)), f"{name} {params}")
+    return want.num_rows
 
 
 @pytest.mark.parametrize("name", CATALOGUE)
-def test_every_query_same_on_spark(spark, fleet, name):
-    assert _parity(spark, fleet, name, {}) > 0
+def test_every_query_same_on_spark(spark, duck, fleet, name):
+    assert _parity(spark, duck, fleet, name, {}) > 0
 
 
 @pytest.mark.parametrize("name,params", [pytest.param(n, p, id=f"{n}-{'-'.join(p)}") for n, p in VARIANTS])
-def test_parameter_variants_same_on_spark(spark, fleet, name, params):
-    assert _parity(spark, fleet, name, params) > 0
+def test_parameter_variants_same_on_spark(spark, duck, fleet, name, params):
+    assert _parity(spark, duck, fleet, name, params) > 0
 
 
 @pytest.mark.corpus
@@ -155,7 +162,7 @@ def test_parity_covers_the_corpus_runs(fleet):
     assert runs == sorted(BUNDLED + list(CORPUS_RUNS))
 
 
-def test_aggregates_over_op_costs_same_on_spark(spark, fleet):
+def test_aggregates_over_op_costs_same_on_spark(spark, duck, fleet):
     """Spark aggregates op_costs() like DuckDB: it reads the costs the ingest stored (when the formulas ran in a
     DuckDB UDF inside the query, count(*) with sum(flops) failed: INTERNAL_ERROR "Cannot evaluate expression:
     tracesql_duckdb_op_flops"), in both attention conventions."""
@@ -163,11 +170,11 @@ def test_aggregates_over_op_costs_same_on_spark(spark, fleet):
         f"SELECT '{convention}' AS convention, family, count(*) AS ops, sum(flops) AS flops, sum(bytes) AS bytes, "
         f"count(*) FILTER (WHERE counted) AS counted FROM op_costs(attention_convention := '{convention}') "
         "GROUP BY family" for convention in ("flash", "torch")) + " ORDER BY convention, family"
-    duck = engine.connect(fleet).sql(text).to_arrow_table()
-    assert_same_table(duck, tsp.to_arrow(tsp.sql(_on(spark, fleet), text)), "op_costs() aggregated")
-    totals = {(r["convention"], r["family"]): r["flops"] for r in duck.to_pylist()}
+    want = duck.sql(text).to_arrow_table()
+    assert_same_table(want, tsp.to_arrow(tsp.sql(_on(spark, fleet), text)), "op_costs() aggregated")
+    totals = {(r["convention"], r["family"]): r["flops"] for r in want.to_pylist()}
     # causal attention halved in the flash convention: the fleet has such ops only with the corpus beside it
-    causal = engine.connect(fleet).sql("SELECT count(*) FROM op_costs WHERE torch_flops <> flops").fetchall()
+    causal = duck.sql("SELECT count(*) FROM op_costs WHERE torch_flops <> flops").fetchall()
     causal = causal[0][0]
     assert totals["torch", "attention"] >= totals["flash", "attention"] > 0
     assert (totals["torch", "attention"] > totals["flash", "attention"]) == (causal > 0)
