@@ -7,6 +7,10 @@
 -- Times are summed kernel durations (concurrent streams add up), so that costed and uncosted time add up to
 -- compute_ns. An uncosted kernel is named by the innermost op that launched it (vllm::moe_forward, aten::sort),
 -- or by its own name when no op launched it or it is a CUDA/HIP-graph replay; `reason` says why it has no cost.
+-- A kernel whose launch is not in the trace is costed when the ops that launched identical kernels (same name,
+-- grid, block, registers, shared memory) on its rank all have the same cost (op_costs' cost_source
+-- 'identical kernel'), or else when the ops that launched the identical kernels at its place in the traced
+-- iterations' kernel sequence on its stream do (cost_source 'aligned kernel').
 --
 -- Needs: device kernels and ops with recorded shapes (record_shapes=True)
 -- Parameters:
@@ -17,7 +21,7 @@
 --   run_id         VARCHAR  run
 --   rank           INTEGER  rank
 --   name           VARCHAR  per = 'kernel': the uncosted op, or the kernel's name when no op launched it; NULL per rank
---   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, or the op takes a TensorList, whose tensors' shapes Kineto does not keep: aten::cat, _foreach_*), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay whose capture trace was not given or did not match: docs/guides/serving.md), 'no launch recorded' (launched before the profile's host events began or by an untraced thread); NULL per rank
+--   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, or the op takes a TensorList, whose tensors' shapes Kineto does not keep: aten::cat, _foreach_*), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay whose capture trace was not given or did not match: docs/guides/serving.md), 'no launch recorded' (launched before the profile's host events began or by an untraced thread, and no costed op launched an identical kernel), 'identical kernels, different costs' (no launch recorded; the ops that launched identical kernels have different costs, or some none, and so do those at its place in the traced iterations' kernel sequence); NULL per rank
 --   kernels        BIGINT   compute kernels of the rank (per = 'kernel': of that name)
 --   compute_ns     BIGINT   summed duration of the rank's compute kernels
 --   costed_ns      BIGINT   the part under a costed op (per = 'kernel': NULL)
@@ -45,6 +49,9 @@ WITH RECURSIVE op_costs_all AS (
         CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN k.name
              ELSE COALESCE(o.name, k.name) END AS name,
         CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN 'graph replay'
+             -- identical kernels (same name and launch configuration) were launched by ops of different costs, and
+             -- its place in its stream's sequence does not say which
+             WHEN o.op_id IS NULL AND ik.op_id IS NOT NULL THEN 'identical kernels, different costs'
              WHEN o.op_id IS NULL THEN 'no launch recorded'
              -- cat, stack, _foreach_*: Kineto keeps no shape of a TensorList's tensors, so no formula could cost it
              WHEN oc.family IS NULL AND list_contains(o.input_types, 'TensorList') THEN 'shapes not recorded'
@@ -56,6 +63,8 @@ WITH RECURSIVE op_costs_all AS (
     LEFT JOIN costed_ops x ON x.run_id = k.run_id AND x.rank = k.rank AND x.op_id = k.slice_id
     LEFT JOIN ops o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
     LEFT JOIN op_costs_all oc ON oc.run_id = k.run_id AND oc.rank = k.rank AND oc.op_id = k.op_id
+    LEFT JOIN op_costs_all ik ON k.op_id IS NULL AND ik.run_id = k.run_id AND ik.rank = k.rank
+     AND ik.op_id = k.slice_id AND ik.cost_source IN ('identical kernel', 'aligned kernel')
     LEFT JOIN slices l ON l.run_id = k.run_id AND l.rank = k.rank AND l.slice_id = k.launch_id
     WHERE k.class = 'compute'
 ), ranks AS (
