@@ -168,21 +168,36 @@ WITH RECURSIVE async_done AS (
     UNION ALL
     SELECT o.run_id, o.rank, o.op_id, c.cost_op_id
     FROM covered c JOIN ops o ON o.run_id = c.run_id AND o.rank = c.rank AND o.parent_op_id = c.op_id
-), kernel_launches AS (
-    -- device kernels and what identifies their launch: the kernel and its launch configuration (grid, block,
-    -- registers, shared memory: as Kineto records them), and the counted op whose cost covers the kernel; a
-    -- kernel whose launch is not in the trace (no launch, no op: not a graph replay, whose launch is there) is
-    -- launchless, and its place in its stream's order of those kernels (or of the launched ones) is its position
-    SELECT k.run_id, k.rank, k.slice_id, k.op_id, k.stream, k.dur,
-        {'name': k.name, 'grid': k.args->>'grid', 'block': k.args->>'block',
-         'registers': k.args->>'registers per thread', 'shared_memory': k.args->>'shared memory'} AS launch,
-        k.op_id IS NULL AND k.launch_id IS NULL AS launchless,
+), launched_names AS (
+    -- the names of the kernels whose launch is in the trace, per rank: a kernel with no launch is costed from, and
+    -- aligned on, identical kernels only, so one of another name is left out of the work below (its position, of
+    -- a few columns, is still counted)
+    SELECT DISTINCT run_id, rank, name FROM slices WHERE kind = 'kernel' AND (op_id IS NOT NULL OR launch_id IS NOT NULL)
+), kernel_positions AS (
+    -- each kernel's place in its stream's order of the launchless kernels (or of the launched ones), and the
+    -- counted op whose cost covers it: over these few columns alone, not the kernels' names and args (200,000
+    -- launchless kernels of 700-byte name and args, sorted by the window and held in a join's hash table with
+    -- them: 587 MB)
+    SELECT k.run_id, k.rank, k.slice_id,
         row_number() OVER (PARTITION BY k.run_id, k.rank, k.stream, k.op_id IS NULL AND k.launch_id IS NULL
                            ORDER BY k.ts, k.slice_id) AS position,
         v.cost_op_id
     FROM slices k
     LEFT JOIN covered v ON v.run_id = k.run_id AND v.rank = k.rank AND v.op_id = k.op_id
     WHERE k.kind = 'kernel'
+), kernel_launches AS (
+    -- device kernels and what identifies their launch: the kernel and its launch configuration (grid, block,
+    -- registers, shared memory: as Kineto records them); a kernel whose launch is not in the trace (no launch, no
+    -- op: not a graph replay, whose launch is there) is launchless
+    SELECT k.run_id, k.rank, k.slice_id, k.op_id, k.stream, k.dur, k.launch, k.launchless, p.position, p.cost_op_id
+    FROM (SELECT run_id, rank, slice_id, op_id, stream, dur,
+              {'name': name, 'grid': args->>'grid', 'block': args->>'block',
+               'registers': args->>'registers per thread', 'shared_memory': args->>'shared memory'} AS launch,
+              op_id IS NULL AND launch_id IS NULL AS launchless
+          FROM slices
+          WHERE kind = 'kernel' AND (op_id IS NOT NULL OR launch_id IS NOT NULL
+                                     OR (run_id, rank, name) IN (SELECT run_id, rank, name FROM launched_names))) k
+    JOIN kernel_positions p ON p.run_id = k.run_id AND p.rank = k.rank AND p.slice_id = k.slice_id
 ), single_kernel_ops AS (  -- counted ops whose device work is one kernel: its cost is that kernel's
     SELECT run_id, rank, cost_op_id FROM kernel_launches WHERE cost_op_id IS NOT NULL
     GROUP BY run_id, rank, cost_op_id HAVING count(*) = 1
