@@ -46,9 +46,9 @@ WITH RECURSIVE op_costs_all AS (
         c.op_id IS NOT NULL OR x.op_id IS NOT NULL AS costed,
         -- a graph replay's kernels that kept the graph launch's op by their own names (that op ran none of them);
         -- those the capture trace attributed have the capture op copy as op (docs/guides/serving.md)
-        CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN k.name
+        CASE WHEN g.slice_id IS NOT NULL AND k.op_id IS NOT DISTINCT FROM g.op_id THEN k.name
              ELSE COALESCE(o.name, k.name) END AS name,
-        CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN 'graph replay'
+        CASE WHEN g.slice_id IS NOT NULL AND k.op_id IS NOT DISTINCT FROM g.op_id THEN 'graph replay'
              -- identical kernels (same name and launch configuration) were launched by ops of different costs, and
              -- its place in its stream's sequence does not say which
              WHEN o.op_id IS NULL AND ik.op_id IS NOT NULL THEN 'identical kernels, different costs'
@@ -65,7 +65,10 @@ WITH RECURSIVE op_costs_all AS (
     LEFT JOIN op_costs_all oc ON oc.run_id = k.run_id AND oc.rank = k.rank AND oc.op_id = k.op_id
     LEFT JOIN op_costs_all ik ON k.op_id IS NULL AND ik.run_id = k.run_id AND ik.rank = k.rank
      AND ik.op_id = k.slice_id AND ik.cost_source IN ('identical kernel', 'aligned kernel')
-    LEFT JOIN slices l ON l.run_id = k.run_id AND l.rank = k.rank AND l.slice_id = k.launch_id
+    -- the graph launches alone, not every slice (a hash table of the millions of host calls was most of the time)
+    LEFT JOIN (SELECT run_id, rank, slice_id, op_id FROM slices
+               WHERE kind IN ('runtime', 'driver') AND name ILIKE '%GraphLaunch%') g
+      ON g.run_id = k.run_id AND g.rank = k.rank AND g.slice_id = k.launch_id
     WHERE k.class = 'compute'
 ), ranks AS (
     SELECT run_id, rank, count(*) AS kernels, CAST(sum(dur) AS BIGINT) AS compute_ns,
