@@ -32,18 +32,17 @@
 --   top_uncosted_ns   BIGINT[]   their uncosted time, in the same order (per = 'kernel': NULL)
 WITH RECURSIVE op_costs_all AS (
     SELECT * FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
-), costed_ops AS (
-    SELECT run_id, rank, op_id FROM op_costs_all WHERE counted
 ), covered AS (
     -- the costed ops and every op nested in them (costed ops never nest in each other: op_costs)
-    SELECT run_id, rank, op_id FROM costed_ops
+    SELECT run_id, rank, op_id FROM op_costs_all WHERE counted
     UNION ALL
     SELECT o.run_id, o.rank, o.op_id
     FROM covered c JOIN ops o ON o.run_id = c.run_id AND o.rank = c.rank AND o.parent_op_id = c.op_id
 ), compute AS (
     SELECT k.run_id, k.rank, k.dur,
-        -- an XLA op on a TPU/CPU is its own device event (op_id = slice_id)
-        c.op_id IS NOT NULL OR x.op_id IS NOT NULL AS costed,
+        -- an XLA op on a TPU/CPU is its own device event (op_id = slice_id), as is a kernel with no launch that
+        -- op_costs costs (kernel rows: op_id = its slice_id)
+        c.op_id IS NOT NULL OR COALESCE(s.counted, false) AS costed,
         -- a graph replay's kernels that kept the graph launch's op by their own names (that op ran none of them);
         -- those the capture trace attributed have the capture op copy as op (docs/guides/serving.md)
         CASE WHEN g.slice_id IS NOT NULL AND k.op_id IS NOT DISTINCT FROM g.op_id THEN k.name
@@ -51,20 +50,20 @@ WITH RECURSIVE op_costs_all AS (
         CASE WHEN g.slice_id IS NOT NULL AND k.op_id IS NOT DISTINCT FROM g.op_id THEN 'graph replay'
              -- identical kernels (same name and launch configuration) were launched by ops of different costs, and
              -- its place in its stream's sequence does not say which
-             WHEN o.op_id IS NULL AND ik.op_id IS NOT NULL THEN 'identical kernels, different costs'
+             WHEN o.op_id IS NULL AND s.cost_source IN ('identical kernel', 'aligned kernel')
+                 THEN 'identical kernels, different costs'
              WHEN o.op_id IS NULL THEN 'no launch recorded'
              -- cat, stack, _foreach_*: Kineto keeps no shape of a TensorList's tensors, so no formula could cost it
-             WHEN oc.family IS NULL AND list_contains(o.input_types, 'TensorList') THEN 'shapes not recorded'
-             WHEN oc.family IS NULL THEN 'no formula'
-             WHEN oc.flops IS NULL THEN 'shapes not recorded'
+             WHEN o.family IS NULL AND list_contains(o.input_types, 'TensorList') THEN 'shapes not recorded'
+             WHEN o.family IS NULL THEN 'no formula'
+             WHEN o.flops IS NULL THEN 'shapes not recorded'
              ELSE 'not counted' END AS reason
     FROM device_activity() k
     LEFT JOIN covered c ON c.run_id = k.run_id AND c.rank = k.rank AND c.op_id = k.op_id
-    LEFT JOIN costed_ops x ON x.run_id = k.run_id AND x.rank = k.rank AND x.op_id = k.slice_id
-    LEFT JOIN ops o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
-    LEFT JOIN op_costs_all oc ON oc.run_id = k.run_id AND oc.rank = k.rank AND oc.op_id = k.op_id
-    LEFT JOIN op_costs_all ik ON k.op_id IS NULL AND ik.run_id = k.run_id AND ik.rank = k.rank
-     AND ik.op_id = k.slice_id AND ik.cost_source IN ('identical kernel', 'aligned kernel')
+    -- the op that launched the kernel (op_costs_all has a row per op: its name, shapes and cost) ...
+    LEFT JOIN op_costs_all o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
+    -- ... and the kernel's own row, where it has one (op ids and kernel slice ids never collide)
+    LEFT JOIN op_costs_all s ON s.run_id = k.run_id AND s.rank = k.rank AND s.op_id = k.slice_id
     -- the graph launches alone, not every slice (a hash table of the millions of host calls was most of the time)
     LEFT JOIN (SELECT run_id, rank, slice_id, op_id FROM slices
                WHERE kind IN ('runtime', 'driver') AND name ILIKE '%GraphLaunch%') g
