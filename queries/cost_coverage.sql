@@ -7,6 +7,10 @@
 -- Times are summed kernel durations (concurrent streams add up), so that costed and uncosted time add up to
 -- compute_ns. An uncosted kernel is named by the innermost op that launched it (vllm::moe_forward, aten::sort),
 -- or by its own name when no op launched it or it is a CUDA/HIP-graph replay; `reason` says why it has no cost.
+-- A kernel whose launch is not in the trace is costed when the ops that launched identical kernels (same name,
+-- grid, block, registers, shared memory) on its rank all have the same cost (op_costs' cost_source
+-- 'identical kernel'), or else when the ops that launched the identical kernels at its place in the traced
+-- iterations' kernel sequence on its stream do (cost_source 'aligned kernel').
 --
 -- Needs: device kernels and ops with recorded shapes (record_shapes=True)
 -- Parameters:
@@ -17,7 +21,7 @@
 --   run_id         VARCHAR  run
 --   rank           INTEGER  rank
 --   name           VARCHAR  per = 'kernel': the uncosted op, or the kernel's name when no op launched it; NULL per rank
---   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, or the op takes a TensorList, whose tensors' shapes Kineto does not keep: aten::cat, _foreach_*), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay whose capture trace was not given or did not match: docs/guides/serving.md), 'no launch recorded' (launched before the profile's host events began or by an untraced thread); NULL per rank
+--   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, or the op takes a TensorList, whose tensors' shapes Kineto does not keep: aten::cat, _foreach_*), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay whose capture trace was not given or did not match: docs/guides/serving.md), 'no launch recorded' (launched before the profile's host events began or by an untraced thread, and no costed op launched an identical kernel), 'identical kernels, different costs' (no launch recorded; the ops that launched identical kernels have different costs, or some none, and so do those at its place in the traced iterations' kernel sequence); NULL per rank
 --   kernels        BIGINT   compute kernels of the rank (per = 'kernel': of that name)
 --   compute_ns     BIGINT   summed duration of the rank's compute kernels
 --   costed_ns      BIGINT   the part under a costed op (per = 'kernel': NULL)
@@ -28,35 +32,42 @@
 --   top_uncosted_ns   BIGINT[]   their uncosted time, in the same order (per = 'kernel': NULL)
 WITH RECURSIVE op_costs_all AS (
     SELECT * FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
-), costed_ops AS (
-    SELECT run_id, rank, op_id FROM op_costs_all WHERE counted
 ), covered AS (
     -- the costed ops and every op nested in them (costed ops never nest in each other: op_costs)
-    SELECT run_id, rank, op_id FROM costed_ops
+    SELECT run_id, rank, op_id FROM op_costs_all WHERE counted
     UNION ALL
     SELECT o.run_id, o.rank, o.op_id
     FROM covered c JOIN ops o ON o.run_id = c.run_id AND o.rank = c.rank AND o.parent_op_id = c.op_id
 ), compute AS (
     SELECT k.run_id, k.rank, k.dur,
-        -- an XLA op on a TPU/CPU is its own device event (op_id = slice_id)
-        c.op_id IS NOT NULL OR x.op_id IS NOT NULL AS costed,
+        -- an XLA op on a TPU/CPU is its own device event (op_id = slice_id), as is a kernel with no launch that
+        -- op_costs costs (kernel rows: op_id = its slice_id)
+        c.op_id IS NOT NULL OR COALESCE(s.counted, false) AS costed,
         -- a graph replay's kernels that kept the graph launch's op by their own names (that op ran none of them);
         -- those the capture trace attributed have the capture op copy as op (docs/guides/serving.md)
-        CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN k.name
+        CASE WHEN g.slice_id IS NOT NULL AND k.op_id IS NOT DISTINCT FROM g.op_id THEN k.name
              ELSE COALESCE(o.name, k.name) END AS name,
-        CASE WHEN l.name ILIKE '%GraphLaunch%' AND k.op_id IS NOT DISTINCT FROM l.op_id THEN 'graph replay'
+        CASE WHEN g.slice_id IS NOT NULL AND k.op_id IS NOT DISTINCT FROM g.op_id THEN 'graph replay'
+             -- identical kernels (same name and launch configuration) were launched by ops of different costs, and
+             -- its place in its stream's sequence does not say which
+             WHEN o.op_id IS NULL AND s.cost_source IN ('identical kernel', 'aligned kernel')
+                 THEN 'identical kernels, different costs'
              WHEN o.op_id IS NULL THEN 'no launch recorded'
              -- cat, stack, _foreach_*: Kineto keeps no shape of a TensorList's tensors, so no formula could cost it
-             WHEN oc.family IS NULL AND list_contains(o.input_types, 'TensorList') THEN 'shapes not recorded'
-             WHEN oc.family IS NULL THEN 'no formula'
-             WHEN oc.flops IS NULL THEN 'shapes not recorded'
+             WHEN o.family IS NULL AND list_contains(o.input_types, 'TensorList') THEN 'shapes not recorded'
+             WHEN o.family IS NULL THEN 'no formula'
+             WHEN o.flops IS NULL THEN 'shapes not recorded'
              ELSE 'not counted' END AS reason
     FROM device_activity() k
     LEFT JOIN covered c ON c.run_id = k.run_id AND c.rank = k.rank AND c.op_id = k.op_id
-    LEFT JOIN costed_ops x ON x.run_id = k.run_id AND x.rank = k.rank AND x.op_id = k.slice_id
-    LEFT JOIN ops o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
-    LEFT JOIN op_costs_all oc ON oc.run_id = k.run_id AND oc.rank = k.rank AND oc.op_id = k.op_id
-    LEFT JOIN slices l ON l.run_id = k.run_id AND l.rank = k.rank AND l.slice_id = k.launch_id
+    -- the op that launched the kernel (op_costs_all has a row per op: its name, shapes and cost) ...
+    LEFT JOIN op_costs_all o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
+    -- ... and the kernel's own row, where it has one (op ids and kernel slice ids never collide)
+    LEFT JOIN op_costs_all s ON s.run_id = k.run_id AND s.rank = k.rank AND s.op_id = k.slice_id
+    -- the graph launches alone, not every slice (a hash table of the millions of host calls was most of the time)
+    LEFT JOIN (SELECT run_id, rank, slice_id, op_id FROM slices
+               WHERE kind IN ('runtime', 'driver') AND name ILIKE '%GraphLaunch%') g
+      ON g.run_id = k.run_id AND g.rank = k.rank AND g.slice_id = k.launch_id
     WHERE k.class = 'compute'
 ), ranks AS (
     SELECT run_id, rank, count(*) AS kernels, CAST(sum(dur) AS BIGINT) AS compute_ns,

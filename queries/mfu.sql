@@ -12,7 +12,11 @@
 --   op, the profiler's own count (`ops.flops`, with_flops=True) where the op has one and tracesql's formula where
 --   it has none (flops_source 'auto': the profiler counts no attention, so a step's profiler total alone misses
 --   it), summed over the ops op_costs() counts (innermost op with a formula, recomputation included); or only
---   the profiler's, or only the formulas.
+--   the profiler's, or only the formulas. A kernel with no launch recorded that op_costs() costs as its identical
+--   kernels' op (cost_source 'identical kernel' or 'aligned kernel') is hardware work too: its FLOPs count in the step its device
+--   work belongs to (slices.step: by its order on its stream, as the step's window counts its time), in the
+--   whole window of a run without steps, and in no step when it ran before the first (the previous iteration's
+--   tail, outside every window).
 -- The peak is the device's peak for dtype (dense unless dtype ends in _sparse), from `device_peaks` (device
 -- matched from devices.name unless the device parameter names one; peak_flops replaces it), averaged over the
 -- traced ranks. `warning` says when a number cannot be trusted: unknown or ambiguous device (no peak), MFU or HFU

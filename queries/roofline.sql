@@ -1,7 +1,7 @@
 -- roofline: Per op shape: FLOPs, bytes, arithmetic intensity, achieved vs attainable FLOP/s, and the share of the roofline reached.
 --
 -- One row per run, device model, op name, input shapes and dtypes (and FLOPs/bytes, so that calls with other
--- scalar arguments such as stride never merge), over the ops that op_costs() counts: each op's work once
+-- scalar arguments such as stride never merge) and cost source, over the ops that op_costs() counts: each op's work once
 -- (aten::linear and the aten::addmm inside it are not both counted; docs/concepts/cost-model.md). FLOPs and bytes
 -- are per call (formulas in tracesql/functions/30_flops.sql, checked against torch's FlopCounterMode and
 -- TraceLens), for GEMMs, convolutions, attention and the memory-bound ops (elementwise, reductions, norms,
@@ -33,6 +33,7 @@
 --   ranks                   BIGINT    ranks that made them
 --   flops                   DOUBLE    FLOPs per call
 --   bytes                   DOUBLE    bytes per call (inputs read and output written once)
+--   cost_source             VARCHAR   where FLOPs and bytes come from: 'formula', 'xla', 'identical kernel' or 'aligned kernel' (kernels with no launch recorded, costed as the op of that name and shapes that launched identical kernels, or those at the kernel's place in its stream's sequence: op_costs)
 --   arithmetic_intensity    DOUBLE    FLOPs per byte
 --   device_ns               BIGINT    device time of all calls (NULL: no device events)
 --   achieved_flops_per_s    DOUBLE    FLOPs of the timed calls / their device time
@@ -62,22 +63,22 @@ WITH counted AS (
     LEFT JOIN peaks p ON p.run_id = c.run_id AND p.rank = c.rank
                      AND p.dtype = coalesce(COALESCE(getvariable('dtype'), NULL), c.dtype)
 ), grouped AS (
-    SELECT run_id, device, name, input_dims, input_types, rated_dtype AS dtype, flops, bytes,
+    SELECT run_id, device, name, input_dims, input_types, rated_dtype AS dtype, flops, bytes, cost_source,
         count(*) AS calls, count(DISTINCT rank) AS ranks,
         count(*) FILTER (WHERE device_total_ns > 0) AS timed_calls,
         CAST(sum(device_total_ns) AS BIGINT) AS device_ns,
         avg(peak_flops_per_s) AS peak_flops_per_s, avg(peak_bytes_per_s) AS peak_bytes_per_s,
         min(device_note) AS device_note
     FROM rated
-    GROUP BY run_id, device, name, input_dims, input_types, rated_dtype, flops, bytes
+    GROUP BY run_id, device, name, input_dims, input_types, rated_dtype, flops, bytes, cost_source
 ), ranked AS (
     SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY device_ns DESC NULLS LAST, flops * calls DESC,
                                                             name, CAST(input_dims AS VARCHAR),
                                                             CAST(input_types AS VARCHAR), dtype, device,
-                                                            flops, bytes) AS row_in_run
+                                                            flops, bytes, cost_source) AS row_in_run
     FROM grouped
 )
-SELECT run_id, device, name, input_dims, input_types, dtype, calls, ranks, flops, bytes,
+SELECT run_id, device, name, input_dims, input_types, dtype, calls, ranks, flops, bytes, cost_source,
     arithmetic_intensity(flops, bytes) AS arithmetic_intensity,
     device_ns,
     CASE WHEN device_ns > 0 THEN flops * timed_calls / (device_ns / 1e9) END AS achieved_flops_per_s,

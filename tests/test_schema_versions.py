@@ -115,3 +115,23 @@ def test_newer_or_unreadable_run_is_refused_everywhere(tmp_path, version, proble
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 1 and result.output == f"Error: {run}: {problem}\n", args
     assert _files(run) == before  # the ingest refused before touching it
+
+
+def test_op_costs_of_a_version_10_run_read_their_cost_source(tmp_path):
+    """A run of version 10 has op_costs without cost_source and cost_op_id: the view gives an op with FLOPs its
+    source ('xla' for XLA's numbers, else 'formula'), none to an op without, and no cost_op_id."""
+    import duckdb
+
+    from tracesql import views
+
+    part = tmp_path / "op_costs.parquet"
+    con = duckdb.connect()
+    con.execute(f"""COPY (SELECT * FROM (VALUES ('r', 0, 1, 'gemm', 'bf16', 8.0, 8.0, 4.0, 10, true),
+                                                ('r', 0, 2, 'xla', NULL, 2.0, 2.0, 1.0, 5, true),
+                                                ('r', 0, 3, NULL, NULL, NULL, NULL, NULL, 7, false))
+                         t(run_id, rank, op_id, family, dtype, flops, torch_flops, bytes, device_total_ns, counted))
+                    TO '{part}' (FORMAT parquet)""")
+    have = {c[0] for c in con.execute(f"DESCRIBE SELECT * FROM '{part}'").fetchall()}
+    con.execute(views.view_sql("op_costs", [str(part)], have))
+    assert con.execute("SELECT op_id, cost_source, cost_op_id FROM op_costs ORDER BY op_id").fetchall() == [
+        (1, "formula", None), (2, "xla", None), (3, None, None)]

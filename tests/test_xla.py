@@ -76,13 +76,12 @@ def test_ffn_collectives_have_the_sharded_tensor_sizes_and_groups(ffn):
 
 def test_ffn_roofline_and_breakdown(ffn):
     roofline = queries.find("roofline")
-    roof = queries.run(ffn, roofline, {"device": "H100-SXM", "top": 100}).fetchall()
-    cols = [c[0] for c in roofline.columns]
-    dots = [r for r in roof if r[2] in ("ynn_fusion", "ynn_fusion.1", "ynn_fusion.2", "dot", "dot.1")]
-    assert dots and all(r[8] == 2 * 256 * 512 * 256 and r[18] > 0 for r in dots)  # flops, roofline_ns
+    roof = queries.run(ffn, roofline, {"device": "H100-SXM", "top": 100}).df()
+    dots = roof[roof["name"].isin(["ynn_fusion", "ynn_fusion.1", "ynn_fusion.2", "dot", "dot.1"])]
+    assert len(dots) and (dots["flops"] == 2 * 256 * 512 * 256).all() and (dots["roofline_ns"] > 0).all()
     # H100 fp32 peak 67e12 FLOP/s: one 67 MFLOP dot takes at least 1.0 µs; its bytes at 3.35 TB/s less
-    assert all(math.isclose(r[18] / r[6], 2 * 256 * 512 * 256 / 67e12 * 1e9) for r in dots)
-    assert cols[18] == "roofline_ns" and cols[8] == "flops" and cols[6] == "calls"
+    assert all(math.isclose(ns / calls, 2 * 256 * 512 * 256 / 67e12 * 1e9)
+               for ns, calls in zip(dots["roofline_ns"], dots["calls"]))
     per_step = queries.run(ffn, queries.find("xla_breakdown"),
                            {"per": "step", "dimensions": "category,pass,scope"}).fetchall()
     device = dict(rows(ffn, "SELECT step, sum(dur) FROM device_activity() WHERE step IS NOT NULL GROUP BY step"))

@@ -25,7 +25,7 @@
 -- the -start's device time is the pair's async span, from its start to the end of the first execution of its
 -- -done on the same device lane after it: the 1-2 µs of the start op alone would credit it with moving gigabytes
 -- at petabytes per second (a TPU copy-start of 5.37 GB: 56,441,433 % of the roofline).
-WITH async_done AS (
+WITH RECURSIVE async_done AS (
     SELECT d.run_id, d.rank, d.program_id, x.async_start AS name, d.pid, d.tid, d.ts, d.ts + d.dur AS te
     FROM ops d
     JOIN xla_ops x ON x.run_id = d.run_id AND x.rank = d.rank AND x.program_id = d.program_id AND x.name = d.name
@@ -150,14 +150,115 @@ WITH async_done AS (
     FROM links l
     LEFT JOIN math_inside m ON m.run_id = l.run_id AND m.rank = l.rank AND m.op_id = l.outer_id
     WHERE l.inner_family NOT IN ('gemm', 'conv', 'attention') AND m.op_id IS NULL
+), op_rows AS (
+    SELECT c.run_id, c.rank, c.op_id, c.family, c.dtype, c.op_flops AS flops, c.torch_flops, c.op_bytes AS bytes,
+        c.device_total_ns,
+        c.op_flops IS NOT NULL AND CASE
+            WHEN c.family = 'view' THEN false
+            WHEN c.family = 'xla' THEN NOT c.async_done
+            ELSE m.op_id IS NULL AND (c.family IN ('gemm', 'conv', 'attention') OR s.op_id IS NULL)
+        END AS counted,
+        CASE WHEN c.op_flops IS NULL THEN NULL WHEN c.family = 'xla' THEN 'xla' ELSE 'formula' END AS cost_source,
+        CAST(NULL AS BIGINT) AS cost_op_id
+    FROM costed c
+    LEFT JOIN math_inside m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_id = c.op_id
+    LEFT JOIN shadowed s ON s.run_id = c.run_id AND s.rank = c.rank AND s.op_id = c.op_id
+), covered AS (  -- each counted op and the ops nested in it, with the counted op (counted ops never nest)
+    SELECT run_id, rank, op_id, op_id AS cost_op_id FROM op_rows WHERE counted
+    UNION ALL
+    SELECT o.run_id, o.rank, o.op_id, c.cost_op_id
+    FROM covered c JOIN ops o ON o.run_id = c.run_id AND o.rank = c.rank AND o.parent_op_id = c.op_id
+), launched_names AS (
+    -- the names of the kernels whose launch is in the trace, per rank: a kernel with no launch is costed from, and
+    -- aligned on, identical kernels only, so one of another name is left out of the work below (its position, of
+    -- a few columns, is still counted)
+    SELECT DISTINCT run_id, rank, name FROM slices WHERE kind = 'kernel' AND (op_id IS NOT NULL OR launch_id IS NOT NULL)
+), kernel_positions AS (
+    -- each kernel's place in its stream's order of the launchless kernels (or of the launched ones), and the
+    -- counted op whose cost covers it: over these few columns alone, not the kernels' names and args (200,000
+    -- launchless kernels of 700-byte name and args, sorted by the window and held in a join's hash table with
+    -- them: 587 MB)
+    SELECT k.run_id, k.rank, k.slice_id,
+        row_number() OVER (PARTITION BY k.run_id, k.rank, k.stream, k.op_id IS NULL AND k.launch_id IS NULL
+                           ORDER BY k.ts, k.slice_id) AS position,
+        v.cost_op_id
+    FROM slices k
+    LEFT JOIN covered v ON v.run_id = k.run_id AND v.rank = k.rank AND v.op_id = k.op_id
+    WHERE k.kind = 'kernel'
+), kernel_launches AS (
+    -- device kernels and what identifies their launch: the kernel and its launch configuration (grid, block,
+    -- registers, shared memory: as Kineto records them); a kernel whose launch is not in the trace (no launch, no
+    -- op: not a graph replay, whose launch is there) is launchless
+    SELECT k.run_id, k.rank, k.slice_id, k.op_id, k.stream, k.dur, k.launch, k.launchless, p.position, p.cost_op_id
+    FROM (SELECT run_id, rank, slice_id, op_id, stream, dur,
+              {'name': name, 'grid': args->>'grid', 'block': args->>'block',
+               'registers': args->>'registers per thread', 'shared_memory': args->>'shared memory'} AS launch,
+              op_id IS NULL AND launch_id IS NULL AS launchless
+          FROM slices
+          WHERE kind = 'kernel' AND (op_id IS NOT NULL OR launch_id IS NOT NULL
+                                     OR (run_id, rank, name) IN (SELECT run_id, rank, name FROM launched_names))) k
+    JOIN kernel_positions p ON p.run_id = k.run_id AND p.rank = k.rank AND p.slice_id = k.slice_id
+), single_kernel_ops AS (  -- counted ops whose device work is one kernel: its cost is that kernel's
+    SELECT run_id, rank, cost_op_id FROM kernel_launches WHERE cost_op_id IS NOT NULL
+    GROUP BY run_id, rank, cost_op_id HAVING count(*) = 1
+), launched_costs AS (
+    -- each launched kernel with the cost of its op when that cost is the one kernel's (cost NULL: the op has none,
+    -- or its cost covers other kernels too)
+    SELECT l.run_id, l.rank, l.op_id, l.stream, l.position, l.launch, one.cost_op_id,
+        CASE WHEN one.cost_op_id IS NOT NULL THEN {'name': o.name, 'family': r.family, 'dtype': r.dtype,
+            'flops': r.flops, 'torch_flops': r.torch_flops, 'bytes': r.bytes} END AS cost
+    FROM kernel_launches l
+    LEFT JOIN single_kernel_ops one ON one.run_id = l.run_id AND one.rank = l.rank AND one.cost_op_id = l.cost_op_id
+    LEFT JOIN op_rows r ON r.run_id = l.run_id AND r.rank = l.rank AND r.op_id = one.cost_op_id
+    LEFT JOIN ops o ON o.run_id = l.run_id AND o.rank = l.rank AND o.op_id = one.cost_op_id
+    WHERE NOT l.launchless
+), identical_costs AS (  -- per launch identity, the costs of the ops that launched such a kernel
+    SELECT run_id, rank, launch, count(DISTINCT cost) AS costs, count(*) FILTER (WHERE cost IS NULL) AS without_cost,
+        min(cost_op_id) AS cost_op_id
+    FROM launched_costs
+    WHERE op_id IS NOT NULL
+    GROUP BY run_id, rank, launch
+), shifts AS (
+    -- the launchless kernels of a stream are the tail of the iteration before the profile (they ran before its
+    -- first host event), and the traced iterations launch the same sequence again: each shift of the launchless
+    -- sequence along the launched one, with how many kernels it lines up with identical kernels
+    SELECT t.run_id, t.rank, t.stream, l.position - t.position AS shift, count(*) AS matched
+    FROM kernel_launches t
+    JOIN launched_costs l ON l.run_id = t.run_id AND l.rank = t.rank AND l.stream IS NOT DISTINCT FROM t.stream
+     AND l.launch = t.launch
+    WHERE t.launchless
+    GROUP BY t.run_id, t.rank, t.stream, shift
+), best_shifts AS (  -- the shifts that line up the most kernels (one per traced iteration that repeats the tail)
+    SELECT run_id, rank, stream, shift FROM shifts
+    QUALIFY matched = max(matched) OVER (PARTITION BY run_id, rank, stream)
+), aligned_costs AS (
+    -- per launchless kernel, the costs of the ops that launched the identical kernels at its place in the best
+    -- shifts (no identical kernel there in one of them: without cost)
+    SELECT t.run_id, t.rank, t.slice_id, count(DISTINCT l.cost) AS costs,
+        count(*) FILTER (WHERE l.cost IS NULL) AS without_cost, min(l.cost_op_id) AS cost_op_id
+    FROM kernel_launches t
+    JOIN best_shifts b ON b.run_id = t.run_id AND b.rank = t.rank AND b.stream IS NOT DISTINCT FROM t.stream
+    LEFT JOIN launched_costs l ON l.run_id = t.run_id AND l.rank = t.rank AND l.stream IS NOT DISTINCT FROM t.stream
+     AND l.position = t.position + b.shift AND l.launch = t.launch
+    WHERE t.launchless
+    GROUP BY t.run_id, t.rank, t.slice_id
+), kernel_rows AS (
+    -- a launchless kernel takes the cost of the ops that launched identical kernels on its rank when they all have
+    -- the same cost (cost_source 'identical kernel'); when they differ, the cost of the ops that launched the
+    -- identical kernels at its place in the traced iterations' sequence, when those agree (cost_source 'aligned
+    -- kernel'); else it stays without cost, and its row says why (flops NULL)
+    SELECT k.run_id, k.rank, k.slice_id AS op_id, r.family, r.dtype, r.flops, r.torch_flops, r.bytes,
+        k.dur AS device_total_ns, r.op_id IS NOT NULL AS counted,
+        CASE WHEN i.costs = 1 AND i.without_cost = 0 OR r.op_id IS NULL THEN 'identical kernel'
+             ELSE 'aligned kernel' END AS cost_source, r.op_id AS cost_op_id
+    FROM kernel_launches k
+    JOIN identical_costs i ON i.run_id = k.run_id AND i.rank = k.rank AND i.launch = k.launch
+    LEFT JOIN aligned_costs a ON a.run_id = k.run_id AND a.rank = k.rank AND a.slice_id = k.slice_id
+    LEFT JOIN op_rows r ON r.run_id = k.run_id AND r.rank = k.rank AND r.op_id = CASE
+        WHEN i.costs = 1 AND i.without_cost = 0 THEN i.cost_op_id
+        WHEN a.costs = 1 AND a.without_cost = 0 THEN a.cost_op_id END
+    WHERE k.launchless AND i.costs > 0
 )
-SELECT c.run_id, c.rank, c.op_id, c.family, c.dtype, c.op_flops AS flops, c.torch_flops, c.op_bytes AS bytes,
-    c.device_total_ns,
-    c.op_flops IS NOT NULL AND CASE
-        WHEN c.family = 'view' THEN false
-        WHEN c.family = 'xla' THEN NOT c.async_done
-        ELSE m.op_id IS NULL AND (c.family IN ('gemm', 'conv', 'attention') OR s.op_id IS NULL)
-    END AS counted
-FROM costed c
-LEFT JOIN math_inside m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_id = c.op_id
-LEFT JOIN shadowed s ON s.run_id = c.run_id AND s.rank = c.rank AND s.op_id = c.op_id
+SELECT * FROM op_rows
+UNION ALL
+SELECT * FROM kernel_rows

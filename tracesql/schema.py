@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Bumped whenever a table or column is added, removed, renamed or changes meaning. Written into every run.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 #: What each version changed. Versions from OLDEST_READABLE on differ only by additions, so their runs are read
 #: as they are (a table they lack reads as empty); a run older than that must be ingested again.
 SCHEMA_CHANGES = {
@@ -55,6 +55,13 @@ SCHEMA_CHANGES = {
        "is counted, worked out once when the run is ingested by the formulas of functions/30_flops.sql); "
        "op_costs() and the queries that cost ops (mfu, roofline, cost_coverage) read it, and refuse a run of an "
        "older version (ingest it again)",
+    11: "costs of kernels with no launch (issue 28): op_costs gains cost_source (where an op's cost comes from: "
+        "'formula', 'xla', 'identical kernel') and cost_op_id, and a row for each kernel with no launch recorded "
+        "whose identical kernels (same name, grid, block, registers, shared memory) were launched by costed ops "
+        "(op_id: the kernel's slice_id): their cost when they all agree ('identical kernel'), else the cost of "
+        "the ops that launched the identical kernels at its place in its stream's kernel sequence, when they agree "
+        "('aligned kernel'), else none; a run of version 10 reads "
+        "cost_source from family and flops",
 }
 OLDEST_READABLE = 1
 #: The first version whose slices store each device event's class (slices.class): a session whose runs are all of
@@ -66,6 +73,8 @@ RUN_TABLES = ("runs", "op_costs")
 #: (views.view_sql), so that queries read such a run as a current one: table -> (a join onto the table's rows, `t`,
 #: over `{files}` (the table's own files), {column: expression}).
 DERIVED_FOR_OLDER_RUNS = {
+    "op_costs": ("", {"cost_source": "CASE WHEN t.flops IS NULL THEN NULL WHEN t.family = 'xla' THEN 'xla' "
+                                     "ELSE 'formula' END"}),
     "slices": ("LEFT JOIN (SELECT run_id, rank, slice_id, ts, dur, pid, tid FROM read_parquet([{files}], "
                "union_by_name = true)) launch ON launch.run_id = t.run_id AND launch.rank = t.rank "
                "AND launch.slice_id = t.launch_id",
@@ -264,11 +273,13 @@ TABLES: dict[str, Table] = {
         Table(
             "op_costs",
             "The cost model's numbers for every op (docs/concepts/cost-model.md), worked out once per distinct call "
-            "when the run is ingested, by the formulas of tracesql/functions/30_flops.sql (op_flops, op_bytes): what "
+            "when the run is ingested, by the formulas of tracesql/functions/30_flops.sql (op_flops, op_bytes), and "
+            "for each kernel with no launch recorded whose identical kernels were launched by costed ops: what "
             "op_costs(), mfu, roofline and cost_coverage read. Runs of schema version 8 and older have no rows.",
             _cols(
                 *_RUN_RANK,
-                ("op_id", "BIGINT", "The op (`ops.op_id`)."),
+                ("op_id", "BIGINT", "The op (`ops.op_id`); for a kernel with no launch recorded (cost_source "
+                 "'identical kernel' or 'aligned kernel'), the kernel's `slices.slice_id`."),
                 ("family", "VARCHAR", "Which formula costs the op: gemm, conv, attention, elementwise, reduction, norm, "
                  "softmax, copy, upsample, index, fused, triton, view (moves nothing), or xla (XLA's own cost "
                  "analysis); NULL when tracesql has no formula for it."),
@@ -283,6 +294,15 @@ TABLES: dict[str, Table] = {
                  "for the -start of an XLA async pair on a device lane the pair's span to its -done."),
                 ("counted", "BOOLEAN", "True for the ops whose FLOPs and bytes add up without double counting (the "
                  "innermost math op, the outermost other op with a formula; see op_costs())."),
+                ("cost_source", "VARCHAR", "Where the cost comes from: 'formula' (the op's recorded arguments), 'xla' "
+                 "(XLA's own numbers: xla_ops.cost_source), 'identical kernel' (a kernel with no launch: the cost of "
+                 "the ops that launched identical kernels, same name, grid, block, registers and shared memory, each "
+                 "that one kernel's only op; flops NULL when their costs differ), 'aligned kernel' (a kernel with no "
+                 "launch whose identical kernels' ops differ: the cost of those that launched the identical kernels "
+                 "at its place in the kernel sequence of its stream, the launchless kernels lined up with the "
+                 "launched ones where most match); NULL: no cost."),
+                ("cost_op_id", "BIGINT", "For cost_source 'identical kernel' or 'aligned kernel' with a cost: one op it is taken from "
+                 "(the first); NULL otherwise."),
             ),
         ),
         Table(

@@ -1285,6 +1285,9 @@ CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS 
 -- attention, 'torch' (FlopCounterMode) does not. profiler_flops is `ops.flops` (what
 -- torch.profiler(with_flops=True) attached, when the trace carries it). A run ingested before the table existed
 -- (schema version 9 and older) has ops but no costs: reading whether an op is counted fails, saying so.
+-- Also one row per kernel with no launch recorded whose identical kernels were launched by costed ops
+-- (cost_source 'identical kernel' or 'aligned kernel', op_id its slice_id): the name, shapes and dtypes of the op its cost is taken
+-- from (cost_op_id; the kernel's own name when their costs differ and it has none), its step, its duration.
 CREATE OR REPLACE MACRO op_costs(attention_convention := 'flash') AS TABLE
 SELECT o.run_id, o.rank, o.op_id, o.name, o.step, c.family, c.dtype, o.input_dims, o.input_types,
     CASE WHEN attention_convention = 'flash' THEN c.flops ELSE c.torch_flops END AS flops, c.bytes,
@@ -1293,9 +1296,17 @@ SELECT o.run_id, o.rank, o.op_id, o.name, o.step, c.family, c.dtype, o.input_dim
          THEN error('run ' || o.run_id || ' has no op costs: it was ingested by a tracesql older than schema '
                     || 'version 10, which works them out at ingest; ingest it again')
          ELSE c.counted
-    END AS counted
+    END AS counted, c.cost_source, c.cost_op_id
 FROM ops o
-LEFT JOIN op_costs c ON c.run_id = o.run_id AND c.rank = o.rank AND c.op_id = o.op_id;
+LEFT JOIN op_costs c ON c.run_id = o.run_id AND c.rank = o.rank AND c.op_id = o.op_id
+UNION ALL
+SELECT c.run_id, c.rank, c.op_id, coalesce(s.name, k.name) AS name, k.step, c.family, c.dtype, s.input_dims,
+    s.input_types, CASE WHEN attention_convention = 'flash' THEN c.flops ELSE c.torch_flops END AS flops, c.bytes,
+    c.device_total_ns, CAST(NULL AS DOUBLE) AS profiler_flops, c.counted, c.cost_source, c.cost_op_id
+FROM op_costs c
+JOIN slices k ON k.run_id = c.run_id AND k.rank = c.rank AND k.slice_id = c.op_id
+LEFT JOIN ops s ON s.run_id = c.run_id AND s.rank = c.rank AND s.op_id = c.cost_op_id
+WHERE c.cost_source IN ('identical kernel', 'aligned kernel');
 
 -- The peaks of the device each rank ran on, one row per (run, rank, dtype): the `device_peaks` row whose
 -- name_regex matches the rank's device name (the rows' patterns never overlap on a real name: a name two rows

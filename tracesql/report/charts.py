@@ -156,9 +156,13 @@ def roofline(points: pd.DataFrame, peaks: pd.DataFrame, title: str) -> dict | No
                                       "<extra></extra>"})
     biggest = points.device_ns.max() or 1
     for dtype, group in points.groupby("dtype", dropna=False):
+        # kernels with no launch, costed as their identical kernels' op (by kernel or by place), say so (cost_source)
         hover = [f"{text(n, 80)}<br>{text(d, 160)}<br>{c} calls, {ns / 1e6:.3f} ms, {p:.1f} % of the roof"
-                 for n, d, c, ns, p in zip(group.name, group.input_dims.astype(str), group.calls,
-                                           group.device_ns.fillna(0), group.roofline_pct.fillna(0))]
+                 + ("<br>kernels with no launch: the cost of identical kernels" if s in ("identical kernel", "aligned kernel")
+                    else "")
+                 for n, d, c, ns, p, s in zip(group.name, group.input_dims.astype(str), group.calls,
+                                              group.device_ns.fillna(0), group.roofline_pct.fillna(0),
+                                              group.cost_source)]
         data.append({"type": "scatter", "mode": "markers", "name": text(f"ops ({dtype})"),
                      "x": group.arithmetic_intensity.tolist(), "y": (group.achieved_flops_per_s / 1e12).tolist(),
                      "text": hover, "hovertemplate": "%{text}<extra></extra>",
