@@ -32,10 +32,14 @@ WITH cutoff AS (
     SELECT run_id, rank, max(ts) AS last_start FROM steps
     WHERE COALESCE(getvariable('analysis_window'), 'all') = 'hta' AND rule = 'profiler_step'
     GROUP BY run_id, rank HAVING count(*) >= 2
-), candidates AS (
+), candidates AS NOT MATERIALIZED (
+    -- read twice, not materialized: first a few columns of every host event for the shallowest depth (no name
+    -- when operator is ''), then the roots' other columns, for the rows of that depth only (DuckDB filters the
+    -- scan by the depth the join found)
     SELECT s.run_id, s.rank, s.slice_id, s.name, s.ts, s.dur, s.pid, s.tid, s.depth, c.last_start
     FROM slices s LEFT JOIN cutoff c ON c.run_id = s.run_id AND c.rank = s.rank
-    WHERE s.device_id IS NULL AND s.dur > 0 AND contains(s.name, COALESCE(getvariable('operator'), ''))
+    WHERE s.device_id IS NULL AND s.dur > 0
+      AND (COALESCE(getvariable('operator'), '') = '' OR contains(s.name, COALESCE(getvariable('operator'), '')))
       AND (c.last_start IS NULL OR s.ts < c.last_start)
 ), shallowest AS (
     -- the roots: the candidates at the shallowest depth any of them has

@@ -41,20 +41,56 @@
 --   backward_kernels             BIGINT   device events labelled backward
 --   optimizer_kernels            BIGINT   device events labelled optimizer
 --   busy_share                   DOUBLE   1 - idle_ns / window_ns
-WITH named_phases AS (
-    -- range_phase once per distinct range name (its regexes per range row cost more than the rest of the query);
-    -- names of no phase kept (priority 5), as a filter here would be pushed below the DISTINCT, to every row
-    SELECT name, range_phase(name) AS phase,
-        CASE range_phase(name) WHEN 'backward' THEN 1 WHEN 'optimizer' THEN 2 WHEN 'data_loading' THEN 3
-            WHEN 'forward' THEN 4 ELSE 5 END AS priority
-    FROM (SELECT DISTINCT name FROM slices WHERE kind IN ('user_annotation', 'python_function', 'cpu_op'))
+WITH phase_ranges AS (
+    -- the phase ranges (host_ranges' 'phases'), each from its start to where it stops holding launches: its end, or
+    -- the start of the next range of its thread and depth if that is earlier. At each nesting depth a launch is held
+    -- by the latest range of that depth to start at or before it (of two starting together, the longer), if it has
+    -- not ended (range_launches' rule)
+    SELECT run_id, rank, pid, tid, name, ts,
+        least(te, COALESCE(lead(ts) OVER (PARTITION BY run_id, rank, pid, tid, depth ORDER BY ts, te, slice_id), te))
+            AS te
+    FROM host_ranges(ranges := 'phases')
+), named_phases AS (
+    -- range_phase once per distinct range name (its regexes per range row cost more than the rest of the query),
+    -- as the range's count in its phase's field of a packed integer: backward + optimizer * 2^15
+    -- + data_loading * 2^30 + forward * 2^45 (exact while fewer than 2^15 ranges of a phase hold one instant on one
+    -- thread); names of no phase kept (0), as a filter here would be pushed below the DISTINCT, to every row
+    SELECT name,
+        CASE range_phase(name) WHEN 'backward' THEN 1 WHEN 'optimizer' THEN 32768 WHEN 'data_loading' THEN 1073741824
+            WHEN 'forward' THEN 35184372088832 ELSE 0 END AS count
+    FROM (SELECT DISTINCT name FROM phase_ranges)
+), range_threads AS (
+    -- one number per thread with phase ranges: the sweep below is sorted by it, several times faster than by the
+    -- run's name
+    SELECT run_id, rank, pid, tid, row_number() OVER (ORDER BY run_id, rank, pid, tid) AS thid
+    FROM (SELECT DISTINCT run_id, rank, pid, tid FROM phase_ranges)
+), held AS (
+    -- one sorted stream per thread of its ranges' starts (+count) and ends (-count) and its launches: the running
+    -- sum at a launch counts, per phase, the ranges that hold it (the RANGE frame takes in every edge at the
+    -- launch's instant: a range holds the launches from its start up to, not at, its end). One running sum over
+    -- all threads in order: a thread's edges sum to 0
+    SELECT thid, event_id, CAST(sum(count) OVER (ORDER BY thid, t RANGE UNBOUNDED PRECEDING) AS BIGINT) AS counts
+    FROM (
+        SELECT t.thid, CASE e.edge WHEN 1 THEN r.ts ELSE r.te END AS t, NULL AS event_id, e.edge * n.count AS count
+        FROM phase_ranges r
+        JOIN named_phases n ON n.name = r.name
+        JOIN range_threads t ON t.run_id = r.run_id AND t.rank = r.rank AND t.pid = r.pid AND t.tid = r.tid
+        CROSS JOIN (VALUES (1), (-1)) e(edge)
+        WHERE r.te > r.ts
+        UNION ALL
+        SELECT t.thid, d.launch_ts, d.slice_id, 0
+        FROM slices d
+        JOIN range_threads t ON t.run_id = d.run_id AND t.rank = d.rank AND t.pid = d.launch_pid
+         AND t.tid = d.launch_tid
+        WHERE d.kind IN ('kernel', 'memcpy', 'memset') AND d.launch_id IS NOT NULL)
 ), labelled AS (
-    -- per launched device event: the first phase (backward, optimizer, data_loading, forward) of the phase ranges
-    -- of its launching thread that hold its launch (NULL: none of them has a phase)
-    SELECT r.run_id, r.rank, r.event_id, arg_min(n.phase, n.priority) AS phase
-    FROM range_launches(ranges := 'phases', projection := 'thread') r
-    JOIN named_phases n ON n.name = r.name
-    GROUP BY r.run_id, r.rank, r.event_id
+    -- per launched device event held by a phase range of its launching thread: the first phase (backward,
+    -- optimizer, data_loading, forward) of those ranges
+    SELECT t.run_id, t.rank, h.event_id,
+        CASE WHEN h.counts & 32767 > 0 THEN 'backward' WHEN (h.counts >> 15) & 32767 > 0 THEN 'optimizer'
+             WHEN (h.counts >> 30) & 32767 > 0 THEN 'data_loading' ELSE 'forward' END AS phase
+    FROM held h JOIN range_threads t ON t.thid = h.thid
+    WHERE h.event_id IS NOT NULL AND h.counts > 0
 ), threads AS (
     -- autograd threads: backward ops and no top-level forward op
     SELECT run_id, rank, pid, tid

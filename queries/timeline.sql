@@ -33,30 +33,49 @@ WITH segments AS (
         time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
     WHERE COALESCE(getvariable('step'), NULL) IS NULL OR step = COALESCE(getvariable('step'), NULL)
 ), windows AS (
-    SELECT run_id, rank, device_id, min(ts) AS t0,
-        coalesce(CAST(COALESCE(getvariable('resolution_ns'), NULL) AS BIGINT), (max(te) - min(ts)) // 2000)
-            AS resolution_ns
-    FROM segments GROUP BY ALL
+    -- one number per device (dev): the lanes below are sorted by it, faster than by the run's name
+    SELECT *, row_number() OVER (ORDER BY run_id, rank, device_id) AS dev
+    FROM (
+        SELECT run_id, rank, device_id, min(ts) AS t0,
+            coalesce(CAST(COALESCE(getvariable('resolution_ns'), NULL) AS BIGINT), (max(te) - min(ts)) // 2000)
+                AS resolution_ns
+        FROM segments GROUP BY ALL)
 ), lanes(lane, bit) AS (
     VALUES ('compute', 1), ('communication', 2), ('memory', 4), ('idle', 0)
 ), in_lane AS (
-    SELECT s.run_id, s.rank, s.device_id, s.step, l.lane, s.ts, s.te, w.t0, w.resolution_ns
+    SELECT w.dev, l.bit, s.ts, s.te, w.resolution_ns
     FROM segments s
     JOIN lanes l ON CASE WHEN l.bit = 0 THEN s.classes = 0 ELSE (s.classes & l.bit) <> 0 END
     JOIN windows w ON w.run_id = s.run_id AND w.rank = s.rank AND w.device_id = s.device_id
-), starts AS (
-    -- a lane's segments are disjoint, so the one before ends last of all before
-    SELECT *,
-        CASE WHEN ts - lag(te) OVER (PARTITION BY run_id, rank, device_id, lane ORDER BY ts) <= resolution_ns
-             THEN 0 ELSE 1 END AS starts_interval
+), ordered AS (
+    -- every lane in one pass, sorted by (device, lane, start): a lane's segments are disjoint, so the one before
+    -- ends last of all before. A segment starts an interval when it is its lane's first or the gap before it is
+    -- longer than resolution_ns; busy_before: the lane's segment time before it (a running sum over all lanes:
+    -- only differences within a lane are used)
+    SELECT dev, bit, ts, te,
+        lag(te) OVER o AS prev_te,
+        COALESCE(lag(dev) OVER o <> dev OR lag(bit) OVER o <> bit OR ts - lag(te) OVER o > resolution_ns, true)
+            AS starts,
+        COALESCE(lead(dev) OVER o <> dev OR lead(bit) OVER o <> bit, true) AS last,
+        sum(te - ts) OVER (o ROWS UNBOUNDED PRECEDING) - (te - ts) AS busy_before
     FROM in_lane
-), numbered AS (
-    SELECT *, sum(starts_interval) OVER (PARTITION BY run_id, rank, device_id, lane ORDER BY ts
-                                         ROWS UNBOUNDED PRECEDING) AS interval_no
-    FROM starts
+    WINDOW o AS (ORDER BY dev, bit, ts)
+), intervals AS (
+    -- the starts and each lane's last segment only: an interval runs from its start to the segment before the
+    -- next start (which ends at that start's prev_te) or to its lane's last segment
+    SELECT dev, bit, ts,
+        CASE WHEN last THEN te WHEN lead(starts) OVER k THEN lead(prev_te) OVER k ELSE lead(te) OVER k END AS te,
+        CASE WHEN last THEN busy_before + te - ts WHEN lead(starts) OVER k THEN lead(busy_before) OVER k
+             ELSE lead(busy_before) OVER k + lead(te) OVER k - lead(ts) OVER k END - busy_before AS busy_ns,
+        starts
+    FROM ordered
+    WHERE starts OR last
+    WINDOW k AS (ORDER BY dev, bit, ts)
 )
-SELECT run_id, rank, device_id, CAST(COALESCE(getvariable('step'), NULL) AS INTEGER) AS step, lane,
-    min(ts) AS ts, max(te) - min(ts) AS dur, CAST(sum(te - ts) AS BIGINT) AS busy_ns, min(ts) - any_value(t0) AS offset_ns
-FROM numbered
-GROUP BY run_id, rank, device_id, lane, interval_no
-ORDER BY run_id, rank, device_id, lane, ts;
+SELECT w.run_id, w.rank, w.device_id, CAST(COALESCE(getvariable('step'), NULL) AS INTEGER) AS step, l.lane, i.ts,
+    i.te - i.ts AS dur, CAST(i.busy_ns AS BIGINT) AS busy_ns, i.ts - w.t0 AS offset_ns
+FROM intervals i
+JOIN windows w ON w.dev = i.dev
+JOIN lanes l ON l.bit = i.bit
+WHERE i.starts
+ORDER BY w.run_id, w.rank, w.device_id, l.lane, i.ts;

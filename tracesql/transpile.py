@@ -672,5 +672,7 @@ def to_spark(sql: str, variables: dict[str, str] | None = None) -> list[str]:
             tree = qualify(tree, schema=table_schema(), dialect=READ, validate_qualify_columns=False,
                            quote_identifiers=False, identify=False)
         tree = _drop_redundant_aliases(spark_semantics(tree))
+        for cte in tree.find_all(exp.CTE):  # DuckDB's hint `AS [NOT] MATERIALIZED`, which Spark's SQL has not
+            cte.set("materialized", None)
         out.append(tree.sql(WRITE, comments=False))
     return out

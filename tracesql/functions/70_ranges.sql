@@ -1,10 +1,10 @@
 -- Host ranges (annotations, nn.Module ranges, backward ops) and the device work launched inside them.
 
--- The host ranges range_launches projects: ranges = 'annotations' (user annotations, ProfilerStep#N left to
--- `steps`), 'modules' (the module stack: 'nn.Module: Name_N' ranges of with_stack / with_modules traces) or
--- 'phases' (the ranges that say which training phase runs: annotations, the module stack, the autograd engine's
--- 'autograd::engine::evaluate_function: ...' ops, which run one backward node each, and the backward ops linked to
--- their forward op, ops.fwd_op_id).
+-- The host ranges that range_launches projects and the phases query sweeps: ranges = 'annotations' (user
+-- annotations, ProfilerStep#N left to `steps`), 'modules' (the module stack: 'nn.Module: Name_N' ranges of
+-- with_stack / with_modules traces) or 'phases' (the ranges that say which training phase runs: annotations, the
+-- module stack, the autograd engine's 'autograd::engine::evaluate_function: ...' ops, which run one backward node
+-- each, and the backward ops linked to their forward op, ops.fwd_op_id).
 CREATE OR REPLACE MACRO host_ranges(ranges := 'annotations') AS TABLE
 -- annotations and modules: a branch per kind, each with `kind = '...'`, which DuckDB filters while it reads the
 -- file (an OR of kinds it filters after reading every row's name: 2-4x the CPU); phases, whose ranges are of three
