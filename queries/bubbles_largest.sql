@@ -28,19 +28,34 @@
 --   next_kernel     VARCHAR  the event that ends the gap
 --   prev_slice_id   BIGINT   its slice_id
 --   next_slice_id   BIGINT   its slice_id
-WITH top AS (
-    -- the gaps ranked by ids and times alone; the kernels' names are looked up for the kept ones only (ranking
-    -- with the names, and picking the previous kernel's name for every gap, took most of the time)
-    SELECT run_id, rank,
-        row_number() OVER (PARTITION BY run_id, rank ORDER BY dur DESC, ts, device_id, stream NULLS FIRST,
-                                                    next_slice_id) AS rank_in_rank,
-        device_id, stream, step, ts, dur, category, next_launch_ts - ts AS launch_lag_ns, prev_slice_id, next_slice_id
+WITH gaps AS MATERIALIZED (
+    SELECT run_id, rank, device_id, stream, step, ts, dur, category, next_launch_ts, prev_slice_id, next_slice_id,
+        floor(log2(dur)) AS octave
     FROM idle_gaps(
         scope := COALESCE(getvariable('scope'), 'device'),
         class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
         analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
         time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1),
         kernel_wait_ns := COALESCE(getvariable('kernel_wait_ns'), 30000))
+), shortest AS (
+    -- each rank's gaps counted per octave of duration ([2^k, 2^(k+1)) ns): the longest octaves that hold `top`
+    -- gaps hold the top longest, so only their gaps are ranked (all of them where the rank has fewer), in the
+    -- same order as among all gaps; sorting every gap took 0.45 of 1.2 CPU-s on 3.6 M slices
+    SELECT run_id, rank, max(octave) FILTER (WHERE longer >= COALESCE(getvariable('top'), 10)) AS octave
+    FROM (SELECT run_id, rank, octave,
+              sum(gaps) OVER (PARTITION BY run_id, rank ORDER BY octave DESC) AS longer
+          FROM (SELECT run_id, rank, octave, count(*) AS gaps FROM gaps GROUP BY run_id, rank, octave))
+    GROUP BY run_id, rank
+), top AS (
+    -- the gaps ranked by ids and times alone; the kernels' names are looked up for the kept ones only (ranking
+    -- with the names, and picking the previous kernel's name for every gap, took most of the time)
+    SELECT g.run_id, g.rank,
+        row_number() OVER (PARTITION BY g.run_id, g.rank ORDER BY g.dur DESC, g.ts, g.device_id, g.stream NULLS FIRST,
+                                                    g.next_slice_id) AS rank_in_rank,
+        g.device_id, g.stream, g.step, g.ts, g.dur, g.category, g.next_launch_ts - g.ts AS launch_lag_ns,
+        g.prev_slice_id, g.next_slice_id
+    FROM gaps g JOIN shortest s ON s.run_id = g.run_id AND s.rank = g.rank
+    WHERE g.octave >= s.octave OR s.octave IS NULL
     QUALIFY rank_in_rank <= COALESCE(getvariable('top'), 10)
 ), names AS (
     -- the kept gaps' kernels only: joined to all of `slices`, the few kept gaps were the probe side and every

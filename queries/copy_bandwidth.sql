@@ -48,7 +48,9 @@ WITH series AS (
            count(*) AS copies,
            CAST(sum(TRY_CAST(json_extract(args, '$.bytes') AS BIGINT)) AS BIGINT) AS bytes
     FROM device_activity(analysis_window := COALESCE(getvariable('analysis_window'), 'all'))
-    WHERE kind IN ('memcpy', 'memset') AND json_extract(args, '$."memory bandwidth (GB/s)"') IS NOT NULL
+    -- (the range as in copy_bandwidth_changes: `args` read for the copies alone)
+    WHERE kind IN ('memcpy', 'memset') AND kind BETWEEN 'memcpy' AND 'memset'
+      AND json_extract(args, '$."memory bandwidth (GB/s)"') IS NOT NULL
     GROUP BY ALL
 )
 SELECT p.run_id, p.rank, p.copy_kind, t.copies, t.bytes, p.busy_ns, p.busy_gbps, p.points, p.mean_gbps, p.std_gbps,

@@ -11,9 +11,10 @@
 -- for the rank's only group, else 'unknown'), their bytes, the time they took (device time with kernels, else
 -- the host call, summed over ranks), bus bandwidth (Σ size · busbw_factor / Σ time) and the share of the ranks'
 -- step time. exposed_ns: the part of that time no compute hides: for a call with kernels, its span (first kernel
--- start to last kernel end) less the time its device's compute kernels run then (device_timeline, as `overlap`
--- counts it: per group and summed over steps, overlap per=process_group's comm_ns − overlap_ns when a call's
--- kernels do not overlap each other); a host call (CPU backends) counts whole: its thread does nothing else.
+-- start to last kernel end) less the time its device's compute kernels run then (their union, as
+-- device_timeline and `overlap` count it: per group and summed over steps, overlap per=process_group's comm_ns −
+-- overlap_ns when a call's kernels do not overlap each other); a host call (CPU backends) counts whole: its
+-- thread does nothing else.
 --
 -- Needs: process groups (distributedInfo) and collectives
 -- Parameters:
@@ -82,42 +83,43 @@ WITH layout AS (
     LEFT JOIN by_layout l ON l.run_id = g.run_id AND l.pg_name = g.pg_name
     LEFT JOIN hosts h ON h.run_id = g.run_id AND h.pg_name = g.pg_name
     LEFT JOIN (SELECT run_id, max(world_size) AS world_size FROM ranks GROUP BY run_id) w ON w.run_id = g.run_id
-), compute AS (  -- each device's compute segments (device_timeline), numbered, with the compute time before each
-    SELECT run_id, rank, device_id, ts, dur, sum(dur) OVER w - dur AS before_ns, row_number() OVER w AS n
-    FROM device_timeline() WHERE classes & 1 = 1
-    WINDOW w AS (PARTITION BY run_id, rank, device_id ORDER BY ts ROWS UNBOUNDED PRECEDING)
-), edges AS (
-    -- each device call's start and end with the number of the last compute segment to start by then: a running
-    -- count of segment starts over one stream sorted by time (an ASOF lookup that Spark runs too)
-    SELECT run_id, rank, collective_id, edge, n FROM (
-        SELECT *, CAST(sum(1 - ord) OVER (PARTITION BY run_id, rank, device_id ORDER BY t, ord
-                                          ROWS UNBOUNDED PRECEDING) AS BIGINT) AS n
-        FROM (SELECT run_id, rank, device_id, ts AS t, 0 AS ord, CAST(NULL AS BIGINT) AS collective_id,
-                  CAST(NULL AS VARCHAR) AS edge
-              FROM compute
-              UNION ALL
-              SELECT run_id, rank, device_id, device_ts, 1, collective_id, 'start' FROM collectives
-              WHERE device_ts IS NOT NULL
-              UNION ALL
-              SELECT run_id, rank, device_id, device_ts + device_dur, 1, collective_id, 'end' FROM collectives
-              WHERE device_ts IS NOT NULL))
-    WHERE ord = 1
+), compute_before AS (
+    -- each device call's start and end with its device's compute time before then (the union of its compute
+    -- kernels, as device_timeline counts it), over one stream of the device's compute kernels and the calls'
+    -- edges sorted by time (edges first at equal times): the union of the kernels started before an edge, less
+    -- its part past the edge (the kernels still running cover it from the edge to the latest end, `reach`). The
+    -- union up to a kernel is a running sum of what each adds past the latest end before it. Sorts the compute
+    -- kernels and the edges, not every edge of every device event (the timeline)
+    SELECT run_id, rank, collective_id, edge,
+        COALESCE(union_ns, 0) - greatest(COALESCE(reach, t) - t, 0) AS compute_ns
+    FROM (
+        SELECT *, sum(greatest(te - greatest(t, COALESCE(reach, t)), 0)) OVER (
+                PARTITION BY run_id, rank, device_id ORDER BY t, ord ROWS UNBOUNDED PRECEDING) AS union_ns
+        FROM (
+            SELECT *, max(te) OVER (PARTITION BY run_id, rank, device_id ORDER BY t, ord
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+            FROM (SELECT run_id, rank, device_id, ts AS t, ts + dur AS te, 1 AS ord,
+                      CAST(NULL AS BIGINT) AS collective_id, CAST(NULL AS VARCHAR) AS edge
+                  FROM device_activity() WHERE class = 'compute'
+                  UNION ALL
+                  SELECT run_id, rank, device_id, device_ts, NULL, 0, collective_id, 'start' FROM collectives
+                  WHERE device_ts IS NOT NULL
+                  UNION ALL
+                  SELECT run_id, rank, device_id, device_ts + device_dur, NULL, 0, collective_id, 'end'
+                  FROM collectives WHERE device_ts IS NOT NULL)))
+    WHERE ord = 0
 ), calls AS (
     SELECT c.run_id, c.step, c.pg_name, COALESCE(l.dimension, 'unknown') AS dimension, l.labelled_by,
         l.group_size, l.intra_node, c.size_bytes,
         CASE WHEN c.device_ts IS NOT NULL THEN c.device_dur ELSE c.cpu_dur END AS duration_ns,
         -- compute time up to the call's end minus up to its start: the part of the call compute hides
-        duration_ns - CASE WHEN c.device_ts IS NOT NULL
-            THEN COALESCE(e.before_ns + least(c.device_ts + c.device_dur - e.ts, e.dur), 0)
-                 - COALESCE(s.before_ns + least(c.device_ts - s.ts, s.dur), 0) ELSE 0 END AS exposed_ns,
+        duration_ns - CASE WHEN c.device_ts IS NOT NULL THEN e.compute_ns - s.compute_ns ELSE 0 END AS exposed_ns,
         c.size_bytes * busbw_factor(c.collective, COALESCE(c.group_size, l.group_size)) AS bus_bytes
     FROM collectives c LEFT JOIN labelled l ON l.run_id = c.run_id AND l.pg_name = c.pg_name
-    LEFT JOIN edges cs ON cs.run_id = c.run_id AND cs.rank = c.rank AND cs.collective_id = c.collective_id
-     AND cs.edge = 'start'
-    LEFT JOIN compute s ON s.run_id = c.run_id AND s.rank = c.rank AND s.device_id = c.device_id AND s.n = cs.n
-    LEFT JOIN edges ce ON ce.run_id = c.run_id AND ce.rank = c.rank AND ce.collective_id = c.collective_id
-     AND ce.edge = 'end'
-    LEFT JOIN compute e ON e.run_id = c.run_id AND e.rank = c.rank AND e.device_id = c.device_id AND e.n = ce.n
+    LEFT JOIN compute_before s ON s.run_id = c.run_id AND s.rank = c.rank AND s.collective_id = c.collective_id
+     AND s.edge = 'start'
+    LEFT JOIN compute_before e ON e.run_id = c.run_id AND e.rank = c.rank AND e.collective_id = c.collective_id
+     AND e.edge = 'end'
     WHERE c.collective <> 'wait'
 ), step_time AS (
     SELECT run_id, step, sum(dur) AS step_ns FROM steps GROUP BY run_id, step

@@ -51,7 +51,9 @@ WITH copies AS (
                 ELSE 'Memcpy Unknown' END AS copy_kind,
            TRY_CAST(json_extract(args, '$."memory bandwidth (GB/s)"') AS DOUBLE) AS gbps
     FROM device_activity(analysis_window := analysis_window)
-    WHERE kind IN ('memcpy', 'memset')
+    -- (the range as well: DuckDB filters it while reading, so that `args` is read for the copies alone; the list
+    -- it checks only after reading every device event's row. The range holds kind 'memory' too, never a device event)
+    WHERE kind IN ('memcpy', 'memset') AND kind BETWEEN 'memcpy' AND 'memset'
 ), changes AS (
     SELECT run_id, rank, copy_kind, slice_id, ts, gbps AS delta FROM copies WHERE gbps IS NOT NULL
     UNION ALL
