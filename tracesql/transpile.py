@@ -11,7 +11,8 @@ sqlglot parses the DuckDB text and writes Spark SQL; this module does what it ca
   `count(DISTINCT x) OVER`, named windows that are extended, lambdas with an index (1-based in DuckDB), a set
   returning function inside an expression, `range()` as a lateral table, `regexp_replace` back-references,
   TRY_CAST of a string to a list, `UNPIVOT ... INTO NAME ... VALUE`, decimal literals (DOUBLE here, so that
-  arithmetic never turns into Spark's bounded decimals), `AS MATERIALIZED` (a DuckDB planning hint: dropped).
+  arithmetic never turns into Spark's bounded decimals), `AS [NOT] MATERIALIZED` (a DuckDB planning hint:
+  dropped).
 What cannot be rewritten raises `Untranspilable` with the reason.
 """
 
@@ -518,7 +519,7 @@ def spark_semantics(tree: exp.Expr) -> exp.Expr:
         _positional_names(union)
     for select in list(tree.find_all(exp.Select)):
         _inline_named_windows(select)
-    for cte in tree.find_all(exp.CTE):  # DuckDB's planning hint `AS MATERIALIZED`: Spark has no such syntax
+    for cte in tree.find_all(exp.CTE):  # DuckDB's planning hint `AS [NOT] MATERIALIZED`: Spark has no such syntax
         cte.set("materialized", None)
     for node in list(tree.find_all(exp.Explode)):
         _nested_explode(node)
@@ -674,7 +675,5 @@ def to_spark(sql: str, variables: dict[str, str] | None = None) -> list[str]:
             tree = qualify(tree, schema=table_schema(), dialect=READ, validate_qualify_columns=False,
                            quote_identifiers=False, identify=False)
         tree = _drop_redundant_aliases(spark_semantics(tree))
-        for cte in tree.find_all(exp.CTE):  # DuckDB's hint `AS [NOT] MATERIALIZED`, which Spark's SQL has not
-            cte.set("materialized", None)
         out.append(tree.sql(WRITE, comments=False))
     return out
