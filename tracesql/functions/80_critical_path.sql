@@ -275,10 +275,11 @@ CREATE OR REPLACE MACRO critical_path_cause(edge, kind, name, class) AS (
 -- replayed unchanged and with the changes, its measured, replayed and predicted time, and what bounds its
 -- critical path. A table macro so that the findings rules (findings/*.sql) price their causes with it. The
 -- replay takes the windows of one step (else annotation instance) of every rank together (the ranks wait for
--- each other at collectives); rank_filter only picks the rows shown.
+-- each other at collectives); rank_filter only picks the rows shown. replay := 0: no replay (replayed_ns,
+-- predicted_ns and what follows from them NULL), only the critical path's verdict: the bound query's.
 CREATE OR REPLACE MACRO what_if(annotation := NULL, occurrence := NULL, rank_filter := NULL, faster := NULL,
         faster_pct := 0, hide_communication := 0, no_launch_overhead := 0, remove_syncs := 0,
-        straggler_to_median := 0) AS TABLE
+        straggler_to_median := 0, replay := 1) AS TABLE
 WITH windows AS (
     -- the end of its last node (op or device work; ranges and syncs are none)
     SELECT *, COALESCE(step, instance) AS joint,
@@ -291,6 +292,7 @@ WITH windows AS (
     SELECT run_id, window_name, joint, min(window_ts) AS joint_ts, flatten(list(events)) AS events,
         list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)) AS spans
     FROM windows
+    WHERE replay = 1
     GROUP BY ALL
 ), replays AS (
     SELECT run_id, window_name, joint, joint_ts,
