@@ -31,5 +31,6 @@
 SELECT run_id, rank, window_name, instance, step, measured_ns, path_ns, bound, compute_share, communication_share,
     host_launch_share, input_share, sync_share, memory_copy_share
 FROM what_if(annotation := COALESCE(getvariable('annotation'), NULL),
-    occurrence := COALESCE(getvariable('instance'), NULL), rank_filter := COALESCE(getvariable('rank'), NULL))
+    occurrence := COALESCE(getvariable('instance'), NULL), rank_filter := COALESCE(getvariable('rank'), NULL),
+    replay := 0)
 ORDER BY run_id, rank, instance, window_name;

@@ -8,8 +8,8 @@
 -- time; hide_communication = 1 makes communication kernels take no time; no_launch_overhead = 1 makes launch
 -- delays and gaps between kernels take no time; remove_syncs = 1 removes the synchronisations (the host stops
 -- waiting for the device). Work still waits for what it depends on: a kernel for its launch and the previous
--- kernel on its stream (at the time it was free, if that was launched before the window), a host call for the
--- device work it synchronises with. The replay takes each step's windows on every rank together: a collective
+-- kernel on its stream (at the time it was free, if that was launched before the window or the trace), a host
+-- call for the device work it synchronises with. The replay takes each step's windows on every rank together: a collective
 -- completes on each rank when the last rank has arrived (its communication kernels matched across ranks as in
 -- `collectives`), so a rank made faster or slower moves the others' steps; straggler_to_median = 1 makes each
 -- step's straggler (the rank with the most device work other than communication) as fast as the median of the

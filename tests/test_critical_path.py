@@ -215,3 +215,29 @@ def test_replay_waits_for_the_last_rank_at_collectives(ingested):
     # (rank 1's cudaMemcpyAsync calls wait for the device work that ended while they ran: 1.8 and 27.4 µs)
     assert straggler.saving_ns.to_dict() == {(0, 551): 0, (0, 552): 0, (1, 551): 1_812, (1, 552): 27_424}
     assert (straggler.remote_ns == 0).all()
+
+
+@pytest.mark.slow  # ingests a corpus trace (the ingest the corpus replay test above shares)
+def test_replay_queues_behind_device_work_launched_before_the_trace(ingested):
+    """TraceLens' MI300 resnet_act_checkpoint: its first step's device work queues behind 968 kernels launched
+    before the profile began (no launch in the trace), 30 ms of them. Free launches do not start it earlier: the
+    step can take no less than, on each stream, the end of that work plus the step's own work on it (from the
+    slices, the second method); with no launch overhead the replay takes exactly that on the communication stream,
+    whose kernels wait for nothing else it sees."""
+    run = ingested(corpus_path("tracelens/tests/traces/mi300/resnet_act_checkpoint.json.gz"))
+    con = tracesql.connect(run)
+    floor = dict(con.sql("""
+        WITH launchless AS (
+            SELECT stream, max(ts + dur) AS free FROM slices
+            WHERE kind IN ('kernel', 'memcpy', 'memset') AND launch_id IS NULL GROUP BY stream)
+        SELECT st.step, max(floor_ns) FROM (
+            SELECT st.step, f.free - st.ts + sum(d.dur) AS floor_ns
+            FROM steps st
+            JOIN slices l ON l.ts BETWEEN st.ts AND st.ts + st.dur
+            JOIN slices d ON d.launch_id = l.slice_id AND d.kind IN ('kernel', 'memcpy', 'memset')
+            JOIN launchless f ON f.stream = d.stream AND d.ts >= f.free
+            GROUP BY st.step, d.stream, f.free, st.ts) st
+        GROUP BY step""").fetchall())
+    freed = _what_if(run, no_launch_overhead=1).predicted_ns.to_dict()
+    assert floor[15] == freed[(0, 15)] == 45_615_917  # (it predicted 24,998,161: the launch waited 29.4 ms)
+    assert all(freed[(0, step)] >= ns for step, ns in floor.items())

@@ -84,21 +84,25 @@ WITH windows AS (
     GROUP BY b.run_id, b.rank, b.ts, b.te
 ), device_only AS (
     SELECT * FROM device_only_ranks()
+), line AS (
+    -- the device work that ends after the rank's first window starts, and when its stream was free: the end of
+    -- the event before it on its stream (for the what-if replay, work launched before the window that the
+    -- window's work queues behind). Work whose launch the trace lacks (launched before the profile began) holds
+    -- its stream all the same
+    SELECT d.*, lag(d.ts + d.dur) OVER (PARTITION BY d.run_id, d.rank, d.stream ORDER BY d.ts, d.slice_id) AS stream_free
+    FROM device_activity() d
+    JOIN horizon b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts + d.dur >= b.ts
+     AND (d.launch_ts <= b.upto OR d.ts <= b.upto)
 ), work AS (
-    -- the device work that ends after the rank's first window starts: what the windows launched, and all the
-    -- queue lengths need (work that started before has left its stream's queue: its launch and start add 0),
-    -- and when its stream was free: the end of the event before it on its stream (for the what-if replay, work
-    -- launched before the window that the window's work queues behind)
+    -- of it, what the windows launched, and all the queue lengths need (work that started before has left its
+    -- stream's queue: its launch and start add 0)
     -- (a device-only rank's line is its device: XLA runs a program's ops one at a time on a TPU core, and on
     -- the CPU on whichever thread of its pool is free, the threads' lines never overlapping)
     SELECT d.run_id, d.rank, d.slice_id, d.name, d.ts, d.dur, d.pid, d.tid,
         CASE WHEN o.rank IS NULL THEN d.stream ELSE CAST(hash(d.device_id) >> 1 AS BIGINT) END AS stream,
         d.device_id, d.launch_id, d.launch_ts, d.launch_dur, d.launch_pid, d.launch_tid, is_queued_launch(l.name) AS queued,
-        d.class = 'communication' AS communication,
-        lag(d.ts + d.dur) OVER (PARTITION BY d.run_id, d.rank, d.stream ORDER BY d.ts, d.slice_id) AS stream_free
-    FROM device_activity() d
-    JOIN horizon b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts + d.dur >= b.ts
-     AND (d.launch_ts <= b.upto OR d.ts <= b.upto)
+        d.class = 'communication' AS communication, d.stream_free
+    FROM line d
     LEFT JOIN device_only o ON o.run_id = d.run_id AND o.rank = d.rank
     LEFT JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
     WHERE d.launch_dur > 0 AND l.slice_id IS NOT NULL OR o.rank IS NOT NULL
@@ -209,7 +213,7 @@ WITH windows AS (
     JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
     LEFT JOIN stragglers st ON st.on_host AND st.run_id = w.run_id AND st.window_name = w.window_name
      AND st.joint = COALESCE(w.step, w.instance) AND st.rank = w.rank
-    ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM work) e
+    ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM line) e
       ON e.run_id = h.run_id AND e.rank = h.rank AND e.te <= h.ts + h.dur
     LEFT JOIN blocked bl ON bl.run_id = h.run_id AND bl.rank = h.rank AND bl.slice_id = h.slice_id
     -- (a device-only rank's host work leads to none of its device work: the replay is its devices' alone)
@@ -271,10 +275,11 @@ CREATE OR REPLACE MACRO critical_path_cause(edge, kind, name, class) AS (
 -- replayed unchanged and with the changes, its measured, replayed and predicted time, and what bounds its
 -- critical path. A table macro so that the findings rules (findings/*.sql) price their causes with it. The
 -- replay takes the windows of one step (else annotation instance) of every rank together (the ranks wait for
--- each other at collectives); rank_filter only picks the rows shown.
+-- each other at collectives); rank_filter only picks the rows shown. replay := 0: no replay (replayed_ns,
+-- predicted_ns and what follows from them NULL), only the critical path's verdict: the bound query's.
 CREATE OR REPLACE MACRO what_if(annotation := NULL, occurrence := NULL, rank_filter := NULL, faster := NULL,
         faster_pct := 0, hide_communication := 0, no_launch_overhead := 0, remove_syncs := 0,
-        straggler_to_median := 0) AS TABLE
+        straggler_to_median := 0, replay := 1) AS TABLE
 WITH windows AS (
     -- the end of its last node (op or device work; ranges and syncs are none)
     SELECT *, COALESCE(step, instance) AS joint,
@@ -287,6 +292,7 @@ WITH windows AS (
     SELECT run_id, window_name, joint, min(window_ts) AS joint_ts, flatten(list(events)) AS events,
         list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)) AS spans
     FROM windows
+    WHERE replay = 1
     GROUP BY ALL
 ), replays AS (
     SELECT run_id, window_name, joint, joint_ts,
