@@ -209,7 +209,9 @@ def _device(g: Graph, ev: dict, start: list, end: list, index: dict, replay: boo
             if previous is not None:
                 g.edge(previous, start[i], "kernel_gap", g.event[previous])
             free = ev["stream_free"][i]
-            if (free is not None and launched is not None and g.ts[launched] < free <= ev["ts"][i]
+            if free is not None:  # (work on a stream may overlap the next by a few ns: clock rounding)
+                free = min(free, ev["ts"][i])
+            if (free is not None and launched is not None and g.ts[launched] < free
                     and (previous is None or g.ts[previous] < free)):
                 # queued behind work launched before the window: the stream is free at a fixed time, which no
                 # change inside the window moves (else the launch edge would carry the queue's wait along)
