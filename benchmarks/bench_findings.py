@@ -17,9 +17,17 @@ did not move (`_shift`). The measured cost of the cause is the rank's span over 
 start to the end of the last one's work, the what_if query's measured_ns) in the variant minus the original's,
 per step: work a step queued may move into the next.
 
+On XLA profiles of the CPU (JAX XPlane: the devices' ops are thunks on the host's threads, the replay is
+device-only), by surgery on the XSpace (`plant_xla`):
+- layout_transpose: a data-formatting op at the start of each step's device work, on every device: an HLO
+  `transpose` of one of the program's parameters (`transpose.planted`, added to the program's entry computation in
+  the profile's HLO proto) lasting `fraction` × the step on the thread that runs that device's first op of the
+  step; every event that starts later moves later by that time, and the ranges that span its start (the step,
+  the program's execution) grow by it.
+
 A finding hits when the variant's top finding of that rank and step is the cause's rule (host_op naming the
-planted op, host_sync, data_loader), its saving error is (saving_ns − cost) / cost. False findings: the
-unmodified trace's findings above 5 % of the step.
+planted op, host_sync, data_loader, xla_data_formatting naming the planted op), its saving error is
+(saving_ns − cost) / cost. False findings: the unmodified trace's findings above 5 % of the step.
 
     python benchmarks/bench_findings.py [TRACE ...] [--fraction 0.3] [--markdown]
 """
@@ -50,6 +58,10 @@ JOBS = [(REPO / "datasets" / "hta_trace_filter", 1),
         (CORPUS / "hta/tests/data/trace_diff/control/control.json.gz", 4),
         (CORPUS / "hta/tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", 2)]
 JOB_CAUSES = {"slow_rank": "straggler", "exposed_collective": "exposed_communication"}
+#: XLA profiles of the CPU with steps and their programs' HLO (jax_cpu_4dev_allreduce has no HLO: no opcodes)
+XLA_TRACES = [REPO / "datasets" / "jax_cpu_8dev_ffn" / "ffn.xplane.pb", REPO / "datasets" / "jax_cpu_mlp" / "vm.xplane.pb"]
+XLA_CAUSES = {"layout_transpose": "xla_data_formatting"}
+PLANTED_TRANSPOSE = "transpose.planted"
 SLOW_FACTOR = 1.3  # slow_rank: its kernels take this × their time
 #: The causes that are one host range at the step's start: its category and name.
 STALLS = {"host_stall": ("cpu_op", "planted::host_stall"),
@@ -214,6 +226,99 @@ def plant(trace: dict, cause: str, fraction: float) -> dict:
             raise ValueError(f"unknown cause {cause!r} (known: {', '.join(CAUSES)})")
         _shift(events, t0, length)
     return trace
+
+
+def _stat_values(plane, stats) -> dict:
+    names = {k: m.name for k, m in plane.stat_metadata.items()}
+    out = {}
+    for stat in stats:
+        kind = stat.WhichOneof("value")
+        value = getattr(stat, kind) if kind else None
+        out[names.get(stat.metadata_id)] = plane.stat_metadata[value].name if kind == "ref_value" else value
+    return out
+
+
+def _plant_transpose(space, programs: set) -> None:
+    """Add `transpose.planted` (a transpose of the first 2-D parameter) to the entry computation of each program."""
+    from tracesql.readers.proto import messages
+
+    metadata = next(p for p in space.planes if p.name == "/host:metadata")
+    stat_names = {m.name: k for k, m in metadata.stat_metadata.items()}
+    for meta in metadata.event_metadata.values():
+        stats = {s.metadata_id: s for s in meta.stats}
+        program = stats.get(stat_names.get("program_id"))
+        if program is None or program.uint64_value not in programs:
+            continue
+        hlo = stats[stat_names["Hlo Proto"]]
+        proto = messages()["HloProto"].FromString(hlo.bytes_value)
+        module = proto.hlo_module
+        entry = next(c for c in module.computations if c.id == module.entry_computation_id)
+        source = next(i for i in entry.instructions if i.opcode == "parameter" and len(i.shape.dimensions) == 2)
+        planted = entry.instructions.add(name=PLANTED_TRANSPOSE, opcode="transpose", operand_ids=[source.id],
+                                         dimensions=[1, 0],
+                                         id=max(i.id for c in module.computations for i in c.instructions) + 1)
+        planted.shape.CopyFrom(source.shape)
+        planted.shape.dimensions[:] = list(reversed(source.shape.dimensions))
+        hlo.bytes_value = proto.SerializeToString()
+
+
+def plant_xla(data: bytes, fraction: float) -> bytes:
+    """An XLA CPU profile (XSpace bytes) with a data-formatting op of `fraction` × each step planted before the
+    step's device work on every device (module docstring)."""
+    from tracesql.readers.proto import messages
+
+    space = messages()["XSpace"].FromString(data)
+    host = next(p for p in space.planes if p.name == "/host:CPU")
+    events = [(line, e, _stat_values(host, e.stats)) for line in host.lines for e in line.events]
+    at = {id(e): line.timestamp_ns * 1000 + e.offset_ps for line, e, _ in events}  # ps on the plane's clock
+    steps = sorted((e for _, e, s in events if "step_num" in s), key=lambda e: at[id(e)])
+    ops = sorted(((line, e, s) for line, e, s in events if "device_ordinal" in s and "hlo_op" in s),
+                 key=lambda x: at[id(x[1])])
+    plants = []  # (time, delay, [(line, first op of each device)])
+    for step in steps:
+        start, end = at[id(step)], at[id(step)] + step.duration_ps
+        firsts = {}
+        for line, e, s in ops:
+            if start <= at[id(e)] < end:
+                firsts.setdefault(s["device_ordinal"], (line, e, s))
+        if firsts:
+            plants.append((min(at[id(e)] for _, e, _ in firsts.values()), round(fraction * step.duration_ps),
+                           list(firsts.values())))
+    times = [t for t, _, _ in plants]
+    delays = [0]
+    for _, delay, _ in plants:
+        delays.append(delays[-1] + delay)
+
+    def moved(t: int, inclusive: bool) -> int:
+        return t + delays[(bisect.bisect_right if inclusive else bisect.bisect_left)(times, t)]
+
+    for line, e, _ in events:  # starts at or after a plant move later; ends after it too (spanning ranges grow)
+        t0, t1 = at[id(e)], at[id(e)] + e.duration_ps
+        e.offset_ps = moved(t0, True) - line.timestamp_ns * 1000
+        e.duration_ps = moved(t1, False) - moved(t0, True) if e.duration_ps else 0
+    op_id = max(host.event_metadata) + 1
+    host.event_metadata[op_id].id, host.event_metadata[op_id].name = op_id, PLANTED_TRANSPOSE
+    stat_id = max(host.stat_metadata) + 1
+    host.stat_metadata[stat_id].id, host.stat_metadata[stat_id].name = stat_id, PLANTED_TRANSPOSE
+    hlo_op = next(k for k, m in host.stat_metadata.items() if m.name == "hlo_op")
+    for (t, delay, firsts), before in zip(plants, delays):
+        for line, first, _ in firsts:
+            planted = line.events.add(metadata_id=op_id, offset_ps=t + before - line.timestamp_ns * 1000,
+                                      duration_ps=delay)
+            for stat in first.stats:
+                if host.stat_metadata[stat.metadata_id].name == "_p":  # the op's own producer id: not shared
+                    continue
+                copy = planted.stats.add()
+                copy.CopyFrom(stat)
+                if stat.metadata_id == hlo_op:
+                    copy.ref_value = stat_id
+    for line in host.lines:  # events in time order on each line, as profilers write them
+        ordered = [e.SerializeToString() for e in sorted(line.events, key=lambda e: e.offset_ps)]
+        del line.events[:]
+        for event in ordered:
+            line.events.add().ParseFromString(event)
+    _plant_transpose(space, {s["program_id"] for _, _, firsts in plants for _, _, s in firsts})
+    return space.SerializeToString()
 
 
 def load_job(path: Path, copies: int = 1) -> list[dict]:
@@ -424,6 +529,12 @@ _CACHE: dict = {}
 def _variants(original: Path, cause: str, fraction: float, scratch: Path, copies: int) -> tuple[str, dict]:
     """The name, and the original's and the variant's trace files or folders (written under scratch)."""
     name = original.name.split(".")[0] + (f"x{copies}" if copies > 1 else "")
+    if cause in XLA_CAUSES:
+        name = original.parent.name  # the XPlanes' own names (vm, ffn) do not say which profile
+        variant = scratch / "traces" / f"{name}-{cause}" / original.name
+        variant.parent.mkdir(parents=True, exist_ok=True)
+        variant.write_bytes(plant_xla(original.read_bytes(), fraction))
+        return name, {"original": original, "variant": variant}
     if cause in CAUSES:
         return name, {"original": original, "variant": write(plant(load(original), cause, fraction),
                                                              scratch / "traces" / f"{name}-{cause}.json.gz")}
@@ -460,14 +571,14 @@ def evaluate(original: Path, cause: str, fraction: float, scratch: Path, copies:
             _CACHE[run, "spans"] = (ends - steps.ts.groupby(level="rank").min(), steps.measured_ns)
             _CACHE[run, "found"] = findings.run(tracesql.connect(run), str(run)).df()
         spans[label], found[label] = _CACHE[run, "spans"], _CACHE[run, "found"]
-    rule, rows = {**CAUSES, **JOB_CAUSES}[cause], []
+    rule, rows = {**CAUSES, **JOB_CAUSES, **XLA_CAUSES}[cause], []
     for rank, span in spans["original"][0].items():
         steps = spans["original"][1].loc[rank]
         cost = (spans["variant"][0][rank] - span) / len(steps)  # per step: queued work may move it to the next
         mine = found["variant"][found["variant"]["rank"] == rank]
         tops = [mine[mine.step == s].iloc[0] if (mine.step == s).any() else None for s in steps.index]
-        hits = [t is not None and t.finding == rule and (cause != "host_stall" or "planted::host_stall" in t.evidence)
-                for t in tops]
+        planted = {"host_stall": "planted::host_stall", "layout_transpose": PLANTED_TRANSPOSE}.get(cause, "")
+        hits = [t is not None and t.finding == rule and planted in t.evidence for t in tops]
         saving = sum(int(t.saving_ns) for t, hit in zip(tops, hits) if hit) / len(steps)
         if cost < 0.05 * steps.mean():  # the cause costs this trace (almost) nothing: right when no rule says so
             hits = [t is None or t.finding != rule for t in tops]
@@ -493,20 +604,25 @@ def summary(results: list[dict]) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("traces", nargs="*", type=Path, help="Kineto traces (default: the bundled and corpus ones)")
+    parser.add_argument("traces", nargs="*", type=Path,
+                        help="Kineto traces or XLA CPU XPlanes (default: the bundled and corpus ones)")
     parser.add_argument("--fraction", type=float, default=0.3, help="host stall length, × the step's (0.3)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the docs)")
-    parser.add_argument("--cause", action="append", choices=list(CAUSES) + list(JOB_CAUSES),
+    parser.add_argument("--cause", action="append", choices=list(CAUSES) + list(JOB_CAUSES) + list(XLA_CAUSES),
                         help="only this cause (repeatable; default: all)")
     args = parser.parse_args(argv)
-    traces = [t for t in (args.traces or TRACES) if t.exists()]
+    given = [t for t in (args.traces or TRACES + XLA_TRACES) if t.exists()]
+    xla = [t for t in given if t.name.endswith(".xplane.pb")]
+    traces = [t for t in given if t not in xla]
     jobs = [(path, copies) for path, copies in ([] if args.traces else JOBS) if path.exists()]
-    causes = args.cause or list(CAUSES) + list(JOB_CAUSES)
+    causes = args.cause or list(CAUSES) + list(JOB_CAUSES) + list(XLA_CAUSES)
     with tempfile.TemporaryDirectory() as tmp:
         results = [evaluate(t, cause, args.fraction, Path(tmp)) for t in traces for cause in CAUSES
                    if cause in causes]
         results += [evaluate(path, cause, args.fraction, Path(tmp), copies) for path, copies in jobs
                     for cause in JOB_CAUSES if cause in causes]
+        results += [evaluate(t, cause, args.fraction, Path(tmp)) for t in xla for cause in XLA_CAUSES
+                    if cause in causes]
     table = summary(results)
     columns = list(table[0])
     if args.markdown:

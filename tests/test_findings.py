@@ -105,6 +105,30 @@ def test_planted_stall_is_the_top_finding(planted, cause):
 
 
 @pytest.mark.slow
+def test_planted_layout_transpose_is_the_top_finding(tmp_path):
+    """The benchmark's XLA cause: a transpose of 30 % of each step planted before the step's device work in the
+    bundled JAX CPU profile (surgery on its XSpace and HLO) is the top finding of each step (xla_data_formatting
+    naming it), its saving the step time it cost; the surgery moves each step by exactly the planted time, and
+    the planted op is a data-formatting op of the program."""
+    bench = _bench()
+    original = DATASETS / "jax_cpu_mlp" / "vm.xplane.pb"
+    result = bench.evaluate(original, "layout_transpose", 0.3, tmp_path)
+    (row,) = result["rows"]
+    assert row["hits"] == row["steps"] == 3
+    assert row["cost_ns"] > 0 and abs(row["error"]) <= 0.25
+    assert result["false"] == 0
+    runs = {label: tracesql.connect(tmp_path / "runs" / f"jax_cpu_mlp-{label}")
+            for label in ("original", "layout_transpose")}
+    steps = {label: con.sql("SELECT step, dur FROM steps ORDER BY step").fetchall() for label, con in runs.items()}
+    planted = [round(0.3 * dur * 1000) // 1000 for _, dur in steps["original"]]
+    assert [dur - before for (_, dur), (_, before) in zip(steps["layout_transpose"], steps["original"])] == \
+        pytest.approx(planted, abs=1)
+    ops = runs["layout_transpose"].sql(f"SELECT category, count(*) FROM xla_ops WHERE name = "
+                                       f"'{bench.PLANTED_TRANSPOSE}' GROUP BY ALL").fetchall()
+    assert ops == [("data formatting", 1)]
+
+
+@pytest.mark.slow
 def test_planted_stall_behind_a_full_queue_is_absorbed():
     """The surgery's model of a device-bound trace (HTA's ns_resolution_trace: its launches block on a full
     queue): with no delay it changes nothing; a host stall at a step's start is absorbed by the blocked launches
