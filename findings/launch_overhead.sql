@@ -2,8 +2,11 @@
 --
 -- Priced by the what-if replay of each step with launch delays and the gaps between kernels taking no time (the
 -- what_if query's no_launch_overhead = 1): the time the device spent waiting for launches. Evidence: the kernels
--- the step launched, how many are shorter than tiny_kernel_ns, their median length, and the host and launch share
--- of the step's critical path. The fix: fewer, larger kernels (fusion, torch.compile, CUDA graphs).
+-- the step launched, how many are shorter than tiny_kernel_ns, their median length, how many were launched onto
+-- an idle stream (stream starvation: the stream's earlier work had all ended when the launch call began, so the
+-- device waited for the host; the queue_length query shows the queues over time), and the host and launch share
+-- of the step's critical path. The fix: fewer, larger kernels (fusion, torch.compile, CUDA graphs), launched
+-- ahead of the device.
 --
 -- Needs: host ops and the device work they launched (Kineto GPU traces with correlation ids)
 -- Parameters:
@@ -24,17 +27,21 @@ WITH priced AS (
 ), kernels AS (
     SELECT d.run_id, d.rank, w.instance, count(*) AS kernels,
         count(*) FILTER (WHERE d.dur < COALESCE(getvariable('tiny_kernel_ns'), 10000)) AS tiny,
-        median(d.dur) AS median_ns
-    FROM device_activity() d
+        median(d.dur) AS median_ns,
+        count(*) FILTER (WHERE d.stream_free_ts <= l.ts) AS starved
+    FROM (SELECT *, max(ts + dur) OVER (PARTITION BY run_id, rank, device_id, stream ORDER BY ts, slice_id
+                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS stream_free_ts
+          FROM device_activity()) d
     JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
     JOIN critical_path_windows() w ON w.run_id = d.run_id AND w.rank = d.rank AND l.ts BETWEEN w.ts AND w.te
     GROUP BY ALL
 )
 SELECT p.run_id, p.rank, p.step, 'launch_overhead' AS finding,
     printf('without launch overhead the step takes %.2f ms less of %.2f ms: %d kernels, %d of them shorter than '
-           || '%.0f us, median %.1f us; host and launches are %.0f %% of the critical path', p.saving_ns / 1e6,
-           p.replayed_ns / 1e6, k.kernels, k.tiny, COALESCE(getvariable('tiny_kernel_ns'), 10000) / 1e3,
-           k.median_ns / 1e3, 100 * p.host_launch_share) AS evidence,
+           || '%.0f us, median %.1f us; %d launched onto an idle stream (starved: it waited for the '
+           || 'host); host and launches are %.0f %% of the critical path', p.saving_ns / 1e6, p.replayed_ns / 1e6,
+           k.kernels, k.tiny, COALESCE(getvariable('tiny_kernel_ns'), 10000) / 1e3, k.median_ns / 1e3, k.starved,
+           100 * p.host_launch_share) AS evidence,
     p.saving_ns, p.saving_pct,
     printf('tracesql query what_if %s -p no_launch_overhead=1 -p rank=%d -p instance=%d',
            COALESCE(getvariable('run'), 'RUN'), p.rank, p.instance) AS query

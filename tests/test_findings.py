@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import tracesql
 from conftest import DATASETS, REPO, corpus_path
-from tracesql import findings, json_schemas
+from tracesql import findings, json_schemas, queries
 from tracesql.cli import main
 
 RULES = findings.catalogue()
@@ -67,6 +67,27 @@ def test_findings_match_the_what_if_they_cite(ingested):
         assert (cited["rank"], cited["step"], cited["saving_ns"]) == (row.rank, row.step, row.saving_ns)
     # the trace is bound by Python between ops: no rule saves 5 % of a step (the default threshold)
     assert findings.run(con, "RUN").df().empty
+
+
+@pytest.mark.slow
+def test_launch_overhead_counts_launches_onto_an_idle_stream(ingested):
+    """Stream starvation in launch_overhead's evidence: the launches of each step whose stream had ended all its
+    earlier work when the launch call began, counted again in pandas from the device events and their launches."""
+    run = ingested(TRACE_FILTER)
+    con = tracesql.connect(run)
+    rule = next(r for r in RULES if r.name == "launch_overhead")
+    found = queries.run(con, rule, {"min_saving_pct": 0}).df().sort_values(["rank", "step"])
+    said = [int(re.search(r"; (\d+) launched onto an idle stream", e).group(1)) for e in found.evidence]
+    device = con.sql("SELECT rank, device_id, stream, ts, dur, slice_id, launch_id FROM device_activity()").df()
+    device = device.sort_values(["rank", "device_id", "stream", "ts", "slice_id"])
+    device["free"] = (device.ts + device.dur).groupby([device["rank"], device.device_id, device.stream],
+                                                       dropna=False).transform(lambda end: end.cummax().shift())
+    calls = con.sql("SELECT rank, slice_id AS launch_id, ts AS call_ts FROM slices").df()
+    launched = device.merge(calls, on=["rank", "launch_id"])
+    windows = con.sql("SELECT rank, ts AS w0, te AS w1 FROM critical_path_windows() ORDER BY rank, ts").df()
+    counted = [int(((launched["rank"] == w.rank) & launched.call_ts.between(w.w0, w.w1)
+                    & (launched.free <= launched.call_ts)).sum()) for w in windows.itertuples()]
+    assert said == counted and min(said) > 100  # 136–155 of the 577–602 kernels of each step
 
 
 @pytest.mark.slow
