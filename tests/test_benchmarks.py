@@ -173,3 +173,12 @@ def test_bench_archive(tmp_path):
                 tmp_path=tmp_path)
     assert "| 4 | 1 |" in out and "| 16 | (60 s for 5,000) |" in out  # 4 events a member, each a slice
     assert "| read (Kineto reader) |" in out and "DuckDB statements a member" in out
+
+
+def test_bench_archive_merged(tmp_path):
+    import tracesql
+
+    out = bench("bench_archive.py", "--members", "3", "--merged", "--scratch", tmp_path / "m", tmp_path=tmp_path)
+    assert "| 12 | (merged: the floor) |" in out  # the 3 members' 4 events each, in one trace
+    run = tracesql.connect(tmp_path / "m" / "run")  # one rank; each member's two processes kept apart
+    assert run.execute("SELECT count(DISTINCT rank), count(DISTINCT pid) FROM slices").fetchone() == (1, 6)
