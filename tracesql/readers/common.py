@@ -16,6 +16,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -226,6 +227,20 @@ class FileMapping:
 
 
 HEAD_BYTES = 1 << 16
+
+
+def decode_json(data: bytes, type_) -> tuple[object, bool]:
+    """(msgspec's decode of `data` as `type_`, whether invalid UTF-8 in a decoded string had to be replaced by
+    U+FFFD for it). msgspec reports such bytes as a UnicodeDecodeError up to 0.22 and as a DecodeError ('Invalid
+    UTF-8 encoded string') from 0.23: both are read again with the bad bytes replaced."""
+    try:
+        return msgspec.json.decode(data, type=type_), False
+    except UnicodeDecodeError:
+        pass
+    except msgspec.DecodeError as e:
+        if "UTF-8" not in str(e):
+            raise
+    return msgspec.json.decode(data.decode("utf-8", "replace").encode(), type=type_), True
 
 
 def read_bytes(path: Path, most: int | None = None, what: str = "its content") -> bytes:

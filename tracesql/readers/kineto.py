@@ -33,6 +33,7 @@ from ..arrays import array, to_numpy
 from ..db import sql_list
 from ..errors import TraceError
 from ..schema import STEP_PATTERN
+from .common import decode_json
 from .xplane import ACCELERATOR_PLANE, HOST_PLANE, STREAM_LINE
 
 FORMAT = "kineto"
@@ -97,11 +98,7 @@ def _split(path: Path, data: bytes):
     if data.lstrip()[:1] == b"[":
         return _event_array(path, data), {}
     try:
-        try:
-            top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
-        except UnicodeDecodeError:  # in a top-level key: read it with the bad bytes replaced
-            data = data.decode("utf-8", "replace").encode()
-            top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+        top, _ = decode_json(data, dict[str, msgspec.Raw])  # bad UTF-8 in a top-level key: replaced
     except msgspec.ValidationError:
         raise TraceError(path, "not a trace: the JSON is not an object") from None
     except msgspec.DecodeError as e:

@@ -24,7 +24,7 @@ import msgspec
 
 from .. import db, limits
 from ..errors import TraceError
-from .common import MAX_NAME_CHARS, OUT_BATCH_ROWS
+from .common import MAX_NAME_CHARS, OUT_BATCH_ROWS, decode_json
 
 FORMAT = "rocprof"
 SUFFIXES = ("_results.json", "_results.json.gz")
@@ -361,11 +361,10 @@ def _decode_skeleton(path: Path, skeleton: Path) -> tuple[list[_Process], list[s
     notes = []
     data = skeleton.read_bytes()  # at most SKELETON_MAX_BYTES
     try:
-        try:
-            processes = msgspec.json.decode(data, type=_Skeleton).processes
-        except UnicodeDecodeError:  # msgspec checks UTF-8 in strings: read them with the bad bytes replaced
+        decoded, replaced = decode_json(data, _Skeleton)  # msgspec checks UTF-8 in the strings it decodes
+        processes = decoded.processes
+        if replaced:
             notes.append("invalid UTF-8 in strings replaced by U+FFFD")
-            processes = msgspec.json.decode(data.decode("utf-8", "replace").encode(), type=_Skeleton).processes
     except msgspec.ValidationError as e:
         raise TraceError(path, f"not a rocprofv3 JSON trace ({e})") from None
     except msgspec.DecodeError as e:
