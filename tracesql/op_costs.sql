@@ -54,17 +54,17 @@ WITH RECURSIVE async_done AS (
     -- the buffers a MoE op allocates, in order: the aten::empty calls in it or in the ops it calls (Triton
     -- matmul_ogs' TopK allocates the [T, k] ones), their size and c10::ScalarType code (Kineto's first two
     -- Concrete Inputs)
-    SELECT t.run_id, t.rank, t.op_id, list([c.concrete_inputs[1], c.concrete_inputs[2]] ORDER BY c.ts, c.op_id) AS calls
+    SELECT t.run_id, t.rank, t.op_id,
+        list([c.concrete_inputs[1], c.concrete_inputs[2]] ORDER BY c.ts, c.op_id) AS calls
     FROM moe_tree t JOIN ops c ON c.run_id = t.run_id AND c.rank = t.rank AND c.op_id = t.node
     WHERE c.name = 'aten::empty'
     GROUP BY t.run_id, t.rank, t.op_id
     UNION ALL
     -- a graph replay's copy of the op, which has no such calls (only the capture's ops that launched kernels are
     -- copied), carries those of its capture in its args (readers/graph_capture.py)
-    SELECT run_id, rank, slice_id, CAST(json_extract(args, '$.graph_capture_allocations') AS VARCHAR[][])
-    FROM slices
-    WHERE kind = 'cpu_op' AND serving_op_kind(name) = 'moe'
-      AND json_extract(args, '$.graph_capture_allocations') IS NOT NULL
+    SELECT s.run_id, s.rank, s.op_id, CAST(json_extract(m.args, '$.graph_capture_allocations') AS VARCHAR[][])
+    FROM serving_ops s JOIN slices m ON m.run_id = s.run_id AND m.rank = s.rank AND m.slice_id = s.op_id
+    WHERE s.kind = 'moe' AND json_extract(m.args, '$.graph_capture_allocations') IS NOT NULL
 ), moe_kernels AS (  -- the names of the kernels a MoE op launched
     SELECT s.run_id, s.rank, s.op_id, string_agg(DISTINCT k.name, ' ' ORDER BY k.name) AS kernels
     FROM serving_ops s

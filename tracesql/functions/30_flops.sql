@@ -960,8 +960,9 @@ CREATE OR REPLACE MACRO fused_bytes(name, d, a) AS (
 -- Serving engines' MoE and paged-attention ops, whose own arguments lack what their cost needs. The ingest
 -- (tracesql/op_costs.sql) reads it from around each call into `x` (STRUCT(allocs STRUCT(shape BIGINT[], dtype
 -- INTEGER)[], kernels VARCHAR, batch VARCHAR)): a MoE op's buffers (the aten::empty calls in it and in the ops
--- it calls: shape and c10::ScalarType code, in order; a graph replay's copy: those of its capture) and its kernels' names; an attention op's step annotation. Without `x` (the
--- op_flops / op_bytes functions, a trace without it) they have no cost.
+-- it calls: shape and c10::ScalarType code, in order; a graph replay's copy: those of its capture) and its
+-- kernels' names; an attention op's step annotation. Without `x` (the op_flops / op_bytes functions, a trace
+-- without it) they have no cost.
 CREATE OR REPLACE MACRO serving_op_kind(name) AS (
     CASE
         -- vllm::moe_forward(hidden_states [T, H], router_logits [T, E], layer_name): the fused MoE layer, every
@@ -985,9 +986,10 @@ CREATE OR REPLACE MACRO serving_op_family(name) AS (
 );
 
 -- MoE routing: T tokens of hidden size H, E experts (the router's width), top-k (the width of the first [T, k]
--- buffer the op allocates, itself or in the ops it calls, k < E: the routing weights or expert ids) and the experts' intermediate size I (the
--- last dim of the first non-integer buffer of at least T·k rows whose last dim is not H: the activation between
--- the two expert GEMMs). Sizes as the op ran them (padded for the kernel when the engine pads).
+-- buffer the op allocates, itself or in the ops it calls, k < E: the routing weights or expert ids) and the
+-- experts' intermediate size I (the last dim of the first non-integer buffer of at least T·k rows whose last dim
+-- is not H: the activation between the two expert GEMMs). Sizes as the op ran them (padded for the kernel when
+-- the engine pads).
 CREATE OR REPLACE MACRO moe_routing(d, x) AS (
     list_transform([{'t': d[1][1], 'h': d[1][2], 'e': d[2][2],
                      'k': list_filter(x.allocs, lambda b: len(b.shape) = 2 AND b.shape[1] = d[1][1]
