@@ -65,10 +65,14 @@ WITH RECURSIVE async_done AS (
     SELECT s.run_id, s.rank, s.op_id, CAST(json_extract(m.args, '$.graph_capture_allocations') AS VARCHAR[][])
     FROM serving_ops s JOIN slices m ON m.run_id = s.run_id AND m.rank = s.rank AND m.slice_id = s.op_id
     WHERE s.kind = 'moe' AND json_extract(m.args, '$.graph_capture_allocations') IS NOT NULL
-), moe_kernels AS (  -- the names of the kernels a MoE op launched
-    SELECT s.run_id, s.rank, s.op_id, string_agg(DISTINCT k.name, ' ' ORDER BY k.name) AS kernels
+), moe_kernels AS (
+    -- the names of the kernels a MoE op launched: its kernels', or, in a graph capture (kernels captured, not
+    -- run), its launches' `kernel` argument
+    SELECT s.run_id, s.rank, s.op_id, string_agg(DISTINCT k.kernel, ' ' ORDER BY k.kernel) AS kernels
     FROM serving_ops s
-    JOIN slices k ON k.run_id = s.run_id AND k.rank = s.rank AND k.op_id = s.op_id AND k.kind = 'kernel'
+    JOIN slices l ON l.run_id = s.run_id AND l.rank = s.rank AND l.op_id = s.op_id
+     AND l.kind IN ('kernel', 'runtime', 'driver'),
+    LATERAL (SELECT CASE WHEN l.kind = 'kernel' THEN l.name ELSE l.args->>'kernel' END AS kernel) k
     WHERE s.kind = 'moe'
     GROUP BY s.run_id, s.rank, s.op_id
 ), batch_steps AS (  -- the engine's annotation of each step's batch (30_flops.sql, attention_batch)

@@ -961,7 +961,7 @@ CREATE OR REPLACE MACRO fused_bytes(name, d, a) AS (
 -- (tracesql/op_costs.sql) reads it from around each call into `x` (STRUCT(allocs STRUCT(shape BIGINT[], dtype
 -- INTEGER)[], kernels VARCHAR, batch VARCHAR)): a MoE op's buffers (the aten::empty calls in it and in the ops
 -- it calls: shape and c10::ScalarType code, in order; a graph replay's copy: those of its capture) and its
--- kernels' names; an attention op's step annotation. Without `x` (the op_flops / op_bytes functions, a trace
+-- kernels' names (a graph capture's: its launches'); an attention op's step annotation. Without `x` (the op_flops / op_bytes functions, a trace
 -- without it) they have no cost.
 CREATE OR REPLACE MACRO serving_op_kind(name) AS (
     CASE
