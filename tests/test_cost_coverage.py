@@ -232,6 +232,25 @@ def test_graph_replay_costed_through_its_capture_trace(ingested):
     assert list(zip(rank.top_uncosted[:1], rank.top_uncosted_ns[:1])) == [("aten::_foreach_copy_", 12_096)]
 
 
+@pytest.mark.parametrize("trace, compute_ns, costed_ns, pct, index_ns", [
+    ("vllm_decode_full", 10_674_517, 10_671_558, 99.97, 2_959),
+    ("vllm_prefilldecode_piecewise", 156_008_506, 156_004_867, 100.0, 3_639)])
+def test_vllm_graph_replays_costed_through_their_capture_trace(ingested, trace, compute_ns, costed_ns, pct, index_ns):
+    """vLLM's MI300X decode (one full graph) and prefill+decode (piecewise graphs): with their capture traces the
+    replayed kernels have their capture ops, the MoE a cost from the buffers its capture allocated
+    (test_serving_costs.py), aiter's CK RMS norms theirs (25.04 / 17.40 % before). What stays uncosted is one
+    aten::index, whose indices (a list of optional tensors) are recorded without shapes."""
+    run = ingested(corpus_path("tracelens", "tests", "traces", "inference", trace))
+    rank = tracesql.query("cost_coverage", run).iloc[0]
+    assert walked(run) == (rank.compute_ns, rank.costed_ns) == (compute_ns, costed_ns)
+    assert rank.costed_pct == pct
+    rows = tracesql.query("cost_coverage", run, per="kernel", top=1000)
+    assert list(zip(rows.name, rows.reason, rows.kernels, rows.uncosted_ns)) == [
+        ("aten::index", "no formula", 1, index_ns)]
+    assert tracesql.connect(run).sql("SELECT DISTINCT input_types FROM ops WHERE name = 'aten::index'").fetchall() == [
+        (["c10::BFloat16", ""],)]
+
+
 def test_tensor_list_ops_are_uncosted_for_want_of_shapes(ingested):
     """aten::cat takes a TensorList, whose tensors' shapes Kineto does not keep (it records `[[null, null], []]`):
     its kernels are uncosted because the shapes are not in the trace, not for want of a formula."""

@@ -218,6 +218,36 @@ CASES = {
                                       [888], [], [], []],
                                      [B, B, "unsigned char", "unsigned char", L, "", F, F], None,
                                      ("fused", 0, 2 * 888 * 64 * 2 + 888 * 8 + 2 * 888 * 64)),
+    # aiter's CK kernels, as vLLM's MI300X GPT-OSS traces record them (vllm_decode_full): rms_norm(input, weight,
+    # eps, use_model_sensitive_rmsnorm) returns out; rmsnorm2d_fwd_with_add_ck has add_rmsnorm's layout
+    "aiter_rms_norm": ("aiter::rms_norm", [[32, 2880], [2880], [], []], [B, B, "Scalar", "Scalar"],
+                       ["", "", "1.0000000000000001e-05", "0"],  # input and weight read, out written
+                       ("fused", 4 * 32 * 2880, 32 * 2880 * 2 + 2880 * 2 + 32 * 2880 * 2)),
+    "aiter_rmsnorm2d_fwd_with_add_ck": ("aiter::rmsnorm2d_fwd_with_add_ck", [[32, 2880]] * 4 + [[2880], [], []],
+                                        [B] * 5 + ["Scalar", "Scalar"], ["", "", "", "", "", "1e-05", "0"],
+                                        ("fused", 5 * 32 * 2880, 4 * 32 * 2880 * 2 + 2880 * 2)),
+    # Triton's MoE routing (triton_kernels, vLLM's matmul_ogs backend) as the same traces record it: TopK over 32
+    # tokens' scores for 32 experts, k = 4, softmax applied; hand counts (FlopCounterMode counts none): 32·32
+    # comparisons + 5 per kept score; the bf16 scores read, 4 bf16 values and 4 int16 ids per token written and
+    # the bitmatrix, one 32-bit word per token (32 experts). These outputs are the buffers TopK allocates in the
+    # capture trace ([32, 4] bf16, [32, 4] int16, [1, 32] uint32; test_serving_costs.py)
+    "triton_kernels_topk": ("TopK", [[32, 32], [], [], [], [], [], []], [B] + ["Scalar"] * 4 + ["", ""],
+                            ["", "4", "True", "1", "True", "", ""],
+                            ("fused", 32 * 32 + 5 * 32 * 4, 32 * 32 * 2 + 32 * 4 * (2 + 2) + 32 * 4)),
+    # with the choices given (y_indx [32, 4]) it only gathers them: the 4 chosen scores per token read
+    "triton_kernels_topk_given": ("TopK", [[32, 32], [], [], [], [], [32, 4], []],
+                                  [B] + ["Scalar"] * 4 + ["short int", ""], ["", "4", "False", "1", "True", "", ""],
+                                  ("fused", 0, 32 * 4 * 2 + 32 * 4 * (2 + 2) + 32 * 4)),
+    # n_rows as a device tensor: how many rows it selects from is not in the trace
+    "triton_kernels_topk_rows_unknown": ("TopK", [[32, 32], [], [], [], [], [], [1]],
+                                         [B] + ["Scalar"] * 4 + ["", "int"], ["", "4", "True", "1", "True", "", ""],
+                                         ("fused", None, None)),
+    # SortTokens of TopK's 32 × 4 choices over 32 experts: 128 routed pairs counted and the 32 offsets summed;
+    # scores and ids read with the 32 bitmatrix words; combine and dispatch indices (int32) and the bf16 gate
+    # scales written for the 128 pairs, the histogram and offsets (32 int32 each)
+    "triton_kernels_sort_tokens": ("SortTokens", [[32, 4], [32, 4], []], [B, "short int", "Scalar"],
+                                   ["", "", "32"],
+                                   ("fused", 128 + 32, 128 * 2 + 128 * 2 + 32 * 4 + 128 * (4 + 4 + 2) + 2 * 32 * 4)),
     "aiter_groupnorm": ("aiter::_groupnorm_run", [[1, 512, 64, 64], [], [512], [512], []],
                         [B, "Scalar", B, B, "Scalar"], ["", "32", "", "", "1e-06"],
                         ("fused", 5 * 512 * 4096, 512 * 4096 * 2 + 2 * 512 * 2 + 512 * 4096 * 2)),

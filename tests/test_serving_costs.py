@@ -3,13 +3,16 @@ serving_op_kind): hand counts on the bundled traces, cross-checked against the k
 against the formulas of the equivalent aten ops (op_flops of _grouped_mm; SDPA's is checked against torch's
 FlopCounterMode in test_flops.py)."""
 
+import json
+
 import pytest
 
 import tracesql
-from conftest import DATASETS, empty_session, raw_events
+from conftest import DATASETS, corpus_path, empty_session, raw_events
 
 B200 = DATASETS / "tracelens_b200_eager"
 SGLANG = DATASETS / "tracelens_sglang_decode"
+INFERENCE = ("tracelens", "tests", "traces", "inference")
 
 
 def test_vllm_moe_forward_from_its_buffers_and_kernels(ingested):
@@ -41,6 +44,55 @@ def test_vllm_moe_forward_from_its_buffers_and_kernels(ingested):
     # ad hoc, without the buffers the ingest reads around the call, the op has no cost
     assert con.sql("SELECT op_flops('vllm::moe_forward', [[888, 3072], [888, 128], []], "
                    "['c10::BFloat16', 'c10::BFloat16', ''], ['', '', ''])").fetchall() == [(None,)]
+
+
+def moe_capture(capture_trace, tokens: int) -> tuple[list, list]:
+    """The raw capture trace walked by hand: the aten::empty calls (their size and dtype code, Kineto's first two
+    Concrete Inputs) that start inside the first vllm::moe_forward of `tokens` tokens on its thread, nested ops'
+    included, in order; and the Input Dims of its views of the expert weights (uint8: two FP4 values a byte),
+    which the expert GEMM kernels read."""
+    events = sorted((e for e in raw_events(capture_trace) if e.get("ph") == "X"), key=lambda e: e["ts"])
+    moe = next(e for e in events if e["name"] == "vllm::moe_forward" and e["args"]["Input Dims"][0][0] == tokens)
+    inside = [e for e in events if e["tid"] == moe["tid"] and moe["ts"] <= e["ts"] <= moe["ts"] + moe["dur"]]
+    return ([e["args"]["Concrete Inputs"][:2] for e in inside if e["name"] == "aten::empty"],
+            [e["args"]["Input Dims"][0] for e in inside
+             if e["name"] == "aten::view" and e["args"]["Input type"][0] == "unsigned char"])
+
+
+@pytest.mark.parametrize("trace, t", [("vllm_decode_full", 32), ("vllm_prefilldecode_piecewise", 8192)])
+def test_vllm_matmul_ogs_moe_of_graph_replays(ingested, trace, t):
+    """vLLM's MoE on MI300X (GPT-OSS-20B: 32 experts, top-4; Triton matmul_ogs, MXFP4 weights), replayed from HIP
+    graphs and costed through their capture trace: only the capture's ops that launched kernels are copied onto the
+    replay, so each copy of the op carries the buffers it allocated at capture (graph_capture_allocations): its
+    TopK's [T, 4] (top-k 4) and the activation after the fused SwiGLU [1, T·4, 2944] (I = 2,944: GPT-OSS's 2,880
+    padded for the kernels, as H's 3,072)."""
+    folder = corpus_path(*INFERENCE, trace)
+    allocations, weights = moe_capture(next((folder / "capture_traces").iterdir()), t)
+    h, e, k, i = 3072, 32, 4, 2944
+    assert [f"[{t}, {k}]", "15"] in allocations and [f"[1, {t * k}, {i}]", "15"] in allocations  # bf16
+    # the expert weights the kernels read agree: gate+up [E, H/2, 2I] and down [E, I/2, H] bytes
+    assert weights == [[e, h // 2, 2 * i], [e, i // 2, h]]
+    con = tracesql.connect(ingested(folder))
+    copies = con.sql("SELECT DISTINCT json_extract_string(args, '$.graph_capture_allocations') FROM slices "
+                     "WHERE name = 'vllm::moe_forward'").fetchall()
+    assert [json.loads(c) for (c,) in copies] == [allocations]
+    rows = con.sql("SELECT family, dtype, flops, bytes, counted, count(*) FROM op_costs() "
+                   "WHERE name = 'vllm::moe_forward' GROUP BY ALL").fetchall()
+    # gate+up [T·k, H]·[H, 2I] and down [T·k, I]·[I, H] in each of the 24 layers; every expert's weights read once
+    # (T·k >= 32) at 4 bits plus one scale byte per 32; hidden states and router logits read, the output written
+    assert rows == [("gemm", "bf16", 6 * t * k * h * i, 2 * t * h * 2 + t * e * 2 + e * 3 * h * i * (0.5 + 1 / 32),
+                     True, 24)]
+    # the same two GEMMs as aten::_grouped_mm (the T·k routed tokens over 32 experts) cost the same
+    grouped = con.sql(
+        f"SELECT op_flops('aten::_grouped_mm', [[{t * k}, {h}], [{e}, {h}, {2 * i}], [{e}]], "
+        f"                ['c10::BFloat16', 'c10::BFloat16', 'int'], ['', '', '']) "
+        f"     + op_flops('aten::_grouped_mm', [[{t * k}, {i}], [{e}, {i}, {h}], [{e}]], "
+        f"                ['c10::BFloat16', 'c10::BFloat16', 'int'], ['', '', ''])").fetchall()[0][0]
+    assert grouped == rows[0][2]
+    # its routing (TopK, SortTokens) has a cost of its own, but runs inside the costed MoE: its work, not counted
+    assert con.sql("SELECT DISTINCT name, flops IS NOT NULL, counted FROM op_costs() "
+                   "WHERE name IN ('TopK', 'SortTokens') ORDER BY name").fetchall() == [
+        ("SortTokens", True, False), ("TopK", True, False)]
 
 
 def test_sglang_paged_decode_attention_from_the_steps_batch(ingested):

@@ -45,18 +45,34 @@ WITH RECURSIVE async_done AS (
     -- (30_flops.sql, serving_op_kind)
     SELECT run_id, rank, op_id, ts, serving_op_kind(name) AS kind FROM ops
     WHERE program_id IS NULL AND serving_op_kind(name) IS NOT NULL
-), moe_allocs AS (  -- the buffers a MoE op allocates, in order
-    SELECT s.run_id, s.rank, s.op_id,
-        list({'shape': TRY_CAST(c.concrete_inputs[1] AS BIGINT[]), 'dtype': TRY_CAST(c.concrete_inputs[2] AS INTEGER)}
-             ORDER BY c.ts, c.op_id) AS allocs
+), moe_tree AS (  -- each MoE op and the ops nested in it (node), down the parent links
+    SELECT run_id, rank, op_id, op_id AS node FROM serving_ops WHERE kind = 'moe'
+    UNION ALL
+    SELECT t.run_id, t.rank, t.op_id, o.op_id
+    FROM moe_tree t JOIN ops o ON o.run_id = t.run_id AND o.rank = t.rank AND o.parent_op_id = t.node
+), moe_allocs AS (
+    -- the buffers a MoE op allocates, in order: the aten::empty calls in it or in the ops it calls (Triton
+    -- matmul_ogs' TopK allocates the [T, k] ones), their size and c10::ScalarType code (Kineto's first two
+    -- Concrete Inputs)
+    SELECT t.run_id, t.rank, t.op_id,
+        list([c.concrete_inputs[1], c.concrete_inputs[2]] ORDER BY c.ts, c.op_id) AS calls
+    FROM moe_tree t JOIN ops c ON c.run_id = t.run_id AND c.rank = t.rank AND c.op_id = t.node
+    WHERE c.name = 'aten::empty'
+    GROUP BY t.run_id, t.rank, t.op_id
+    UNION ALL
+    -- a graph replay's copy of the op, which has no such calls (only the capture's ops that launched kernels are
+    -- copied), carries those of its capture in its args (readers/graph_capture.py)
+    SELECT s.run_id, s.rank, s.op_id, CAST(json_extract(m.args, '$.graph_capture_allocations') AS VARCHAR[][])
+    FROM serving_ops s JOIN slices m ON m.run_id = s.run_id AND m.rank = s.rank AND m.slice_id = s.op_id
+    WHERE s.kind = 'moe' AND json_extract(m.args, '$.graph_capture_allocations') IS NOT NULL
+), moe_kernels AS (
+    -- the names of the kernels a MoE op launched: its kernels', or, in a graph capture (kernels captured, not
+    -- run), its launches' `kernel` argument
+    SELECT s.run_id, s.rank, s.op_id, string_agg(DISTINCT k.kernel, ' ' ORDER BY k.kernel) AS kernels
     FROM serving_ops s
-    JOIN ops c ON c.run_id = s.run_id AND c.rank = s.rank AND c.parent_op_id = s.op_id AND c.name = 'aten::empty'
-    WHERE s.kind = 'moe'
-    GROUP BY s.run_id, s.rank, s.op_id
-), moe_kernels AS (  -- the names of the kernels a MoE op launched
-    SELECT s.run_id, s.rank, s.op_id, string_agg(DISTINCT k.name, ' ' ORDER BY k.name) AS kernels
-    FROM serving_ops s
-    JOIN slices k ON k.run_id = s.run_id AND k.rank = s.rank AND k.op_id = s.op_id AND k.kind = 'kernel'
+    JOIN slices l ON l.run_id = s.run_id AND l.rank = s.rank AND l.op_id = s.op_id
+     AND l.kind IN ('kernel', 'runtime', 'driver'),
+    LATERAL (SELECT CASE WHEN l.kind = 'kernel' THEN l.name ELSE l.args->>'kernel' END AS kernel) k
     WHERE s.kind = 'moe'
     GROUP BY s.run_id, s.rank, s.op_id
 ), batch_steps AS (  -- the engine's annotation of each step's batch (30_flops.sql, attention_batch)
@@ -80,7 +96,9 @@ WITH RECURSIVE async_done AS (
     GROUP BY s.run_id, s.rank, s.op_id
 ), serving_context AS (
     SELECT s.run_id, s.rank, s.op_id,
-        CAST({'allocs': a.allocs, 'kernels': k.kernels, 'batch': b.batch}
+        CAST({'allocs': list_transform(a.calls, lambda c: {'shape': TRY_CAST(c[1] AS BIGINT[]),
+                                                           'dtype': TRY_CAST(c[2] AS INTEGER)}),
+              'kernels': k.kernels, 'batch': b.batch}
              AS STRUCT(allocs STRUCT(shape BIGINT[], dtype INTEGER)[], kernels VARCHAR, batch VARCHAR)) AS x
     FROM serving_ops s
     LEFT JOIN moe_allocs a ON a.run_id = s.run_id AND a.rank = s.rank AND a.op_id = s.op_id

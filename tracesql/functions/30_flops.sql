@@ -856,28 +856,50 @@ CREATE OR REPLACE MACRO index_bytes(k, core, d, a, c) AS (
 -- residual += input, input = rms_norm(residual)), _C::silu_and_mul / gelu_and_mul (out, input[..., 2d]),
 -- _C::static_scaled_fp8_quant / dynamic_scaled_fp8_quant (out, input, scale), _C::rotary_embedding(positions,
 -- query, key, head_size, cos_sin_cache, is_neox) (in place on query and key);
--- aiter::add_rmsnorm(out, input, residual_in, residual_out, weight, eps); aiter::_groupnorm_run(input,
--- num_groups, weight, bias, eps) (group norm, no statistics kept); KV-cache writes: vLLM's
+-- aiter::add_rmsnorm(out, input, residual_in, residual_out, weight, eps); aiter::rms_norm(input, weight, eps,
+-- use_model_sensitive_rmsnorm) -> out (its CK kernel); aiter::_groupnorm_run(input, num_groups, weight, bias,
+-- eps) (group norm, no statistics kept); KV-cache writes: vLLM's
 -- _C_cache_ops::reshape_and_cache(_flash)(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
 -- k_scale, v_scale) and SGLang's sglang::store_cache(k, v, k_cache, v_cache, indices, ...) write each new token's
 -- key and value into its cache slot (in the cache's dtype: an fp8 cache is uint8).
+-- MoE routing of Triton's triton_kernels (vLLM's matmul_ogs MoE backend; torch.autograd.Functions, recorded by
+-- their class names): TopK(x [T, E], k, apply_softmax, dim, return_bitmatrix, y_indx, n_rows) selects each
+-- token's k experts (values in x's dtype and int16 indices), softmaxes their scores and writes the bitmatrix of
+-- the choices (T rows of ceil(E/32) 32-bit words); SortTokens(expt_scal [T, k], expt_indx [T, k], n_expts_tot E)
+-- counts the routed pairs per expert (a histogram of the bitmatrix), takes the experts' offsets (its prefix
+-- sums) and places each of the T·k pairs in expert order: combine and dispatch indices (int32) and the gate
+-- scales moved there.
 -- Other engines' ops with one of these layouts, by the name of the one they share it with: SGLang's sgl_kernel
--- ops are vLLM's, aiter::rmsnorm(out, input, weight, eps) is _C::rms_norm. NULL: no such fused kernel.
+-- ops are vLLM's, aiter::rmsnorm(out, input, weight, eps) is _C::rms_norm, aiter::rmsnorm2d_fwd_with_add_ck
+-- (the CK kernel) is aiter::add_rmsnorm. NULL: no such fused kernel.
 CREATE OR REPLACE MACRO fused_kernel(name) AS (
     CASE
         WHEN name IN ('_C::rms_norm', '_C::fused_add_rms_norm', '_C::silu_and_mul', '_C::gelu_and_mul',
                       '_C::gelu_tanh_and_mul', '_C::static_scaled_fp8_quant', '_C::dynamic_scaled_fp8_quant',
-                      '_C::rotary_embedding', 'aiter::add_rmsnorm', 'aiter::_groupnorm_run',
-                      '_C_cache_ops::reshape_and_cache', 'sglang::store_cache') THEN name
+                      '_C::rotary_embedding', 'aiter::add_rmsnorm', 'aiter::rms_norm', 'aiter::_groupnorm_run',
+                      '_C_cache_ops::reshape_and_cache', 'sglang::store_cache', 'TopK', 'SortTokens') THEN name
         WHEN name = 'aiter::rmsnorm' THEN '_C::rms_norm'
+        WHEN name = 'aiter::rmsnorm2d_fwd_with_add_ck' THEN 'aiter::add_rmsnorm'
         WHEN name IN ('sgl_kernel::silu_and_mul', 'sgl_kernel::gelu_and_mul', 'sgl_kernel::gelu_tanh_and_mul',
                       'sgl_kernel::rotary_embedding') THEN replace(name, 'sgl_kernel::', '_C::')
         WHEN name = '_C_cache_ops::reshape_and_cache_flash' THEN '_C_cache_ops::reshape_and_cache'
     END
 );
 
--- name = fused_kernel(op name).
-CREATE OR REPLACE MACRO fused_flops(name, a) AS (
+-- TopK's routing (NULL unless x is a matrix and n_rows a number or None: a device tensor's rows are unknown): T
+-- tokens (n_rows, else x's rows), E experts, top-k, whether it softmaxes the k scores, whether it selects (no
+-- y_indx given: it gathers x at the given indices), x's element size.
+CREATE OR REPLACE MACRO topk_routing(d, a) AS (
+    CASE WHEN len(d[1]) = 2 AND a[7].numel IS NULL THEN
+        {'t': coalesce(TRY_CAST(a[7].value AS BIGINT), d[1][1]), 'e': d[1][2], 'k': TRY_CAST(a[2].value AS BIGINT),
+         'softmax': lower(a[3].value) = 'true', 'selects': a[6].numel IS NULL, 'bpe': a[1].bpe}
+    END
+);
+
+-- name = fused_kernel(op name). TopK: one comparison per score it selects from (as a max reduction counts) and
+-- softmax's 5 per element over the k kept; SortTokens: one add per routed pair (the histogram) and per expert
+-- (the offsets' prefix sum); the sort itself moves data (0, as a gather or scatter).
+CREATE OR REPLACE MACRO fused_flops(name, d, a) AS (
     CASE name
         WHEN '_C::rms_norm' THEN 4 * a[2].numel
         WHEN '_C::fused_add_rms_norm' THEN 5 * a[1].numel
@@ -888,7 +910,11 @@ CREATE OR REPLACE MACRO fused_flops(name, a) AS (
         WHEN '_C::dynamic_scaled_fp8_quant' THEN 3 * a[2].numel
         WHEN '_C::rotary_embedding' THEN 3 * (a[2].numel + coalesce(a[3].numel, 0))
         WHEN 'aiter::add_rmsnorm' THEN 5 * a[2].numel
+        WHEN 'aiter::rms_norm' THEN 4 * a[1].numel
         WHEN 'aiter::_groupnorm_run' THEN 5 * a[1].numel
+        WHEN 'TopK' THEN list_transform([topk_routing(d, a)], lambda r: CASE WHEN r IS NOT NULL THEN
+            CASE WHEN r.selects THEN r.t * r.e ELSE 0 END + CASE WHEN r.softmax THEN 5 * r.t * r.k ELSE 0 END END)[1]
+        WHEN 'SortTokens' THEN CASE WHEN len(d[1]) = 2 THEN a[1].numel + TRY_CAST(a[3].value AS BIGINT) END
         -- a copy into the cache (an fp8 cache's scaling is not counted, as a cast's)
         WHEN '_C_cache_ops::reshape_and_cache' THEN 0
         WHEN 'sglang::store_cache' THEN 0
@@ -909,6 +935,19 @@ CREATE OR REPLACE MACRO fused_bytes(name, d, a) AS (
                                          + a[1].numel * d[5][-1] * a[5].bpe
         -- input, residual_in and weight read; out and residual_out written
         WHEN 'aiter::add_rmsnorm' THEN read_bytes(a, [2, 3, 5]) + read_bytes(a, [1, 4])
+        WHEN 'aiter::rms_norm' THEN read_bytes(a, [1, 2]) + a[1].numel * a[1].bpe
+        -- the scores it selects from read (given indices: only the k gathered per token); the k values and int16
+        -- indices per token written (given indices: read); the bitmatrix written
+        WHEN 'TopK' THEN list_transform([topk_routing(d, a)], lambda r:
+            CASE WHEN r.selects THEN r.t * r.e ELSE r.t * r.k END * r.bpe + r.t * r.k * (r.bpe + 2)
+            + r.t * ceil(r.e / 32) * 4)[1]
+        -- the scores and expert ids read, and the bitmatrix (T·ceil(E/32) words: the histogram's input); the
+        -- combine and dispatch indices (int32) and the gate scales written in expert order, the histogram and
+        -- the offsets (E int32 each) (lower bound: the tile maps the expert GEMMs read, per block size, padded by
+        -- the library's build constants, are not counted)
+        WHEN 'SortTokens' THEN list_transform([TRY_CAST(a[3].value AS BIGINT)], lambda e:
+            CASE WHEN len(d[1]) = 2 THEN read_bytes(a, [1, 2]) + d[1][1] * ceil(e / 32) * 4
+                                         + a[1].numel * (2 * 4 + a[1].bpe) + 2 * e * 4 END)[1]
         WHEN 'aiter::_groupnorm_run' THEN read_bytes(a, [1, 3, 4]) + a[1].numel * a[1].bpe
         -- key, value and the slots read; key and value written in the cache's dtype
         WHEN '_C_cache_ops::reshape_and_cache' THEN read_bytes(a, [1, 2, 5]) + a[1].numel * a[3].bpe
@@ -920,9 +959,10 @@ CREATE OR REPLACE MACRO fused_bytes(name, d, a) AS (
 -- ---------------------------------------------------------------------------------------------------------
 -- Serving engines' MoE and paged-attention ops, whose own arguments lack what their cost needs. The ingest
 -- (tracesql/op_costs.sql) reads it from around each call into `x` (STRUCT(allocs STRUCT(shape BIGINT[], dtype
--- INTEGER)[], kernels VARCHAR, batch VARCHAR)): a MoE op's buffers (its child aten::empty calls: shape and
--- c10::ScalarType code, in order) and its kernels' names; an attention op's step annotation. Without `x` (the
--- op_flops / op_bytes functions, a trace without it) they have no cost.
+-- INTEGER)[], kernels VARCHAR, batch VARCHAR)): a MoE op's buffers (the aten::empty calls in it and in the ops
+-- it calls: shape and c10::ScalarType code, in order; a graph replay's copy: those of its capture) and its
+-- kernels' names (a graph capture's: its launches'); an attention op's step annotation. Without `x` (the op_flops / op_bytes functions, a trace
+-- without it) they have no cost.
 CREATE OR REPLACE MACRO serving_op_kind(name) AS (
     CASE
         -- vllm::moe_forward(hidden_states [T, H], router_logits [T, E], layer_name): the fused MoE layer, every
@@ -946,9 +986,10 @@ CREATE OR REPLACE MACRO serving_op_family(name) AS (
 );
 
 -- MoE routing: T tokens of hidden size H, E experts (the router's width), top-k (the width of the first [T, k]
--- buffer the op allocates, k < E: the routing weights or expert ids) and the experts' intermediate size I (the
--- last dim of the first non-integer buffer of at least T·k rows whose last dim is not H: the activation between
--- the two expert GEMMs). Sizes as the op ran them (padded for the kernel when the engine pads).
+-- buffer the op allocates, itself or in the ops it calls, k < E: the routing weights or expert ids) and the
+-- experts' intermediate size I (the last dim of the first non-integer buffer of at least T·k rows whose last dim
+-- is not H: the activation between the two expert GEMMs). Sizes as the op ran them (padded for the kernel when
+-- the engine pads).
 CREATE OR REPLACE MACRO moe_routing(d, x) AS (
     list_transform([{'t': d[1][1], 'h': d[1][2], 'e': d[2][2],
                      'k': list_filter(x.allocs, lambda b: len(b.shape) = 2 AND b.shape[1] = d[1][1]
@@ -1178,7 +1219,7 @@ CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
         WHEN 'copy' THEN CASE WHEN copy_bytes(k.base, d, a, c) IS NOT NULL THEN 0 END
         WHEN 'upsample' THEN upsample_flops(k.base, d, c)
         WHEN 'index' THEN index_flops(k.core, d, a, c)
-        WHEN 'fused' THEN fused_flops(fused_kernel(k.name), a)
+        WHEN 'fused' THEN fused_flops(fused_kernel(k.name), d, a)
         WHEN 'triton' THEN CASE WHEN len(tensor_positions(a, 99)) > 0 THEN 0 END
         WHEN 'loss' THEN loss_flops(k.base, a, c)
         WHEN 'random' THEN CASE WHEN a[1].numel IS NOT NULL THEN 0 END

@@ -8,7 +8,9 @@ with that op's recorded shapes. This module matches each replay to a capture reg
 replayed kernel of a name is the k-th launch of that name in the region, so a replay that runs the graph's streams
 in another order still matches — and adds, per matched replay, copies of the capturing ops (and the ops they nest
 in, inside the region) on a host track of their own, each timed over the replayed kernels it launched: normalize
-then gives each replayed kernel its copy as op (TraceData.graph_ops). See docs/guides/serving.md.
+then gives each replayed kernel its copy as op (TraceData.graph_ops). The ops that launched no kernel are not
+copied; what cost formulas read of them is kept on the copies: the buffers each op allocated (its aten::empty
+calls and those of the ops nested in it, which vLLM's MoE formula reads). See docs/guides/serving.md.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ BATCH_SIZE = re.compile(r"(?:\bbs|batch_size|capture|execute)[=_: ]?(\d+)", re.I
 #: The capture op's args that say what it computed (not which event it was): replays of captures whose ops agree
 #: on them are attributed alike
 _SIGNATURE_ARGS = ("Input Dims", "Input type", "Concrete Inputs", "Input Strides")
+#: The capture's allocations (shape and dtype as Kineto records them: its `Concrete Inputs`) kept on the copies
+ALLOCATION, ALLOCATIONS_ARG = "aten::empty", "graph_capture_allocations"
 TRACK_SUFFIX = " / graph replay"
 GRAPH_OPS_SCHEMA = pa.schema([("slice_id", pa.int64()), ("op_id", pa.int64())])
 
@@ -46,7 +50,7 @@ class Launch:
 @dataclass
 class Capture:
     source: str  # the capture file's name
-    ops: list[dict]  # name, category, ts, dur, args (dict)
+    ops: list[dict]  # name, category, ts, dur, args (dict), allocations (its and its nested ops' aten::empty)
     launches: list[Launch]
     batch_sizes: set[int]
     names: Counter = field(init=False)
@@ -99,7 +103,10 @@ def _region(rows: list[dict], annotations: list[dict], start: int, stop: int, so
         while stack and stack[-1][1] < row["ts"] + row["dur"]:
             stack.pop()
         if row["kind"] == "cpu_op":
-            ops.append({**row, "args": json.loads(row["args"] or "{}")})
+            ops.append({**row, "args": json.loads(row["args"] or "{}"), "allocations": []})
+            if row["name"] == ALLOCATION:  # (size and dtype: the first two Concrete Inputs)
+                for i, _ in stack:
+                    ops[i]["allocations"].append(ops[-1]["args"].get("Concrete Inputs", [])[:2])
             stack.append((len(ops) - 1, row["ts"] + row["dur"]))
             continue
         args = json.loads(row["args"] or "{}")
@@ -226,6 +233,8 @@ def _copies(replay: list[dict], capture: Capture, launch: dict, tid: int, correl
                "name": capture.ops[i]["name"], "ts": ts, "dur": end - ts, "pid": launch["pid"], "tid": tid,
                "track": launch["track"] + TRACK_SUFFIX, "correlation": correlation,  # (normalize: its step)
                "args": json.dumps({**capture.ops[i]["args"], "graph_capture": capture.source,
-                                   "graph_launch": correlation})}
+                                   "graph_launch": correlation,
+                                   **({ALLOCATIONS_ARG: capture.ops[i]["allocations"]}
+                                      if capture.ops[i]["allocations"] else {})})}
               for i, (ts, end) in spans.items()]
     return copies, [(k, ids[i]) for k, i in innermost if i is not None]
