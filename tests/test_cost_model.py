@@ -128,6 +128,12 @@ CASES = {
     "to_copy_half": ("aten::_to_copy", [[64, 32], [], [], [], [], [], []], [F, "Scalar", "", "", "", "Scalar", ""],
                      ["", "5", "", "", "", "False", ""], ("copy", 0, 8192 + 4096)),
     "clone": ("aten::clone", [[32, 64], []], [F, "Scalar"], ["", "0"], ("copy", 0, 2 * 8192)),
+    "permute_pooled_embs": ("fbgemm::permute_pooled_embs_auto_grad", [[1024, 70904], [981], [980], [981], [980]],
+                            [F, "long", "long", "long", "long"], ["", "", "", "", ""],
+                            ("copy", 0, 2 * 1024 * 70904 * 4)),  # HTA's trace_diff: 26 tables' pooled columns
+    "permute_pooled_embs_backward": ("torch::autograd::CppNode<fbgemm_gpu::PermutePooledEmbsFunction"
+                                     "<&fbgemm_gpu::permute_pooled_embs_gpu> >", [[1024, 70904]], [F], [""],
+                                     ("copy", 0, 2 * 1024 * 70904 * 4)),
     "fill_writes_only": ("aten::fill_", [[64, 32], []], [F, "Scalar"], ["", "1"], ("copy", 0, 8192)),
     "constant_pad": ("aten::constant_pad_nd", [[888, 2880], [], []], [B, "ScalarList", "Scalar"],
                      ["", "[0, 64]", "0"], ("copy", 0, 888 * 2880 * 2 + 888 * 2944 * 2)),

@@ -722,10 +722,19 @@ CREATE OR REPLACE MACRO softmax_bytes(k, a, c) AS (
 -- writes self; fill_/zero_: write only; constant_pad_nd/pad/reflection_pad/replication_pad (self, pad): read
 -- the input, write the padded output. `to` and `contiguous` have no formula: when they do work, the _to_copy /
 -- clone / copy_ they call has it; when they do not (already that dtype, already contiguous), they move nothing.
+-- FBGEMM's permute_pooled_embs(pooled_embs [B, sum D], offset_dim_list, permute_list, inv_offset_dim_list,
+-- inv_permute_list) moves each table's pooled columns to their new place: pooled_embs read, a tensor of its shape
+-- written (the four index lists, one entry per table, are not counted); its backward (the autograd node
+-- CppNode<PermutePooledEmbsFunction>, recorded with the gradient only) the inverse move, as many bytes.
 CREATE OR REPLACE MACRO padded_numel(dims, pad_value) AS (
     list_product(list_transform(range(1, len(dims) + 1), lambda j:
         dims[j] + coalesce(TRY_CAST(pad_value AS BIGINT[])[2 * (len(dims) - j) + 1], 0)
                 + coalesce(TRY_CAST(pad_value AS BIGINT[])[2 * (len(dims) - j) + 2], 0)))
+);
+
+CREATE OR REPLACE MACRO is_permute_pooled_embs(name) AS (
+    name IN ('fbgemm::permute_pooled_embs', 'fbgemm::permute_pooled_embs_auto_grad')
+    OR name LIKE 'torch::autograd::CppNode<fbgemm_gpu::PermutePooledEmbsFunction<%'
 );
 
 CREATE OR REPLACE MACRO copy_bytes(core, d, a, c) AS (
@@ -736,7 +745,8 @@ CREATE OR REPLACE MACRO copy_bytes(core, d, a, c) AS (
             THEN a[1].numel * a[1].bpe + a[2].numel * a[2].bpe
         WHEN core = 'aten::_to_copy' AND a[1].numel IS NOT NULL
             THEN a[1].numel * (a[1].bpe + coalesce(scalar_type_bytes(c[2]), a[1].bpe))
-        WHEN core IN ('aten::clone', 'aten::lift_fresh_copy') AND a[1].numel IS NOT NULL THEN 2 * a[1].numel * a[1].bpe
+        WHEN (core IN ('aten::clone', 'aten::lift_fresh_copy') OR is_permute_pooled_embs(core))
+             AND a[1].numel IS NOT NULL THEN 2 * a[1].numel * a[1].bpe
         WHEN core IN ('aten::fill_', 'aten::zero_') AND a[1].numel IS NOT NULL THEN a[1].numel * a[1].bpe
         WHEN core IN ('aten::constant_pad_nd', 'aten::pad', 'aten::reflection_pad1d', 'aten::reflection_pad2d',
                       'aten::reflection_pad3d', 'aten::replication_pad1d', 'aten::replication_pad2d',
@@ -1148,7 +1158,7 @@ CREATE OR REPLACE MACRO op_base_family(name, base) AS (
                                     'aten::lift_fresh_copy', 'aten::fill_', 'aten::zero_', 'aten::constant_pad_nd',
                                     'aten::pad', 'aten::reflection_pad1d', 'aten::reflection_pad2d',
                                     'aten::reflection_pad3d', 'aten::replication_pad1d', 'aten::replication_pad2d',
-                                    'aten::replication_pad3d') THEN 'copy'
+                                    'aten::replication_pad3d') OR is_permute_pooled_embs(base) THEN 'copy'
         WHEN elementwise_spec(fc) IS NOT NULL THEN 'elementwise'
         WHEN reduction_spec(base) IS NOT NULL THEN 'reduction'
         WHEN norm_layout(base) IS NOT NULL THEN 'norm'
