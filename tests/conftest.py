@@ -45,10 +45,14 @@ def _test_environment(tmp_path_factory):
     """Raw-trace targets are ingested into a cache: keep it out of the user's home, one per test session (set for
     the whole session, so module fixtures use it too: the home cache may hold another tracesql's runs). Tables
     are laid out for the terminal's width: 120 columns (tracesql's default without a terminal) wherever the tests
-    run, pytest-xdist's workers included (they report 80)."""
+    run, pytest-xdist's workers included (they report 80). An ingest reads its files one after another unless a
+    test says otherwise (`jobs=2`, `-j 2`: tests/test_ingest.py checks that both ways give the same run): the
+    test workers already keep the cores busy, and starting a process per core costs more than these small
+    traces take to read (half of a bundled run's ingest)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRACESQL_CACHE", str(session_root(tmp_path_factory) / "cache"))
         patch.setenv("COLUMNS", "120")
+        patch.setenv("TRACESQL_JOBS", "1")
         yield
 
 
@@ -96,7 +100,15 @@ SLOW_GROUPS = ("spark", "browser", "concurrency", "benchmark", "docs")
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """A test in a slow group is slow: `pytest` (-m "not slow") leaves the group out, `pytest -m ""` runs it."""
+    """A test in a slow group is slow: `pytest` (-m "not slow") leaves the group out, `pytest -m ""` runs it.
+    The tests that share a module-scoped fixture of their module (an ingested run, a report, open sessions) run on
+    one pytest-xdist worker (an xdist_group per module and such fixtures, kept with --dist loadgroup): spread over
+    both, each worker built the fixture again (a report took 12 s of each)."""
     for item in items:
         if any(item.get_closest_marker(group) for group in SLOW_GROUPS):
             item.add_marker(pytest.mark.slow)
+        module = item.getparent(pytest.Module).nodeid
+        shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items()
+                        if any(d.scope == "module" and d.baseid == module for d in defs))
+        if shared and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(f"{module}:{','.join(shared)}"))

@@ -50,6 +50,8 @@ def _cases(ws):
          "TRACESQL_MAX_ARCHIVE_BYTES: 'abc' is not a number of bytes"),
         (["ingest", TRACE, "-o", ws / "r2"], {"TRACESQL_MAX_GZIP_RATIO": "0"}, 1,
          "TRACESQL_MAX_GZIP_RATIO: '0' is not a number above 1"),
+        (["ingest", TRACE, "-o", ws / "r2"], {"TRACESQL_JOBS": "0"}, 1,
+         "TRACESQL_JOBS: '0' is not a number of files read at once (1 or more)"),
         (["ingest", TRACE, "-o", ws / "r2", "--rank", "x"], {}, 2, "'x' is not a valid integer"),
         (["ingest", TRACE, "-o", ws / "r2", "--max-events", "0"], {}, 1, "--max-events: must be at least 1"),
         (["ingest", TRACE], {}, 2, "Missing option '-o' / '--output'"),

@@ -118,9 +118,15 @@ def test_refuses_to_write_into_a_folder_that_is_not_a_run(tmp_path):
     assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
 
 
-def test_parallel_ingest_equals_serial(tmp_path):
+def test_parallel_ingest_equals_serial(tmp_path, monkeypatch):
+    """Two worker processes (jobs=2 wins over $TRACESQL_JOBS) give the run that one process gives; $TRACESQL_JOBS=1
+    (the test session's default, set here too) reads the files in this process: no pool is started."""
+    from tracesql import ingestion
+
+    monkeypatch.setenv("TRACESQL_JOBS", "1")
     parallel = tracesql.ingest([DATASETS / "hta_trace_filter"], tmp_path / "parallel", jobs=2)
-    tracesql.ingest([DATASETS / "hta_trace_filter"], tmp_path / "serial", jobs=1)
+    monkeypatch.setattr(ingestion, "ProcessPoolExecutor", None)
+    tracesql.ingest([DATASETS / "hta_trace_filter"], tmp_path / "serial")
     assert parallel.ingested == ["sampled_rank-0.json.gz", "sampled_rank-1.json.gz"]
     con = tracesql.connect(tmp_path / "parallel")
     for table in ("slices", "ops", "collectives", "steps"):

@@ -564,6 +564,8 @@ def report(targets, out, baseline, fail_on, gate_runs, order, threshold, model_f
                                     ("tokens_per_step", tokens_per_step)) if v is not None}
     from . import engine as duckdb_engine
 
+    render.check_folder(out)
+
     def build_and_write():
         result = reporting.build(list(targets), baseline=baseline, fail_on=fail_on, order=order,
                                  gate_runs=gate_runs, threshold=threshold, mfu_params=mfu_params or None,

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from . import archives, db, functions, labels, limits, quality, schema, store, views
 from .arrays import array, strings
-from .errors import TraceError
+from .errors import TraceError, env_number
 
 
 
@@ -291,6 +291,7 @@ def ingest(
     from .readers.common import max_inflate_ratio
 
     lim = limits.Limits.make(memory_limit, max_events)
+    jobs = jobs or default_jobs()
     archives.max_bytes(), max_inflate_ratio()  # a bad environment value is refused before any work
     if step_pattern is not None:
         from .step_rules import user_rule
@@ -473,6 +474,12 @@ def _write_op_costs(staging: Path, lim: limits.Limits) -> None:
     (staging / "op_costs").mkdir(exist_ok=True)
     store.write_relation(rows, staging / "op_costs" / f"run-{store.generation(staging)}.parquet")
     con.close()
+
+
+def default_jobs() -> int | None:
+    """Files read at once when the caller does not say: `$TRACESQL_JOBS` (also for the ingests a query on raw
+    traces does into its cache, which take no --jobs), else None: one process per core."""
+    return env_number("TRACESQL_JOBS", None, int, lambda n: n >= 1, "a number of files read at once (1 or more)")
 
 
 def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool,

@@ -350,14 +350,19 @@ def lock_path(out: Path) -> Path:
     return out.parent / f".{out.name}.report-lock"
 
 
+def check_folder(out: Path) -> None:
+    """Refuse an output folder that is a file (the report command asks before it reads any run)."""
+    if out.exists() and not out.is_dir():
+        raise TraceError(out, "exists and is not a folder")
+
+
 @contextlib.contextmanager
 def folder_locked(out: Path):
     """Held by a report from writing into `out` to saying what it wrote: a second report into the same folder
     waits for it (up to LOCK_WAIT_S), so each one's files are its own whole set when it says so."""
     import filelock
 
-    if out.exists() and not out.is_dir():
-        raise TraceError(out, "exists and is not a folder")
+    check_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     try:
         with filelock.FileLock(lock_path(out), timeout=LOCK_WAIT_S):
@@ -370,8 +375,7 @@ def folder_locked(out: Path):
 def write(report, out: Path) -> list[Path]:
     """Write the four files (and the linked Perfetto traces) into `out`, each aside then renamed: an interrupted
     run leaves the previous files."""
-    if out.exists() and not out.is_dir():
-        raise TraceError(out, "exists and is not a folder")
+    check_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     traces = write_traces(report, out)
     contents = {
