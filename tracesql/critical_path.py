@@ -51,7 +51,6 @@ import heapq
 import pickle
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 #: One event of the window. role: 'range' (a host range that holds ops but is no node: annotations, Python
 #: functions), 'op', 'blocking_op' (an op whose end waits for the device), 'blocked_launch' (a launch call that
@@ -452,34 +451,22 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
             out.append(pa.nulls(1, SEGMENT_TYPE))
             continue
         rows = flat.slice(offsets[row], offsets[row + 1] - offsets[row])
-        scale = rows.field("scale")
-        if gaps == 1 and pc.all(pc.equal(pc.fill_null(scale, 1.0), 1.0)).as_py() is not False:
+        ev = {name: rows.field(name).to_pylist() for name, _ in EVENT_FIELDS}
+        if gaps == 1 and all(scale is None or scale == 1 for scale in ev["scale"]):
             gaps = None  # no change: the unchanged replay (one walk for both)
         # the scales take effect only with a gaps_scale: without, the walks of every what-if (each findings
         # rule's) are one walk
-        key = _digest(rows, spans, gaps)
+        key = hashlib.blake2b(pickle.dumps((spans, gaps, [v for name, v in ev.items()
+                                                           if name != "scale" or gaps is not None])),
+                              digest_size=16).digest()
         walked = _WALKED.pop(key, None)
         if walked is None:
-            ev = {name: rows.field(name).to_pylist() for name, _ in EVENT_FIELDS}
             walked = pa.array([_without_gc(path, ev, spans, gaps)], type=SEGMENT_TYPE)
             if len(_WALKED) >= WALKED_SIZE:
                 del _WALKED[next(iter(_WALKED))]
         _WALKED[key] = walked  # the latest used last
         out.append(walked)
     return pa.concat_arrays(out) if out else pa.array([], type=SEGMENT_TYPE)
-
-
-def _digest(rows: pa.StructArray, spans, gaps) -> bytes:
-    """The walk's input, digested: the events' columns (scale only where it takes effect) in Arrow's stream format,
-    and the windows and gaps_scale (half the time of reading the events into Python lists and pickling them)."""
-    names = [name for name, _ in EVENT_FIELDS if name != "scale" or gaps is not None]
-    sink = pa.BufferOutputStream()
-    batch = pa.RecordBatch.from_arrays([rows.field(name) for name in names], names=names)
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    digest = hashlib.blake2b(pickle.dumps((spans, gaps)), digest_size=16)
-    digest.update(sink.getvalue())
-    return digest.digest()
 
 
 def _without_gc(function, *args):
