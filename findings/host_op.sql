@@ -19,24 +19,25 @@
 --   saving_ns   BIGINT   step time the what-if replay says the fix saves (0 when it saves none)
 --   saving_pct  DOUBLE   saving_ns in % of the step's replayed time
 --   query       VARCHAR  the tracesql command that shows the evidence
-WITH top_op AS (
+SET VARIABLE host_op_name = (
     -- the op whose own time lies most on the steps' critical paths: what the steps waited for (the largest by
     -- self time may run while the device is busy)
-    SELECT e.name, sum(w.s.dur_ns) AS path_ns
+    SELECT e.name
     FROM (SELECT run_id, rank, unnest(critical_path_walk(events, NULL, NULL)) AS s
           FROM critical_path_events()) w
     JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.s.event_id
     WHERE w.s.edge = 'op' AND e.kind = 'cpu_op' AND critical_path_cause(NULL, 'cpu_op', e.name, NULL) = 'host'
     GROUP BY e.name
-    ORDER BY path_ns DESC, e.name
-    LIMIT 1
-), priced AS (
-    SELECT * FROM what_if(faster := (SELECT '^' || regexp_escape(name) || '$' FROM top_op), faster_pct := 100)
+    ORDER BY sum(w.s.dur_ns) DESC, e.name
+    LIMIT 1);
+
+WITH priced AS (
+    SELECT * FROM what_if(faster := '^' || regexp_escape(getvariable('host_op_name')) || '$', faster_pct := 100)
 ), calls AS (
     SELECT w.run_id, w.rank, w.instance, any_value(o.name) AS name, count(*) AS calls, sum(o.self_dur) AS self_ns
     FROM critical_path_windows() w
     JOIN ops o ON o.run_id = w.run_id AND o.rank = w.rank AND o.ts BETWEEN w.ts AND w.te
-    WHERE o.name = (SELECT name FROM top_op)
+    WHERE o.name = getvariable('host_op_name')
     GROUP BY ALL
 )
 SELECT p.run_id, p.rank, p.step, 'host_op' AS finding,

@@ -55,19 +55,15 @@ CREATE OR REPLACE MACRO is_queued_launch(name) AS (
              'hipMemcpyWithStream', 'runFunction - job_prep_and_submit_for_execution')
 );
 
--- Per window, the list of its events as critical_path_walk takes them (tracesql/critical_path.py EVENT_FIELDS):
--- the host events that start in it and last (ops are nodes, other ranges only hold them), the device work
--- those host calls launched, and the synchronisations whose host call is in it. What-if: `faster` (a regex of
--- kernel, op or host range names) takes faster_pct % off their time; hide_communication = 1 makes communication kernels
--- weigh 0; remove_syncs = 1 removes the synchronisations and the host calls that wait for them (scale 0: the host
--- no longer waits for the device); straggler_to_median = 1: in each step (annotation instance) of several ranks,
--- the rank whose device work other than communication took the longest (the straggler) does it as fast as the
--- median of the other ranks (its kernels and copies scaled by that median ÷ its time); in a step without device
--- work (CPU ranks), the rank whose host ops other than communication calls took the longest own time.
--- The changes take effect when critical_path_walk is given a gaps_scale. A communication kernel carries its
--- collective instance (collective: a digest of recorded_collective_calls' match_key), for the edges across ranks.
-CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
-        faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0, straggler_to_median := 0) AS TABLE
+-- Per window, the list of its events as critical_path_walk takes them (tracesql/critical_path.py EVENT_FIELDS),
+-- unchanged, each with what the what-if's changes look at (critical_path_events applies them): the host events
+-- that start in it and last (ops are nodes, other ranges only hold them), the device work those host calls
+-- launched, and the synchronisations whose host call is in it. Besides EVENT_FIELDS (scale NULL): name; op_role, a
+-- range's role if a change makes it an op; sync_call, a host call that waits for the device (remove_syncs removes
+-- it); straggles, host ops other than communication calls and device work other than communication (what
+-- straggler_to_median scales). A communication kernel carries its collective instance (collective: a digest of
+-- recorded_collective_calls' match_key), for the edges across ranks.
+CREATE OR REPLACE MACRO critical_path_event_lists(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE
 WITH windows AS (
     SELECT * FROM critical_path_windows(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter)
 ), bounds AS (
@@ -156,25 +152,119 @@ WITH windows AS (
      AND w.stream = s.stream AND w.launch_ts >= s.launch_ts
     WHERE s.sync_kind = 'Stream Wait Event'
     GROUP BY w.run_id, w.rank, w.slice_id
+), collective_kernels AS (
+    -- each communication kernel's collective instance: the call on its stream whose device time holds its start.
+    -- A stream runs its calls one after another, so that is the latest call to start by then, if it has not ended
+    -- (an ASOF join: a join on the stream and the time range compared each kernel with every call on its stream,
+    -- 48 k × 48 k on the 24× tile)
+    SELECT k.run_id, k.rank, k.slice_id, CASE WHEN k.ts < c.device_te THEN c.collective END AS collective
+    FROM work k
+    ASOF JOIN (SELECT run_id, rank, stream, device_ts, device_ts + device_dur AS device_te,
+                      CAST(hash(match_key) >> 1 AS BIGINT) AS collective
+               FROM recorded_collective_calls() WHERE device_ts IS NOT NULL) c
+      ON c.run_id = k.run_id AND c.rank = k.rank AND c.stream = k.stream AND k.ts >= c.device_ts
+    WHERE k.communication
 ), launched AS (
     -- the device work each window's host calls launched; a communication kernel with its collective instance
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts AS window_ts, w.te AS window_te,
         COALESCE(w.step, w.instance) AS joint, k.* EXCLUDE (run_id, rank), c.collective
     FROM windows w
     JOIN work k ON k.run_id = w.run_id AND k.rank = w.rank AND COALESCE(k.launch_ts, k.ts) BETWEEN w.ts AND w.te
-    LEFT JOIN (SELECT run_id, rank, stream, device_ts, device_ts + device_dur AS device_te,
-                      CAST(hash(match_key) >> 1 AS BIGINT) AS collective
-               FROM recorded_collective_calls() WHERE device_ts IS NOT NULL) c
-      ON k.communication AND c.run_id = k.run_id AND c.rank = k.rank AND c.stream = k.stream
-     AND k.ts >= c.device_ts AND k.ts < c.device_te
+    LEFT JOIN collective_kernels c ON c.run_id = k.run_id AND c.rank = k.rank AND c.slice_id = k.slice_id
+), waiting AS (
+    -- the host calls that wait for the device (blocking calls; launch calls blocked on a full queue) with the end
+    -- of the last device work that ended while they ran (the walk reads it of these only)
+    SELECT h.run_id, h.rank, h.slice_id, h.name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventQuery',
+            'cudaEventSynchronize', 'cudaMemcpy', 'cudaMemcpyAsync') AS blocking,
+        bl.slice_id IS NOT NULL AS blocked, CASE WHEN e.te > h.ts THEN e.te END AS stream_free
+    FROM slices h
+    JOIN bounds b ON b.run_id = h.run_id AND b.rank = h.rank AND h.ts BETWEEN b.ts AND b.te
+    LEFT JOIN blocked bl ON bl.run_id = h.run_id AND bl.rank = h.rank AND bl.slice_id = h.slice_id
+    ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM line) e
+      ON e.run_id = h.run_id AND e.rank = h.rank AND e.te <= h.ts + h.dur
+    WHERE h.device_id IS NULL AND h.dur > 0
+      AND (h.name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventQuery', 'cudaEventSynchronize',
+                      'cudaMemcpy', 'cudaMemcpyAsync') OR bl.slice_id IS NOT NULL)
+), events AS (
+    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts AS window_ts, w.te AS window_te,
+        h.slice_id AS id, h.name,
+        -- (a range the what-if changes, `faster`: e.g. a data loader's `enumerate(DataLoader)#...` annotation, is
+        -- an op of its own, op_role, so that its own time, between its child ops, scales)
+        CASE WHEN h.kind NOT IN ('cpu_op', 'runtime', 'driver') THEN 'range'
+             WHEN wt.blocking THEN 'blocking_op' WHEN wt.blocked THEN 'blocked_launch' ELSE 'op' END AS role,
+        CASE WHEN wt.blocking THEN 'blocking_op' WHEN wt.blocked THEN 'blocked_launch' ELSE 'op' END AS op_role,
+        h.ts, h.dur, h.pid, h.tid, NULL::BIGINT AS stream, NULL::BIGINT AS launch, NULL::BIGINT AS queue_at_launch,
+        NULL::BIGINT AS queue_at_start, NULL::BIGINT AS waits_on,
+        wt.stream_free,
+        critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync' AS sync_call,
+        h.kind = 'cpu_op' AND NOT is_communication_call(h.name) AS straggles,
+        NULL::BIGINT AS collective
+    FROM windows w
+    JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
+    LEFT JOIN waiting wt ON wt.run_id = h.run_id AND wt.rank = h.rank AND wt.slice_id = h.slice_id
+    -- (a device-only rank's host work leads to none of its device work: the replay is its devices' alone)
+    WHERE h.device_id IS NULL AND h.dur > 0
+      AND (w.run_id, w.rank) NOT IN (SELECT run_id, rank FROM device_only)
+    UNION ALL
+    SELECT k.run_id, k.rank, k.window_name, k.instance, k.step, k.window_ts, k.window_te, k.slice_id, k.name,
+        CASE WHEN k.communication THEN 'communication' ELSE 'device' END, NULL, k.ts, k.dur, k.pid, k.tid, k.stream,
+        k.launch_id, ql.length, qs.length, sw.waits_on, k.stream_free, false, NOT k.communication, k.collective
+    FROM launched k
+    LEFT JOIN queue ql ON ql.run_id = k.run_id AND ql.rank = k.rank AND ql.slice_id = k.slice_id AND ql.at_start = 0
+    LEFT JOIN queue qs ON qs.run_id = k.run_id AND qs.rank = k.rank AND qs.slice_id = k.slice_id AND qs.at_start = 1
+    LEFT JOIN stream_waits sw ON sw.run_id = k.run_id AND sw.rank = k.rank AND sw.slice_id = k.slice_id
+    UNION ALL
+    -- HTA takes a stream's synchronisation with its host call, one on no stream (event, device) by its own start
+    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts, w.te, s.slice_id, NULL,
+        CASE s.sync_kind WHEN 'Stream Sync' THEN 'stream_sync' WHEN 'Context Sync' THEN 'context_sync'
+            ELSE 'event_sync' END,
+        NULL, s.ts, s.dur, NULL, NULL, s.stream, s.launch_id, NULL, NULL, rec.waits_on, NULL, true, false, NULL
+    FROM windows w
+    JOIN syncs s ON s.run_id = w.run_id AND s.rank = w.rank
+     AND CASE WHEN s.stream >= 0 THEN s.launch_ts BETWEEN w.ts AND w.te AND s.launch_dur > 0
+              ELSE s.ts BETWEEN w.ts AND w.te AND s.dur > 0 END
+    LEFT JOIN recorded rec ON rec.run_id = s.run_id AND rec.rank = s.rank AND rec.slice_id = s.slice_id
+    WHERE s.sync_kind IN ('Stream Sync', 'Context Sync', 'Event Sync')
+)
+SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
+    -- in slice_id order: the walk breaks ties between equal paths by it, the same on every run
+    list(struct_pack(id, role, ts, dur, pid, tid, stream, launch, queue_at_launch, queue_at_start, waits_on,
+                     stream_free, scale := NULL::DOUBLE, rank := CAST(rank AS BIGINT), collective, name, op_role,
+                     sync_call, straggles)
+         ORDER BY id) AS events
+FROM events
+GROUP BY run_id, rank, window_name, instance, step, window_ts, window_te;
+
+-- What critical_path_events reads: critical_path_event_lists, or, while `tracesql findings` runs its rules, the
+-- lists of the default windows it computed once for all of them (tracesql/findings.py replaces this macro).
+CREATE OR REPLACE MACRO critical_path_event_source(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE
+FROM critical_path_event_lists(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter);
+
+-- Per window, the list of its events as critical_path_walk takes them (tracesql/critical_path.py EVENT_FIELDS),
+-- with the what-if's changes: `faster` (a regex of kernel, op or host range names) takes faster_pct % off their
+-- time; hide_communication = 1 makes communication kernels weigh 0; remove_syncs = 1 removes the synchronisations
+-- and the host calls that wait for them (scale 0: the host no longer waits for the device); straggler_to_median =
+-- 1: in each step (annotation instance) of several ranks, the rank whose device work other than communication
+-- took the longest (the straggler) does it as fast as the median of the other ranks (its kernels and copies scaled
+-- by that median ÷ its time); in a step without device work (CPU ranks), the rank whose host ops other than
+-- communication calls took the longest own time. The changes take effect when critical_path_walk is given a
+-- gaps_scale.
+CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
+        faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0, straggler_to_median := 0) AS TABLE
+WITH lists AS (
+    SELECT *, COALESCE(step, instance) AS joint
+    FROM critical_path_event_source(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter)
 ), device_time AS (
-    SELECT run_id, window_name, joint, rank, sum(dur) AS busy_ns
-    FROM launched WHERE NOT communication GROUP BY ALL
+    SELECT run_id, window_name, joint, rank, sum(busy_ns) AS busy_ns
+    FROM (SELECT run_id, window_name, joint, rank, list_sum([e.dur FOR e IN events IF e.role = 'device']) AS busy_ns
+          FROM lists
+          WHERE straggler_to_median = 1 AND list_bool_or([e.role = 'device' FOR e IN events]))
+    GROUP BY ALL
 ), host_time AS (
     -- a step in which no rank ran device work (CPU ranks, e.g. over gloo): each rank's own time in host ops other
     -- than communication calls (what the straggler's scale then applies to)
     SELECT w.run_id, w.window_name, COALESCE(w.step, w.instance) AS joint, w.rank, sum(o.self_dur) AS busy_ns
-    FROM windows w
+    FROM critical_path_windows(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter) w
     JOIN ops o ON o.run_id = w.run_id AND o.rank = w.rank AND o.ts BETWEEN w.ts AND w.te
     ANTI JOIN device_time d ON d.run_id = w.run_id AND d.window_name = w.window_name
      AND d.joint = COALESCE(w.step, w.instance)
@@ -190,69 +280,27 @@ WITH windows AS (
       ON o.run_id = s.run_id AND o.window_name = s.window_name AND o.joint = s.joint AND o.rank <> s.rank
     WHERE s.n = 1 AND straggler_to_median = 1
     GROUP BY s.run_id, s.window_name, s.joint, s.rank, s.on_host, s.busy_ns
-), events AS (
-    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts AS window_ts, w.te AS window_te,
-        h.slice_id AS id,
-        -- a range the what-if changes (`faster`: e.g. a data loader's `enumerate(DataLoader)#...` annotation) is
-        -- an op of its own, so that its own time, between its child ops, scales
-        CASE WHEN h.kind NOT IN ('cpu_op', 'runtime', 'driver') AND NOT COALESCE(regexp_matches(h.name, faster), false)
-                 THEN 'range'
-             WHEN h.name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventQuery',
-                             'cudaEventSynchronize', 'cudaMemcpy', 'cudaMemcpyAsync') THEN 'blocking_op'
-             WHEN bl.slice_id IS NOT NULL THEN 'blocked_launch'
-             ELSE 'op' END AS role,
-        h.ts, h.dur, h.pid, h.tid, NULL::BIGINT AS stream, NULL::BIGINT AS launch, NULL::BIGINT AS queue_at_launch,
-        NULL::BIGINT AS queue_at_start, NULL::BIGINT AS waits_on,
-        -- for a call that waits for the device: the end of the last device work that ended while it ran
-        CASE WHEN e.te > h.ts THEN e.te END AS stream_free,
-        CASE WHEN remove_syncs = 1 AND critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync' THEN 0
-             WHEN regexp_matches(h.name, faster) THEN 1 - faster_pct / 100
-             WHEN h.kind = 'cpu_op' AND NOT is_communication_call(h.name) THEN st.scale END AS scale,
-        NULL::BIGINT AS collective
-    FROM windows w
-    JOIN slices h ON h.run_id = w.run_id AND h.rank = w.rank AND h.ts BETWEEN w.ts AND w.te
-    LEFT JOIN stragglers st ON st.on_host AND st.run_id = w.run_id AND st.window_name = w.window_name
-     AND st.joint = COALESCE(w.step, w.instance) AND st.rank = w.rank
-    ASOF LEFT JOIN (SELECT run_id, rank, ts + dur AS te FROM line) e
-      ON e.run_id = h.run_id AND e.rank = h.rank AND e.te <= h.ts + h.dur
-    LEFT JOIN blocked bl ON bl.run_id = h.run_id AND bl.rank = h.rank AND bl.slice_id = h.slice_id
-    -- (a device-only rank's host work leads to none of its device work: the replay is its devices' alone)
-    WHERE h.device_id IS NULL AND h.dur > 0
-      AND (w.run_id, w.rank) NOT IN (SELECT run_id, rank FROM device_only)
-    UNION ALL
-    SELECT k.run_id, k.rank, k.window_name, k.instance, k.step, k.window_ts, k.window_te, k.slice_id,
-        CASE WHEN k.communication THEN 'communication' ELSE 'device' END, k.ts, k.dur, k.pid, k.tid, k.stream,
-        k.launch_id, ql.length, qs.length, sw.waits_on, k.stream_free,
-        CASE WHEN k.communication AND hide_communication = 1 THEN 0
-             WHEN regexp_matches(k.name, faster) THEN 1 - faster_pct / 100
-             WHEN NOT k.communication AND k.rank = st.rank AND NOT st.on_host THEN st.scale END,
-        k.collective
-    FROM launched k
-    LEFT JOIN stragglers st ON st.run_id = k.run_id AND st.window_name = k.window_name AND st.joint = k.joint
-    LEFT JOIN queue ql ON ql.run_id = k.run_id AND ql.rank = k.rank AND ql.slice_id = k.slice_id AND ql.at_start = 0
-    LEFT JOIN queue qs ON qs.run_id = k.run_id AND qs.rank = k.rank AND qs.slice_id = k.slice_id AND qs.at_start = 1
-    LEFT JOIN stream_waits sw ON sw.run_id = k.run_id AND sw.rank = k.rank AND sw.slice_id = k.slice_id
-    UNION ALL
-    -- HTA takes a stream's synchronisation with its host call, one on no stream (event, device) by its own start
-    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.ts, w.te, s.slice_id,
-        CASE s.sync_kind WHEN 'Stream Sync' THEN 'stream_sync' WHEN 'Context Sync' THEN 'context_sync'
-            ELSE 'event_sync' END,
-        s.ts, s.dur, NULL, NULL, s.stream, s.launch_id, NULL, NULL, rec.waits_on, NULL,
-        CASE WHEN remove_syncs = 1 THEN 0 END, NULL
-    FROM windows w
-    JOIN syncs s ON s.run_id = w.run_id AND s.rank = w.rank
-     AND CASE WHEN s.stream >= 0 THEN s.launch_ts BETWEEN w.ts AND w.te AND s.launch_dur > 0
-              ELSE s.ts BETWEEN w.ts AND w.te AND s.dur > 0 END
-    LEFT JOIN recorded rec ON rec.run_id = s.run_id AND rec.rank = s.rank AND rec.slice_id = s.slice_id
-    WHERE s.sync_kind IN ('Stream Sync', 'Context Sync', 'Event Sync')
 )
-SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
-    -- in slice_id order: the walk breaks ties between equal paths by it, the same on every run
-    list(struct_pack(id, role, ts, dur, pid, tid, stream, launch, queue_at_launch, queue_at_start, waits_on,
-                     stream_free, scale, rank := CAST(rank AS BIGINT), collective)
-         ORDER BY id) AS events
-FROM events
-GROUP BY run_id, rank, window_name, instance, step, window_ts, window_te;
+SELECT l.run_id, l.rank, l.window_name, l.instance, l.step, l.window_ts, l.window_te,
+    [struct_pack(id := e.id,
+                 role := CASE WHEN e.role = 'range' AND COALESCE(regexp_matches(e.name, faster), false) THEN e.op_role
+                              ELSE e.role END,
+                 ts := e.ts, dur := e.dur, pid := e.pid, tid := e.tid, stream := e.stream, launch := e.launch,
+                 queue_at_launch := e.queue_at_launch, queue_at_start := e.queue_at_start, waits_on := e.waits_on,
+                 stream_free := e.stream_free,
+                 scale := CAST(CASE WHEN e.role IN ('stream_sync', 'context_sync', 'event_sync')
+                                        THEN CASE WHEN remove_syncs = 1 THEN 0 END
+                                    WHEN e.role = 'communication' AND hide_communication = 1 THEN 0
+                                    WHEN e.role NOT IN ('device', 'communication') AND remove_syncs = 1 AND e.sync_call
+                                        THEN 0
+                                    WHEN regexp_matches(e.name, faster) THEN 1 - faster_pct / 100
+                                    WHEN e.straggles AND l.rank = st.rank
+                                     AND st.on_host = (e.role NOT IN ('device', 'communication')) THEN st.scale
+                               END AS DOUBLE),
+                 rank := e.rank, collective := e.collective)
+     FOR e IN l.events] AS events
+FROM lists l
+LEFT JOIN stragglers st ON st.run_id = l.run_id AND st.window_name = l.window_name AND st.joint = l.joint;
 
 -- What a critical-path segment is (queries/critical_path.sql's cause), from its edge and the event it belongs to
 -- (kind, name, device class): a launch delay, a gap between kernels, a sync wait, a communication kernel, a
