@@ -104,7 +104,7 @@ WITH phase_ranges AS (
     WHERE sequence_number >= 0 AND COALESCE(fwd_thread_id, 0) = 0
     GROUP BY run_id, rank, step, pid, tid
     -- (true of every span, but DuckDB then estimates them fewer than the device events, and joins them to the
-    -- events with the spans, not the events, as its hash table: 0.15 of 2 CPU-s at 3.6 M slices)
+    -- events with the spans, not the events, as its hash table: 0.1 of 2 CPU-s at 3.6 M slices)
     HAVING count(*) > 0
 ), events AS (
     SELECT d.run_id, d.rank, d.ts, d.ts + d.dur AS te,
@@ -139,8 +139,8 @@ WITH phase_ranges AS (
     -- data_loading, other, communication), so that two running sums keep all six (exact while fewer than 2^21
     -- events of a phase run at once in a window); `counted` flags an event's start edge (8) and its phase
     -- (1 forward, 2 backward, 4 optimizer), summed per window.
-    -- A row per edge, not per instant: of the rows of an instant, the sweep below gives the last in its order the
-    -- state after all of them, and the others no duration, so no GROUP BY makes instants unique
+    -- A row per edge, not per instant: the sweep below gives every row of an instant the state after all of them
+    -- (its frame takes in its peers) and all but one of them no duration, so no GROUP BY makes instants unique
     SELECT w.wid, CASE e.edge WHEN 1 THEN greatest(v.ts, w.ts) ELSE least(v.te, w.te) END AS t,
         e.edge * CASE v.phase WHEN 'forward' THEN 1 WHEN 'backward' THEN 2097152 WHEN 'optimizer' THEN 4398046511104
                               ELSE 0 END AS early,
@@ -164,7 +164,7 @@ WITH phase_ranges AS (
     -- every event adds +1 and -1 inside one window, so each window's running sums start from 0 and one running
     -- sum over all windows in order equals the per-window one (DuckDB runs it ~10x faster than one partitioned
     -- by window when one partition is much larger than the others)
-    WINDOW o AS (ORDER BY wid, t ROWS UNBOUNDED PRECEDING)
+    WINDOW o AS (ORDER BY wid, t)
 ), segments AS (
     SELECT wid, t, dur, early & 2097151 AS fwd, (early >> 21) & 2097151 AS bwd, early >> 42 AS opt,
         late & 2097151 AS data, (late >> 21) & 2097151 AS oth, late >> 42 AS comm, counted & 1 AS fwd_n,
