@@ -56,11 +56,18 @@ CREATE OR REPLACE MACRO device_activity(class_scheme := 'default', analysis_wind
 WITH classified AS (
     -- the default scheme's class as stored at ingest (slices.class) when every run of the session stored it
     -- (tracesql.connect sets the variable tracesql_classes_stored then); else, and for the other scheme, the
-    -- classes by the rules, so that a run of either version and either scheme gives the same rows. An event no
-    -- rule matches is left out (its stored class is NULL)
+    -- classes by the rules (each event's, or each distinct name's: device_classes), so that a run of either
+    -- version and either scheme gives the same rows. An event no rule matches is left out (its stored class is NULL)
     SELECT * FROM slices
     WHERE class_scheme = 'default' AND COALESCE(getvariable('tracesql_classes_stored'), false)
       AND kind IN ('kernel', 'memcpy', 'memset') AND class IS NOT NULL
+    UNION ALL
+    -- a shipped scheme of few rules (HTA's) matched on each event: cheaper than device_classes' two reads
+    SELECT * FROM (
+        SELECT * REPLACE (shipped_kernel_class(class_scheme, kind, name, category) AS class)
+        FROM slices
+        WHERE kind IN ('kernel', 'memcpy', 'memset') AND shipped_class_per_event(class_scheme))
+    WHERE class IS NOT NULL
     UNION ALL
     SELECT s.* REPLACE (c.class AS class)
     FROM slices s
@@ -68,7 +75,7 @@ WITH classified AS (
       ON c.run_id = s.run_id AND c.rank = s.rank AND c.kind = s.kind AND c.name_hash = hash(s.name)
      AND c.category IS NOT DISTINCT FROM s.category
     -- (the kinds device_classes has, filtered while reading: the join alone hashed every slice's name)
-    WHERE s.kind IN ('kernel', 'memcpy', 'memset')
+    WHERE s.kind IN ('kernel', 'memcpy', 'memset') AND NOT shipped_class_per_event(class_scheme)
       AND (class_scheme <> 'default' OR NOT COALESCE(getvariable('tracesql_classes_stored'), false))
 ), filtered_runs AS (
     -- HTA's rule: a run whose traces name at least two steps (all ranks together) is filtered ...

@@ -18,14 +18,16 @@ WITH launched AS (
     SELECT run_id, rank, device_id, stream, row_number() OVER (ORDER BY run_id, rank, device_id, stream) AS sid
     FROM (SELECT DISTINCT run_id, rank, device_id, stream FROM launched)
 ), changes AS (
+    -- (LEFT JOINs, which every launch matches: DuckDB then estimates the changes as many as the launches, and
+    -- joins the streams back onto the counts with the streams as its hash table, not the million counts)
     SELECT s.sid, l.slice_id, l.launch_ts AS ts, 1 AS delta
     FROM launched l
-    JOIN streams s ON s.run_id = l.run_id AND s.rank = l.rank AND s.device_id IS NOT DISTINCT FROM l.device_id
+    LEFT JOIN streams s ON s.run_id = l.run_id AND s.rank = l.rank AND s.device_id IS NOT DISTINCT FROM l.device_id
      AND s.stream = l.stream
     UNION ALL
     SELECT s.sid, l.slice_id, l.device_ts, -1
     FROM launched l
-    JOIN streams s ON s.run_id = l.run_id AND s.rank = l.rank AND s.device_id IS NOT DISTINCT FROM l.device_id
+    LEFT JOIN streams s ON s.run_id = l.run_id AND s.rank = l.rank AND s.device_id IS NOT DISTINCT FROM l.device_id
      AND s.stream = l.stream
 ), counted AS (
     -- one running sum over all streams in order (a stream's changes sum to 0), several times faster than one
