@@ -458,10 +458,16 @@ def _write_run_labels(staging: Path, run_id: str, given: dict) -> None:
 OP_COSTS_SQL = (Path(__file__).parent / "op_costs.sql").read_text()
 
 
+#: a memory limit under this runs the run-wide op_costs query on one thread (_write_op_costs)
+SMALL_MEMORY_BYTES = 256 << 20
+
+
 def _write_op_costs(staging: Path, lim: limits.Limits) -> None:
     """The run's `op_costs` table: every op's cost, by the formulas of functions/30_flops.sql, over all its ranks
-    at once (each distinct call costed once for the run)."""
-    con = db.connect(None, lim.memory)
+    at once (each distinct call costed once for the run). Under a small memory limit on one DuckDB thread: each
+    thread keeps its own hash tables, and two needed ~60 MB on the bundled hta_trace_filter (one: under 48 MB;
+    on the 24x tile one thread takes 7.7-9.3 s against 6.1 s)."""
+    con = db.connect(1 if lim.memory_bytes < SMALL_MEMORY_BYTES else None, lim.memory)
     files = {t: [str(staging / rel) for rel in store.parquet_files(staging) if rel.split("/")[0] == t]
              for t in ("ops", "slices", "xla_ops")}
     con.execute(views.views_sql({**files, "op_costs": []})).fetchall()  # op_costs: empty, of the table's columns
