@@ -21,10 +21,10 @@ COMPUTE = ascend._COMPUTE_TASKS
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ascend") / "npu"
-    result = tracesql.ingest([EXPORT], out)
-    assert sorted(result.ingested) == [f"rank{r}_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json.gz" for r in (0, 1)]
+def run(ingested):
+    out = ingested(EXPORT)
+    sources = json.loads((out / "tracesql.json").read_text())["sources"]
+    assert sorted(sources) == [f"rank{r}_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json.gz" for r in (0, 1)]
     return out
 
 

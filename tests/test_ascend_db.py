@@ -5,6 +5,7 @@ torch_npu's own figures for it (OVERLAP_ANALYSIS, analysis.db's StepTraceTime)."
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -20,10 +21,9 @@ DB = OUTPUT / "ascend_pytorch_profiler_0.db"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ascend_db") / "npu_db"
-    result = tracesql.ingest([EXPORT], out)
-    assert result.ingested == ["ascend_pytorch_profiler_0.db"]
+def run(ingested):
+    out = ingested(EXPORT)
+    assert list(json.loads((out / "tracesql.json").read_text())["sources"]) == ["ascend_pytorch_profiler_0.db"]
     return out
 
 

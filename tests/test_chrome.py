@@ -127,15 +127,14 @@ def test_labelled_step_annotations_are_steps(ingested):
     assert per_step == [(0, 4), (1, 4), (2, 4)]  # forward, backward, time.sleep, the optimizer instant
 
 
-def test_array_format_without_its_closing_bracket_reads_like_the_object(tmp_path):
+def test_array_format_without_its_closing_bracket_reads_like_the_object(tmp_path, ingested):
     events = raw_events(VIZ)
     text = json.dumps(events)
     (tmp_path / "array").mkdir()
     (tmp_path / "array" / "viz.json").write_text(text[:-1] + ",\n")  # a tracer stopped before closing the list
     tracesql.ingest([tmp_path / "array" / "viz.json"], tmp_path / "a")
-    tracesql.ingest([VIZ], tmp_path / "o")
     sql = "SELECT slice_id, kind, name, ts, dur, depth, step FROM slices ORDER BY 1"
-    assert run_sql(tmp_path / "a", sql) == run_sql(tmp_path / "o", sql)
+    assert run_sql(tmp_path / "a", sql) == run_sql(ingested(VIZ), sql)
     assert len(run_sql(tmp_path / "a", sql)) == 15
 
 
@@ -146,7 +145,7 @@ JAX_SESSIONS = [pytest.param(("jax_cpu_mlp", 30), id="jax_cpu_mlp"),
 
 
 @pytest.fixture(scope="module", params=JAX_SESSIONS)
-def jax_runs(request, tmp_path_factory):
+def jax_runs(request, tmp_path_factory, ingested):
     """A JAX session's Chrome JSON and its XPlane, each ingested, and its number of XLA ops."""
     name, xla_ops = request.param
     folder = DATASETS / name
@@ -154,8 +153,7 @@ def jax_runs(request, tmp_path_factory):
     (tmp / "json").mkdir()
     shutil.copy(folder / "vm.trace.json.gz.crosscheck", tmp / "json" / "vm.trace.json.gz")
     tracesql.ingest([tmp / "json"], tmp / "from_json")
-    tracesql.ingest([folder / "vm.xplane.pb"], tmp / "from_xplane")
-    return tmp / "from_json", tmp / "from_xplane", xla_ops
+    return tmp / "from_json", ingested(folder / "vm.xplane.pb"), xla_ops
 
 
 def test_jax_chrome_json_and_xplane_agree(jax_runs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,10 +23,10 @@ TRACE = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
+def ws(tmp_path_factory, ingested):
     """A workspace: a good run, a file, a folder, a damaged run."""
     root = tmp_path_factory.mktemp("cli")
-    tracesql.ingest([TRACE], root / "run")
+    shutil.copytree(ingested(TRACE), root / "run")
     (root / "file.txt").write_text("not a folder")
     (root / "folder").mkdir()
     damaged = root / "damaged"

@@ -77,7 +77,7 @@ def test_trailing_metadata_object_is_located_not_read_whole(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("in_kernel", [True, False])
-def test_located_array_is_copied_whole(tmp_path, monkeypatch, in_kernel):
+def test_located_array_is_copied_whole(tmp_path, monkeypatch, ingested, in_kernel):
     """A plain file's array is copied into the scratch folder by copy_file_range where the OS has it, else a chunk
     at a time (chunks smaller than the array here): both give DuckDB every event, as the gzip path does."""
     import gzip as gz
@@ -93,10 +93,10 @@ def test_located_array_is_copied_whole(tmp_path, monkeypatch, in_kernel):
         monkeypatch.setattr(kineto, "_CHUNK", 1 << 16)
     assert path.stat().st_size > 8 << 16  # several chunks
     tracesql.ingest([path], tmp_path / "run")
-    tracesql.ingest([DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"], tmp_path / "gz")  # not copied
+    gz = ingested(DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz")  # not copied
     rows = "SELECT count(*), count(DISTINCT slice_id), max(slice_id), sum(dur) FROM slices"
     got = tracesql.connect(tmp_path / "run").execute(rows).fetchone()
-    assert got == tracesql.connect(tmp_path / "gz").execute(rows).fetchone()
+    assert got == tracesql.connect(gz).execute(rows).fetchone()
     assert got[:3] == (4811, 4811, 4853)
 
 

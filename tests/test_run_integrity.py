@@ -20,17 +20,11 @@ from tracesql.cli import main
 TRACE = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    run = tmp_path_factory.mktemp("integrity") / "run"
-    tracesql.ingest([TRACE], run)
-    return run
-
-
 @pytest.fixture
-def run(pristine, tmp_path):
+def run(ingested, tmp_path):
+    """A copy of the run of TRACE, for the test to damage."""
     copy = tmp_path / "run"
-    shutil.copytree(pristine, copy)
+    shutil.copytree(ingested(TRACE), copy)
     return copy
 
 
@@ -153,14 +147,14 @@ def test_damaged_run_is_rebuilt_by_the_next_ingest(run):
 
 
 @pytest.mark.parametrize("folder", ["exp[1]", "a*", "what?", "it's"])
-def test_glob_characters_in_run_paths(tmp_path, folder, pristine):
+def test_glob_characters_in_run_paths(tmp_path, folder, ingested):
     """A run under `exp[1]/` is written and read; one named `a*` or `what?` reads only its own files, not the
-    sibling runs the pattern would match (copies of a run of the same trace: read too, they would double the
-    count of slices)."""
+    sibling runs the pattern would match (copies of another run of the trace: read too, they would add their
+    slices and their run_id)."""
     parent = tmp_path / folder
     tracesql.ingest([TRACE], parent / "run")
-    shutil.copytree(pristine, tmp_path / "ab" / "run")  # what `a*` would also match
-    shutil.copytree(pristine, tmp_path / "whatX" / "run")  # and `what?`
+    shutil.copytree(ingested(TRACE), tmp_path / "ab" / "run")  # what `a*` would also match
+    shutil.copytree(ingested(TRACE), tmp_path / "whatX" / "run")  # and `what?`
     con = tracesql.connect(parent / "run")
     assert con.execute("SELECT count(*), count(DISTINCT run_id) FROM slices").fetchone() == (4811, 1)
     assert cli("verify", parent / "run")[0] == 0
