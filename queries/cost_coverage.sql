@@ -30,11 +30,9 @@
 --   uncosted_pct   DOUBLE   uncosted_ns / compute_ns · 100, 2 decimals
 --   top_uncosted      VARCHAR[]  the largest uncosted names (as `name` per kernel), largest first (per = 'kernel': NULL)
 --   top_uncosted_ns   BIGINT[]   their uncosted time, in the same order (per = 'kernel': NULL)
-WITH RECURSIVE op_costs_all AS (
-    SELECT * FROM op_costs(attention_convention := COALESCE(getvariable('attention_convention'), 'flash'))
-), covered AS (
+WITH RECURSIVE covered AS (
     -- the costed ops and every op nested in them (costed ops never nest in each other: op_costs)
-    SELECT run_id, rank, op_id FROM op_costs_all WHERE counted
+    SELECT run_id, rank, op_id FROM op_costs WHERE counted
     UNION ALL
     SELECT o.run_id, o.rank, o.op_id
     FROM covered c JOIN ops o ON o.run_id = c.run_id AND o.rank = c.rank AND o.parent_op_id = c.op_id
@@ -53,33 +51,45 @@ WITH RECURSIVE op_costs_all AS (
              WHEN o.op_id IS NULL AND s.cost_source IN ('identical kernel', 'aligned kernel')
                  THEN 'identical kernels, different costs'
              WHEN o.op_id IS NULL THEN 'no launch recorded'
+             WHEN oc.op_id IS NULL THEN op_costs_missing(k.run_id)
              -- cat, stack, _foreach_*: Kineto keeps no shape of a TensorList's tensors, so no formula could cost it
-             WHEN o.family IS NULL AND list_contains(o.input_types, 'TensorList') THEN 'shapes not recorded'
-             WHEN o.family IS NULL THEN 'no formula'
-             WHEN o.flops IS NULL THEN 'shapes not recorded'
+             WHEN oc.family IS NULL AND list_contains(o.input_types, 'TensorList') THEN 'shapes not recorded'
+             WHEN oc.family IS NULL THEN 'no formula'
+             WHEN CASE WHEN COALESCE(getvariable('attention_convention'), 'flash') = 'flash' THEN oc.flops
+                       ELSE oc.torch_flops END IS NULL THEN 'shapes not recorded'
              ELSE 'not counted' END AS reason
     FROM device_activity() k
     LEFT JOIN covered c ON c.run_id = k.run_id AND c.rank = k.rank AND c.op_id = k.op_id
-    -- the op that launched the kernel (op_costs_all has a row per op: its name, shapes and cost) ...
-    LEFT JOIN op_costs_all o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
-    -- ... and the kernel's own row, where it has one (op ids and kernel slice ids never collide)
-    LEFT JOIN op_costs_all s ON s.run_id = k.run_id AND s.rank = k.rank AND s.op_id = k.slice_id
+    -- the op that launched the kernel (its name and shapes) and its cost (the tables op_costs() joins, read for
+    -- the kernels' ops only)
+    LEFT JOIN ops o ON o.run_id = k.run_id AND o.rank = k.rank AND o.op_id = k.op_id
+    LEFT JOIN op_costs oc ON oc.run_id = k.run_id AND oc.rank = k.rank AND oc.op_id = k.op_id
+    -- ... and the kernel's own row, where it has one (a kernel with no launch costed like its identical kernels;
+    -- an XLA op's own row is its op's, above)
+    LEFT JOIN (SELECT run_id, rank, op_id, counted, cost_source FROM op_costs
+               WHERE cost_source IN ('identical kernel', 'aligned kernel')) s
+      ON s.run_id = k.run_id AND s.rank = k.rank AND s.op_id = k.slice_id
     -- the graph launches alone, not every slice (a hash table of the millions of host calls was most of the time)
     LEFT JOIN (SELECT run_id, rank, slice_id, op_id FROM slices
                WHERE kind IN ('runtime', 'driver') AND name ILIKE '%GraphLaunch%') g
       ON g.run_id = k.run_id AND g.rank = k.rank AND g.slice_id = k.launch_id
     WHERE k.class = 'compute'
-), ranks AS (
-    SELECT run_id, rank, count(*) AS kernels, CAST(sum(dur) AS BIGINT) AS compute_ns,
-        CAST(COALESCE(sum(dur) FILTER (WHERE costed), 0) AS BIGINT) AS costed_ns
+), kinds AS (
+    -- the compute kernels by whether costed, name and reason: the ranks' totals and the uncosted names from one
+    -- grouping of the kernels
+    SELECT run_id, rank, costed, name, reason, count(*) AS kernels, sum(dur) AS dur
     FROM compute
+    GROUP BY run_id, rank, costed, name, reason
+), ranks AS (
+    SELECT run_id, rank, CAST(sum(kernels) AS BIGINT) AS kernels, CAST(sum(dur) AS BIGINT) AS compute_ns,
+        CAST(COALESCE(sum(dur) FILTER (WHERE costed), 0) AS BIGINT) AS costed_ns
+    FROM kinds
     GROUP BY run_id, rank
 ), uncosted AS (
-    SELECT run_id, rank, name, reason, count(*) AS kernels, CAST(sum(dur) AS BIGINT) AS uncosted_ns,
-        row_number() OVER (PARTITION BY run_id, rank ORDER BY sum(dur) DESC, name, reason) AS nth
-    FROM compute
+    SELECT run_id, rank, name, reason, kernels, CAST(dur AS BIGINT) AS uncosted_ns,
+        row_number() OVER (PARTITION BY run_id, rank ORDER BY dur DESC, name, reason) AS nth
+    FROM kinds
     WHERE NOT costed
-    GROUP BY run_id, rank, name, reason
 )
 SELECT r.run_id, r.rank, CAST(NULL AS VARCHAR) AS name, CAST(NULL AS VARCHAR) AS reason, r.kernels, r.compute_ns,
     r.costed_ns, r.compute_ns - r.costed_ns AS uncosted_ns,

@@ -1329,6 +1329,11 @@ CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS 
 -- ---------------------------------------------------------------------------------------------------------
 -- Table functions over a run.
 
+-- The error for an op without its row in `op_costs`: the run was ingested before the table existed.
+CREATE OR REPLACE MACRO op_costs_missing(run_id) AS
+    error('run ' || run_id || ' has no op costs: it was ingested by a tracesql older than schema version 10, '
+          || 'which works them out at ingest; ingest it again');
+
 -- Every op with its FLOPs and bytes and whether it is *counted* (the ops whose FLOPs and bytes add up without
 -- double counting: the innermost GEMM/conv/attention op, the outermost other op with a formula, XLA ops but the
 -- -done of an async pair): the run's `op_costs` table, which the ingest works out once by the formulas above
@@ -1343,11 +1348,7 @@ CREATE OR REPLACE MACRO op_costs(attention_convention := 'flash') AS TABLE
 SELECT o.run_id, o.rank, o.op_id, o.name, o.step, c.family, c.dtype, o.input_dims, o.input_types,
     CASE WHEN attention_convention = 'flash' THEN c.flops ELSE c.torch_flops END AS flops, c.bytes,
     c.device_total_ns, o.flops AS profiler_flops,
-    CASE WHEN c.op_id IS NULL
-         THEN error('run ' || o.run_id || ' has no op costs: it was ingested by a tracesql older than schema '
-                    || 'version 10, which works them out at ingest; ingest it again')
-         ELSE c.counted
-    END AS counted, c.cost_source, c.cost_op_id
+    CASE WHEN c.op_id IS NULL THEN op_costs_missing(o.run_id) ELSE c.counted END AS counted, c.cost_source, c.cost_op_id
 FROM ops o
 LEFT JOIN op_costs c ON c.run_id = o.run_id AND c.rank = o.rank AND c.op_id = o.op_id
 UNION ALL
