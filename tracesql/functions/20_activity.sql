@@ -147,26 +147,33 @@ WITH events AS (
         FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
                              time_unit_ns := time_unit_ns))
     WHERE delta IS NOT NULL
+), devices AS (
+    -- one number per device (dev): the sweep below sorts by it, faster than by the run's name (run_id, rank and
+    -- device_id ride along unsorted). (HAVING holds for every device, but with it DuckDB estimates the devices
+    -- fewer than the events, and joins them with the devices, not the events, as its hash table)
+    SELECT run_id, rank, device_id, row_number() OVER (ORDER BY run_id, rank, device_id) AS dev
+    FROM (SELECT run_id, rank, device_id FROM events GROUP BY ALL HAVING count(*) > 0)
+), keyed AS (
+    SELECT d.dev, e.run_id, e.rank, e.device_id, e.ts, e.te, e.delta
+    FROM events e
+    LEFT JOIN devices d ON d.run_id = e.run_id AND d.rank = e.rank AND d.device_id IS NOT DISTINCT FROM e.device_id
 ), states AS (
-    -- the counts after each instant where something starts or ends: the RANGE frame takes every edge at that
-    -- instant, so edges at one instant need no order among them (nor a GROUP BY into one row per instant).
-    -- One sweep over all devices rather than a partition each: a device's edges sum to 0, so each device starts
-    -- from zero all the same.
-    SELECT run_id, rank, device_id, t,
-        sum(delta) OVER (ORDER BY run_id, rank, device_id, t RANGE UNBOUNDED PRECEDING) AS running,
-        lead(t) OVER w AS t_next, lead(run_id) OVER w AS next_run_id, lead(rank) OVER w AS next_rank,
-        lead(device_id) OVER w AS next_device_id
-    FROM (SELECT run_id, rank, device_id, ts AS t, delta FROM events
+    -- the counts after each edge, in the order of (device, instant): of the edges at one instant, the last in the
+    -- sweep's order has them all summed (whatever their order among themselves), and it alone is followed by a
+    -- later instant. `lead` has a window of its own, as Spark takes no frame for it; it has the sum's order, so
+    -- both engines compute the two over one sort. One sweep over all devices rather than a partition each: a
+    -- device's edges sum to 0, so each device starts from zero all the same.
+    SELECT run_id, rank, device_id, dev, t, sum(delta) OVER (w ROWS UNBOUNDED PRECEDING) AS running,
+        lead(t) OVER w AS t_next, lead(dev) OVER w AS next_dev
+    FROM (SELECT dev, run_id, rank, device_id, ts AS t, delta FROM keyed
           UNION ALL
-          SELECT run_id, rank, device_id, te AS t, -delta AS delta FROM events)
-    WINDOW w AS (ORDER BY run_id, rank, device_id, t)
+          SELECT dev, run_id, rank, device_id, te AS t, -delta AS delta FROM keyed)
+    WINDOW w AS (ORDER BY dev, t)
 )
--- a segment runs to the device's next instant (of the edges at one instant, only the last in the sweep's order is
--- followed by a later one); a class's bit is set while any of its events runs, so identical or nested events on
--- several streams count once
+-- a segment runs to the device's next instant; a class's bit is set while any of its events runs, so identical or
+-- nested events on several streams count once
 SELECT run_id, rank, device_id, t AS ts, t_next - t AS dur,
     CAST(CASE WHEN running & 2097151 > 0 THEN 1 ELSE 0 END + CASE WHEN (running >> 21) & 2097151 > 0 THEN 2 ELSE 0 END
          + CASE WHEN running >> 42 > 0 THEN 4 ELSE 0 END AS INTEGER) AS classes
 FROM states
-WHERE t_next > t AND next_run_id IS NOT DISTINCT FROM run_id AND next_rank IS NOT DISTINCT FROM rank
-  AND next_device_id IS NOT DISTINCT FROM device_id;
+WHERE t_next > t AND next_dev = dev;
