@@ -62,11 +62,14 @@ WITH classified AS (
     WHERE class_scheme = 'default' AND COALESCE(getvariable('tracesql_classes_stored'), false)
       AND kind IN ('kernel', 'memcpy', 'memset') AND class IS NOT NULL
     UNION ALL
-    -- a shipped scheme of few rules (HTA's) matched on each event: cheaper than device_classes' two reads
+    -- a shipped scheme of few rules (HTA's) matched on each event: cheaper than device_classes' two reads.
+    -- (Where the classes are stored, every device event has one, and only device events: `class IS NOT NULL` is
+    -- then a filter DuckDB applies while it reads, where it reads every row's columns for the kind IN list)
     SELECT * FROM (
         SELECT * REPLACE (shipped_kernel_class(class_scheme, kind, name, category) AS class)
         FROM slices
-        WHERE kind IN ('kernel', 'memcpy', 'memset') AND shipped_class_per_event(class_scheme))
+        WHERE kind IN ('kernel', 'memcpy', 'memset') AND shipped_class_per_event(class_scheme)
+          AND (class IS NOT NULL OR NOT COALESCE(getvariable('tracesql_classes_stored'), false)))
     WHERE class IS NOT NULL
     UNION ALL
     SELECT s.* REPLACE (c.class AS class)
@@ -100,6 +103,7 @@ WITH classified AS (
           SELECT d.run_id, d.rank, d.correlation
           FROM slices d JOIN step_bounds b ON b.run_id = d.run_id AND b.rank = d.rank
           WHERE d.kind IN ('kernel', 'memcpy', 'memset') AND d.correlation IS NOT NULL
+            AND (d.class IS NOT NULL OR NOT COALESCE(getvariable('tracesql_classes_stored'), false))
             AND (d.launch_ts IS NULL OR d.launch_ts >= b.last_start))
 ), streamless AS (
     -- MTIA DMA requests whose event names no stream (the reader gives them their thread as stream; HTA gives -1
