@@ -43,8 +43,7 @@ WITH segments AS (
 ), lanes(lane, bit) AS (
     VALUES ('compute', 1), ('communication', 2), ('memory', 4), ('idle', 0)
 ), in_lane AS (
-    -- each segment once per lane it is in, keyed by one number per (device, lane): dev * 8 + bit
-    SELECT w.dev * 8 + l.bit AS lane_key, s.ts, s.te, w.resolution_ns
+    SELECT w.dev, l.bit, s.ts, s.te, w.resolution_ns
     FROM segments s
     JOIN lanes l ON CASE WHEN l.bit = 0 THEN s.classes = 0 ELSE (s.classes & l.bit) <> 0 END
     JOIN windows w ON w.run_id = s.run_id AND w.rank = s.rank AND w.device_id = s.device_id
@@ -53,24 +52,25 @@ WITH segments AS (
     -- ends last of all before. A segment starts an interval when it is its lane's first or the gap before it is
     -- longer than resolution_ns; busy_before: the lane's segment time before it (a running sum over all lanes:
     -- only differences within a lane are used)
-    SELECT lane_key, ts, te,
+    SELECT dev, bit, ts, te,
         lag(te) OVER o AS prev_te,
-        COALESCE(lag(lane_key) OVER o <> lane_key OR ts - lag(te) OVER o > resolution_ns, true) AS starts,
-        COALESCE(lead(lane_key) OVER o <> lane_key, true) AS last,
+        COALESCE(lag(dev) OVER o <> dev OR lag(bit) OVER o <> bit OR ts - lag(te) OVER o > resolution_ns, true)
+            AS starts,
+        COALESCE(lead(dev) OVER o <> dev OR lead(bit) OVER o <> bit, true) AS last,
         sum(te - ts) OVER (o ROWS UNBOUNDED PRECEDING) - (te - ts) AS busy_before
     FROM in_lane
-    WINDOW o AS (ORDER BY lane_key, ts)
+    WINDOW o AS (ORDER BY dev, bit, ts)
 ), intervals AS (
     -- the starts and each lane's last segment only: an interval runs from its start to the segment before the
     -- next start (which ends at that start's prev_te) or to its lane's last segment
-    SELECT lane_key // 8 AS dev, lane_key % 8 AS bit, ts,
+    SELECT dev, bit, ts,
         CASE WHEN last THEN te WHEN lead(starts) OVER k THEN lead(prev_te) OVER k ELSE lead(te) OVER k END AS te,
         CASE WHEN last THEN busy_before + te - ts WHEN lead(starts) OVER k THEN lead(busy_before) OVER k
              ELSE lead(busy_before) OVER k + lead(te) OVER k - lead(ts) OVER k END - busy_before AS busy_ns,
         starts
     FROM ordered
     WHERE starts OR last
-    WINDOW k AS (ORDER BY lane_key, ts)
+    WINDOW k AS (ORDER BY dev, bit, ts)
 )
 SELECT w.run_id, w.rank, w.device_id, CAST(COALESCE(getvariable('step'), NULL) AS INTEGER) AS step, l.lane, i.ts,
     i.te - i.ts AS dur, CAST(i.busy_ns AS BIGINT) AS busy_ns, i.ts - w.t0 AS offset_ns
