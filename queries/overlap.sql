@@ -48,6 +48,36 @@ WITH timeline AS (
      AND c.collective_id = CASE candidate.n WHEN 1 THEN k.op_id WHEN 2 THEN op.op_id ELSE k.slice_id END
     WHERE k.class = 'communication' AND COALESCE(getvariable('per'), 'rank') = 'process_group'
     GROUP BY ALL
+), groups AS (
+    -- one number per (device, process group): the sweep below sorts by it, faster than by the names
+    SELECT run_id, rank, device_id, process_group,
+        row_number() OVER (ORDER BY run_id, rank, device_id, process_group) AS gid
+    FROM (SELECT DISTINCT run_id, rank, device_id, process_group FROM comm_kernels)
+), covered AS (
+    -- each communication segment of the timeline once per group whose kernels cover it. Segments are cut at every
+    -- event's edges, so a kernel covers a segment entirely or not at all, and a group covers it when more of the
+    -- group's kernels started than ended by the segment's start: a running sum over one sorted stream of the
+    -- group's kernel edges and the segments (edges first at equal times), not a join of segments with kernels.
+    -- One running sum over all groups in order: a group's edges sum to 0
+    SELECT gid, ts, dur, classes
+    FROM (
+        SELECT *, sum(delta) OVER (ORDER BY gid, ts, ord ROWS UNBOUNDED PRECEDING) AS running
+        FROM (
+            SELECT g.gid, t.ts, t.dur, t.classes, 1 AS ord, 0 AS delta
+            FROM timeline t
+            JOIN groups g ON g.run_id = t.run_id AND g.rank = t.rank AND g.device_id = t.device_id
+            -- (the per test here too: without it the whole timeline is built for a join with an empty side)
+            WHERE t.classes & 2 = 2 AND COALESCE(getvariable('per'), 'rank') = 'process_group'
+            UNION ALL
+            SELECT g.gid, CASE e.edge WHEN 1 THEN k.ts ELSE k.te END, NULL, NULL, 0, e.edge
+            FROM comm_kernels k
+            JOIN groups g ON g.run_id = k.run_id AND g.rank = k.rank AND g.device_id IS NOT DISTINCT FROM k.device_id
+             AND g.process_group = k.process_group
+            CROSS JOIN (VALUES (1), (-1)) e(edge)
+            WHERE k.te > k.ts
+        )
+    )
+    WHERE ord = 1 AND running > 0
 ), keyed AS (
     SELECT *, NULL::VARCHAR AS process_group
     FROM analysis_timeline(
@@ -56,28 +86,8 @@ WITH timeline AS (
         analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
         time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1))
     UNION ALL BY NAME
-    -- each communication segment of the timeline once per group whose kernels cover it. Segments are cut at every
-    -- event's edges, so a kernel covers a segment entirely or not at all, and a group covers it when more of the
-    -- group's kernels started than ended by the segment's start: a running sum over one sorted stream of the
-    -- group's kernel edges and the segments (edges first at equal times), not a join of segments with kernels
-    SELECT run_id, rank, device_id, ts, dur, classes, NULL::INTEGER AS step, process_group
-    FROM (
-        SELECT *, sum(delta) OVER (PARTITION BY run_id, rank, device_id, process_group ORDER BY ts, ord
-                                   ROWS UNBOUNDED PRECEDING) AS running
-        FROM (
-            SELECT t.run_id, t.rank, t.device_id, t.ts, t.dur, t.classes, g.process_group, 1 AS ord, 0 AS delta
-            FROM timeline t
-            JOIN (SELECT DISTINCT run_id, rank, device_id, process_group FROM comm_kernels) g
-              ON g.run_id = t.run_id AND g.rank = t.rank AND g.device_id = t.device_id
-            -- (the per test here too: without it the whole timeline is built for a join with an empty side)
-            WHERE t.classes & 2 = 2 AND COALESCE(getvariable('per'), 'rank') = 'process_group'
-            UNION ALL
-            SELECT run_id, rank, device_id, ts, NULL, NULL, process_group, 0, 1 FROM comm_kernels WHERE te > ts
-            UNION ALL
-            SELECT run_id, rank, device_id, te, NULL, NULL, process_group, 0, -1 FROM comm_kernels WHERE te > ts
-        )
-    )
-    WHERE ord = 1 AND running > 0
+    SELECT g.run_id, g.rank, g.device_id, c.ts, c.dur, c.classes, NULL::INTEGER AS step, g.process_group
+    FROM covered c JOIN groups g ON g.gid = c.gid
 )
 SELECT
     run_id, rank, device_id, step, process_group,

@@ -41,15 +41,23 @@
 --   backward_kernels             BIGINT   device events labelled backward
 --   optimizer_kernels            BIGINT   device events labelled optimizer
 --   busy_share                   DOUBLE   1 - idle_ns / window_ns
-WITH phase_ranges AS (
+WITH ranges AS (
+    SELECT * FROM host_ranges(ranges := 'phases')
+), range_threads AS (
+    -- one number per thread with phase ranges: the sorts below are by it, several times faster than by the run's
+    -- name
+    SELECT run_id, rank, pid, tid, row_number() OVER (ORDER BY run_id, rank, pid, tid) AS thid
+    FROM (SELECT DISTINCT run_id, rank, pid, tid FROM ranges)
+), phase_ranges AS (
     -- the phase ranges (host_ranges' 'phases'), each from its start to where it stops holding launches: its end, or
     -- the start of the next range of its thread and depth if that is earlier. At each nesting depth a launch is held
     -- by the latest range of that depth to start at or before it (of two starting together, the longer), if it has
     -- not ended (range_launches' rule)
-    SELECT run_id, rank, pid, tid, name, ts,
-        least(te, COALESCE(lead(ts) OVER (PARTITION BY run_id, rank, pid, tid, depth ORDER BY ts, te, slice_id), te))
+    SELECT t.thid, r.name, r.ts,
+        least(r.te, COALESCE(lead(r.ts) OVER (PARTITION BY t.thid, r.depth ORDER BY r.ts, r.te, r.slice_id), r.te))
             AS te
-    FROM host_ranges(ranges := 'phases')
+    FROM ranges r
+    JOIN range_threads t ON t.run_id = r.run_id AND t.rank = r.rank AND t.pid = r.pid AND t.tid = r.tid
 ), named_phases AS (
     -- range_phase once per distinct range name (its regexes per range row cost more than the rest of the query),
     -- as the range's count in its phase's field of a packed integer: backward + optimizer * 2^15
@@ -59,38 +67,24 @@ WITH phase_ranges AS (
         CASE range_phase(name) WHEN 'backward' THEN 1 WHEN 'optimizer' THEN 32768 WHEN 'data_loading' THEN 1073741824
             WHEN 'forward' THEN 35184372088832 ELSE 0 END AS count
     FROM (SELECT DISTINCT name FROM phase_ranges)
-), range_threads AS (
-    -- one number per thread with phase ranges: the sweep below is sorted by it, several times faster than by the
-    -- run's name
-    SELECT run_id, rank, pid, tid, row_number() OVER (ORDER BY run_id, rank, pid, tid) AS thid
-    FROM (SELECT DISTINCT run_id, rank, pid, tid FROM phase_ranges)
-), held AS (
-    -- one sorted stream per thread of its ranges' starts (+count) and ends (-count) and its launches: the running
-    -- sum at a launch counts, per phase, the ranges that hold it (the RANGE frame takes in every edge at the
-    -- launch's instant: a range holds the launches from its start up to, not at, its end). One running sum over
-    -- all threads in order: a thread's edges sum to 0
-    SELECT thid, event_id, CAST(sum(count) OVER (ORDER BY thid, t RANGE UNBOUNDED PRECEDING) AS BIGINT) AS counts
-    FROM (
-        SELECT t.thid, CASE e.edge WHEN 1 THEN r.ts ELSE r.te END AS t, NULL AS event_id, e.edge * n.count AS count
-        FROM phase_ranges r
-        JOIN named_phases n ON n.name = r.name
-        JOIN range_threads t ON t.run_id = r.run_id AND t.rank = r.rank AND t.pid = r.pid AND t.tid = r.tid
-        CROSS JOIN (VALUES (1), (-1)) e(edge)
-        WHERE r.te > r.ts
-        UNION ALL
-        SELECT t.thid, d.launch_ts, d.slice_id, 0
-        FROM slices d
-        JOIN range_threads t ON t.run_id = d.run_id AND t.rank = d.rank AND t.pid = d.launch_pid
-         AND t.tid = d.launch_tid
-        WHERE d.kind IN ('kernel', 'memcpy', 'memset') AND d.launch_id IS NOT NULL)
-), labelled AS (
-    -- per launched device event held by a phase range of its launching thread: the first phase (backward,
-    -- optimizer, data_loading, forward) of those ranges
-    SELECT t.run_id, t.rank, h.event_id,
-        CASE WHEN h.counts & 32767 > 0 THEN 'backward' WHEN (h.counts >> 15) & 32767 > 0 THEN 'optimizer'
-             WHEN (h.counts >> 30) & 32767 > 0 THEN 'data_loading' ELSE 'forward' END AS phase
-    FROM held h JOIN range_threads t ON t.thid = h.thid
-    WHERE h.event_id IS NOT NULL AND h.counts > 0
+), windows AS (
+    SELECT run_id, rank, step, device_ts AS ts, device_ts + device_dur AS te
+    FROM steps WHERE device_dur IS NOT NULL
+    UNION ALL
+    -- a rank without steps: its whole device time
+    SELECT s.run_id, s.rank, NULL, min(s.ts), max(s.ts + s.dur)
+    FROM slices s
+    JOIN (
+        SELECT run_id, rank FROM (SELECT run_id, rank FROM ranks EXCEPT SELECT run_id, rank FROM steps)
+        -- (true of every such rank, but DuckDB then estimates them few and builds the join on them: with none, the
+        -- usual case, the device events are not read for it)
+        GROUP BY ALL HAVING count(*) > 0) r ON r.run_id = s.run_id AND r.rank = s.rank
+    WHERE s.kind IN ('kernel', 'memcpy', 'memset')
+    GROUP BY s.run_id, s.rank
+), rank_ids AS (
+    -- one number per rank with windows: the events are matched to the windows by it
+    SELECT run_id, rank, row_number() OVER (ORDER BY run_id, rank) AS rk
+    FROM (SELECT DISTINCT run_id, rank FROM windows)
 ), threads AS (
     -- autograd threads: backward ops and no top-level forward op
     SELECT run_id, rank, pid, tid
@@ -106,33 +100,76 @@ WITH phase_ranges AS (
     -- (true of every span, but DuckDB then estimates them fewer than the device events, and joins them to the
     -- events with the spans, not the events, as its hash table: 0.1 of 2 CPU-s at 3.6 M slices)
     HAVING count(*) > 0
-), events AS (
-    SELECT d.run_id, d.rank, d.ts, d.ts + d.dur AS te,
-        CASE WHEN d.class = 'communication' THEN 'communication'
-             WHEN lb.phase IS NOT NULL THEN lb.phase
-             WHEN bt.tid IS NOT NULL THEN 'backward'
-             WHEN fs.tid IS NOT NULL THEN 'forward'
-             ELSE 'other' END AS phase
+), device AS (
+    -- each device event with its rank's number (`rk`; NULL: a rank without windows), the phase of rules 1, 3, 4
+    -- and 5 (`ruled`: 1 communication, 2 backward, 3 forward, 4 other; rule 2 is looked up below, for the events
+    -- that rule 1 leaves) and the number of its launching thread when that thread has phase ranges (else 0):
+    -- numbers only, as they ride through the sort below. The launching call's thread, start and step (a launched
+    -- event's step is its launch's)
+    SELECT k.rk, d.ts, d.ts + d.dur AS te, d.launch_ts,
+        CASE WHEN d.launch_id IS NOT NULL THEN COALESCE(t.thid, 0) ELSE 0 END AS thid,
+        CASE WHEN d.class = 'communication' THEN 1 WHEN bt.tid IS NOT NULL THEN 2 WHEN fs.tid IS NOT NULL THEN 3
+             ELSE 4 END AS ruled
     FROM device_activity() d
-    LEFT JOIN labelled lb ON lb.run_id = d.run_id AND lb.rank = d.rank AND lb.event_id = d.slice_id
-    -- the launching call's thread, start and step (a launched event's step is its launch's)
+    -- (a LEFT JOIN: an inner one made DuckDB estimate the events few and build the joins below on them)
+    LEFT JOIN rank_ids k ON k.run_id = d.run_id AND k.rank = d.rank
+    LEFT JOIN range_threads t ON t.run_id = d.run_id AND t.rank = d.rank AND t.pid = d.launch_pid
+     AND t.tid = d.launch_tid
     LEFT JOIN threads bt ON bt.run_id = d.run_id AND bt.rank = d.rank AND bt.pid = d.launch_pid
      AND bt.tid = d.launch_tid
     LEFT JOIN forward_spans fs ON fs.run_id = d.run_id AND fs.rank = d.rank AND fs.step IS NOT DISTINCT FROM d.step
      AND fs.pid = d.launch_pid AND fs.tid = d.launch_tid AND d.launch_ts >= fs.ts AND d.launch_ts < fs.te
-), windows AS (
-    SELECT run_id, rank, step, device_ts AS ts, device_ts + device_dur AS te
-    FROM steps WHERE device_dur IS NOT NULL
-    UNION ALL
-    -- a rank without steps: its whole device time
-    SELECT s.run_id, s.rank, NULL, min(s.ts), max(s.ts + s.dur)
-    FROM slices s LEFT JOIN (SELECT DISTINCT run_id, rank FROM steps) st ON st.run_id = s.run_id AND st.rank = s.rank
-    WHERE s.kind IN ('kernel', 'memcpy', 'memset') AND st.rank IS NULL
-    GROUP BY s.run_id, s.rank
+), held AS (
+    -- one sorted stream per thread of its ranges' starts (+count) and ends (-count) and the device events it
+    -- launched: the running sum at a launch counts, per phase, the ranges that hold it (the RANGE frame takes in
+    -- every edge at the launch's instant: a range holds the launches from its start up to, not at, its end).
+    -- One running sum over all threads in order: a thread's edges sum to 0 (and thread 0's events have none).
+    -- The events ride along in the sort, rather than being joined back to it by id
+    SELECT *, CAST(sum(count) OVER (ORDER BY thid, t RANGE UNBOUNDED PRECEDING) AS BIGINT) AS counts
+    FROM (
+        SELECT r.thid, CASE e.edge WHEN 1 THEN r.ts ELSE r.te END AS t, e.edge * n.count AS count,
+            CAST(NULL AS BIGINT) AS rk, CAST(NULL AS BIGINT) AS ts, CAST(NULL AS BIGINT) AS te,
+            CAST(NULL AS INTEGER) AS ruled
+        FROM phase_ranges r
+        JOIN named_phases n ON n.name = r.name
+        CROSS JOIN (VALUES (1), (-1)) e(edge)
+        WHERE r.te > r.ts
+        UNION ALL
+        SELECT thid, launch_ts, 0, rk, ts, te, ruled
+        FROM device)
+), events AS (
+    -- rule 2 before rules 3-5: the first phase (backward, optimizer, data_loading, forward) of the ranges that hold
+    -- the launch
+    SELECT rk, ts, te,
+        CASE WHEN ruled = 1 THEN 'communication'
+             WHEN counts > 0 THEN CASE WHEN counts & 32767 > 0 THEN 'backward'
+                                       WHEN (counts >> 15) & 32767 > 0 THEN 'optimizer'
+                                       WHEN (counts >> 30) & 32767 > 0 THEN 'data_loading' ELSE 'forward' END
+             WHEN ruled = 2 THEN 'backward' WHEN ruled = 3 THEN 'forward' ELSE 'other' END AS phase
+    FROM held
+    WHERE ruled IS NOT NULL
 ), window_ids AS (
-    -- one number per (run, rank, step): the sweep below sorts by it, several times faster than by the run's name
-    SELECT run_id, rank, step, ts, te, dense_rank() OVER (ORDER BY run_id, rank, step) AS wid
-    FROM windows
+    -- one number per (run, rank, step): the sweep below sorts by it, several times faster than by the run's name;
+    -- and a common bucket width, half the mean length of the non-empty windows
+    SELECT w.run_id, w.rank, w.step, k.rk, w.ts, w.te, dense_rank() OVER (ORDER BY w.run_id, w.rank, w.step) AS wid,
+        CAST(greatest(sum(w.te - w.ts) OVER () // NULLIF(2 * count(CASE WHEN w.te > w.ts THEN 1 END) OVER (), 0), 1)
+             AS BIGINT) AS width
+    FROM windows w JOIN rank_ids k ON k.run_id = w.run_id AND k.rank = w.rank
+), window_buckets AS (
+    -- each window once per bucket of that width it touches
+    SELECT wid, rk, ts, te, width, unnest(range(ts // width, greatest(te - 1, ts) // width + 1)) AS bucket
+    FROM window_ids
+), event_buckets AS (
+    SELECT v.*, unnest(range(v.ts // x.width, greatest(v.te - 1, v.ts) // x.width + 1)) AS bucket
+    FROM events v CROSS JOIN (SELECT max(width) AS width FROM window_ids) x
+), placed AS (
+    -- each event with each window it overlaps, found by an equi-join on the buckets both touch, each pair once: in
+    -- the first bucket of their overlap (that of the later start), rather than a range join of every event with
+    -- every window of its rank
+    SELECT w.wid, w.ts AS window_ts, w.te AS window_te, v.ts, v.te, v.phase
+    FROM event_buckets v
+    JOIN window_buckets w ON w.rk = v.rk AND w.bucket = v.bucket
+     AND (v.bucket = v.ts // w.width OR v.bucket = w.ts // w.width) AND v.ts < w.te AND v.te > w.ts
 ), edges AS (
     -- each event clipped to each window it overlaps: +1 at its start and -1 at its end, in its phase's count.
     -- The six counts share two integers, 21 bits each (early: forward + backward * 2^21 + optimizer * 2^42; late:
@@ -141,7 +178,7 @@ WITH phase_ranges AS (
     -- (1 forward, 2 backward, 4 optimizer), summed per window.
     -- A row per edge, not per instant: the sweep below gives every row of an instant the state after all of them
     -- (its frame takes in its peers) and all but one of them no duration, so no GROUP BY makes instants unique
-    SELECT w.wid, CASE e.edge WHEN 1 THEN greatest(v.ts, w.ts) ELSE least(v.te, w.te) END AS t,
+    SELECT v.wid, CASE e.edge WHEN 1 THEN greatest(v.ts, v.window_ts) ELSE least(v.te, v.window_te) END AS t,
         e.edge * CASE v.phase WHEN 'forward' THEN 1 WHEN 'backward' THEN 2097152 WHEN 'optimizer' THEN 4398046511104
                               ELSE 0 END AS early,
         e.edge * CASE v.phase WHEN 'data_loading' THEN 1 WHEN 'other' THEN 2097152
@@ -149,8 +186,7 @@ WITH phase_ranges AS (
         CASE WHEN e.edge = 1 THEN 8 + CASE v.phase WHEN 'forward' THEN 1 WHEN 'backward' THEN 2 WHEN 'optimizer' THEN 4
                                                    ELSE 0 END
              ELSE 0 END AS counted
-    FROM window_ids w
-    JOIN events v ON v.run_id = w.run_id AND v.rank = w.rank AND v.ts < w.te AND v.te > w.ts
+    FROM placed v
     CROSS JOIN (VALUES (1), (-1)) e(edge)
     UNION ALL
     -- the window's own bounds, edges that change nothing (so that the segments cover the whole window; a window

@@ -62,11 +62,14 @@ WITH classified AS (
     WHERE class_scheme = 'default' AND COALESCE(getvariable('tracesql_classes_stored'), false)
       AND kind IN ('kernel', 'memcpy', 'memset') AND class IS NOT NULL
     UNION ALL
-    -- a shipped scheme of few rules (HTA's) matched on each event: cheaper than device_classes' two reads
+    -- a shipped scheme of few rules (HTA's) matched on each event: cheaper than device_classes' two reads.
+    -- (Where the classes are stored, every device event has one, and only device events: `class IS NOT NULL` is
+    -- then a filter DuckDB applies while it reads, where it reads every row's columns for the kind IN list)
     SELECT * FROM (
         SELECT * REPLACE (shipped_kernel_class(class_scheme, kind, name, category) AS class)
         FROM slices
-        WHERE kind IN ('kernel', 'memcpy', 'memset') AND shipped_class_per_event(class_scheme))
+        WHERE kind IN ('kernel', 'memcpy', 'memset') AND shipped_class_per_event(class_scheme)
+          AND (class IS NOT NULL OR NOT COALESCE(getvariable('tracesql_classes_stored'), false)))
     WHERE class IS NOT NULL
     UNION ALL
     SELECT s.* REPLACE (c.class AS class)
@@ -100,6 +103,7 @@ WITH classified AS (
           SELECT d.run_id, d.rank, d.correlation
           FROM slices d JOIN step_bounds b ON b.run_id = d.run_id AND b.rank = d.rank
           WHERE d.kind IN ('kernel', 'memcpy', 'memset') AND d.correlation IS NOT NULL
+            AND (d.class IS NOT NULL OR NOT COALESCE(getvariable('tracesql_classes_stored'), false))
             AND (d.launch_ts IS NULL OR d.launch_ts >= b.last_start))
 ), streamless AS (
     -- MTIA DMA requests whose event names no stream (the reader gives them their thread as stream; HTA gives -1
@@ -147,26 +151,33 @@ WITH events AS (
         FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
                              time_unit_ns := time_unit_ns))
     WHERE delta IS NOT NULL
+), devices AS (
+    -- one number per device (dev): the sweep below sorts by it, faster than by the run's name (run_id, rank and
+    -- device_id ride along unsorted). (HAVING holds for every device, but with it DuckDB estimates the devices
+    -- fewer than the events, and joins them with the devices, not the events, as its hash table)
+    SELECT run_id, rank, device_id, row_number() OVER (ORDER BY run_id, rank, device_id) AS dev
+    FROM (SELECT run_id, rank, device_id FROM events GROUP BY ALL HAVING count(*) > 0)
+), keyed AS (
+    SELECT d.dev, e.run_id, e.rank, e.device_id, e.ts, e.te, e.delta
+    FROM events e
+    LEFT JOIN devices d ON d.run_id = e.run_id AND d.rank = e.rank AND d.device_id IS NOT DISTINCT FROM e.device_id
 ), states AS (
-    -- the counts after each instant where something starts or ends: the RANGE frame takes every edge at that
-    -- instant, so edges at one instant need no order among them (nor a GROUP BY into one row per instant).
-    -- One sweep over all devices rather than a partition each: a device's edges sum to 0, so each device starts
-    -- from zero all the same.
-    SELECT run_id, rank, device_id, t,
-        sum(delta) OVER (ORDER BY run_id, rank, device_id, t RANGE UNBOUNDED PRECEDING) AS running,
-        lead(t) OVER w AS t_next, lead(run_id) OVER w AS next_run_id, lead(rank) OVER w AS next_rank,
-        lead(device_id) OVER w AS next_device_id
-    FROM (SELECT run_id, rank, device_id, ts AS t, delta FROM events
+    -- the counts after each edge, in the order of (device, instant): of the edges at one instant, the last in the
+    -- sweep's order has them all summed (whatever their order among themselves), and it alone is followed by a
+    -- later instant. `lead` has a window of its own, as Spark takes no frame for it; it has the sum's order, so
+    -- both engines compute the two over one sort. One sweep over all devices rather than a partition each: a
+    -- device's edges sum to 0, so each device starts from zero all the same.
+    SELECT run_id, rank, device_id, dev, t, sum(delta) OVER (w ROWS UNBOUNDED PRECEDING) AS running,
+        lead(t) OVER w AS t_next, lead(dev) OVER w AS next_dev
+    FROM (SELECT dev, run_id, rank, device_id, ts AS t, delta FROM keyed
           UNION ALL
-          SELECT run_id, rank, device_id, te AS t, -delta AS delta FROM events)
-    WINDOW w AS (ORDER BY run_id, rank, device_id, t)
+          SELECT dev, run_id, rank, device_id, te AS t, -delta AS delta FROM keyed)
+    WINDOW w AS (ORDER BY dev, t)
 )
--- a segment runs to the device's next instant (of the edges at one instant, only the last in the sweep's order is
--- followed by a later one); a class's bit is set while any of its events runs, so identical or nested events on
--- several streams count once
+-- a segment runs to the device's next instant; a class's bit is set while any of its events runs, so identical or
+-- nested events on several streams count once
 SELECT run_id, rank, device_id, t AS ts, t_next - t AS dur,
     CAST(CASE WHEN running & 2097151 > 0 THEN 1 ELSE 0 END + CASE WHEN (running >> 21) & 2097151 > 0 THEN 2 ELSE 0 END
          + CASE WHEN running >> 42 > 0 THEN 4 ELSE 0 END AS INTEGER) AS classes
 FROM states
-WHERE t_next > t AND next_run_id IS NOT DISTINCT FROM run_id AND next_rank IS NOT DISTINCT FROM rank
-  AND next_device_id IS NOT DISTINCT FROM device_id;
+WHERE t_next > t AND next_dev = dev;

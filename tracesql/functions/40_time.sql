@@ -41,27 +41,38 @@ WITH markers AS (
     SELECT m.run_id, m.rank, m.device_id, st.step, m.ts, m.ts + m.dur AS te
     FROM steps st JOIN slices m ON m.run_id = st.run_id AND m.rank = st.rank AND m.name = CAST(st.step AS VARCHAR)
     WHERE st.rule = 'xplane_steps' AND m.kind = 'gpu_annotation' AND ends_with(m.track, ' / Steps')
-), activity AS (
+    -- (true of every marker, but DuckDB then estimates them few and builds `marked`'s join on them: with no
+    -- markers, the usual case, the device events are then not read for it)
+    GROUP BY ALL HAVING count(*) > 0
+), activity AS NOT MATERIALIZED (
+    -- read by both branches, streamed to each (materialized, it cost more than a second read)
     SELECT * FROM device_activity(class_scheme := class_scheme, analysis_window := analysis_window,
                                   time_unit_ns := time_unit_ns)
 ), firsts AS (
     SELECT run_id, rank, device_id, step, min(ts) AS first_ts, count(*) AS events,
         max(max(ts + dur)) OVER (PARTITION BY run_id, rank, device_id) AS device_end
-    FROM activity a
+    FROM activity
     WHERE step IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM markers m WHERE m.run_id = a.run_id AND m.rank = a.rank
-                                                AND m.device_id = a.device_id)
     GROUP BY run_id, rank, device_id, step
+), marked AS (
+    -- each marker's events: joined with the markers as the hash table (a LEFT JOIN from the markers built it on
+    -- every device event)
+    SELECT m.run_id, m.rank, m.device_id, m.step, m.ts, m.te, count(*) AS events
+    FROM markers m JOIN activity a ON a.run_id = m.run_id AND a.rank = m.rank AND a.device_id = m.device_id
+     AND a.ts >= m.ts AND a.ts < m.te
+    GROUP BY ALL
 )
+-- (the devices with markers left out after the GROUP BY, on its few rows, not on every device event)
 SELECT run_id, rank, device_id, step, first_ts AS ts,
     COALESCE(lead(first_ts) OVER (PARTITION BY run_id, rank, device_id ORDER BY first_ts, step), device_end) AS te,
     events
-FROM firsts
+FROM firsts f
+WHERE NOT EXISTS (SELECT 1 FROM markers m WHERE m.run_id = f.run_id AND m.rank = f.rank AND m.device_id = f.device_id)
 UNION ALL
-SELECT m.run_id, m.rank, m.device_id, m.step, m.ts, m.te, count(a.ts) AS events
-FROM markers m LEFT JOIN activity a ON a.run_id = m.run_id AND a.rank = m.rank AND a.device_id = m.device_id
- AND a.ts >= m.ts AND a.ts < m.te
-GROUP BY ALL;
+SELECT m.run_id, m.rank, m.device_id, m.step, m.ts, m.te, COALESCE(k.events, 0)
+FROM markers m
+LEFT JOIN marked k ON k.run_id = m.run_id AND k.rank = m.rank AND k.device_id = m.device_id AND k.step = m.step
+ AND k.ts = m.ts AND k.te = m.te;
 
 -- The step windows (`step_windows`) cut at a common width (half the mean length of the non-empty ones), one row
 -- per window and bucket of that width it touches (an empty window: the bucket of its start): the window that
