@@ -109,7 +109,8 @@ def stages(archive: Path, members: int, scratch: Path) -> None:
     wrapped = {"unpack the members": [(archives, "members"), (archives, "extract")],
                "read (Kineto reader)": [(readers, "read_trace")],
                "normalize (less its writes)": [(normalize_module, "normalize")],
-               writes: [(store.PartWriter, "write"), (store.PartWriter, "__exit__")],
+               writes: [(store.PartWriter, "write"), (store.PartWriter, "__exit__"), (store.BatchWriter, "write"),
+                        (store.BatchWriter, "__exit__")],
                "run-wide tables": [(ingestion, "_write_run_checks"), (ingestion, "_write_run_labels"),
                                    (ingestion, "_write_op_costs")],
                "publish (hashes, manifest, swap)": [(store, "publish")]}

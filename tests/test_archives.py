@@ -4,6 +4,7 @@ outside tracesql's own scratch folder."""
 from __future__ import annotations
 
 import io
+import json
 import stat
 import tarfile
 import zipfile
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 
 import tracesql
 from conftest import DATASETS, write_trace
-from tracesql import schema
+from tracesql import ingestion, schema, store
 from tracesql.cli import main
 
 TRACE_FILTER = DATASETS / "hta_trace_filter"
@@ -62,12 +63,12 @@ def _rows(con, table: str, ranks: list[int]) -> list[tuple]:
     return sorted(rows, key=repr)
 
 
-def test_zip_artifact_ingests_like_the_folder(tmp_path, ingested):
-    """The members are read one after another by one process (-j 1), on the DuckDB connections it keeps between
-    traces (db.for_trace), skipping the queries a member has no input for: nothing of one member's work may
-    reach the next. The ranks of the dp2 x tp2 mesh (collectives, steps, process groups), with a member read
-    between them that has a memory event, a communication kernel and no steps, give the rows of the folder."""
-    mesh = DATASETS / "torch_mesh_dp2_tp2"
+MESH = DATASETS / "torch_mesh_dp2_tp2"
+
+
+def _mesh_artifact(tmp_path):
+    """A zip of the ranks of the dp2 x tp2 mesh (collectives, steps, process groups) with a member between them
+    (rank 7) that has a memory event, a communication kernel and no steps; and the mesh's trace files."""
     host = {"pid": 1, "tid": 1}
     events = [  # an allocation, then an all-gather kernel and its launch
         {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 5, "s": "t", **host,
@@ -78,13 +79,21 @@ def test_zip_artifact_ingests_like_the_folder(tmp_path, ingested):
          "dur": 8, "args": {"correlation": 3, "device": 0, "stream": 9}},
     ]
     other = write_trace(tmp_path / "other.json", events, distributedInfo={"rank": 7, "world_size": 8}).read_bytes()
-    traces = sorted(mesh.glob("*.json.gz"))
-    artifact = _zip(tmp_path / "artifact.zip", {"README.txt": b"CI job 1234", f"traces/{traces[0].name}":
-                                                traces[0].read_bytes(), "traces/rank-7.json": other,
-                                                **{f"traces/{f.name}": f.read_bytes() for f in traces[1:]}})
+    traces = sorted(MESH.glob("*.json.gz"))
+    return _zip(tmp_path / "artifact.zip", {"README.txt": b"CI job 1234", f"traces/{traces[0].name}":
+                                            traces[0].read_bytes(), "traces/rank-7.json": other,
+                                            **{f"traces/{f.name}": f.read_bytes() for f in traces[1:]}}), traces
+
+
+def test_zip_artifact_ingests_like_the_folder(tmp_path, ingested):
+    """The members are read one after another by one process (-j 1), on the DuckDB connections it keeps between
+    traces (db.for_trace), skipping the queries a member has no input for: nothing of one member's work may
+    reach the next. The ranks of the dp2 x tp2 mesh (collectives, steps, process groups), with a member read
+    between them that has a memory event, a communication kernel and no steps, give the rows of the folder."""
+    artifact, traces = _mesh_artifact(tmp_path)
     result = CliRunner().invoke(main, ["ingest", str(artifact), "-o", str(tmp_path / "run"), "-j", "1"])
     assert result.exit_code == 0, result.output
-    run, folder = tracesql.connect(tmp_path / "run"), tracesql.connect(ingested(mesh))
+    run, folder = tracesql.connect(tmp_path / "run"), tracesql.connect(ingested(MESH))
     assert run.execute("SELECT rank, source_path FROM ranks ORDER BY rank").fetchall() == [
         *[(r, f"artifact.zip/traces/rank-{r}.pt.trace.json.gz") for r in range(4)],
         (7, "artifact.zip/traces/rank-7.json")]
@@ -105,6 +114,56 @@ def test_zip_artifact_ingests_like_the_folder(tmp_path, ingested):
     changed = tracesql.ingest([artifact], tmp_path / "run")
     assert changed.removed == [*(f"artifact.zip/traces/{f.name}" for f in traces[1:]),
                                "artifact.zip/traces/rank-7.json"]
+
+
+def _all_rows(run) -> dict[str, list]:
+    con = tracesql.connect(run)
+    rows = {t: sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in schema.TABLES}
+    con.close()
+    return rows
+
+
+def test_small_members_read_in_batches_give_the_tables_read_one_by_one(tmp_path, monkeypatch):
+    """An archive's small members are read in batches (ingestion.read_batch: one part per table per batch, listed
+    under each member) by two processes; every table equals the one-by-one ingest's, row for row. The shared
+    parts verify, are carried over once when the archive is unchanged, and replaced when it changes."""
+    artifact, traces = _mesh_artifact(tmp_path)
+    monkeypatch.setattr(ingestion, "BATCH_MEMBER_BYTES", -1)  # no member is small: each read alone
+    tracesql.ingest([artifact], tmp_path / "alone", run_id="job", jobs=1)
+    monkeypatch.undo()
+    tracesql.ingest([artifact], tmp_path / "batched", run_id="job", jobs=2)
+    alone_rows, batched_rows = _all_rows(tmp_path / "alone"), _all_rows(tmp_path / "batched")
+    assert {t: len(r) for t, r in batched_rows.items() if r} == {
+        "runs": 1, "ranks": 5, "devices": 1, "process_groups": 12, "slices": 239, "ops": 184, "op_costs": 184,
+        "collectives": 17, "memory": 1, "steps": 8, "warnings": 1}
+    assert batched_rows == alone_rows
+    manifest = json.loads((tmp_path / "batched" / "tracesql.json").read_text())
+    parts = [entry["parts"] for entry in manifest["sources"].values()]
+    assert sorted(map(len, parts)) == [1] * 5 and len({p[0] for p in parts}) == 2  # five members, two batches
+    assert all(p[0].startswith("batch-") for p in parts)
+    assert sorted(f for f in manifest["files"] if f.startswith("slices/")) == sorted(
+        f"slices/{p}" for p in {p[0] for p in parts})
+    assert store.verify(tmp_path / "batched")["files"] == len(manifest["files"])
+
+    again = tracesql.ingest([artifact], tmp_path / "batched", run_id="job")
+    assert not again.changed and len(again.reused) == 5
+    _zip(artifact, {f"traces/{f.name}": f.read_bytes() for f in traces[:2]})
+    changed = tracesql.ingest([artifact], tmp_path / "batched", run_id="job", jobs=1)
+    assert changed.ingested == [f"artifact.zip/traces/{f.name}" for f in traces[:2]] and len(changed.removed) == 3
+    assert tracesql.connect(tmp_path / "batched").execute("SELECT rank FROM ranks ORDER BY rank").fetchall() == [
+        (0,), (1,)]
+    store.verify(tmp_path / "batched")
+
+
+def test_a_damaged_member_of_a_batch_is_named(tmp_path):
+    """One bad member among small ones read in one batch (-j 1): the same one-line error as when read alone,
+    and nothing written."""
+    artifact = _zip(tmp_path / "artifact.zip", {"ranks/rank-0.json.gz": TRACE, "ranks/rank-1.json.gz": TRACE[:3000],
+                                                "ranks/rank-2.json.gz": TRACE})
+    result = CliRunner().invoke(main, ["ingest", str(artifact), "-o", str(tmp_path / "run"), "-j", "1"])
+    assert result.exit_code == 1
+    assert result.output == f"Error: {artifact}/ranks/rank-1.json.gz: truncated gzip\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.lock", "artifact.zip"]
 
 
 @pytest.mark.parametrize("suffix", [".tar", pytest.param(".tar.gz", marks=pytest.mark.slow),

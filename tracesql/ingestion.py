@@ -154,7 +154,7 @@ def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
 
 def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str,
               lim: limits.Limits, step_pattern: str | None = None, scratch: str | None = None,
-              captures: list[str] = ()) -> dict:
+              captures: list[str] = (), batch: store.BatchWriter | None = None) -> dict:
     """Read, normalize and write one file's tables into the staging run `staging`; returns its summary (ranks,
     parts, format, events, skipped, notes, rows). Runs in a worker process (a local one, or a Spark task: the
     `read_files` of `ingest`).
@@ -162,11 +162,12 @@ def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
     the file (an archive member's, when `path` is its unpacked copy). A file that holds several processes gives
     one rank each (and one part each). `scratch`: the folder for the readers' temporary files (the ingest's
     `.RUN.extract-*` folder beside the run, which the next ingest removes whatever killed this one). `captures`:
-    the graph-capture traces that attribute its graph-replayed kernels (capture_paths)."""
+    the graph-capture traces that attribute its graph-replayed kernels (capture_paths). `batch`: the writer of
+    the batch the file's tables go into (read_batch), instead of parts of its own."""
     try:
         with limits.using(lim), _temporary_files_in(scratch):
             return limits.watched(lim, shown, _read_normalize_write, Path(path), rel, staging, ranks, run_id,
-                                  threads, step_pattern, [Path(c) for c in captures])
+                                  threads, step_pattern, [Path(c) for c in captures], batch)
     except TraceError as e:
         if e.path == path and shown != path:
             raise TraceError(shown, e.problem) from None
@@ -222,8 +223,21 @@ def _worker_start(parent: int, scratch: str) -> None:
     tempfile.tempdir = scratch
 
 
+def read_batch(files: list[tuple[str, str, str, list[str]]], staging: str, ranks: tuple, run_id: str, threads: int,
+               lim: limits.Limits, step_pattern: str | None = None, scratch: str | None = None) -> list:
+    """Read the small files `files` ((path, rel, shown, captures) each: members of one archive) one after another
+    as read_file reads each, their tables written together, one part per table for the batch (a member's fixed
+    cost of writing a dozen files, and the run-wide tables' of reading them back, paid once per batch). Returns
+    [(rel, summary)], each summary as read_file's, naming the batch's part."""
+    part = store.batch_part_name(store.part_key(files[0][1], staging))
+    with store.BatchWriter(Path(staging), part) as batch:
+        return [(rel, read_file(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern, scratch,
+                                captures, batch)) for path, rel, shown, captures in files]
+
+
 def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id: str, threads: int,
-                          step_pattern: str | None = None, captures: list[Path] = ()) -> dict:
+                          step_pattern: str | None = None, captures: list[Path] = (),
+                          batch: store.BatchWriter | None = None) -> dict:
     from .normalize import normalize
     from .readers import read_trace
 
@@ -238,13 +252,15 @@ def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id:
             if rank is None:
                 raise TraceError(p, "cannot tell which rank this is: no distributedInfo, no rank-N/workerN in the "
                                     "name; ingest it alone with --rank N")
-            part = store.part_name(rank, store.part_key(rel, staging))
+            part = batch.part if batch else store.part_name(rank, store.part_key(rel, staging))
             # each table is written as soon as it is done; the shedding covers the writes still running at the end
-            with data.shedding(), store.PartWriter(Path(staging), part) as writer:
+            with data.shedding(), contextlib.nullcontext(batch) if batch else store.PartWriter(Path(staging), part) \
+                    as writer:
                 rows = normalize(data, run_id, rank, threads=threads, step_pattern=step_pattern, on_table=lambda name, table: writer.write(
                     name, _with_source(table, rel, p.stat().st_size) if name in ("ranks", "warnings") else table))
             summary["ranks"].append(rank)
-            summary["parts"].append(part)
+            if part not in summary["parts"]:  # (a batch's part holds each of the file's ranks)
+                summary["parts"].append(part)
             summary["events"] += data.event_count
             summary["notes"] += data.notes
             for reason, n in data.skipped.items():
@@ -362,21 +378,21 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
     if not todo and not result.removed and not result.relabeled:
         return result
     members = [src for src, _ in todo.values() if isinstance(src, archives.Member)]
+    groups = _batches(todo, jobs, lim)
     unpacked = archives.extract(members, scratch) if members else {}
     # rel -> (the file to read, its fingerprint, the name to show)
     todo = {rel: (unpacked.get(src, src), fp, _shown(src)) for rel, (src, fp) in todo.items()}
 
     staging = store.new_staging(out)
     try:
-        for rel, entry in keep.items():
-            for part in entry["parts"]:
-                store.reuse_part(out, staging, part)
+        for part in dict.fromkeys(part for entry in keep.values() for part in entry["parts"]):  # a batch's once
+            store.reuse_part(out, staging, part)
         entries = dict(keep)
         ranks = (rank, 0 if len(wanted) == 1 else None)
         if read_files is not None:
             done = read_files(todo, staging, ranks, run_id, lim, step_pattern)
         else:
-            done = _run_all(todo, staging, ranks, run_id, jobs, progress, lim, scratch, step_pattern)
+            done = _run_all(todo, groups, staging, ranks, run_id, jobs, progress, lim, scratch, step_pattern)
         for rel, summary in done:
             entries[rel] = {**todo[rel][1], **summary}
             result.ingested.append(rel)
@@ -488,29 +504,77 @@ def default_jobs() -> int | None:
     return env_number("TRACESQL_JOBS", None, int, lambda n: n >= 1, "a number of files read at once (1 or more)")
 
 
-def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | None, progress: bool,
-             lim: limits.Limits, scratch: Path, step_pattern: str | None = None):
-    """Yield (rel, summary) as files finish; one process per core when there are several files."""
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+#: Archive members of up to this many unpacked bytes are read in batches (read_batch): for a small member the
+#: fixed cost of a source (a dozen Parquet files written, then read back by the run-wide tables) is much of its work
+BATCH_MEMBER_BYTES = 1 << 20
+#: the most members in a batch: the parts a batch writes (one per table) stay few while the batches still spread
+#: over the processes
+BATCH_MEMBERS = 500
+
+
+def _batches(todo: dict, jobs: int | None, lim: limits.Limits) -> list[list[str]]:
+    """The sources of `todo` (rel -> (source, fingerprint)) in the groups that are read together: the small
+    members of each archive in batches (at least one per process, at most BATCH_MEMBERS members and a 16th of
+    --memory-limit of unpacked bytes each: a batch's tables are held in memory until it is written), every other
+    source alone."""
+    alone, small = [], {}
+    for rel, (src, _) in todo.items():
+        if isinstance(src, archives.Member) and src.size <= BATCH_MEMBER_BYTES:
+            small.setdefault(src.archive, []).append(rel)
+        else:
+            alone.append([rel])
+    budget = max(BATCH_MEMBER_BYTES, lim.memory_bytes // 16)
+    groups = []
+    for rels in small.values():
+        sizes = [todo[rel][0].size for rel in rels]
+        count = max(min(jobs or os.cpu_count() or 1, len(rels)), -(-len(rels) // BATCH_MEMBERS),
+                    -(-sum(sizes) // budget))
+        most = -(-len(rels) // count)
+        batch, held = [], 0
+        for rel, size in zip(rels, sizes):
+            if batch and (len(batch) == most or held + size > budget):
+                groups.append(batch)
+                batch, held = [], 0
+            batch.append(rel)
+            held += size
+        groups.append(batch)
+    return groups + alone
+
+
+def _run_all(todo: dict, groups: list[list[str]], staging: Path, ranks: tuple, run_id: str, jobs: int | None,
+             progress: bool, lim: limits.Limits, scratch: Path, step_pattern: str | None = None):
+    """Yield (rel, summary) as files finish; one process per core when there are several groups (_batches)."""
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(groups)))
     threads = max(1, (os.cpu_count() or 1) // jobs)
     bar = _progress(len(todo)) if progress else None
+
+    def task(group: list[str]) -> tuple:
+        """The function and arguments that read `group`, giving [(rel, summary)]."""
+        if len(group) > 1:
+            return read_batch, [(str(todo[rel][0]), rel, todo[rel][2], capture_paths(todo[rel][1])) for rel in group], \
+                str(staging), ranks, run_id, threads, lim, step_pattern, str(scratch)
+        (rel,) = group
+        f, fp, shown = todo[rel]
+        return _read_one, str(f), rel, str(staging), ranks, run_id, threads, shown, lim, step_pattern, \
+            str(scratch), capture_paths(fp)
+
     try:
         if jobs == 1:
-            for rel, (f, fp, shown) in todo.items():
-                yield rel, read_file(str(f), rel, str(staging), ranks, run_id, threads, shown, lim, step_pattern,
-                                     str(scratch), capture_paths(fp))
-                bar and bar.advance()
+            for group in groups:
+                fn, *args = task(group)
+                for done in fn(*args):
+                    yield done
+                    bar and bar.advance()
             return
         pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_worker_start,
                                    initargs=(os.getpid(), str(scratch)))
         try:
             with _sigint_ignored():  # workers start with Ctrl-C ignored (inherited), so it never interrupts them
-                futures = {pool.submit(read_file, str(f), rel, str(staging), ranks, run_id, threads, shown, lim,
-                                       step_pattern, captures=capture_paths(fp)): rel
-                           for rel, (f, fp, shown) in todo.items()}
+                futures = [pool.submit(*task(group)) for group in groups]
             for fut in as_completed(futures):
-                yield futures[fut], fut.result()
-                bar and bar.advance()
+                for done in fut.result():
+                    yield done
+                    bar and bar.advance()
         except BaseException:  # an error or Ctrl-C: the other files' work is moot, stop it now
             workers = list((getattr(pool, "_processes", None) or {}).values())
             pool.shutdown(wait=False, cancel_futures=True)
@@ -522,6 +586,11 @@ def _run_all(todo: dict, staging: Path, ranks: tuple, run_id: str, jobs: int | N
         pool.shutdown()
     finally:
         bar and bar.close()
+
+
+def _read_one(*args) -> list:
+    """read_file's summary of one file, as [(rel, summary)] (what read_batch gives for several)."""
+    return [(args[1], read_file(*args))]
 
 
 class _progress:

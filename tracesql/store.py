@@ -8,6 +8,8 @@ A run is a folder:
       init.sql                   views + macros for a plain DuckDB client (`cd runs/1234 && duckdb -init init.sql`)
       slices/rank00003-<key>.parquet   one Parquet file per table per source file (<key>: the source and the
                                  ingest that wrote it, so a name never holds other bytes in a later run)
+      slices/batch-<key>.parquet one Parquet file per table per batch of small archive members (their ranks
+                                 together; the manifest lists it under each of them: see BatchWriter)
       ops/ collectives/ memory/ steps/ ranks/ devices/ process_groups/
       runs/run-<generation>.parquet  op_costs/run-<generation>.parquet   tables written once per run
                                  (schema.RUN_TABLES): the labels, and every op's cost
@@ -75,6 +77,10 @@ def _dictionary_columns(arrow_schema) -> list[str]:
 
 def part_name(rank: int, key: str) -> str:
     return f"rank{rank:05d}-{key}.parquet"
+
+
+def batch_part_name(key: str) -> str:
+    return f"batch-{key}.parquet"
 
 
 def part_key(rel: str, staging) -> str:
@@ -322,6 +328,46 @@ class PartWriter:
                     w.result()
         finally:
             self._pool.shutdown(cancel_futures=True)
+
+
+class BatchWriter:
+    """Writes the tables of several sources (small members of one archive) as one part per table: each source's
+    rows are kept in memory as they are produced (copied out of the readers' scratch files), and leaving the
+    `with` block without an error writes every table once. An archive's members change together (their
+    fingerprint is the archive's), so the part they share is always replaced or carried over whole. What a small
+    member's rows cost in memory is bounded by the caller's choice of batches (ingestion._batches)."""
+
+    def __init__(self, run_dir: Path, part: str):
+        self._dir, self.part = run_dir, part
+        self._tables: dict[str, list] = {}
+
+    def write(self, name: str, rows) -> int:
+        """Keep `rows` (an Arrow table or a DuckDB relation) for table `name`; returns the number of rows."""
+        import pyarrow as pa
+
+        table = rows if isinstance(rows, pa.Table) else rows.to_arrow_table()
+        copy = pa.BufferOutputStream()  # a copy in memory: the source's scratch files are gone once it is done
+        with pa.ipc.new_stream(copy, table.schema) as stream:
+            stream.write_table(table)
+        self._tables.setdefault(name, []).append(pa.ipc.open_stream(copy.getvalue()).read_all())
+        return table.num_rows
+
+    def __enter__(self) -> BatchWriter:
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if exc_type is not None:
+            return
+        for name, tables in self._tables.items():
+            rows = schema.conform(name, pa.concat_tables([schema.conform(name, t) for t in tables],
+                                                         promote_options="permissive"))
+            path = self._dir / name / self.part
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(rows, path, row_group_size=1 << 20, use_dictionary=_dictionary_columns(rows.schema),
+                           **PARQUET_OPTIONS)
 
 
 def write_relation(rel, path: Path, batch_rows: int = 1 << 17) -> int:
