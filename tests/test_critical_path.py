@@ -217,6 +217,30 @@ def test_replay_waits_for_the_last_rank_at_collectives(ingested):
     assert (straggler.remote_ns == 0).all()
 
 
+
+def test_a_what_if_walks_the_graph_of_the_unchanged_replay(ingested):
+    """The replays of one step share one plan (the graph and its walk order, built for the unchanged replay):
+    walked with a what-if's scales and gaps it gives the path a graph built for that what-if gives (the second
+    method), segment for segment, on both ranks' steps of HTA's sampled trace."""
+    from tracesql import critical_path
+
+    run = ingested(DATASETS / "hta_trace_filter")
+    con = tracesql.connect(run)
+    rows = con.sql("""SELECT step, flatten(list(events)), list(struct_pack(rank := CAST(rank AS BIGINT),
+                          ts := window_ts, te := window_te))
+                      FROM critical_path_events(faster := '^aten::', faster_pct := 40)
+                      GROUP BY step ORDER BY step""").fetchall()
+    assert len(rows) == 2
+    for _, events, spans in rows:
+        changed = {name: [e[name] for e in events] for name, _ in critical_path.EVENT_FIELDS}
+        unchanged = changed | {"scale": [None] * len(events)}
+        assert any(s is not None for s in changed["scale"])
+        plan = critical_path.Plan(unchanged, spans, removes_syncs=False)
+        for gaps in (1.0, 0.0):
+            walked = plan.segments(changed["scale"], gaps)
+            assert walked == critical_path.path(changed, spans, gaps)
+            assert walked != critical_path.path(unchanged, spans, None)
+
 @pytest.mark.slow  # ingests a corpus trace (the ingest the corpus replay test above shares)
 def test_replay_queues_behind_device_work_launched_before_the_trace(ingested):
     """TraceLens' MI300 resnet_act_checkpoint: its first step's device work queues behind 968 kernels launched
