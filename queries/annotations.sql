@@ -55,7 +55,11 @@ WITH projected AS (
         CAST(sum(dur) AS BIGINT), NULL, NULL, NULL, CAST(sum(dur) AS BIGINT)
     FROM slices WHERE kind = 'gpu_annotation' GROUP BY run_id, name
 ), totals AS (
-    SELECT run_id, sum(dur) AS device_total FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset') GROUP BY run_id
+    -- (the range as well: DuckDB filters it while reading, so that `dur` is read for the device events alone; the
+    -- list it checks only after reading every row. The range holds kind 'memory' too, never a device event)
+    SELECT run_id, sum(dur) AS device_total FROM slices
+    WHERE kind IN ('kernel', 'memcpy', 'memset') AND kind BETWEEN 'kernel' AND 'memset'
+    GROUP BY run_id
 )
 SELECT p.*, p.device_ns / t.device_total AS share
 FROM per_name p LEFT JOIN totals t USING (run_id)

@@ -31,11 +31,13 @@
 --   top_uncosted      VARCHAR[]  the largest uncosted names (as `name` per kernel), largest first (per = 'kernel': NULL)
 --   top_uncosted_ns   BIGINT[]   their uncosted time, in the same order (per = 'kernel': NULL)
 WITH RECURSIVE covered AS (
-    -- the costed ops and every op nested in them (costed ops never nest in each other: op_costs)
+    -- the costed ops and every op nested in them (costed ops never nest in each other: op_costs). The ops whose
+    -- parent is covered by a semi-join, whose hash table is built on the few covered ops of the last round: a
+    -- join built one on all the ops in every round, also when no op is costed (then no op is read at all)
     SELECT run_id, rank, op_id FROM op_costs WHERE counted
     UNION ALL
     SELECT o.run_id, o.rank, o.op_id
-    FROM covered c JOIN ops o ON o.run_id = c.run_id AND o.rank = c.rank AND o.parent_op_id = c.op_id
+    FROM ops o WHERE (o.run_id, o.rank, o.parent_op_id) IN (SELECT run_id, rank, op_id FROM covered)
 ), compute AS (
     SELECT k.run_id, k.rank, k.dur,
         -- an XLA op on a TPU/CPU is its own device event (op_id = slice_id), as is a kernel with no launch that

@@ -49,10 +49,10 @@ WITH cutoff AS (
 ), buckets AS (
     -- each root once per time bucket it touches (width: the roots' mean length), so that a launch finds the roots
     -- that hold it by an equi-join on (thread, bucket) and a check of the few roots of its bucket, where a range
-    -- join compared it with every root of its thread
-    SELECT r.*, b.bucket
-    FROM (SELECT *, CAST(greatest(avg(dur) OVER (), 1) AS BIGINT) AS width FROM shallowest) r,
-        range(r.ts // r.width, (r.ts + r.dur) // r.width + 1) b(bucket)
+    -- join compared it with every root of its thread. (unnest in the select list: range() as a lateral table
+    -- costs DuckDB a join of the buckets back onto the roots)
+    SELECT *, unnest(range(ts // width, (ts + dur) // width + 1)) AS bucket
+    FROM (SELECT *, CAST(greatest(avg(dur) OVER (), 1) AS BIGINT) AS width FROM shallowest)
 ), launched AS (
     -- each root with the device events launched from inside it on its thread (kernels, copies, memsets and the
     -- device side of stream waits; slices.launch_*: their launching runtime or driver call's start and thread)
