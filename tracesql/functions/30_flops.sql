@@ -820,7 +820,7 @@ CREATE OR REPLACE MACRO max_pool_out_numel(core, d, c) AS (
                      'k': TRY_CAST(c[2] AS BIGINT[]), 's': TRY_CAST(c[3] AS BIGINT[]), 'p': TRY_CAST(c[4] AS BIGINT[]),
                      'dil': TRY_CAST(c[5] AS BIGINT[]), 'ceil': TRY_CAST(c[6] AS BOOLEAN)}], lambda w:
     CASE WHEN len(d[1]) > w.n AND len(w.k) > 0 AND w.p IS NOT NULL AND w.dil IS NOT NULL AND w.ceil IS NOT NULL THEN
-        coalesce(list_product(d[1][:len(d[1]) - w.n]), 1) * list_product(list_transform(range(1, w.n + 1), lambda j:
+        coalesce(list_product(d[1][1:len(d[1]) - w.n]), 1) * list_product(list_transform(range(1, w.n + 1), lambda j:
             list_transform([{'size': d[1][len(d[1]) - w.n + j], 'k': concrete_int(w.k, j), 'p': concrete_int(w.p, j),
                              's': CASE WHEN len(w.s) > 0 THEN concrete_int(w.s, j) ELSE concrete_int(w.k, j) END}],
                 lambda x: list_transform([(x.size + 2 * x.p - concrete_int(w.dil, j) * (x.k - 1) - 1
