@@ -21,7 +21,7 @@
 --   run_id         VARCHAR  run
 --   rank           INTEGER  rank
 --   name           VARCHAR  per = 'kernel': the uncosted op, or the kernel's name when no op launched it; NULL per rank
---   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, or the op takes a TensorList, whose tensors' shapes Kineto does not keep: aten::cat, _foreach_*), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay whose capture trace was not given or did not match: docs/guides/serving.md), 'no launch recorded' (launched before the profile's host events began or by an untraced thread, and no costed op launched an identical kernel), 'identical kernels, different costs' (no launch recorded; the ops that launched identical kernels have different costs, or some none, and so do those at its place in the traced iterations' kernel sequence); NULL per rank
+--   reason         VARCHAR  per = 'kernel', why no cost: 'no formula' (tracesql has none for the op), 'shapes not recorded' (the op's formula needs shapes the trace lacks, or the op takes a TensorList, whose tensors' shapes Kineto does not keep: aten::cat, _foreach_*, or aten::index's list of optional index tensors), 'not counted' (an op with math nested in it: its own kernels), 'graph replay' (a CUDA/HIP-graph replay whose capture trace was not given or did not match: docs/guides/serving.md), 'no launch recorded' (launched before the profile's host events began or by an untraced thread, and no costed op launched an identical kernel), 'identical kernels, different costs' (no launch recorded; the ops that launched identical kernels have different costs, or some none, and so do those at its place in the traced iterations' kernel sequence); NULL per rank
 --   kernels        BIGINT   compute kernels of the rank (per = 'kernel': of that name)
 --   compute_ns     BIGINT   summed duration of the rank's compute kernels
 --   costed_ns      BIGINT   the part under a costed op (per = 'kernel': NULL)
@@ -54,8 +54,12 @@ WITH RECURSIVE covered AS (
                  THEN 'identical kernels, different costs'
              WHEN o.op_id IS NULL THEN 'no launch recorded'
              WHEN oc.op_id IS NULL THEN op_costs_missing(k.run_id)
-             -- cat, stack, _foreach_*: Kineto keeps no shape of a TensorList's tensors, so no formula could cost it
-             WHEN oc.family IS NULL AND list_contains(o.input_types, 'TensorList') THEN 'shapes not recorded'
+             -- cat, stack, _foreach_*: Kineto keeps no shape of a TensorList's tensors, so no formula could cost it;
+             -- nor of index's indices (a list of optional tensors, recorded with neither type nor shape), which
+             -- set the rows it gathers
+             WHEN oc.family IS NULL AND (list_contains(o.input_types, 'TensorList')
+                                         OR o.name = 'aten::index' AND o.input_types[2] = '')
+                 THEN 'shapes not recorded'
              WHEN oc.family IS NULL THEN 'no formula'
              WHEN CASE WHEN COALESCE(getvariable('attention_convention'), 'flash') = 'flash' THEN oc.flops
                        ELSE oc.torch_flops END IS NULL THEN 'shapes not recorded'

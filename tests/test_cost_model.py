@@ -134,6 +134,9 @@ CASES = {
     "permute_pooled_embs_backward": ("torch::autograd::CppNode<fbgemm_gpu::PermutePooledEmbsFunction"
                                      "<&fbgemm_gpu::permute_pooled_embs_gpu> >", [[1024, 70904]], [F], [""],
                                      ("copy", 0, 2 * 1024 * 70904 * 4)),
+    # its gradient recat into one block per rank (HTA's trace_diff, 8 ranks): read, written once more
+    "recat_embedding_grad_output": ("fbgemm::recat_embedding_grad_output_mixed_D_batch", [[1024, 70904], [8], [8]],
+                                    [F, "long", "long"], None, ("copy", 0, 2 * 1024 * 70904 * 4)),
     "fill_writes_only": ("aten::fill_", [[64, 32], []], [F, "Scalar"], ["", "1"], ("copy", 0, 8192)),
     "constant_pad": ("aten::constant_pad_nd", [[888, 2880], [], []], [B, "ScalarList", "Scalar"],
                      ["", "[0, 64]", "0"], ("copy", 0, 888 * 2880 * 2 + 888 * 2944 * 2)),
@@ -254,6 +257,14 @@ CASES = {
     "triton_kernels_sort_tokens": ("SortTokens", [[32, 4], [32, 4], []], [B, "short int", "Scalar"],
                                    ["", "", "32"],
                                    ("fused", 128 + 32, 128 * 2 + 128 * 2 + 32 * 4 + 128 * (4 + 4 + 2) + 2 * 32 * 4)),
+    # FBGEMM's sparse-feature helpers as HTA's trace_filter records them (no Concrete Inputs): the 65,537 offsets
+    # of 65,536 int32 lengths (one add per length); the bounds check of 15,405,380 int64 indices in 993,280 bags
+    # of 485 tables: two comparisons per index and per offset, the three tensors read, nothing written
+    "fbgemm_asynchronous_complete_cumsum": ("fbgemm::asynchronous_complete_cumsum", [[65536]], ["int"], None,
+                                            ("fused", 65536, 65536 * 4 + 65537 * 4)),
+    "fbgemm_bounds_check_indices": ("fbgemm::bounds_check_indices", [[485], [15405380], [993281], [], [1], []],
+                                    ["long", "long", "long", "Scalar", "long", ""], None,
+                                    ("fused", 2 * (15405380 + 993281), (485 + 15405380 + 993281) * 8)),
     "aiter_groupnorm": ("aiter::_groupnorm_run", [[1, 512, 64, 64], [], [512], [512], []],
                         [B, "Scalar", B, B, "Scalar"], ["", "32", "", "", "1e-06"],
                         ("fused", 5 * 512 * 4096, 512 * 4096 * 2 + 2 * 512 * 2 + 512 * 4096 * 2)),
@@ -265,6 +276,34 @@ CASES = {
                             ("triton", 0, 888 * 4 + 888 * 8 + 888)),
     "triton_template_has_no_formula": ("triton_tem_fused_mm_0", [[64, 32], [32, 16], [64, 16], []],
                                        [B, B, B, "Scalar"], None, (None, None, None)),
+    # --- max pooling, as the corpus' resnet_act_checkpoint trace records it: bf16 [10, 64, 112, 112], 3×3 windows,
+    # stride 2, padding 1: (112 + 2 − 2 − 1) // 2 + 1 = 56 rows and columns out (its backward's grad_output is
+    # [10, 64, 56, 56]); hand counts (FlopCounterMode has no formula): 9 comparisons per output element; the input
+    # read, the output (bf16) and its indices (int64) written. Backward: one add per grad_output element;
+    # grad_output and indices read, grad_input written
+    "max_pool2d_with_indices": ("aten::max_pool2d_with_indices", [[10, 64, 112, 112], [], [], [], [], []],
+                                [B] + ["ScalarList"] * 4 + ["Scalar"],
+                                ["", "[3, 3]", "[2, 2]", "[1, 1]", "[1, 1]", "False"],
+                                ("pool", 9 * 10 * 64 * 56 * 56,
+                                 10 * 64 * 112 * 112 * 2 + 10 * 64 * 56 * 56 * (2 + 8))),
+    "max_pool2d_with_indices_backward": ("aten::max_pool2d_with_indices_backward",
+                                         [[10, 64, 56, 56], [10, 64, 112, 112], [], [], [], [], [], [10, 64, 56, 56]],
+                                         [B, B] + ["ScalarList"] * 4 + ["Scalar", L],
+                                         ["", "", "[3, 3]", "[2, 2]", "[1, 1]", "[1, 1]", "False", ""],
+                                         ("pool", 10 * 64 * 56 * 56,
+                                          10 * 64 * 56 * 56 * (2 + 8) + 10 * 64 * 112 * 112 * 2)),
+    # ceil_mode: 5 columns in 2-wide windows of stride 2 give 3 (the last window half outside); 1-D, kernel 3,
+    # stride 3, padding 1 over 5: (5 + 2 − 2 − 1 + 2) // 3 + 1 = 3, less one as the third window would start in
+    # the right padding (3 − 1)·3 ≥ 5 + 1: 2; an empty stride is the kernel's
+    "max_pool2d_ceil_mode": ("aten::max_pool2d_with_indices", [[1, 5, 5], [], [], [], [], []],
+                             [F] + ["ScalarList"] * 4 + ["Scalar"], ["", "[2, 2]", "[]", "[0, 0]", "[1, 1]", "True"],
+                             ("pool", 4 * 3 * 3, 25 * 4 + 3 * 3 * (4 + 8))),
+    "max_pool1d_ceil_mode_window_in_padding": ("aten::max_pool1d_with_indices", [[2, 4, 5], [], [], [], [], []],
+                                               [F] + ["ScalarList"] * 4 + ["Scalar"],
+                                               ["", "[3]", "[3]", "[1]", "[1]", "True"],
+                                               ("pool", 3 * 2 * 4 * 2, 2 * 4 * 5 * 4 + 2 * 4 * 2 * (4 + 8))),
+    "max_pool2d_unrecorded_window": ("aten::max_pool2d_with_indices", [[10, 64, 112, 112], [], [], [], [], []],
+                                     [B] + ["ScalarList"] * 4 + ["Scalar"], None, ("pool", None, None)),
     # --- losses and random fills, as the corpus' normalization_layer_test trace records them (fp32 [8, 16, 32, 32])
     "mse_loss_mean": ("aten::mse_loss", [[8, 16, 32, 32], [8, 16, 32, 32], []], [F, F, "Scalar"], ["", "", "1"],
                       ("loss", 3 * 131_072, 2 * 131_072 * 4 + 4)),  # self, target read; the mean written

@@ -223,8 +223,8 @@ def test_mfu_on_trace_filter_matches_json(ingested):
         sql_gemm = con.execute("SELECT sum(flops) FROM op_costs() WHERE counted AND family = 'gemm' AND step = ?",
                                [int(row.step)]).fetchall()[0][0]
         assert sql_gemm == gemm_flops
-        # the rest of the counted FLOPs are elementwise/norm ops: under 0.1% here
-        assert 0 < row.formula_flops - gemm_flops < 1e-3 * row.formula_flops
+        # the rest of the counted FLOPs are elementwise/norm ops and FBGEMM's index bounds checks: about 0.1 % here
+        assert 0 < row.formula_flops - gemm_flops < 2e-3 * row.formula_flops
         assert row.hardware_flops == row.formula_flops and math.isnan(row.profiler_flops)
         assert row.hfu == pytest.approx(row.formula_flops / (step_time_ns / 1e9 * 2 * 19.5e12))
     assert [round(x, 4) for x in df.mfu] == [0.3954, 0.3857]  # step 551 ends where 552 begins

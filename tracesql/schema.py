@@ -281,8 +281,8 @@ TABLES: dict[str, Table] = {
                 ("op_id", "BIGINT", "The op (`ops.op_id`); for a kernel with no launch recorded (cost_source "
                  "'identical kernel' or 'aligned kernel'), the kernel's `slices.slice_id`."),
                 ("family", "VARCHAR", "Which formula costs the op: gemm, conv, attention, elementwise, reduction, norm, "
-                 "softmax, copy, upsample, index, fused, triton, view (moves nothing), or xla (XLA's own cost "
-                 "analysis); NULL when tracesql has no formula for it."),
+                 "softmax, copy, upsample, pool, index, fused, triton, loss, random, view (moves nothing), or xla "
+                 "(XLA's own cost analysis); NULL when tracesql has no formula for it."),
                 ("dtype", "VARCHAR", "The dtype the op is rated against, as a device_peaks column (fp32, bf16, ...): "
                  "its first tensor argument's."),
                 ("flops", "DOUBLE", "FLOPs of the call, causal attention halved (attention_convention 'flash'); NULL "

@@ -725,15 +725,18 @@ CREATE OR REPLACE MACRO softmax_bytes(k, a, c) AS (
 -- FBGEMM's permute_pooled_embs(pooled_embs [B, sum D], offset_dim_list, permute_list, inv_offset_dim_list,
 -- inv_permute_list) moves each table's pooled columns to their new place: pooled_embs read, a tensor of its shape
 -- written (the four index lists, one entry per table, are not counted); its backward (the autograd node
--- CppNode<PermutePooledEmbsFunction>, recorded with the gradient only) the inverse move, as many bytes.
+-- CppNode<PermutePooledEmbsFunction>, recorded with the gradient only) the inverse move, as many bytes; its
+-- recat_embedding_grad_output_mixed_D_batch(grad_output [B, sum D], dim_sum_per_rank, cumsum_dim_sum_per_rank)
+-- moves the pooled gradient's columns into one block per rank: grad_output read, as many elements written.
 CREATE OR REPLACE MACRO padded_numel(dims, pad_value) AS (
     list_product(list_transform(range(1, len(dims) + 1), lambda j:
         dims[j] + coalesce(TRY_CAST(pad_value AS BIGINT[])[2 * (len(dims) - j) + 1], 0)
                 + coalesce(TRY_CAST(pad_value AS BIGINT[])[2 * (len(dims) - j) + 2], 0)))
 );
 
-CREATE OR REPLACE MACRO is_permute_pooled_embs(name) AS (
-    name IN ('fbgemm::permute_pooled_embs', 'fbgemm::permute_pooled_embs_auto_grad')
+CREATE OR REPLACE MACRO is_fbgemm_permute(name) AS (
+    name IN ('fbgemm::permute_pooled_embs', 'fbgemm::permute_pooled_embs_auto_grad',
+             'fbgemm::recat_embedding_grad_output_mixed_D_batch')
     OR name LIKE 'torch::autograd::CppNode<fbgemm_gpu::PermutePooledEmbsFunction<%'
 );
 
@@ -745,7 +748,7 @@ CREATE OR REPLACE MACRO copy_bytes(core, d, a, c) AS (
             THEN a[1].numel * a[1].bpe + a[2].numel * a[2].bpe
         WHEN core = 'aten::_to_copy' AND a[1].numel IS NOT NULL
             THEN a[1].numel * (a[1].bpe + coalesce(scalar_type_bytes(c[2]), a[1].bpe))
-        WHEN (core IN ('aten::clone', 'aten::lift_fresh_copy') OR is_permute_pooled_embs(core))
+        WHEN (core IN ('aten::clone', 'aten::lift_fresh_copy') OR is_fbgemm_permute(core))
              AND a[1].numel IS NOT NULL THEN 2 * a[1].numel * a[1].bpe
         WHEN core IN ('aten::fill_', 'aten::zero_') AND a[1].numel IS NOT NULL THEN a[1].numel * a[1].bpe
         WHEN core IN ('aten::constant_pad_nd', 'aten::pad', 'aten::reflection_pad1d', 'aten::reflection_pad2d',
@@ -800,6 +803,43 @@ CREATE OR REPLACE MACRO upsample_bytes(core, d, a, c) AS (
          WHEN core LIKE '%backward%' THEN
              a[1].numel * a[1].bpe + list_product(TRY_CAST(c[3] AS BIGINT[])) * a[1].bpe
          WHEN len(d[1]) >= 3 THEN a[1].numel * a[1].bpe + upsample_out_numel(d, c) * a[1].bpe
+    END
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Max pooling: max_pool{1,2,3}d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode) takes each
+-- window's max: one comparison per tap per output element (as a max reduction counts one per element); reads
+-- self, writes the output in self's dtype and its int64 indices. Each of the last n dims (n from the name) is
+-- PyTorch's pooling_output_shape: (in + 2·pad − dil·(k − 1) − 1 (+ stride − 1 with ceil_mode)) // stride + 1,
+-- less one when ceil_mode starts the last window in the padding; an empty stride is the kernel's; a one-element
+-- list applies to every dim. Backward (grad_output, self, kernel_size, stride, padding, dilation, ceil_mode,
+-- indices): each grad_output element added where its index points (1 FLOP, as accumulating scatters); reads
+-- grad_output and indices, writes grad_input (self's shape and dtype; self's values are not read).
+CREATE OR REPLACE MACRO max_pool_out_numel(core, d, c) AS (
+    list_transform([{'n': TRY_CAST(regexp_extract(core, '([123])d_with_indices$', 1) AS INTEGER),
+                     'k': TRY_CAST(c[2] AS BIGINT[]), 's': TRY_CAST(c[3] AS BIGINT[]), 'p': TRY_CAST(c[4] AS BIGINT[]),
+                     'dil': TRY_CAST(c[5] AS BIGINT[]), 'ceil': TRY_CAST(c[6] AS BOOLEAN)}], lambda w:
+    CASE WHEN len(d[1]) > w.n AND len(w.k) > 0 AND w.p IS NOT NULL AND w.dil IS NOT NULL AND w.ceil IS NOT NULL THEN
+        coalesce(list_product(d[1][1:len(d[1]) - w.n]), 1) * list_product(list_transform(range(1, w.n + 1), lambda j:
+            list_transform([{'size': d[1][len(d[1]) - w.n + j], 'k': concrete_int(w.k, j), 'p': concrete_int(w.p, j),
+                             's': CASE WHEN len(w.s) > 0 THEN concrete_int(w.s, j) ELSE concrete_int(w.k, j) END}],
+                lambda x: list_transform([(x.size + 2 * x.p - concrete_int(w.dil, j) * (x.k - 1) - 1
+                                           + CASE WHEN w.ceil THEN x.s - 1 ELSE 0 END) // x.s + 1], lambda o:
+                    CASE WHEN w.ceil AND (o - 1) * x.s >= x.size + x.p THEN o - 1 ELSE o END)[1])[1]))
+    END)[1]
+);
+
+CREATE OR REPLACE MACRO max_pool_flops(core, d, a, c) AS (
+    CASE WHEN core LIKE '%backward' THEN a[1].numel
+         ELSE max_pool_out_numel(core, d, c) * list_product(list_transform(
+             range(1, TRY_CAST(regexp_extract(core, '([123])d_with_indices$', 1) AS INTEGER) + 1),
+             lambda j: concrete_int(TRY_CAST(c[2] AS BIGINT[]), j)))
+    END
+);
+
+CREATE OR REPLACE MACRO max_pool_bytes(core, d, a, c) AS (
+    CASE WHEN core LIKE '%backward' THEN read_bytes(a, [1, 8]) + a[2].numel * a[2].bpe
+         ELSE a[1].numel * a[1].bpe + max_pool_out_numel(core, d, c) * (a[1].bpe + 8)
     END
 );
 
@@ -879,6 +919,11 @@ CREATE OR REPLACE MACRO index_bytes(k, core, d, a, c) AS (
 -- counts the routed pairs per expert (a histogram of the bitmatrix), takes the experts' offsets (its prefix
 -- sums) and places each of the T·k pairs in expert order: combine and dispatch indices (int32) and the gate
 -- scales moved there.
+-- FBGEMM's sparse-feature helpers of recommender models: asynchronous_complete_cumsum(t [N]) writes the N + 1
+-- offsets of N lengths (0, then the running sums) in t's dtype; bounds_check_indices(rows_per_table [T],
+-- indices, offsets, bounds_check_mode, warning, weights, ...) checks each index against 0 and its table's rows and
+-- each offset against 0 and the indices' count, in place: only what it finds out of bounds is written (and
+-- counted in `warning`), none in a valid batch.
 -- Other engines' ops with one of these layouts, by the name of the one they share it with: SGLang's sgl_kernel
 -- ops are vLLM's, aiter::rmsnorm(out, input, weight, eps) is _C::rms_norm, aiter::rmsnorm2d_fwd_with_add_ck
 -- (the CK kernel) is aiter::add_rmsnorm. NULL: no such fused kernel.
@@ -887,7 +932,8 @@ CREATE OR REPLACE MACRO fused_kernel(name) AS (
         WHEN name IN ('_C::rms_norm', '_C::fused_add_rms_norm', '_C::silu_and_mul', '_C::gelu_and_mul',
                       '_C::gelu_tanh_and_mul', '_C::static_scaled_fp8_quant', '_C::dynamic_scaled_fp8_quant',
                       '_C::rotary_embedding', 'aiter::add_rmsnorm', 'aiter::rms_norm', 'aiter::_groupnorm_run',
-                      '_C_cache_ops::reshape_and_cache', 'sglang::store_cache', 'TopK', 'SortTokens') THEN name
+                      '_C_cache_ops::reshape_and_cache', 'sglang::store_cache', 'TopK', 'SortTokens',
+                      'fbgemm::asynchronous_complete_cumsum', 'fbgemm::bounds_check_indices') THEN name
         WHEN name = 'aiter::rmsnorm' THEN '_C::rms_norm'
         WHEN name = 'aiter::rmsnorm2d_fwd_with_add_ck' THEN 'aiter::add_rmsnorm'
         WHEN name IN ('sgl_kernel::silu_and_mul', 'sgl_kernel::gelu_and_mul', 'sgl_kernel::gelu_tanh_and_mul',
@@ -908,7 +954,8 @@ CREATE OR REPLACE MACRO topk_routing(d, a) AS (
 
 -- name = fused_kernel(op name). TopK: one comparison per score it selects from (as a max reduction counts) and
 -- softmax's 5 per element over the k kept; SortTokens: one add per routed pair (the histogram) and per expert
--- (the offsets' prefix sum); the sort itself moves data (0, as a gather or scatter).
+-- (the offsets' prefix sum); the sort itself moves data (0, as a gather or scatter); asynchronous_complete_cumsum:
+-- one add per element, as cumsum; bounds_check_indices: two comparisons per index and per offset.
 CREATE OR REPLACE MACRO fused_flops(name, d, a) AS (
     CASE name
         WHEN '_C::rms_norm' THEN 4 * a[2].numel
@@ -925,6 +972,8 @@ CREATE OR REPLACE MACRO fused_flops(name, d, a) AS (
         WHEN 'TopK' THEN list_transform([topk_routing(d, a)], lambda r: CASE WHEN r IS NOT NULL THEN
             CASE WHEN r.selects THEN r.t * r.e ELSE 0 END + CASE WHEN r.softmax THEN 5 * r.t * r.k ELSE 0 END END)[1]
         WHEN 'SortTokens' THEN CASE WHEN len(d[1]) = 2 THEN a[1].numel + TRY_CAST(a[3].value AS BIGINT) END
+        WHEN 'fbgemm::asynchronous_complete_cumsum' THEN a[1].numel
+        WHEN 'fbgemm::bounds_check_indices' THEN 2 * (a[2].numel + a[3].numel)
         -- a copy into the cache (an fp8 cache's scaling is not counted, as a cast's)
         WHEN '_C_cache_ops::reshape_and_cache' THEN 0
         WHEN 'sglang::store_cache' THEN 0
@@ -959,6 +1008,9 @@ CREATE OR REPLACE MACRO fused_bytes(name, d, a) AS (
             CASE WHEN len(d[1]) = 2 THEN read_bytes(a, [1, 2]) + d[1][1] * ceil(e / 32) * 4
                                          + a[1].numel * (2 * 4 + a[1].bpe) + 2 * e * 4 END)[1]
         WHEN 'aiter::_groupnorm_run' THEN read_bytes(a, [1, 3, 4]) + a[1].numel * a[1].bpe
+        WHEN 'fbgemm::asynchronous_complete_cumsum' THEN (2 * a[1].numel + 1) * a[1].bpe
+        -- the table sizes, indices and offsets read; a valid batch writes nothing
+        WHEN 'fbgemm::bounds_check_indices' THEN read_bytes(a, [1, 2, 3])
         -- key, value and the slots read; key and value written in the cache's dtype
         WHEN '_C_cache_ops::reshape_and_cache' THEN read_bytes(a, [1, 2, 5]) + a[1].numel * a[3].bpe
                                                     + a[2].numel * a[4].bpe
@@ -1138,8 +1190,8 @@ CREATE OR REPLACE MACRO op_is_view(core) AS (
 
 -- ---------------------------------------------------------------------------------------------------------
 -- Which formula an op name takes: 'gemm', 'conv', 'attention' (the math that FLOPs are usually about),
--- 'elementwise', 'reduction', 'norm', 'softmax', 'copy', 'upsample', 'index', 'fused', 'triton', 'loss', 'random'
--- (memory-bound work),
+-- 'elementwise', 'reduction', 'norm', 'softmax', 'copy', 'upsample', 'pool', 'index', 'fused', 'triton', 'loss',
+-- 'random' (memory-bound work),
 -- 'view' (views and allocations: nothing moved); NULL when tracesql has no formula for it.
 CREATE OR REPLACE MACRO op_base_family(name, base) AS (
     list_transform([op_core_name(base)], lambda fc: CASE
@@ -1158,7 +1210,7 @@ CREATE OR REPLACE MACRO op_base_family(name, base) AS (
                                     'aten::lift_fresh_copy', 'aten::fill_', 'aten::zero_', 'aten::constant_pad_nd',
                                     'aten::pad', 'aten::reflection_pad1d', 'aten::reflection_pad2d',
                                     'aten::reflection_pad3d', 'aten::replication_pad1d', 'aten::replication_pad2d',
-                                    'aten::replication_pad3d') OR is_permute_pooled_embs(base) THEN 'copy'
+                                    'aten::replication_pad3d') OR is_fbgemm_permute(base) THEN 'copy'
         WHEN elementwise_spec(fc) IS NOT NULL THEN 'elementwise'
         WHEN reduction_spec(base) IS NOT NULL THEN 'reduction'
         WHEN norm_layout(base) IS NOT NULL THEN 'norm'
@@ -1167,6 +1219,7 @@ CREATE OR REPLACE MACRO op_base_family(name, base) AS (
                                     'aten::_log_softmax_backward_data') THEN 'softmax'
         WHEN regexp_matches(base, '^aten::_?upsample_[a-z_]+[123]d(_aa)?(_backward)?$')
              AND upsample_taps(base) IS NOT NULL THEN 'upsample'
+        WHEN regexp_matches(base, '^aten::max_pool[123]d_with_indices(_backward)?$') THEN 'pool'
         WHEN fc IN ('aten::embedding', 'aten::index_select', 'aten::gather', 'aten::scatter', 'aten::scatter_add',
                     'aten::scatter_reduce', 'aten::index_add', 'aten::index_copy', 'aten::index_put',
                     'aten::_index_put_impl', 'aten::embedding_dense_backward')
@@ -1233,6 +1286,7 @@ CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
         WHEN 'triton' THEN CASE WHEN len(tensor_positions(a, 99)) > 0 THEN 0 END
         WHEN 'loss' THEN loss_flops(k.base, a, c)
         WHEN 'random' THEN CASE WHEN a[1].numel IS NOT NULL THEN 0 END
+        WHEN 'pool' THEN max_pool_flops(k.base, d, a, c)
     END AS DOUBLE)
 );
 
@@ -1265,6 +1319,7 @@ CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
         WHEN 'triton' THEN read_bytes(a, tensor_positions(a, 99))
         WHEN 'loss' THEN loss_bytes(k.base, a, c)
         WHEN 'random' THEN a[1].numel * a[1].bpe
+        WHEN 'pool' THEN max_pool_bytes(k.base, d, a, c)
     END AS DOUBLE)
 );
 
