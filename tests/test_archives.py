@@ -124,7 +124,7 @@ def _all_rows(run) -> dict[str, list]:
 
 
 def test_small_members_read_in_batches_give_the_tables_read_one_by_one(tmp_path, monkeypatch):
-    """An archive's small members are read in batches (ingestion.read_batch: one part per table per batch, listed
+    """An archive's small members are read in batches (ingestion.read_group: one part per table per batch, listed
     under each member) by two processes; every table equals the one-by-one ingest's, row for row. The shared
     parts verify, are carried over once when the archive is unchanged, and replaced when it changes."""
     artifact, traces = _mesh_artifact(tmp_path)

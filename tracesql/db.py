@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import uuid
+import weakref
 from pathlib import Path
 
 import duckdb
@@ -79,6 +80,19 @@ def clear(con) -> None:
             drops.append(f'DROP {kind} IF EXISTS "{name}";')
     if drops:
         con.execute("".join(drops))
+
+
+#: The definitions `once` made on each connection.
+_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def once(con, sql: str) -> None:
+    """Run `sql` (definitions: macros, variables that `clear` keeps) on `con` unless it ran there already: a
+    connection `for_trace` keeps gets them once, not once per trace."""
+    made = _made.setdefault(con, set())
+    if sql not in made:
+        con.execute(sql).fetchall()
+        made.add(sql)
 
 
 def on_cursor(con, views: dict, work):

@@ -163,7 +163,7 @@ def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
     one rank each (and one part each). `scratch`: the folder for the readers' temporary files (the ingest's
     `.RUN.extract-*` folder beside the run, which the next ingest removes whatever killed this one). `captures`:
     the graph-capture traces that attribute its graph-replayed kernels (capture_paths). `batch`: the writer of
-    the batch the file's tables go into (read_batch), instead of parts of its own."""
+    the batch the file's tables go into (read_group), instead of parts of its own."""
     try:
         with limits.using(lim), _temporary_files_in(scratch):
             return limits.watched(lim, shown, _read_normalize_write, Path(path), rel, staging, ranks, run_id,
@@ -223,12 +223,16 @@ def _worker_start(parent: int, scratch: str) -> None:
     tempfile.tempdir = scratch
 
 
-def read_batch(files: list[tuple[str, str, str, list[str]]], staging: str, ranks: tuple, run_id: str, threads: int,
+def read_group(files: list[tuple[str, str, str, list[str]]], staging: str, ranks: tuple, run_id: str, threads: int,
                lim: limits.Limits, step_pattern: str | None = None, scratch: str | None = None) -> list:
-    """Read the small files `files` ((path, rel, shown, captures) each: members of one archive) one after another
-    as read_file reads each, their tables written together, one part per table for the batch (a member's fixed
-    cost of writing a dozen files, and the run-wide tables' of reading them back, paid once per batch). Returns
-    [(rel, summary)], each summary as read_file's, naming the batch's part."""
+    """Read the files `files` ((path, rel, shown, captures) each) as read_file reads each, one after another, and
+    return [(rel, summary)]. One file gets parts of its own; several (small members of one archive: _batches) are
+    written together, one part per table for the batch (a member's fixed cost of writing a dozen files, and the
+    run-wide tables' of reading them back, paid once per batch), each summary naming the batch's part."""
+    if len(files) == 1:
+        ((path, rel, shown, captures),) = files
+        return [(rel, read_file(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern, scratch,
+                                captures))]
     part = store.batch_part_name(store.part_key(files[0][1], staging))
     with store.BatchWriter(Path(staging), part) as batch:
         return [(rel, read_file(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern, scratch,
@@ -504,7 +508,7 @@ def default_jobs() -> int | None:
     return env_number("TRACESQL_JOBS", None, int, lambda n: n >= 1, "a number of files read at once (1 or more)")
 
 
-#: Archive members of up to this many unpacked bytes are read in batches (read_batch): for a small member the
+#: Archive members of up to this many unpacked bytes are read in batches (read_group): for a small member the
 #: fixed cost of a source (a dozen Parquet files written, then read back by the run-wide tables) is much of its work
 BATCH_MEMBER_BYTES = 1 << 20
 #: the most members in a batch: the parts a batch writes (one per table) stay few while the batches still spread
@@ -548,21 +552,16 @@ def _run_all(todo: dict, groups: list[list[str]], staging: Path, ranks: tuple, r
     threads = max(1, (os.cpu_count() or 1) // jobs)
     bar = _progress(len(todo)) if progress else None
 
-    def task(group: list[str]) -> tuple:
-        """The function and arguments that read `group`, giving [(rel, summary)]."""
-        if len(group) > 1:
-            return read_batch, [(str(todo[rel][0]), rel, todo[rel][2], capture_paths(todo[rel][1])) for rel in group], \
-                str(staging), ranks, run_id, threads, lim, step_pattern, str(scratch)
-        (rel,) = group
-        f, fp, shown = todo[rel]
-        return _read_one, str(f), rel, str(staging), ranks, run_id, threads, shown, lim, step_pattern, \
-            str(scratch), capture_paths(fp)
+    def group_args(group: list[str]) -> dict:
+        """read_group's arguments for `group`."""
+        return {"files": [(str(todo[rel][0]), rel, todo[rel][2], capture_paths(todo[rel][1])) for rel in group],
+                "staging": str(staging), "ranks": ranks, "run_id": run_id, "threads": threads, "lim": lim,
+                "step_pattern": step_pattern, "scratch": str(scratch)}
 
     try:
         if jobs == 1:
             for group in groups:
-                fn, *args = task(group)
-                for done in fn(*args):
+                for done in read_group(**group_args(group)):
                     yield done
                     bar and bar.advance()
             return
@@ -570,7 +569,7 @@ def _run_all(todo: dict, groups: list[list[str]], staging: Path, ranks: tuple, r
                                    initargs=(os.getpid(), str(scratch)))
         try:
             with _sigint_ignored():  # workers start with Ctrl-C ignored (inherited), so it never interrupts them
-                futures = [pool.submit(*task(group)) for group in groups]
+                futures = [pool.submit(read_group, **group_args(group)) for group in groups]
             for fut in as_completed(futures):
                 for done in fut.result():
                     yield done
@@ -586,11 +585,6 @@ def _run_all(todo: dict, groups: list[list[str]], staging: Path, ranks: tuple, r
         pool.shutdown()
     finally:
         bar and bar.close()
-
-
-def _read_one(*args) -> list:
-    """read_file's summary of one file, as [(rel, summary)] (what read_batch gives for several)."""
-    return [(args[1], read_file(*args))]
 
 
 class _progress:

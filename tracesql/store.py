@@ -332,8 +332,9 @@ class PartWriter:
 
 class BatchWriter:
     """Writes the tables of several sources (small members of one archive) as one part per table: each source's
-    rows are kept in memory as they are produced (copied out of the readers' scratch files), and leaving the
-    `with` block without an error writes every table once. An archive's members change together (their
+    rows are kept as they are produced (Arrow tables as they are: the slices memory-mapped from the readers'
+    scratch files, whose maps stay valid once the files are removed; a DuckDB relation read into memory), and
+    leaving the `with` block without an error writes every table once. An archive's members change together (their
     fingerprint is the archive's), so the part they share is always replaced or carried over whole. What a small
     member's rows cost in memory is bounded by the caller's choice of batches (ingestion._batches)."""
 
@@ -346,10 +347,7 @@ class BatchWriter:
         import pyarrow as pa
 
         table = rows if isinstance(rows, pa.Table) else rows.to_arrow_table()
-        copy = pa.BufferOutputStream()  # a copy in memory: the source's scratch files are gone once it is done
-        with pa.ipc.new_stream(copy, table.schema) as stream:
-            stream.write_table(table)
-        self._tables.setdefault(name, []).append(pa.ipc.open_stream(copy.getvalue()).read_all())
+        self._tables.setdefault(name, []).append(table)
         return table.num_rows
 
     def __enter__(self) -> BatchWriter:

@@ -351,6 +351,7 @@ def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int 
         counting = beside.submit(db.on_cursor, con, {}, lambda cur: cur.execute(_COUNTS).fetchall())
         try:
             paired = _pair(con)
+            db.once(con, _CONSTANTS)
             con.execute(_LOOKUPS)
         except duckdb.Error:
             _check_counts(con, path, counting.result(), max_events, notes)
@@ -552,8 +553,6 @@ CREATE OR REPLACE TABLE lanes AS
     FROM (SELECT idx, pid, tid, true AS kept FROM kept
           UNION ALL SELECT idx, pid, tid, false FROM events WHERE NOT malformed AND ph = '{COUNTER_PHASE}' AND {_ts_ok})
     GROUP BY pid, tid;
-CREATE OR REPLACE TABLE category_kinds AS SELECT * FROM (VALUES {_category_kinds}) t(cat, kind);
-CREATE OR REPLACE TABLE name_kinds AS SELECT * FROM (VALUES {_name_kinds}) t(cat, name, kind);
 CREATE OR REPLACE TABLE labels AS
     WITH firsts AS (
         SELECT 0 AS col, COALESCE(json_extract_string(pid, '$'), 'None') AS label, min(first) AS first
@@ -579,8 +578,6 @@ CREATE OR REPLACE TABLE thread_names AS
           AND json_type(tid) IN ('UBIGINT', 'BIGINT') AND json_type(args -> 'name') = 'VARCHAR'
         GROUP BY 1, 2
     );
-SET VARIABLE category_kind = (SELECT map(list(cat), list(kind)) FROM category_kinds);
-SET VARIABLE name_kind = (SELECT map(list(cat || chr(0) || name), list(kind)) FROM name_kinds);
 SET VARIABLE pid_label_id = (SELECT map(list(label), list(id)) FROM labels WHERE col = 0);
 SET VARIABLE tid_label_id = (SELECT map(list(label), list(id)) FROM labels WHERE col = 1);
 SET VARIABLE label_of = (SELECT map(list(id), list(label)) FROM labels);
@@ -592,6 +589,17 @@ SET VARIABLE tsl_device = (SELECT map(list(pid), list(CAST(regexp_extract(label,
 SET VARIABLE tsl_stream = (SELECT map(list(pid || '/' || tid), list(CAST(regexp_extract(label, '{TSL_STREAM}', 1) AS BIGINT)))
                            FROM thread_names WHERE regexp_matches(label, '{TSL_STREAM}'));
 SET VARIABLE tsl_streamed = (SELECT list(DISTINCT pid) FROM thread_names WHERE regexp_matches(label, '{TSL_STREAM}'));
+-- the kept events' lanes, each once (not each event): its lane ids and its name as a host track
+CREATE OR REPLACE TABLE kept_lanes AS
+    SELECT pid, tid, pid_id, tid_id, process_label(pid_id) || ' / ' || thread_label(pid_id, tid_id) AS host_track
+    FROM (SELECT pid, tid, lane_id(pid, 'pid_label_id') AS pid_id, lane_id(tid, 'tid_label_id') AS tid_id
+          FROM lanes WHERE kept);
+"""
+# What does not depend on the trace: made once on a connection (db.once), which db.for_trace keeps for the next trace
+_CONSTANTS = f"""
+SET VARIABLE category_kind = (SELECT map(list(cat), list(kind)) FROM (VALUES {_category_kinds}) t(cat, kind));
+SET VARIABLE name_kind = (SELECT map(list(cat || chr(0) || name), list(kind))
+                          FROM (VALUES {_name_kinds}) t(cat, name, kind));
 CREATE OR REPLACE MACRO lane_id(v, labels) AS
     COALESCE(TRY_CAST(v AS BIGINT), getvariable(labels)[COALESCE(json_extract_string(v, '$'), 'None')]);
 CREATE OR REPLACE MACRO process_label(p) AS
@@ -602,17 +610,12 @@ CREATE OR REPLACE MACRO thread_label(p, t) AS
 -- µs as double -> integer ns, rounding the fraction on its own so epoch-scale values keep the ns
 CREATE OR REPLACE MACRO us_to_ns(us) AS
     CAST(floor(us) AS BIGINT) * 1000 + CAST(round_even((us - floor(us)) * 1000, 0) AS BIGINT);
--- the kept events' lanes, each once (not each event): its lane ids and its name as a host track
-CREATE OR REPLACE TABLE kept_lanes AS
-    SELECT pid, tid, pid_id, tid_id, process_label(pid_id) || ' / ' || thread_label(pid_id, tid_id) AS host_track
-    FROM (SELECT pid, tid, lane_id(pid, 'pid_label_id') AS pid_id, lane_id(tid, 'tid_label_id') AS tid_id
-          FROM lanes WHERE kept);
 """
 _DIALECT = f"""
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM process_names WHERE label = '{TSL_HOST}' OR regexp_matches(label, '{TSL_DEVICE}'))
         THEN 'tsl'
-    WHEN $kineto_keys OR EXISTS (SELECT 1 FROM kept WHERE lower(cat) IN (SELECT cat FROM category_kinds))
+    WHEN $kineto_keys OR EXISTS (SELECT 1 FROM kept WHERE getvariable('category_kind')[lower(cat)] IS NOT NULL)
         THEN 'kineto'
     ELSE 'chrome' END
 """
