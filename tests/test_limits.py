@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import tracesql
 from conftest import DATASETS, raw_events
-from tracesql import db, normalize, store
+from tracesql import db, functions, normalize, store
 from tracesql.arrays import array
 from tracesql.cli import main
 from tracesql.readers import kineto, read_trace
@@ -127,6 +127,35 @@ def test_event_table_in_a_scratch_database_gives_the_same_run(tmp_path, ingested
     tracesql.ingest([NCCL], tmp_path / "run", memory_limit="64MB", jobs=1)
     assert any(d is not None and d.name == "events.duckdb" for d in databases), databases
     _same_tables(tmp_path / "run", ingested(NCCL))
+
+
+def test_a_kept_connection_moves_to_the_next_scratch_folder_unless_it_spilled(tmp_path, monkeypatch):
+    """The next ingest (another scratch folder) and the run-wide steps (another thread count) get the connection
+    kept before, its macros made, its temporary files set to spill in their folder; one that spilled into the
+    folder before cannot move (DuckDB keeps it): a new one is opened, and it works."""
+    monkeypatch.setattr(db, "_kept", {})
+    first, second, third = (tmp_path / name for name in ("first", "second", "third"))
+    for folder in (first, second, third):
+        folder.mkdir()
+
+    def spill_folder(con) -> str:
+        return con.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+
+    monkeypatch.setattr("tempfile.tempdir", str(first))
+    with db.for_trace(2, "64MB") as con:
+        functions.install(con, names={"op_dtype"})
+        kept = con
+    monkeypatch.setattr("tempfile.tempdir", str(second))
+    with db.for_trace(1, "64MB") as con:
+        assert con is kept and spill_folder(con).startswith(str(second))
+        assert con.execute("SELECT current_setting('threads')").fetchone()[0] == 1
+        assert con.execute("SELECT op_dtype(['c10::BFloat16'])").fetchone()[0] == "bf16"
+        con.execute("SELECT count(DISTINCT s) FROM (SELECT md5(range::VARCHAR) AS s FROM range(2000000))").fetchall()
+        assert list(second.glob("tracesql-spill-*/*")), "nothing spilled: the test does not test the move it means"
+    monkeypatch.setattr("tempfile.tempdir", str(third))
+    with db.for_trace(1, "64MB") as con:
+        assert con is not kept and spill_folder(con).startswith(str(third))
+        assert con.execute("SELECT count(*) FROM range(3)").fetchone()[0] == 3
 
 
 def test_links_follow_the_readers_row_order(tmp_path):

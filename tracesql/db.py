@@ -25,21 +25,27 @@ def connect(threads: int | None = None, memory_limit: str | None = None,
     if database:
         con.execute(f"SET temp_directory = '{database}.spill'").fetchall()
     elif memory_limit:  # spills where temporary files go (an ingest's scratch folder), not in the working folder
-        spill = Path(tempfile.gettempdir()) / f"tracesql-spill-{uuid.uuid4().hex[:12]}"
-        con.execute(f"SET temp_directory = '{str(spill).replace(chr(39), chr(39) * 2)}'").fetchall()
+        con.execute(_spill_setting()).fetchall()
     return con
 
 
-#: Connections `for_trace` keeps for the next trace of this process, by (threads, memory limit, temporary folder).
+def _spill_setting() -> str:
+    """The SET statement of a new spill folder where temporary files go now."""
+    spill = Path(tempfile.gettempdir()) / f"tracesql-spill-{uuid.uuid4().hex[:12]}"
+    return f"SET temp_directory = '{str(spill).replace(chr(39), chr(39) * 2)}'"
+
+
+#: Connections `for_trace` keeps for the next trace of this process, by (threads, memory limit, temporary folder)
+#: (a connection of another thread count or folder is moved: _moved).
 _kept: dict[tuple, list[duckdb.DuckDBPyConnection]] = {}
 
 
 @contextlib.contextmanager
 def for_trace(threads: int | None = None, memory_limit: str | None = None, database: Path | None = None):
-    """A connection for one trace's work (a reader's, normalize's). On a scratch database file (a big trace),
-    a new one, closed after. In memory, one kept open afterwards for the next trace this process reads: opening
-    one and creating the macros costs more CPU than all the work on a tiny trace (an archive of 5,000 ranks pays
-    it 5,000 times); what the work made (tables, views, registered Arrow tables) is dropped after it, the macros
+    """A connection for one trace's work (a reader's, normalize's) or a run's (the ingest's run-wide steps). On a
+    scratch database file (a big trace), a new one, closed after. In memory, one kept open afterwards for the next
+    trace this process reads: opening one and creating the macros costs more CPU than all the work on a tiny trace
+    (an archive of 5,000 ranks pays it 5,000 times); what the work made (tables, views, registered Arrow tables) is dropped after it, the macros
     and their data tables (tracesql.functions) stay. A connection whose work failed is closed, not kept."""
     if database is not None:
         con = connect(threads, memory_limit, database=database)
@@ -49,14 +55,14 @@ def for_trace(threads: int | None = None, memory_limit: str | None = None, datab
             con.close()
         return
     key = (threads, memory_limit, tempfile.gettempdir())
-    for other in [k for k in _kept if k != key]:  # another ingest's settings or scratch folder: not needed again
-        for con in _kept.pop(other):
+    for other in [k for k in _kept if k[1] != memory_limit]:  # another ingest's memory limit: not needed again
+        for con in _kept.pop(other, []):
             con.close()
     free = _kept.setdefault(key, [])
     try:
         con = free.pop()  # (atomic: two threads never get the same one)
     except IndexError:
-        con = connect(threads, memory_limit)
+        con = _moved(key) or connect(threads, memory_limit)
     try:
         yield con
         clear(con)
@@ -64,6 +70,30 @@ def for_trace(threads: int | None = None, memory_limit: str | None = None, datab
         con.close()
         raise
     free.append(con)
+
+
+def _moved(key: tuple) -> duckdb.DuckDBPyConnection | None:
+    """A kept connection of the same memory limit but another thread count or temporary folder (the previous
+    ingest's scratch folder, or the run-wide steps' after the reads: tracesql.ingestion), set to `key`'s: its
+    macros stay made (installing them again took 0.1-0.2 CPU-s an ingest). None when there is none. One that
+    has spilled into its folder cannot move (DuckDB keeps it): it is closed."""
+    threads, memory_limit, folder = key
+    for other in [k for k in _kept if k != key and k[1] == memory_limit]:
+        while True:
+            try:
+                con = _kept.get(other, []).pop()
+            except IndexError:
+                break
+            try:
+                if memory_limit and other[2] != folder:
+                    con.execute(_spill_setting()).fetchall()
+                if other[0] != threads:
+                    con.execute(f"SET threads = {threads}" if threads else "RESET threads").fetchall()
+            except duckdb.Error:
+                con.close()
+                continue
+            return con
+    return None
 
 
 def clear(con) -> None:

@@ -417,8 +417,8 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
         for entry in entries.values():
             for table, n in entry["rows"].items():
                 result.rows[table] = result.rows.get(table, 0) + n
-        _write_run_checks(staging)
-        _write_run_labels(staging, run_id, given or {})
+        _write_run_checks(staging, lim)
+        _write_run_labels(staging, run_id, given or {}, lim)
         _write_op_costs(staging, lim)
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings, "labels": given_labels}
@@ -451,25 +451,26 @@ def _previous_run(out: Path) -> tuple[dict | None, str | None]:
     return manifest, None
 
 
-def _write_run_checks(staging: Path) -> None:
+# The run-wide steps below run on connections db.for_trace keeps (those of the reads before, moved): opening one
+# and creating the macros again for each step of each ingest cost more than a tiny run's steps.
+
+def _write_run_checks(staging: Path, lim: limits.Limits) -> None:
     """The checks that need every rank (clocks far apart), as the run's own `warnings` file."""
-    con = db.connect(1)
     (staging / "warnings").mkdir(exist_ok=True)
     ranks = [views.escape_path(str(staging / rel)) for rel in store.parquet_files(staging) if rel.startswith("ranks/")]
-    rows = con.sql(f"SELECT {schema.select_list('warnings')} FROM ({quality.CLOCK_SKEW_SQL})",
-                   params={"ranks": ranks})
-    store.write_relation(rows, staging / "warnings" / store.run_checks_name(staging))
-    con.close()
+    with db.for_trace(1, lim.memory) as con:
+        rows = con.sql(f"SELECT {schema.select_list('warnings')} FROM ({quality.CLOCK_SKEW_SQL})",
+                       params={"ranks": ranks})
+        store.write_relation(rows, staging / "warnings" / store.run_checks_name(staging))
 
 
-def _write_run_labels(staging: Path, run_id: str, given: dict) -> None:
+def _write_run_labels(staging: Path, run_id: str, given: dict, lim: limits.Limits) -> None:
     """The run's row of the `runs` table: the labels its traces record, overridden by the given ones."""
-    con = db.connect(1)
     files = {t: [str(staging / rel) for rel in store.parquet_files(staging) if rel.split("/")[0] == t]
              for t in ("ranks", "devices", "process_groups")}
-    con.execute(views.views_sql(files)).fetchall()
-    run_labels, sources = labels.merged(labels.recorded(con), given)
-    con.close()
+    with db.for_trace(1, lim.memory) as con:
+        con.execute(views.views_sql(files)).fetchall()
+        run_labels, sources = labels.merged(labels.recorded(con), given)
     (staging / "runs").mkdir(exist_ok=True)
     row = pa.table({"run_id": [run_id], "labels": [json.dumps(run_labels)], "label_sources": [json.dumps(sources)]})
     pq.write_table(schema.conform("runs", row), staging / "runs" / f"run-{store.generation(staging)}.parquet")
@@ -487,19 +488,18 @@ def _write_op_costs(staging: Path, lim: limits.Limits) -> None:
     at once (each distinct call costed once for the run). Under a small memory limit on one DuckDB thread: each
     thread keeps its own hash tables, and two needed ~60 MB on the bundled hta_trace_filter (one: under 48 MB;
     on the 24x tile one thread takes 7.7-9.3 s against 6.1 s)."""
-    con = db.connect(1 if lim.memory_bytes < SMALL_MEMORY_BYTES else None, lim.memory)
     files = {t: [str(staging / rel) for rel in store.parquet_files(staging) if rel.split("/")[0] == t]
              for t in ("ops", "slices", "xla_ops")}
-    con.execute(views.views_sql({**files, "op_costs": []})).fetchall()  # op_costs: empty, of the table's columns
-    if con.execute("SELECT count(*) FROM ops").fetchall()[0][0]:  # else (Nsight, rocprof, ...) no formulas to bind
-        functions.install(con, names=functions.words(OP_COSTS_SQL))
-        # in a fixed order: the same run gives the same bytes (verify's answer), whatever DuckDB's threads did
-        rows = con.sql(f"SELECT {schema.select_list('op_costs')} FROM ({OP_COSTS_SQL}) ORDER BY rank, op_id")
-    else:
-        rows = con.sql("SELECT * FROM op_costs")
     (staging / "op_costs").mkdir(exist_ok=True)
-    store.write_relation(rows, staging / "op_costs" / f"run-{store.generation(staging)}.parquet")
-    con.close()
+    with db.for_trace(1 if lim.memory_bytes < SMALL_MEMORY_BYTES else None, lim.memory) as con:
+        con.execute(views.views_sql({**files, "op_costs": []})).fetchall()  # op_costs: empty, of the table's columns
+        if con.execute("SELECT count(*) FROM ops").fetchall()[0][0]:  # else (Nsight, rocprof, ...) no formulas to bind
+            functions.install(con, names=functions.words(OP_COSTS_SQL))
+            # in a fixed order: the same run gives the same bytes (verify's answer), whatever DuckDB's threads did
+            rows = con.sql(f"SELECT {schema.select_list('op_costs')} FROM ({OP_COSTS_SQL}) ORDER BY rank, op_id")
+        else:
+            rows = con.sql("SELECT * FROM op_costs")
+        store.write_relation(rows, staging / "op_costs" / f"run-{store.generation(staging)}.parquet")
 
 
 def default_jobs() -> int | None:

@@ -109,26 +109,30 @@ WITH RECURSIVE async_done AS (
     LEFT JOIN serving_context sc ON sc.run_id = o.run_id AND sc.rank = o.rank AND sc.op_id = o.op_id
 ), signatures AS (
     -- the formulas once per distinct call (name, shapes, dtypes, scalar arguments: a few hundred in a run of
-    -- millions of ops), joined back to the ops below
+    -- millions of ops), joined back to the ops below. (No column here is named as a macro is, op_flops or
+    -- op_bytes: the ingest creates the macros whose names this file's words are, and those two took 80 ms.)
     SELECT name, input_dims, input_types, concrete_inputs, x, coalesce(k.family, serving_op_family(name)) AS family,
-        coalesce(typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'flash'), sv.flash) AS op_flops,
-        coalesce(typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'torch'), sv.torch) AS torch_flops,
-        coalesce(typed_op_bytes(k, input_dims, input_types, concrete_inputs, a), sv.bytes) AS op_bytes,
+        coalesce(conventions[1], sv.flash) AS flops, coalesce(conventions[2], sv.torch) AS torch_flops,
+        coalesce(typed_op_bytes(k, input_dims, input_types, concrete_inputs, a), sv.bytes) AS bytes,
         coalesce(serving_op_dtype(name, x), op_dtype(input_types)) AS dtype
+    -- the FLOPs in both attention conventions from one use of the formulas (a macro is expanded, bound and
+    -- optimized at each use: typed_op_flops is a third of the formulas' planning)
+    FROM (SELECT *, list_transform(['flash', 'torch'], lambda convention:
+                        typed_op_flops(k, input_dims, input_types, concrete_inputs, a, convention)) AS conventions
     FROM (SELECT *, op_kind(name, base, family0, a) AS k, serving_op_cost(name, input_dims, a, x) AS sv
           FROM (SELECT *, op_base_family(name, base) AS family0, op_args(input_dims, input_types, concrete_inputs) AS a
                 FROM (SELECT *, op_base_name(name) AS base
                       FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs, x FROM contexts
-                            WHERE program_id IS NULL))))
+                            WHERE program_id IS NULL)))))
 ), costed AS (
     SELECT o.run_id, o.rank, o.op_id, o.name, o.step, o.pid, o.tid, o.ts, o.dur, o.op_depth, o.input_dims,
         o.input_types, COALESCE(a.span_ns, o.device_total_ns) AS device_total_ns, o.flops AS profiler_flops,
         x.async_start IS NOT NULL AS async_done,
         -- XLA ops (program_id set) carry XLA's own FLOPs and bytes (cost analysis, or counted from the HLO)
         CASE WHEN o.program_id IS NOT NULL THEN 'xla' ELSE s.family END AS family,
-        CASE WHEN o.program_id IS NOT NULL THEN o.flops ELSE s.op_flops END AS op_flops,
+        CASE WHEN o.program_id IS NOT NULL THEN o.flops ELSE s.flops END AS flops,
         CASE WHEN o.program_id IS NOT NULL THEN o.flops ELSE s.torch_flops END AS torch_flops,
-        CASE WHEN o.program_id IS NOT NULL THEN o.bytes_accessed ELSE s.op_bytes END AS op_bytes,
+        CASE WHEN o.program_id IS NOT NULL THEN o.bytes_accessed ELSE s.bytes END AS bytes,
         CASE WHEN o.program_id IS NOT NULL THEN op_dtype(o.input_types) ELSE s.dtype END AS dtype
     FROM contexts o
     LEFT JOIN async_span a ON a.run_id = o.run_id AND a.rank = o.rank AND a.op_id = o.op_id
@@ -138,7 +142,7 @@ WITH RECURSIVE async_done AS (
      AND s.input_dims IS NOT DISTINCT FROM o.input_dims AND s.input_types IS NOT DISTINCT FROM o.input_types
      AND s.concrete_inputs IS NOT DISTINCT FROM o.concrete_inputs AND s.x IS NOT DISTINCT FROM o.x
 ), formula AS (
-    SELECT * FROM costed WHERE op_flops IS NOT NULL AND family NOT IN ('xla', 'view')  -- XLA ops never nest
+    SELECT * FROM costed WHERE flops IS NOT NULL AND family NOT IN ('xla', 'view')  -- XLA ops never nest
 ), lanes AS (
     -- each thread's time cut into buckets about one op apart (its formula ops' span over their count) ...
     SELECT run_id, rank, pid, tid, min(ts) AS t0, greatest((max(ts + dur) - min(ts)) // count(*), 1) AS width
@@ -169,14 +173,13 @@ WITH RECURSIVE async_done AS (
     LEFT JOIN math_inside m ON m.run_id = l.run_id AND m.rank = l.rank AND m.op_id = l.outer_id
     WHERE l.inner_family NOT IN ('gemm', 'conv', 'attention') AND m.op_id IS NULL
 ), op_rows AS (
-    SELECT c.run_id, c.rank, c.op_id, c.family, c.dtype, c.op_flops AS flops, c.torch_flops, c.op_bytes AS bytes,
-        c.device_total_ns,
-        c.op_flops IS NOT NULL AND CASE
+    SELECT c.run_id, c.rank, c.op_id, c.family, c.dtype, c.flops, c.torch_flops, c.bytes, c.device_total_ns,
+        c.flops IS NOT NULL AND CASE
             WHEN c.family = 'view' THEN false
             WHEN c.family = 'xla' THEN NOT c.async_done
             ELSE m.op_id IS NULL AND (c.family IN ('gemm', 'conv', 'attention') OR s.op_id IS NULL)
         END AS counted,
-        CASE WHEN c.op_flops IS NULL THEN NULL WHEN c.family = 'xla' THEN 'xla' ELSE 'formula' END AS cost_source,
+        CASE WHEN c.flops IS NULL THEN NULL WHEN c.family = 'xla' THEN 'xla' ELSE 'formula' END AS cost_source,
         CAST(NULL AS BIGINT) AS cost_op_id
     FROM costed c
     LEFT JOIN math_inside m ON m.run_id = c.run_id AND m.rank = c.rank AND m.op_id = c.op_id
