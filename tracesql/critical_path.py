@@ -38,8 +38,9 @@ before the window holds the window's at fixed times: a device event queued behin
 free when it was (stream_free), a blocking call that waited for it ends no earlier (_waits). Each rank's own
 window ends the paths of its nodes: the longest path to each rank's end is that rank's time (from the earliest
 window start; the what_if macro subtracts its own start's offset). Unchanged, it is the window's measured time. Changes: each event's `scale` multiplies the time of every piece
-that belongs to it (a synchronisation with scale 0 is removed), `gaps_scale` the launch delays and the gaps
-between kernels; with gaps_scale NULL nothing changes.
+that belongs to it (a synchronisation with scale 0 is removed, a host call with scale 0 waits for nothing),
+`gaps_scale` the launch delays and the gaps between kernels; with gaps_scale NULL nothing changes: the unchanged
+replay ignores every scale (the what_if macro walks the what-if's events so, as its unchanged replay).
 
 A walk is built once per graph (Plan: the graph's edges in arrays and the order of its walk, which depend on
 the events and their times, not on the weights) and walked for each what-if's scales: the findings rules replay
@@ -285,15 +286,17 @@ class Plan:
     start from. Built once per graph (build), walked for each what-if's scales (segments): the replays of one
     window by the findings rules differ in their scales only, unless a change removes synchronisations."""
 
-    def __init__(self, ev: dict, windows: list[dict] | None, removes_syncs: bool):
-        if removes_syncs:  # removed synchronisations: scale 0
+    def __init__(self, ev: dict, windows: list[dict] | None, changed: bool):
+        """changed: whether the replay is walked with the events' scales (a gaps_scale): then a synchronisation
+        with scale 0 is removed and a host call with scale 0 waits for nothing; else the scales are ignored."""
+        if changed:  # removed synchronisations: scale 0
             keep = [i for i, (role, scale) in enumerate(zip(ev["role"], ev["scale"]))
                     if role not in SYNCS or scale != 0]
             ev = {name: [values[i] for i in keep] for name, values in ev.items()}
             self.keep = np.array(keep, dtype=np.int64)
         else:
             self.keep = None
-        g, ends = build(ev, windows)
+        g, ends = build(ev, windows, changed)
         self.empty = not g.src
         self.replay = windows is not None
         self.ends = [ev["rank"][0]] if ends is None else list(ends)
@@ -400,17 +403,17 @@ def _wakers(g: Graph, ev: dict, unanchored: list[int], count: int) -> dict[int, 
     return woken
 
 
-def _waits(g: Graph, ev: dict, end: list) -> None:
+def _waits(g: Graph, ev: dict, end: list, changed: bool) -> None:
     """For the replay: a blocking call (or a launch blocked on a full queue) ends no earlier than the last device
     work that ended while it ran (stream_free): the window's, an edge from its end (so that a blocking call the
     trace recorded without a `cuda_sync` event still waits for the device, and a blocked launch for the queue to
     drain), or work launched before the window, a fixed time no change inside the window moves; unless the
-    what-if removes the call's time (scale 0)."""
+    changed replay removes the call's time (scale 0)."""
     ends = {(ev["rank"][i], g.ts[end[i]]): end[i] for i, role in enumerate(ev["role"])
             if role in KERNELS and end[i] is not None}
     for i, role in enumerate(ev["role"]):
         free = ev["stream_free"][i]
-        if role in WAITING and free is not None and ev["scale"][i] != 0:
+        if role in WAITING and free is not None and not (changed and ev["scale"][i] == 0):
             # -1: a fixed time hangs off the window's start
             waited = ends.get((ev["rank"][i], free))
             waited = g.node(free, -1, False) if waited is None else waited
@@ -444,9 +447,9 @@ def path(ev: dict, windows: list[dict] | None = None, gaps_scale: float | None =
     return Plan(ev, windows, gaps_scale is not None).segments(ev["scale"], gaps_scale)
 
 
-def build(ev: dict, windows: list[dict] | None = None) -> tuple[Graph, dict | None]:
+def build(ev: dict, windows: list[dict] | None = None, changed: bool = False) -> tuple[Graph, dict | None]:
     """The dependency graph of the events (see the module's doc), and with windows (the replay's) each rank's
-    end node."""
+    end node; changed: the replay's host calls with scale 0 wait for nothing (else the scales are ignored)."""
     g = Graph()
     count = len(ev["id"])
     start, end = [None] * count, [None] * count
@@ -459,7 +462,7 @@ def build(ev: dict, windows: list[dict] | None = None) -> tuple[Graph, dict | No
     _device(g, ev, start, end, index, replay=windows is not None)
     ends = None
     if windows is not None:
-        _waits(g, ev, end)
+        _waits(g, ev, end, changed)
         _collectives(g, ev, start, end)
         # the windows' edges: the earliest start to each first node; each last node to its rank's range end (the
         # window's end: its time after them is the range's own, fixed), or, after that, to the rank's end, where
@@ -534,12 +537,12 @@ def _walk_row(rows: pa.StructArray, spans: list | None, gaps: float | None, grap
     if spans is None:  # HTA's path: walked once per window
         ev = {name: rows.field(name).to_pylist() for name, _ in EVENT_FIELDS}
         return path(ev, spans, gaps)
-    # what changes the graph itself: synchronisations a change removes, host calls that no longer wait (scale 0)
     scales = rows.field("scale")
-    roles = rows.field("role")
-    zero = pc.fill_null(pc.equal(scales, 0.0), False)
-    changed = pc.and_(zero, pc.is_in(roles, value_set=pa.array(WAITING + (SYNCS if gaps is not None else ()))))
-    graph.update(np.packbits(changed.to_numpy(zero_copy_only=False)).tobytes())
+    if gaps is not None:  # what changes the graph itself: synchronisations removed, host calls that wait no more
+        zero = pc.fill_null(pc.equal(scales, 0.0), False)
+        removed = pc.and_(zero, pc.is_in(rows.field("role"), value_set=pa.array(WAITING + SYNCS)))
+        if pc.any(removed).as_py():  # (else the unchanged replay's graph)
+            graph.update(np.packbits(removed.to_numpy(zero_copy_only=False)).tobytes())
     key = graph.digest()
     plan = _PLANS.pop(key, None)
     if plan is None:
