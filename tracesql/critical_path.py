@@ -44,7 +44,8 @@ replay ignores every scale (the what_if macro walks the what-if's events so, as 
 
 A walk is built once per graph (Plan: the graph's edges in arrays and the order of its walk, which depend on
 the events and their times, not on the weights) and walked for each what-if's scales: the findings rules replay
-every step, each with its own change, on one graph. Walks and plans are kept by a digest of their input.
+every step, each with its own change, on one graph. The unchanged walks (every rule walks them again) and the
+plans of unchanged graphs are kept by a digest of their input; a changed walk is one what-if's, not kept.
 """
 
 from __future__ import annotations
@@ -504,13 +505,11 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
         if gaps == 1 and (scales.fill_null(1.0).to_numpy() == 1).all():
             gaps = None  # no change: the unchanged replay (one walk for both)
         graph = _digest(spans, rows)
-        # the scales take effect only with a gaps_scale: without, the walks of every what-if (each findings
-        # rule's) are one walk
-        key = graph.copy()
-        key.update(pickle.dumps(gaps))
-        if gaps is not None:
-            key.update(_column_bytes(scales))
-        key = key.digest()
+        if gaps is not None:  # one what-if's own walk (each findings rule's): walked, not kept
+            out.append(pa.array([_without_gc(_walk_row, rows, spans, gaps, graph)], type=SEGMENT_TYPE))
+            continue
+        # the unchanged replay and HTA's path ignore the scales: every what-if's (each rule's) are one walk
+        key = graph.digest()
         walked = _WALKED.pop(key, None)
         if walked is None:
             walked = pa.array([_without_gc(_walk_row, rows, spans, gaps, graph)], type=SEGMENT_TYPE)
@@ -541,8 +540,9 @@ def _walk_row(rows: pa.StructArray, spans: list | None, gaps: float | None, grap
     if gaps is not None:  # what changes the graph itself: synchronisations removed, host calls that wait no more
         zero = pc.fill_null(pc.equal(scales, 0.0), False)
         removed = pc.and_(zero, pc.is_in(rows.field("role"), value_set=pa.array(WAITING + SYNCS)))
-        if pc.any(removed).as_py():  # (else the unchanged replay's graph)
-            graph.update(np.packbits(removed.to_numpy(zero_copy_only=False)).tobytes())
+        if pc.any(removed).as_py():  # a graph of this what-if's own, walked once
+            ev = {name: rows.field(name).to_pylist() for name, _ in EVENT_FIELDS}
+            return Plan(ev, spans, True).segments(ev["scale"], gaps)
     key = graph.digest()
     plan = _PLANS.pop(key, None)
     if plan is None:
@@ -591,14 +591,16 @@ def _without_gc(function, *args):
             gc.enable()
 
 
-#: The latest walks used, by a digest of their input, each as its Arrow row (a tenth of the memory of the
-#: segments as Python objects): the findings rules replay the same windows unchanged and walk HTA's path of them,
-#: one what_if each, so a run of N steps reuses 2 N walks while each rule adds N of its own.
+#: The latest unchanged walks used (the unchanged replay, HTA's path), by a digest of their input, each as its
+#: Arrow row (a tenth of the memory of the segments as Python objects): the findings rules replay the same windows
+#: unchanged and walk HTA's path of them, one what_if each, so a run of N steps reuses 2 N walks. A changed walk
+#: is one what-if's and is not kept (each rule's own N walked once: 1.2 MB each at 24x).
 _WALKED: dict[bytes, pa.Array] = {}
 WALKED_SIZE = 1024
 #: The latest replays' plans (graph and walk order), by a digest of their graph's input: each findings rule
 #: replays every step with its change, which scales the edges of the graph the unchanged replay built (~2 MB a
-#: step of 25 k events; 256: the 24× tile's 120 steps, in two variants).
+#: step of 25 k events; 256: twice the 24× tile's 120 steps). A change that removes synchronisations or waits
+#: walks a graph of its own, once, not kept.
 _PLANS: dict[bytes, Plan] = {}
 PLANS_SIZE = 256
 
