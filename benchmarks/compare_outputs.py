@@ -13,7 +13,9 @@ with the code after, diff the two, and explain each difference.
 A snapshot holds, per trace (each folder of `datasets/` is one run, each corpus trace file one run):
 `tables/<trace>/<table>.parquet` and `queries/<trace>/<query>[__<variant>].parquet`, plus `timings.csv`
 (ingest and query seconds). Queries run with their defaults and with each variant of VARIANTS whose parameters the
-query takes (new parameters of the code under test are picked up, old snapshots simply lack them).
+query takes (new parameters of the code under test are picked up, old snapshots simply lack them); `findings` (all
+rules, ranked) is saved as the query `findings`, with its defaults and with FINDINGS_VARIANTS. `--queries REGEX`
+keeps the queries (and `findings`) whose name matches and skips the tables.
 
 `diff` compares each file present in both snapshots as a multiset of rows (order is ignored; doubles are rounded
 to 9 significant digits) over the columns both have, and reports added/removed columns, tables, queries and
@@ -50,7 +52,11 @@ VARIANTS = {
     "torch": {"attention_convention": "torch"},
     "class": {"per": "class"},
     "whatif": {"faster": "gemm|aten::mm", "faster_pct": 30, "hide_communication": 1, "no_launch_overhead": 1},
+    "syncs": {"remove_syncs": 1},
+    "straggler": {"straggler_to_median": 1},
 }
+#: findings' variants: every rule that fires, also below the default saving threshold
+FINDINGS_VARIANTS = {"all": {"min_saving_pct": 0}}
 ONLY = {"pg": ("overlap",)}
 
 
@@ -71,9 +77,16 @@ def _key(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def snapshot(out: Path, only: str | None) -> None:
+def _forget_walks(critical_path) -> None:
+    """Each query's rows as a process of its own gets them: the critical path's walks and plans a process keeps
+    (tracesql/critical_path.py) are forgotten before each query."""
+    critical_path._WALKED.clear()
+    critical_path._PLANS.clear()
+
+
+def snapshot(out: Path, only: str | None, only_queries: str | None = None) -> None:
     import tracesql
-    from tracesql import queries, schema
+    from tracesql import critical_path, findings, queries, schema
 
     print(f"tracesql from {Path(tracesql.__file__).parent}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -95,19 +108,23 @@ def snapshot(out: Path, only: str | None) -> None:
             continue
         timings.append((name, "ingest", time.perf_counter() - start))
         con = tracesql.connect(run)  # one session per trace: each query sets every one of its parameters
-        tables = out / "tables" / key
-        tables.mkdir(parents=True, exist_ok=True)
-        for table in schema.TABLES:
-            con.execute(f"COPY (SELECT * FROM {table}) TO '{tables / table}.parquet' (FORMAT parquet)")
+        if only_queries is None:
+            tables = out / "tables" / key
+            tables.mkdir(parents=True, exist_ok=True)
+            for table in schema.TABLES:
+                con.execute(f"COPY (SELECT * FROM {table}) TO '{tables / table}.parquet' (FORMAT parquet)")
         results = out / "queries" / key
         results.mkdir(parents=True, exist_ok=True)
         for query in queries.catalogue():
+            if only_queries and not re.search(only_queries, query.name):
+                continue
             # a variant applies where the query takes its parameters with these values (modules: per = type|instance)
             variants = {"": {}} | {v: p for v, p in VARIANTS.items()
                                    if set(p) <= set(query.params) and query.name in ONLY.get(v, (query.name,))
                                    and not any(query.params[k].check(x) for k, x in p.items())}
             for variant, params in variants.items():
                 file = results / (query.name + (f"__{variant}" if variant else "") + ".parquet")
+                _forget_walks(critical_path)
                 start = time.perf_counter()
                 try:
                     rel = queries.run(con, query, params)
@@ -115,6 +132,17 @@ def snapshot(out: Path, only: str | None) -> None:
                 except Exception as e:
                     file.with_suffix(".error.txt").write_text(f"{type(e).__name__}: {e}\n")
                 timings.append((name, file.stem, time.perf_counter() - start))
+        for variant, params in ({"": {}} | FINDINGS_VARIANTS).items():
+            if only_queries and not re.search(only_queries, "findings"):
+                break
+            file = results / ("findings" + (f"__{variant}" if variant else "") + ".parquet")
+            _forget_walks(critical_path)
+            start = time.perf_counter()
+            try:
+                findings.run(con, "RUN", params).write_parquet(str(file))
+            except Exception as e:
+                file.with_suffix(".error.txt").write_text(f"{type(e).__name__}: {e}\n")
+            timings.append((name, file.stem, time.perf_counter() - start))
         con.close()
         print(f"{name}: done", flush=True)
         shutil.rmtree(run, ignore_errors=True)
@@ -213,6 +241,8 @@ def main() -> int:
     s = sub.add_parser("snapshot", help="ingest every trace and save every table and query result")
     s.add_argument("out", type=Path)
     s.add_argument("--only", help="regular expression: only traces whose name matches")
+    s.add_argument("--queries", help="regular expression: only the queries (and findings) whose name matches, "
+                                     "no tables")
     d = sub.add_parser("diff", help="compare two snapshots")
     d.add_argument("before", type=Path)
     d.add_argument("after", type=Path)
@@ -223,7 +253,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         if args.command == "snapshot":
-            snapshot(args.out, args.only)
+            snapshot(args.out, args.only, args.queries)
             return 0
         if args.command == "timings":
             timings(args.before, args.after)

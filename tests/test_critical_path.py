@@ -235,11 +235,39 @@ def test_a_what_if_walks_the_graph_of_the_unchanged_replay(ingested):
         changed = {name: [e[name] for e in events] for name, _ in critical_path.EVENT_FIELDS}
         unchanged = changed | {"scale": [None] * len(events)}
         assert any(s is not None for s in changed["scale"])
-        plan = critical_path.Plan(unchanged, spans, removes_syncs=False)
+        plan = critical_path.Plan(unchanged, spans, changed=False)
         for gaps in (1.0, 0.0):
             walked = plan.segments(changed["scale"], gaps)
             assert walked == critical_path.path(changed, spans, gaps)
             assert walked != critical_path.path(unchanged, spans, None)
+
+
+def test_the_unchanged_replay_of_a_what_if_ignores_its_changes(ingested):
+    """The what_if macro's unchanged replay walks the what-if's events with gaps_scale NULL: it is the replay of
+    the unchanged events, segment for segment, whichever a process walked first (the walks are kept by a digest
+    of their input that leaves the scales out). HTA's sampled trace: its cudaMemcpyAsync calls wait for the device
+    work that ended while they ran; made free (scale 0), the changed replay no longer waits for it, the unchanged
+    one still does (it took another path through the step before, when walked first: 16 and 8 segments more)."""
+    from tracesql import critical_path
+
+    run = ingested(DATASETS / "hta_trace_filter")
+    con = tracesql.connect(run)
+    replay = """SELECT step, critical_path_walk(flatten(list(events ORDER BY rank)), list(struct_pack(
+                        rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te) ORDER BY rank), {}) AS path
+                    FROM critical_path_events({}) GROUP BY step ORDER BY step"""
+    free = "faster := '^cudaMemcpyAsync$', faster_pct := 100"
+
+    def walks(changes, gaps="NULL"):
+        return con.sql(replay.format(gaps, changes)).fetchall()
+
+    def alone(changes):  # in a process that walked nothing before
+        critical_path._WALKED.clear()
+        critical_path._PLANS.clear()
+        return walks(changes)
+
+    unchanged = alone("")
+    assert len(unchanged) == 2 and alone(free) == unchanged == walks("") == walks(free)
+    assert walks(free, "1.0") != unchanged  # (the change does change the replay)
 
 @pytest.mark.slow  # ingests a corpus trace (the ingest the corpus replay test above shares)
 def test_replay_queues_behind_device_work_launched_before_the_trace(ingested):

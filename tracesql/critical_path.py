@@ -38,12 +38,14 @@ before the window holds the window's at fixed times: a device event queued behin
 free when it was (stream_free), a blocking call that waited for it ends no earlier (_waits). Each rank's own
 window ends the paths of its nodes: the longest path to each rank's end is that rank's time (from the earliest
 window start; the what_if macro subtracts its own start's offset). Unchanged, it is the window's measured time. Changes: each event's `scale` multiplies the time of every piece
-that belongs to it (a synchronisation with scale 0 is removed), `gaps_scale` the launch delays and the gaps
-between kernels; with gaps_scale NULL nothing changes.
+that belongs to it (a synchronisation with scale 0 is removed, a host call with scale 0 waits for nothing),
+`gaps_scale` the launch delays and the gaps between kernels; with gaps_scale NULL nothing changes: the unchanged
+replay ignores every scale (the what_if macro walks the what-if's events so, as its unchanged replay).
 
 A walk is built once per graph (Plan: the graph's edges in arrays and the order of its walk, which depend on
 the events and their times, not on the weights) and walked for each what-if's scales: the findings rules replay
-every step, each with its own change, on one graph. Walks and plans are kept by a digest of their input.
+every step, each with its own change, on one graph. The unchanged walks (every rule walks them again) and the
+plans of unchanged graphs are kept by a digest of their input; a changed walk is one what-if's, not kept.
 """
 
 from __future__ import annotations
@@ -285,15 +287,17 @@ class Plan:
     start from. Built once per graph (build), walked for each what-if's scales (segments): the replays of one
     window by the findings rules differ in their scales only, unless a change removes synchronisations."""
 
-    def __init__(self, ev: dict, windows: list[dict] | None, removes_syncs: bool):
-        if removes_syncs:  # removed synchronisations: scale 0
+    def __init__(self, ev: dict, windows: list[dict] | None, changed: bool):
+        """changed: whether the replay is walked with the events' scales (a gaps_scale): then a synchronisation
+        with scale 0 is removed and a host call with scale 0 waits for nothing; else the scales are ignored."""
+        if changed:  # removed synchronisations: scale 0
             keep = [i for i, (role, scale) in enumerate(zip(ev["role"], ev["scale"]))
                     if role not in SYNCS or scale != 0]
             ev = {name: [values[i] for i in keep] for name, values in ev.items()}
             self.keep = np.array(keep, dtype=np.int64)
         else:
             self.keep = None
-        g, ends = build(ev, windows)
+        g, ends = build(ev, windows, changed)
         self.empty = not g.src
         self.replay = windows is not None
         self.ends = [ev["rank"][0]] if ends is None else list(ends)
@@ -400,17 +404,17 @@ def _wakers(g: Graph, ev: dict, unanchored: list[int], count: int) -> dict[int, 
     return woken
 
 
-def _waits(g: Graph, ev: dict, end: list) -> None:
+def _waits(g: Graph, ev: dict, end: list, changed: bool) -> None:
     """For the replay: a blocking call (or a launch blocked on a full queue) ends no earlier than the last device
     work that ended while it ran (stream_free): the window's, an edge from its end (so that a blocking call the
     trace recorded without a `cuda_sync` event still waits for the device, and a blocked launch for the queue to
     drain), or work launched before the window, a fixed time no change inside the window moves; unless the
-    what-if removes the call's time (scale 0)."""
+    changed replay removes the call's time (scale 0)."""
     ends = {(ev["rank"][i], g.ts[end[i]]): end[i] for i, role in enumerate(ev["role"])
             if role in KERNELS and end[i] is not None}
     for i, role in enumerate(ev["role"]):
         free = ev["stream_free"][i]
-        if role in WAITING and free is not None and ev["scale"][i] != 0:
+        if role in WAITING and free is not None and not (changed and ev["scale"][i] == 0):
             # -1: a fixed time hangs off the window's start
             waited = ends.get((ev["rank"][i], free))
             waited = g.node(free, -1, False) if waited is None else waited
@@ -444,9 +448,9 @@ def path(ev: dict, windows: list[dict] | None = None, gaps_scale: float | None =
     return Plan(ev, windows, gaps_scale is not None).segments(ev["scale"], gaps_scale)
 
 
-def build(ev: dict, windows: list[dict] | None = None) -> tuple[Graph, dict | None]:
+def build(ev: dict, windows: list[dict] | None = None, changed: bool = False) -> tuple[Graph, dict | None]:
     """The dependency graph of the events (see the module's doc), and with windows (the replay's) each rank's
-    end node."""
+    end node; changed: the replay's host calls with scale 0 wait for nothing (else the scales are ignored)."""
     g = Graph()
     count = len(ev["id"])
     start, end = [None] * count, [None] * count
@@ -459,7 +463,7 @@ def build(ev: dict, windows: list[dict] | None = None) -> tuple[Graph, dict | No
     _device(g, ev, start, end, index, replay=windows is not None)
     ends = None
     if windows is not None:
-        _waits(g, ev, end)
+        _waits(g, ev, end, changed)
         _collectives(g, ev, start, end)
         # the windows' edges: the earliest start to each first node; each last node to its rank's range end (the
         # window's end: its time after them is the range's own, fixed), or, after that, to the rank's end, where
@@ -501,13 +505,11 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
         if gaps == 1 and (scales.fill_null(1.0).to_numpy() == 1).all():
             gaps = None  # no change: the unchanged replay (one walk for both)
         graph = _digest(spans, rows)
-        # the scales take effect only with a gaps_scale: without, the walks of every what-if (each findings
-        # rule's) are one walk
-        key = graph.copy()
-        key.update(pickle.dumps(gaps))
-        if gaps is not None:
-            key.update(_column_bytes(scales))
-        key = key.digest()
+        if gaps is not None:  # one what-if's own walk (each findings rule's): walked, not kept
+            out.append(pa.array([_without_gc(_walk_row, rows, spans, gaps, graph)], type=SEGMENT_TYPE))
+            continue
+        # the unchanged replay and HTA's path ignore the scales: every what-if's (each rule's) are one walk
+        key = graph.digest()
         walked = _WALKED.pop(key, None)
         if walked is None:
             walked = pa.array([_without_gc(_walk_row, rows, spans, gaps, graph)], type=SEGMENT_TYPE)
@@ -534,12 +536,13 @@ def _walk_row(rows: pa.StructArray, spans: list | None, gaps: float | None, grap
     if spans is None:  # HTA's path: walked once per window
         ev = {name: rows.field(name).to_pylist() for name, _ in EVENT_FIELDS}
         return path(ev, spans, gaps)
-    # what changes the graph itself: synchronisations a change removes, host calls that no longer wait (scale 0)
     scales = rows.field("scale")
-    roles = rows.field("role")
-    zero = pc.fill_null(pc.equal(scales, 0.0), False)
-    changed = pc.and_(zero, pc.is_in(roles, value_set=pa.array(WAITING + (SYNCS if gaps is not None else ()))))
-    graph.update(np.packbits(changed.to_numpy(zero_copy_only=False)).tobytes())
+    if gaps is not None:  # what changes the graph itself: synchronisations removed, host calls that wait no more
+        zero = pc.fill_null(pc.equal(scales, 0.0), False)
+        removed = pc.and_(zero, pc.is_in(rows.field("role"), value_set=pa.array(WAITING + SYNCS)))
+        if pc.any(removed).as_py():  # a graph of this what-if's own, walked once
+            ev = {name: rows.field(name).to_pylist() for name, _ in EVENT_FIELDS}
+            return Plan(ev, spans, True).segments(ev["scale"], gaps)
     key = graph.digest()
     plan = _PLANS.pop(key, None)
     if plan is None:
@@ -588,14 +591,16 @@ def _without_gc(function, *args):
             gc.enable()
 
 
-#: The latest walks used, by a digest of their input, each as its Arrow row (a tenth of the memory of the
-#: segments as Python objects): the findings rules replay the same windows unchanged and walk HTA's path of them,
-#: one what_if each, so a run of N steps reuses 2 N walks while each rule adds N of its own.
+#: The latest unchanged walks used (the unchanged replay, HTA's path), by a digest of their input, each as its
+#: Arrow row (a tenth of the memory of the segments as Python objects): the findings rules replay the same windows
+#: unchanged and walk HTA's path of them, one what_if each, so a run of N steps reuses 2 N walks. A changed walk
+#: is one what-if's and is not kept (each rule's own N walked once: 1.2 MB each at 24x).
 _WALKED: dict[bytes, pa.Array] = {}
 WALKED_SIZE = 1024
 #: The latest replays' plans (graph and walk order), by a digest of their graph's input: each findings rule
 #: replays every step with its change, which scales the edges of the graph the unchanged replay built (~2 MB a
-#: step of 25 k events; 256: the 24× tile's 120 steps, in two variants).
+#: step of 25 k events; 256: twice the 24× tile's 120 steps). A change that removes synchronisations or waits
+#: walks a graph of its own, once, not kept.
 _PLANS: dict[bytes, Plan] = {}
 PLANS_SIZE = 256
 
