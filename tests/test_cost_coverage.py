@@ -136,8 +136,9 @@ def test_h100_kernels_without_launch_costed_by_identical_kernels(ingested):
     path = corpus_path("tracelens", "tests", "traces", "h100", "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
     run = ingested(path)
     rank = tracesql.query("cost_coverage", run).iloc[0]
-    assert walked(run) == (rank.compute_ns, rank.costed_ns) == (45_432_698, 42_577_768)
-    # 65.46 before the kernels with no launch took their identical kernels' cost, 85.45 before the aligned ones
+    assert walked(run) == (rank.compute_ns, rank.costed_ns) == (45_432_698, 42_579_272)
+    # 65.46 before the kernels with no launch took their identical kernels' cost, 85.45 before the aligned ones;
+    # 1,504 ns less before aten::arange (its bounds recorded) had a cost
     assert rank.costed_pct == 93.72
     events = raw_events(path)
     launched = {e["args"]["correlation"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")}
@@ -228,8 +229,9 @@ def test_graph_replay_costed_through_its_capture_trace(ingested):
     batch into the graph's inputs (a TensorList's, whose shapes are not recorded) and kernels no op launched."""
     run = ingested(SGLANG)
     rank = tracesql.query("cost_coverage", run).iloc[0]
-    assert walked(run) == (rank.compute_ns, rank.costed_ns) == (9_765_437, 9_731_512)
-    assert rank.costed_pct == 99.65  # without the capture trace: 0.77; without the paged attention's cost: 77.86
+    assert walked(run) == (rank.compute_ns, rank.costed_ns) == (9_765_437, 9_735_758)
+    # without the capture trace: 0.77; without the paged attention's cost: 77.86; without aten::arange's: 99.65
+    assert rank.costed_pct == 99.7
     assert list(zip(rank.top_uncosted[:1], rank.top_uncosted_ns[:1])) == [("aten::_foreach_copy_", 12_096)]
 
 

@@ -138,6 +138,20 @@ CASES = {
     "recat_embedding_grad_output": ("fbgemm::recat_embedding_grad_output_mixed_D_batch", [[1024, 70904], [8], [8]],
                                     [F, "long", "long"], None, ("copy", 0, 2 * 1024 * 70904 * 4)),
     "fill_writes_only": ("aten::fill_", [[64, 32], []], [F, "Scalar"], ["", "1"], ("copy", 0, 8192)),
+    # arange writes ceil((end − start) / step) elements, nothing read (hand counts; layouts of the corpus' MI300
+    # Qwen and xDiT flux traces): arange(0, 559) with integer bounds -> 559 int64; the arange.start_out it runs
+    # (its empty out= tensor, int64, sets the dtype); arange(512, dtype=4 (int64)); start_step(0, 1, 0.3): 0, 0.3,
+    # 0.6, 0.9 in the default float32; bounds not recorded (HTA's traces: no Concrete Inputs): no cost
+    "arange_integer_bounds": ("aten::arange", [[]] * 6, ["Scalar", "Scalar", "", "", "", "Scalar"],
+                              ["0", "559", "", "", "", "False"], ("copy", 0, 559 * 8)),
+    "arange_start_out": ("aten::arange", [[], [], [], [0]], ["Scalar", "Scalar", "Scalar", L], ["0", "559", "1", ""],
+                         ("copy", 0, 559 * 8)),
+    "arange_dtype_given": ("aten::arange", [[]] * 5, ["Scalar", "Scalar", "", "", "Scalar"],
+                           ["512", "4", "", "", "False"], ("copy", 0, 512 * 8)),
+    "arange_fractional_step": ("aten::arange", [[]] * 7, ["Scalar"] * 3 + ["", "", "", ""],
+                               ["0", "1", "0.3", "", "", "", ""], ("copy", 0, 4 * 4)),
+    "arange_bounds_not_recorded": ("aten::arange", [[]] * 5, ["Scalar", "Scalar", "", "", ""], None,
+                                   ("copy", None, None)),
     "constant_pad": ("aten::constant_pad_nd", [[888, 2880], [], []], [B, "ScalarList", "Scalar"],
                      ["", "[0, 64]", "0"], ("copy", 0, 888 * 2880 * 2 + 888 * 2944 * 2)),
     # --- upsampling -----------------------------------------------------------------------------------------

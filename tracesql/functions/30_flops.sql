@@ -728,10 +728,39 @@ CREATE OR REPLACE MACRO softmax_bytes(k, a, c) AS (
 -- CppNode<PermutePooledEmbsFunction>, recorded with the gradient only) the inverse move, as many bytes; its
 -- recat_embedding_grad_output_mixed_D_batch(grad_output [B, sum D], dim_sum_per_rank, cumsum_dim_sum_per_rank)
 -- moves the pooled gradient's columns into one block per rank: grad_output read, as many elements written.
+-- arange fills a new tensor with start, start + step, ...: ceil((end − start) / step) elements written (torch's
+-- count), from its bounds (Scalars: their Concrete Inputs values; NULL when not recorded), in its dtype: the out=
+-- tensor's, else the `dtype` argument (a c10::ScalarType code), else torch's rule for Python numbers (integer
+-- bounds: int64; a fractional one: the default float dtype, float32), as promoted_bytes applies it.
 CREATE OR REPLACE MACRO padded_numel(dims, pad_value) AS (
     list_product(list_transform(range(1, len(dims) + 1), lambda j:
         dims[j] + coalesce(TRY_CAST(pad_value AS BIGINT[])[2 * (len(dims) - j) + 1], 0)
                 + coalesce(TRY_CAST(pad_value AS BIGINT[])[2 * (len(dims) - j) + 2], 0)))
+);
+
+-- aten::arange's overloads, told apart by how many arguments Kineto records: arange(end, dtype, layout, device,
+-- pin_memory), .start(start, end, dtype, ...), .start_step(start, end, step, dtype, ...), .out(end, out),
+-- .start_out(start, end, step, out) (which .start runs with an empty out tensor). Positions of start, end, step
+-- (NULL: 0 and 1), dtype and out.
+CREATE OR REPLACE MACRO arange_layout(a) AS (
+    CAST(CASE len(a)
+            WHEN 5 THEN {'start': NULL, 'stop': 1, 'step': NULL, 'dtype': 2, 'out': NULL}
+            WHEN 6 THEN {'start': 1, 'stop': 2, 'step': NULL, 'dtype': 3, 'out': NULL}
+            WHEN 7 THEN {'start': 1, 'stop': 2, 'step': 3, 'dtype': 4, 'out': NULL}
+            WHEN 2 THEN {'start': NULL, 'stop': 1, 'step': NULL, 'dtype': NULL, 'out': 2}
+            WHEN 4 THEN {'start': 1, 'stop': 2, 'step': 3, 'dtype': NULL, 'out': 4}
+        END
+    AS STRUCT(start INTEGER, stop INTEGER, step INTEGER, dtype INTEGER, out INTEGER))
+);
+
+CREATE OR REPLACE MACRO arange_bytes(a, c) AS (
+    list_transform([arange_layout(a)], lambda l:
+        CAST(ceil((TRY_CAST(c[l.stop] AS DOUBLE)
+                   - CASE WHEN l.start IS NULL THEN 0 ELSE TRY_CAST(c[l.start] AS DOUBLE) END)
+                  / CASE WHEN l.step IS NULL THEN 1 ELSE TRY_CAST(c[l.step] AS DOUBLE) END) AS BIGINT)
+        * CASE WHEN l.out IS NOT NULL THEN a[l.out].bpe
+               ELSE coalesce(scalar_type_bytes(c[l.dtype]),
+                             promoted_bytes(a, list_filter([l.start, l.stop, l.step], lambda i: i IS NOT NULL))) END)[1]
 );
 
 CREATE OR REPLACE MACRO is_fbgemm_permute(name) AS (
@@ -751,6 +780,7 @@ CREATE OR REPLACE MACRO copy_bytes(core, d, a, c) AS (
         WHEN (core IN ('aten::clone', 'aten::lift_fresh_copy') OR is_fbgemm_permute(core))
              AND a[1].numel IS NOT NULL THEN 2 * a[1].numel * a[1].bpe
         WHEN core IN ('aten::fill_', 'aten::zero_') AND a[1].numel IS NOT NULL THEN a[1].numel * a[1].bpe
+        WHEN core = 'aten::arange' THEN arange_bytes(a, c)
         WHEN core IN ('aten::constant_pad_nd', 'aten::pad', 'aten::reflection_pad1d', 'aten::reflection_pad2d',
                       'aten::reflection_pad3d', 'aten::replication_pad1d', 'aten::replication_pad2d',
                       'aten::replication_pad3d')
@@ -1207,7 +1237,8 @@ CREATE OR REPLACE MACRO op_base_family(name, base) AS (
         WHEN attention_layout(base) IS NOT NULL THEN 'attention'
         WHEN op_is_view(fc) THEN 'view'
         WHEN base IN ('aten::copy_', 'aten::_copy_from', 'aten::_to_copy', 'aten::clone',
-                                    'aten::lift_fresh_copy', 'aten::fill_', 'aten::zero_', 'aten::constant_pad_nd',
+                                    'aten::lift_fresh_copy', 'aten::fill_', 'aten::zero_', 'aten::arange',
+                                    'aten::constant_pad_nd',
                                     'aten::pad', 'aten::reflection_pad1d', 'aten::reflection_pad2d',
                                     'aten::reflection_pad3d', 'aten::replication_pad1d', 'aten::replication_pad2d',
                                     'aten::replication_pad3d') OR is_fbgemm_permute(base) THEN 'copy'
