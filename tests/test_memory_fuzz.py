@@ -52,6 +52,17 @@ def test_a_read_past_the_bound_is_stopped_and_refused_in_one_line(tmp_path, monk
     assert tracesql.ingest([trace], tmp_path / "run", memory_limit="256MB").rows["slices"] == 4811
 
 
+
+def test_a_read_past_the_bound_that_ends_before_the_watch_samples_is_refused_all_the_same(tmp_path, monkeypatch):
+    """A read shorter than a sampling interval, or whose sampler a loaded machine did not schedule in time: the
+    watch's last sample, taken when the read ends, still sees the heap past the bound, and the file is refused."""
+    trace = DATASETS / "hta_trace_filter" / "sampled_rank-0.json.gz"
+    monkeypatch.setattr(limits, "FIXED_OVERHEAD", -(1 << 40))
+    monkeypatch.setattr(limits, "WATCH_INTERVAL_S", 3600.0)  # no sample while the read runs
+    with pytest.raises(tracesql.TraceError, match="needs more memory than --memory-limit 256MB allows"):
+        tracesql.ingest([trace], tmp_path / "run", memory_limit="256MB")
+    assert not (tmp_path / "run").exists()
+
 AFTER_WATCHED_READS = """
 import sys, tempfile
 import tracesql

@@ -135,10 +135,7 @@ class MemoryWatch:
 
     def _sample(self) -> None:
         while not self._done.wait(WATCH_INTERVAL_S):
-            used = _anon_bytes()
-            self.peak = max(self.peak, used)
-            if used > self.stop_at:
-                self.stopped = True
+            self._sample_once()
             if self.stopped:  # again at every sample until the read ends: a reader may take an interrupted query
                 # for a damaged file and try another way
                 if not self._reading():
@@ -148,6 +145,12 @@ class MemoryWatch:
                 for con in list(_connections):
                     with contextlib.suppress(Exception):
                         con.interrupt()
+
+    def _sample_once(self) -> None:
+        used = _anon_bytes()
+        self.peak = max(self.peak, used)
+        if used > self.stop_at:
+            self.stopped = True
 
     def call(self, fn, *args):
         self._frame = sys._getframe()
@@ -164,6 +167,7 @@ class MemoryWatch:
         while True:
             try:
                 self._sampler.join()
+                self._sample_once()  # a read shorter than a sampling interval (or a starved sampler) is seen too
                 if self.stopped and not self._delivered:  # replaces any stop still pending, then takes it
                     self._delivered = True
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id),
@@ -190,9 +194,13 @@ def watched(limits: Limits, path, fn, *args):
     watch.start()
     try:
         try:
-            return watch.call(fn, *args)
+            result = watch.call(fn, *args)
         finally:
             watch.end()
+        if not watch.stopped:
+            return result
+        # past the bound, though the read ended before the stop could land in it: refused all the same
+        raise MemoryBoundExceeded
     except (Exception, MemoryBoundExceeded) as e:
         watch.end()  # (again: a stop may have landed in the first)
         if not watch.stopped:
