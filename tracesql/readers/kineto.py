@@ -134,11 +134,12 @@ def _event_array(path: Path, data: bytes) -> bytes:
 
 # The events as DuckDB reads them. Fast path: typed columns. If a value does not fit its type (a damaged event),
 # the robust path reads every event as one JSON value and extracts the fields with TRY_CAST. `member`: which of the
-# traces read together (read_batch) an event is of; `idx` numbers each one's events from 0.
+# traces read together (read_batch) an event is of (one trace: 0, a byte a row); `idx` numbers each one's events
+# from 0.
 _TYPED_COLUMNS = """ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'JSON', tid: 'JSON',
                           ts: 'DOUBLE', dur: 'DOUBLE', args: 'JSON', id: 'JSON', id2: 'JSON', bp: 'VARCHAR'"""
 _TYPED = f"""
-SELECT 0 AS member, row_number() OVER () - 1 AS idx, false AS malformed, ph, cat, name, pid, tid, ts, dur, args, id,
+SELECT CAST(0 AS UTINYINT) AS member, row_number() OVER () - 1 AS idx, false AS malformed, ph, cat, name, pid, tid, ts, dur, args, id,
     id2, bp
 FROM read_json($file, format = 'array', columns = {{{_TYPED_COLUMNS}}})
 """
@@ -150,7 +151,7 @@ FROM (SELECT list_position($files, filename) - 1 AS member, row_number() OVER ()
       FROM read_json($files, format = 'array', filename = true, columns = {{{_TYPED_COLUMNS}}}))
 """
 _ROBUST = """
-SELECT 0 AS member, row_number() OVER () - 1 AS idx, json_type(e) IS DISTINCT FROM 'OBJECT' AS malformed,  -- null too
+SELECT CAST(0 AS UTINYINT) AS member, row_number() OVER () - 1 AS idx, json_type(e) IS DISTINCT FROM 'OBJECT' AS malformed,  -- null too
     e ->> 'ph' AS ph, e ->> 'cat' AS cat, e ->> 'name' AS name, e -> 'pid' AS pid, e -> 'tid' AS tid,
     TRY_CAST(e ->> 'ts' AS DOUBLE) AS ts, TRY_CAST(e ->> 'dur' AS DOUBLE) AS dur, e -> 'args' AS args,
     e -> 'id' AS id, e -> 'id2' AS id2, e ->> 'bp' AS bp
@@ -402,6 +403,7 @@ def _read_events(con, paths: list[Path], metas: list[dict], notes: list[list[str
     checked = _check_all_counts(con, paths, counting.result(), max_events, notes)
     dialects = _dialects(con, metas)
     if len(set(dialects)) > 1:
+        db.clear(con)
         return None
     dialect = dialects[0]
     con.execute("SET VARIABLE dialect = $d", {"d": dialect})
