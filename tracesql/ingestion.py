@@ -154,7 +154,7 @@ def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
 
 def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, threads: int, shown: str,
               lim: limits.Limits, step_pattern: str | None = None, scratch: str | None = None,
-              captures: list[str] = (), batch: store.BatchWriter | None = None) -> dict:
+              captures: list[str] = (), batch: store.BatchWriter | None = None, traces: list | None = None) -> dict:
     """Read, normalize and write one file's tables into the staging run `staging`; returns its summary (ranks,
     parts, format, events, skipped, notes, rows). Runs in a worker process (a local one, or a Spark task: the
     `read_files` of `ingest`).
@@ -163,11 +163,12 @@ def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
     one rank each (and one part each). `scratch`: the folder for the readers' temporary files (the ingest's
     `.RUN.extract-*` folder beside the run, which the next ingest removes whatever killed this one). `captures`:
     the graph-capture traces that attribute its graph-replayed kernels (capture_paths). `batch`: the writer of
-    the batch the file's tables go into (read_group), instead of parts of its own."""
+    the batch the file's tables go into (read_group), instead of parts of its own; `traces`: what the reader gave
+    for it, when read with the batch's other files (readers.read_batch)."""
     try:
         with limits.using(lim), _temporary_files_in(scratch):
             return limits.watched(lim, shown, _read_normalize_write, Path(path), rel, staging, ranks, run_id,
-                                  threads, step_pattern, [Path(c) for c in captures], batch)
+                                  threads, step_pattern, [Path(c) for c in captures], batch, traces)
     except TraceError as e:
         if e.path == path and shown != path:
             raise TraceError(shown, e.problem) from None
@@ -228,26 +229,46 @@ def read_group(files: list[tuple[str, str, str, list[str]]], staging: str, ranks
     """Read the files `files` ((path, rel, shown, captures) each) as read_file reads each, one after another, and
     return [(rel, summary)]. One file gets parts of its own; several (small members of one archive: _batches) are
     written together, one part per table for the batch (a member's fixed cost of writing a dozen files, and the
-    run-wide tables' of reading them back, paid once per batch), each summary naming the batch's part."""
+    run-wide tables' of reading them back, paid once per batch), each summary naming the batch's part; Kineto
+    ones are read together too (_read_together)."""
     if len(files) == 1:
         ((path, rel, shown, captures),) = files
         return [(rel, read_file(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern, scratch,
                                 captures))]
     part = store.batch_part_name(store.part_key(files[0][1], staging))
+    read = _read_together(files, threads, lim, scratch) or [None] * len(files)
     with store.BatchWriter(Path(staging), part) as batch:
         return [(rel, read_file(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern, scratch,
-                                captures, batch)) for path, rel, shown, captures in files]
+                                captures, batch, traces))
+                for (path, rel, shown, captures), traces in zip(files, read)]
+
+
+def _read_together(files: list[tuple[str, str, str, list[str]]], threads: int, lim: limits.Limits,
+                   scratch: str | None) -> list | None:
+    """The traces of each of `files` (read_group's), read in one pass (readers.read_batch: a statement's planning is
+    most of a tiny trace's cost), or None when they cannot be (not all Kineto/Chrome JSON, graph captures to
+    attribute, one damaged, or the pass past the memory bound): each is then read alone, its errors naming it."""
+    from .readers import read_batch
+
+    if any(captures for *_, captures in files):
+        return None
+    with limits.using(lim), _temporary_files_in(scratch):
+        try:
+            return limits.watched(lim, files[0][2], read_batch, [Path(path) for path, *_ in files], threads)
+        except TraceError:
+            return None
 
 
 def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id: str, threads: int,
                           step_pattern: str | None = None, captures: list[Path] = (),
-                          batch: store.BatchWriter | None = None) -> dict:
+                          batch: store.BatchWriter | None = None, traces: list | None = None) -> dict:
     from .normalize import normalize
     from .readers import read_trace
 
     gc.disable()  # bulk allocation of short-lived, acyclic objects: the cycle collector only costs time here
     try:
-        traces = read_trace(p, threads=threads, captures=captures)
+        if traces is None:
+            traces = read_trace(p, threads=threads, captures=captures)
         chosen, fallback = ranks if len(traces) == 1 else (None, None)
         summary = {"ranks": [], "parts": [], "format": traces[0].format, "events": 0, "skipped": {},
                    "notes": [], "rows": {}}

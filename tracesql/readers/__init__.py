@@ -187,7 +187,25 @@ def read_trace(path: Path, threads: int | None = None, captures: list[Path] = ()
         read = reader_for(path).read(path, threads=threads)
     except RecursionError:  # the JSON and protobuf decoders recurse once per nesting level
         raise TraceError(path, "nested too deeply to read (thousands of levels: a damaged or hostile file)") from None
-    traces = read if isinstance(read, list) else [read]
+    return _checked(path, read if isinstance(read, list) else [read], threads, captures)
+
+
+def read_batch(paths: list[Path], threads: int | None = None) -> list[list[TraceData]] | None:
+    """The traces of the small files `paths`, each as read_trace gives them, read together when they are all
+    Kineto/Chrome JSON (kineto.read_batch: one pass of each statement over all their events); None when they are
+    not, or cannot be read so: read_trace then reads each, and its errors name the file."""
+    try:
+        if any(reader_for(path) is not kineto for path in paths):
+            return None
+    except TraceError:
+        return None
+    read = kineto.read_batch(paths, threads)
+    return None if read is None else [_checked(path, [data], threads, ()) for path, data in zip(paths, read)]
+
+
+def _checked(path: Path, traces: list[TraceData], threads: int | None, captures: list[Path]) -> list[TraceData]:
+    """The traces a reader read from `path`, their ranks checked (or taken from the file name), out-of-range
+    slices dropped, --max-events applied and graph replays attributed."""
     for data in traces:  # what the ranks table holds (INTEGER): a larger value is the file's damage, not a rank
         for what in ("rank", "world_size"):
             value = getattr(data, what)

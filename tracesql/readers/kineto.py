@@ -133,15 +133,25 @@ def _event_array(path: Path, data: bytes) -> bytes:
 
 
 # The events as DuckDB reads them. Fast path: typed columns. If a value does not fit its type (a damaged event),
-# the robust path reads every event as one JSON value and extracts the fields with TRY_CAST.
-_TYPED = """
-SELECT row_number() OVER () - 1 AS idx, false AS malformed, ph, cat, name, pid, tid, ts, dur, args, id, id2, bp
-FROM read_json($file, format = 'array',
-               columns = {ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'JSON', tid: 'JSON',
-                          ts: 'DOUBLE', dur: 'DOUBLE', args: 'JSON', id: 'JSON', id2: 'JSON', bp: 'VARCHAR'})
+# the robust path reads every event as one JSON value and extracts the fields with TRY_CAST. `member`: which of the
+# traces read together (read_batch) an event is of (one trace: 0, a byte a row); `idx` numbers each one's events
+# from 0.
+_TYPED_COLUMNS = """ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'JSON', tid: 'JSON',
+                          ts: 'DOUBLE', dur: 'DOUBLE', args: 'JSON', id: 'JSON', id2: 'JSON', bp: 'VARCHAR'"""
+_TYPED = f"""
+SELECT CAST(0 AS UTINYINT) AS member, row_number() OVER () - 1 AS idx, false AS malformed, ph, cat, name, pid, tid, ts, dur, args, id,
+    id2, bp
+FROM read_json($file, format = 'array', columns = {{{_TYPED_COLUMNS}}})
+"""
+# several files in one read: the events come in the files' order, each file's in its own
+_TYPED_BATCH = f"""
+SELECT member, n - min(n) OVER (PARTITION BY member) AS idx, false AS malformed, ph, cat, name, pid, tid, ts, dur,
+    args, id, id2, bp
+FROM (SELECT list_position($files, filename) - 1 AS member, row_number() OVER () AS n, *
+      FROM read_json($files, format = 'array', filename = true, columns = {{{_TYPED_COLUMNS}}}))
 """
 _ROBUST = """
-SELECT row_number() OVER () - 1 AS idx, json_type(e) IS DISTINCT FROM 'OBJECT' AS malformed,  -- null too
+SELECT CAST(0 AS UTINYINT) AS member, row_number() OVER () - 1 AS idx, json_type(e) IS DISTINCT FROM 'OBJECT' AS malformed,  -- null too
     e ->> 'ph' AS ph, e ->> 'cat' AS cat, e ->> 'name' AS name, e -> 'pid' AS pid, e -> 'tid' AS tid,
     TRY_CAST(e ->> 'ts' AS DOUBLE) AS ts, TRY_CAST(e ->> 'dur' AS DOUBLE) AS dur, e -> 'args' AS args,
     e -> 'id' AS id, e -> 'id2' AS id2, e ->> 'bp' AS bp
@@ -336,77 +346,159 @@ def read(path: Path, threads: int | None = None):
                 events_file, meta, _ = _events_file(path, scratch, whole=True)
                 _load_events(con, path, events_file, notes, lim.max_events)
             events_file.unlink()
-            return _read_events(con, path, meta, notes, lim.max_events, scratch / "slices.arrows")
+            return _read_events(con, [path], [meta], [notes], lim.max_events, scratch / "slices.arrows")[0]
 
 
-def _read_events(con, path: Path, meta: dict, notes: list[str], max_events: int | None, slices_file: Path):
+def read_batch(paths: list[Path], threads: int | None = None) -> list | None:
+    """The traces of the small Kineto/Chrome files `paths`, as `read` gives each, from one pass of each statement
+    over all their events (a statement's planning, not its events, is most of a tiny trace's cost: an archive of
+    thousands of ranks); None when one of them cannot be read so (laid out oddly, damaged, refused, of another
+    dialect than the first): the caller then reads them one by one, whose errors name the file."""
+    lim = limits.current()
+    if lim.max_events:
+        return None
+    try:
+        with tempfile.TemporaryDirectory(prefix="tracesql-") as scratch:
+            scratch = Path(scratch)
+            files, metas = [], []
+            for i, path in enumerate(paths):
+                (scratch / str(i)).mkdir()
+                events_file, meta, located = _events_file(path, scratch / str(i))
+                if not located:
+                    return None
+                files.append(str(events_file))
+                metas.append(meta)
+            with db.for_trace(threads, lim.memory) as con:
+                con.execute(f"CREATE OR REPLACE TABLE events AS {_TYPED_BATCH}", {"files": files})
+                return _read_events(con, paths, metas, [[] for _ in paths], None, scratch / "slices.arrows")
+    except (TraceError, duckdb.Error):
+        return None
+
+
+def _read_events(con, paths: list[Path], metas: list[dict], notes: list[list[str]], max_events: int | None,
+                 slices_file: Path) -> list | None:
+    """The TraceData of each of `paths` (member i: paths[i], whose top-level fields are metas[i]) from table
+    `events`. Several members of different dialects: None (read_batch)."""
     from .common import FileMapping, TraceData
 
-    base_time_ns = meta.get("baseTimeNanoseconds") or 0
-    if isinstance(base_time_ns, bool) or not isinstance(base_time_ns, int) or not 0 <= base_time_ns < 2**61:
-        notes.append(f"baseTimeNanoseconds {str(base_time_ns)[:40]!r} is not a time in ns: ignored")
-        base_time_ns = 0
+    bases = []
+    for meta, noted in zip(metas, notes):
+        base_time_ns = meta.get("baseTimeNanoseconds") or 0
+        if isinstance(base_time_ns, bool) or not isinstance(base_time_ns, int) or not 0 <= base_time_ns < 2**61:
+            noted.append(f"baseTimeNanoseconds {str(base_time_ns)[:40]!r} is not a time in ns: ignored")
+            base_time_ns = 0
+        bases.append(base_time_ns)
+    # one member: its base time as a constant; several: each event's member's
+    base = {"base": bases[0]} if len(paths) == 1 else {"base": bases}
     # the counts scan the events on a cursor while the next steps run (a trace they refuse raises after them)
     with ThreadPoolExecutor(1, thread_name_prefix="tracesql-counts") as beside:
         counting = beside.submit(db.on_cursor, con, {}, lambda cur: cur.execute(_COUNTS).fetchall())
         try:
-            paired = _pair(con)
+            paired = _pair(con, len(paths))
             db.once(con, _CONSTANTS)
             con.execute(_LOOKUPS)
         except duckdb.Error:
-            _check_counts(con, path, counting.result(), max_events, notes)
+            _check_all_counts(con, paths, counting.result(), max_events, notes)
             raise
-    skipped, examples, total = _check_counts(con, path, counting.result(), max_events, notes)
-    skipped.update(paired)
-    dialect = con.execute(_DIALECT, {"kineto_keys": any(k in meta for k in KINETO_KEYS)}).fetchone()[0]
+    checked = _check_all_counts(con, paths, counting.result(), max_events, notes)
+    dialects = _dialects(con, metas)
+    if len(set(dialects)) > 1:
+        db.clear(con)
+        return None
+    dialect = dialects[0]
     con.execute("SET VARIABLE dialect = $d", {"d": dialect})
     # Batch by batch into an Arrow file in the scratch folder, which is then memory-mapped: the slices (their
     # `args` text is most of a trace) are file-backed pages the kernel can drop and re-read, not heap memory.
     # The mapping outlives the scratch folder's removal (the file is unlinked, not gone, while mapped).
-    reader = con.sql(_SLICES, params={"base": base_time_ns}).to_arrow_reader(1 << 16)
+    reader = con.sql(_based(_SLICES, len(paths)), params=base).to_arrow_reader(1 << 16)
     mapping = FileMapping.of_batches(slices_file, reader.schema, reader)
     slices = mapping.table()
     if dialect != "kineto":  # Kineto's flows repeat the correlation ids its args carry
-        slices = _bind_flows(con, slices, base_time_ns)
-    fwd_links = _fwd_bwd_links(con, slices, base_time_ns)
-    counters = con.sql(_COUNTERS, params={"base": base_time_ns}).to_arrow_table()
-    skipped["counter value that is not a number"] = counters["value"].null_count
-    counters = counters.filter(pc.is_valid(counters["value"]))
+        slices = _bind_flows(con, slices, base, len(paths))
+    fwd_links, linked = _fwd_bwd_links(con, slices, base, len(paths))
+    counters = con.sql(_based(_COUNTERS, len(paths)), params=base).to_arrow_table()
     db.clear(con)  # frees the events table (and the rest) before normalizing
 
-    dist = meta.pop("distributedInfo", None)
-    dist = dist if isinstance(dist, dict) else {}
-    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
-    return TraceData(
-        format=FORMAT if dialect == "kineto" else "chrome",
-        slices=slices,
-        rank=rank,
-        world_size=dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
-        backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
-        host_name=meta.get("host_name") or meta.get("hostname"),
-        base_time_ns=base_time_ns,
-        event_count=total,
-        skipped={reason: n for reason, n in skipped.items() if n},
-        examples=examples,
-        notes=notes,
-        metadata={**{k: v for k, v in meta.items() if k != "deviceProperties"},
-                  **({"dialect": dialect} if dialect != "kineto" else {})},
-        devices=_devices(meta.get("deviceProperties")),
-        process_groups=_process_groups(dist),
-        counters=counters,
-        fwd_links=fwd_links,
-        mappings=[mapping],
-    )
+    out = []
+    member_slices, member_counters = _by_member(slices, len(paths)), _by_member(counters, len(paths))
+    member_links = _by_member(fwd_links, len(paths)) if linked else []
+    for i, (meta, (skipped, examples, total)) in enumerate(zip(metas, checked)):
+        skipped.update(paired[i])
+        counters = member_counters[i]
+        skipped["counter value that is not a number"] = counters["value"].null_count
+        counters = counters.filter(pc.is_valid(counters["value"]))
+        dist = meta.pop("distributedInfo", None)
+        dist = dist if isinstance(dist, dict) else {}
+        rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+        out.append(TraceData(
+            format=FORMAT if dialect == "kineto" else "chrome",
+            slices=member_slices[i],
+            rank=rank,
+            world_size=dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
+            backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
+            host_name=meta.get("host_name") or meta.get("hostname"),
+            base_time_ns=bases[i],
+            event_count=total,
+            skipped={reason: n for reason, n in skipped.items() if n},
+            examples=examples,
+            notes=notes[i],
+            metadata={**{k: v for k, v in meta.items() if k != "deviceProperties"},
+                      **({"dialect": dialect} if dialect != "kineto" else {})},
+            devices=_devices(meta.get("deviceProperties")),
+            process_groups=_process_groups(dist),
+            counters=counters,
+            fwd_links=member_links[i] if i in linked else None,
+            mappings=[mapping] if len(paths) == 1 else [],  # (several: each one's slices are copied out)
+        ))
+    return out
 
 
-def _check_counts(con, path: Path, counts: list, max_events: int | None, notes: list[str]):
+def _based(sql: str, members: int) -> str:
+    """`sql` (_SLICES and its like) with the base time (ns) of an event's trace: the parameter $base, or its
+    member's in that list."""
+    return sql if members == 1 else sql.replace("$base", "$base[member + 1]")
+
+
+def _by_member(table: pa.Table, members: int) -> list[pa.Table]:
+    """`table` (with a `member` column) split into each member's rows, without that column; one member's: the
+    rows as they are (the slices stay memory-mapped), several: copied out."""
+    rest = table.drop_columns(["member"])
+    if members == 1:
+        return [rest]
+    member = to_numpy(table["member"])
+    order = np.argsort(member, kind="stable")
+    ends = np.searchsorted(member[order], np.arange(members + 1))
+    taken = rest.take(array(order))
+    return [taken.slice(ends[i], ends[i + 1] - ends[i]) for i in range(members)]
+
+
+def _dialects(con, metas: list[dict]) -> list[str]:
+    """Each member's dialect: 'tsl' (TSL's processes), else 'kineto' (Kineto's top-level keys, or categories),
+    else 'chrome'."""
+    tsl = {m for (m,) in con.execute(_TSL_MEMBERS).fetchall()}
+    return ["tsl" if i in tsl else "kineto" if any(k in meta for k in KINETO_KEYS)
+            or con.execute(_KINETO_CATEGORIES, {"member": i}).fetchone()[0] else "chrome"
+            for i, meta in enumerate(metas)]
+
+
+def _check_all_counts(con, paths: list[Path], counts: list, max_events: int | None, notes: list[list[str]]):
+    """_check_counts of each member, from the `_COUNTS` rows of all."""
+    by_member: dict[int, list] = {}
+    for member, *row in counts:
+        by_member.setdefault(member, []).append(row)
+    return [_check_counts(con, path, i, by_member.get(i, []), max_events, noted)
+            for i, (path, noted) in enumerate(zip(paths, notes))]
+
+
+def _check_counts(con, path: Path, member: int, counts: list, max_events: int | None, notes: list[str]):
     """(skipped: reason -> count, examples: reason -> the first such event shown, total events) from the
-    `_COUNTS` rows; a trace with no events or no usable ones is refused here."""
+    `_COUNTS` rows of member `member`; a trace with no events or no usable ones is refused here."""
     by_reason = {reason: (n, first) for reason, n, first in counts}
     total = sum(n for n, _ in by_reason.values())
     skipped = {reason: by_reason[i][0] for i, reason in enumerate(_SKIP_REASONS) if i in by_reason}
     firsts = {reason: by_reason[i][1] for i, reason in enumerate(_SKIP_REASONS) if i in by_reason}
-    shown = dict(con.execute(_EXAMPLES, {"idx": list(set(firsts.values()))}).fetchall()) if firsts else {}
+    shown = dict(con.execute(_EXAMPLES, {"member": member, "idx": list(set(firsts.values()))}).fetchall()) \
+        if firsts else {}
     examples = {reason: shown[idx] for reason, idx in firsts.items()}
     if not total:
         raise TraceError(path, "empty trace: 'traceEvents' has no events")
@@ -424,39 +516,50 @@ def _check_counts(con, path: Path, counts: list, max_events: int | None, notes: 
     return skipped, examples, total
 
 
-def _pair(con) -> dict[str, int]:
+def _pair(con, members: int) -> list[dict[str, int]]:
     """Match begin and end events (table `paired`): an end closes the latest open begin of its thread or async
-    id. Returns the counts of those left unmatched."""
+    id. Returns each member's counts of those left unmatched."""
     marks = con.execute(_MARKS).fetchnumpy()
-    open_idx, close_idx, stack = [], [], []
-    current, unmatched_ends, unmatched_begins = None, 0, 0
-    for idx, opens, key in zip(marks["idx"].tolist(), marks["opens"].tolist(), marks["pair_key"].tolist()):
+    member_of, open_idx, close_idx, stack = [], [], [], []
+    unmatched_ends, unmatched_begins = np.zeros(members, np.int64), np.zeros(members, np.int64)
+    current, at = None, 0
+    for member, idx, opens, key in zip(marks["member"].tolist(), marks["idx"].tolist(), marks["opens"].tolist(),
+                                       marks["pair_key"].tolist()):
         if key != current:
-            current, unmatched_begins = key, unmatched_begins + len(stack)
+            unmatched_begins[at] += len(stack)
+            current, at = key, member
             stack.clear()
         if opens:
             stack.append(idx)
         elif stack:
+            member_of.append(member)
             open_idx.append(stack.pop())
             close_idx.append(idx)
         else:
-            unmatched_ends += 1
-    con.register("pairs", pa.table({"open_idx": array(np.array(open_idx, np.int64)),
+            unmatched_ends[member] += 1
+    unmatched_begins[at] += len(stack)
+    con.register("pairs", pa.table({"member": array(np.array(member_of, np.int64)),
+                                    "open_idx": array(np.array(open_idx, np.int64)),
                                     "close_idx": array(np.array(close_idx, np.int64))}))
     con.execute(_PAIRED)
-    return {"end without a begin": unmatched_ends,
-            "begin that never ends": unmatched_begins + len(stack)}
+    return [{"end without a begin": int(unmatched_ends[i]), "begin that never ends": int(unmatched_begins[i])}
+            for i in range(members)]
 
 
-def _bind_flows(con, slices: pa.Table, base_time_ns: int) -> pa.Table:
+def _member_keys(member: np.ndarray, slice_id: np.ndarray) -> np.ndarray:
+    """(member, slice_id) as one number, to match rows of several members' slices."""
+    return (member.astype(np.int64) << 40) | slice_id
+
+
+def _bind_flows(con, slices: pa.Table, base: dict, members: int) -> pa.Table:
     """`slices` with the correlation ids their flows give them (where they have none of their own)."""
     con.register("read_slices", slices)
-    bound = con.execute(_FLOW_BINDINGS, {"base": base_time_ns}).fetchnumpy()
+    bound = con.execute(_based(_FLOW_BINDINGS, members), base).fetchnumpy()
     if not len(bound["slice_id"]):
         return slices
-    ids = to_numpy(slices["slice_id"])
+    ids = _member_keys(to_numpy(slices["member"]), to_numpy(slices["slice_id"]))
     order = np.argsort(ids)
-    rows = order[np.searchsorted(ids, bound["slice_id"], sorter=order)]
+    rows = order[np.searchsorted(ids, _member_keys(bound["member"], bound["slice_id"]), sorter=order)]
     correlation = to_numpy(slices["correlation"], fill=0).copy()
     has = ~to_numpy(slices["correlation"].is_null())
     correlation[rows], has[rows] = bound["flow"], True
@@ -464,14 +567,15 @@ def _bind_flows(con, slices: pa.Table, base_time_ns: int) -> pa.Table:
     return slices.set_column(column, "correlation", array(correlation, pa.int64(), ~has))
 
 
-def _fwd_bwd_links(con, slices: pa.Table, base_time_ns: int) -> pa.Table | None:
-    """(slice_id of a backward op, slice_id of the forward op it differentiates) from Kineto's 'fwdbwd' flows,
-    or None when the trace has none."""
-    if not con.execute(_HAS_FWD_BWD).fetchall()[0][0]:
-        return None
+def _fwd_bwd_links(con, slices: pa.Table, base: dict, members: int) -> tuple[pa.Table | None, set[int]]:
+    """(member, slice_id of a backward op, slice_id of the forward op it differentiates) from Kineto's 'fwdbwd'
+    flows, and the members that record them (None and none when no trace does)."""
+    linked = {m for (m,) in con.execute(_FWD_BWD_MEMBERS).fetchall()}
+    if not linked:
+        return None, linked
     con.register("read_slices", slices)
     try:
-        return con.sql(_FWD_BWD_LINKS, params={"base": base_time_ns}).to_arrow_table()
+        return con.sql(_based(_FWD_BWD_LINKS, members), params=base).to_arrow_table(), linked
     finally:
         con.unregister("read_slices")
 
@@ -506,21 +610,21 @@ _example = ("COALESCE(ph, '?') || ' ' || COALESCE(name, '?') || ' ts=' || COALES
 # step-name regex too) on every event, twice the time.
 _OTHER = -1
 _COUNTS = f"""
-SELECT reason, count(*), min(idx)
-FROM (SELECT idx, CASE {" ".join(f"WHEN {cond} THEN {i}" for i, cond in enumerate(_SKIPS.values()))}
+SELECT member, reason, count(*), min(idx)
+FROM (SELECT member, idx, CASE {" ".join(f"WHEN {cond} THEN {i}" for i, cond in enumerate(_SKIPS.values()))}
                        WHEN NOT malformed AND (ph IN ({sql_list(KNOWN_OTHER_PHASES)}) OR {_EMPTY}) THEN {_OTHER}
                   END AS reason
       FROM events)
-GROUP BY reason
+GROUP BY member, reason
 """
 # the first skipped event of each reason, shown (apart from the counts: formatting every row costs a third of them)
-_EXAMPLES = f"SELECT idx, {_example} FROM events WHERE list_contains($idx, idx)"
+_EXAMPLES = f"SELECT idx, {_example} FROM events WHERE member = $member AND list_contains($idx, idx)"
 _KEEP = f"NOT malformed AND ph IN ({sql_list(SLICE_PHASES)}) AND {_ts_ok} AND (ph <> 'X' OR ({_dur_ok}))"
 # Begin/end events, in the order they are matched: a thread's B/E pair on that thread; async ones (b/e, S/F) on
 # their (process, category, id).
 _MARKS = f"""
-SELECT idx, ph IN ({sql_list(OPENING_PHASES)}) AS opens,
-    dense_rank() OVER (ORDER BY CASE WHEN ph IN ('B', 'E') THEN 'thread ' || CAST(pid AS VARCHAR) || ' ' || CAST(tid AS VARCHAR)
+SELECT member, idx, ph IN ({sql_list(OPENING_PHASES)}) AS opens,
+    dense_rank() OVER (ORDER BY member, CASE WHEN ph IN ('B', 'E') THEN 'thread ' || CAST(pid AS VARCHAR) || ' ' || CAST(tid AS VARCHAR)
         ELSE 'async ' || CAST(pid AS VARCHAR) || ' ' || COALESCE(cat, '') || ' '
              || COALESCE(CAST(id AS VARCHAR), CAST(id2 AS VARCHAR), '') END) AS pair_key
 FROM events
@@ -531,13 +635,14 @@ ORDER BY pair_key, ts, idx
 # slices go on a track of their own per name ('async <name>'), beside the threads of their process.
 _PAIRED = """
 CREATE OR REPLACE TABLE paired AS
-SELECT o.idx, false AS malformed, 'X' AS ph, o.cat, o.name, o.pid,
+SELECT o.member, o.idx, false AS malformed, 'X' AS ph, o.cat, o.name, o.pid,
     CASE WHEN o.ph = 'B' THEN o.tid ELSE to_json('async ' || COALESCE(o.name, '')) END AS tid,
     o.ts, c.ts - o.ts AS dur,
     CASE WHEN json_type(c.args) = 'OBJECT' AND CAST(c.args AS VARCHAR) <> '{}'
          THEN json_merge_patch(COALESCE(o.args, '{}'), c.args) ELSE o.args END AS args,
     o.id, o.id2
-FROM pairs p JOIN events o ON o.idx = p.open_idx JOIN events c ON c.idx = p.close_idx
+FROM pairs p JOIN events o ON o.member = p.member AND o.idx = p.open_idx
+JOIN events c ON c.member = p.member AND c.idx = p.close_idx
 """
 _category_kinds = ", ".join(f"('{c}', '{k}')" for c, k in CATEGORY_KINDS.items())
 _name_kinds = ", ".join(f"('{c}', '{n}', '{k}')" for (c, n), k in NAME_KINDS.items())
@@ -549,50 +654,58 @@ CREATE OR REPLACE VIEW kept AS SELECT * FROM events WHERE {_KEEP} UNION ALL BY N
 -- each distinct (pid, tid) of the events with a lane (kept ones and counters): where it first appears, and
 -- whether kept events have it; the lookups below read these few rows, not the events
 CREATE OR REPLACE TABLE lanes AS
-    SELECT pid, tid, min(idx) AS first, bool_or(kept) AS kept
-    FROM (SELECT idx, pid, tid, true AS kept FROM kept
-          UNION ALL SELECT idx, pid, tid, false FROM events WHERE NOT malformed AND ph = '{COUNTER_PHASE}' AND {_ts_ok})
-    GROUP BY pid, tid;
+    SELECT member, pid, tid, min(idx) AS first, bool_or(kept) AS kept
+    FROM (SELECT member, idx, pid, tid, true AS kept FROM kept
+          UNION ALL SELECT member, idx, pid, tid, false FROM events
+          WHERE NOT malformed AND ph = '{COUNTER_PHASE}' AND {_ts_ok})
+    GROUP BY member, pid, tid;
 CREATE OR REPLACE TABLE labels AS
     WITH firsts AS (
-        SELECT 0 AS col, COALESCE(json_extract_string(pid, '$'), 'None') AS label, min(first) AS first
-        FROM lanes WHERE TRY_CAST(pid AS BIGINT) IS NULL GROUP BY 2
+        SELECT member, 0 AS col, COALESCE(json_extract_string(pid, '$'), 'None') AS label, min(first) AS first
+        FROM lanes WHERE TRY_CAST(pid AS BIGINT) IS NULL GROUP BY 1, 3
         UNION ALL
-        SELECT 1, COALESCE(json_extract_string(tid, '$'), 'None'), min(first)
-        FROM lanes WHERE TRY_CAST(tid AS BIGINT) IS NULL GROUP BY 2
+        SELECT member, 1, COALESCE(json_extract_string(tid, '$'), 'None'), min(first)
+        FROM lanes WHERE TRY_CAST(tid AS BIGINT) IS NULL GROUP BY 1, 3
     )
-    SELECT col, label, -row_number() OVER (ORDER BY col, first) AS id FROM firsts;
+    SELECT member, col, label, -row_number() OVER (PARTITION BY member ORDER BY col, first) AS id FROM firsts;
 CREATE OR REPLACE TABLE process_names AS
-    SELECT TRY_CAST(pid AS BIGINT) AS pid, arg_min(args ->> 'name', idx) AS label FROM events
+    SELECT member, TRY_CAST(pid AS BIGINT) AS pid, arg_min(args ->> 'name', idx) AS label FROM events
     WHERE ph = 'M' AND name = 'process_name' AND json_type(pid) IN ('UBIGINT', 'BIGINT')
       AND json_type(args -> 'name') = 'VARCHAR'
-    GROUP BY 1;
+    GROUP BY 1, 2;
 -- threads of a process that share a name (a pool's workers) keep apart: the tid joins the name
 CREATE OR REPLACE TABLE thread_names AS
-    SELECT pid, tid, label || CASE WHEN count(*) OVER (PARTITION BY pid, label) > 1 THEN ' ' || tid ELSE '' END
-        AS label
+    SELECT member, pid, tid,
+        label || CASE WHEN count(*) OVER (PARTITION BY member, pid, label) > 1 THEN ' ' || tid ELSE '' END AS label
     FROM (
-        SELECT TRY_CAST(pid AS BIGINT) AS pid, TRY_CAST(tid AS BIGINT) AS tid, arg_min(args ->> 'name', idx) AS label
+        SELECT member, TRY_CAST(pid AS BIGINT) AS pid, TRY_CAST(tid AS BIGINT) AS tid,
+            arg_min(args ->> 'name', idx) AS label
         FROM events
         WHERE ph = 'M' AND name = 'thread_name' AND json_type(pid) IN ('UBIGINT', 'BIGINT')
           AND json_type(tid) IN ('UBIGINT', 'BIGINT') AND json_type(args -> 'name') = 'VARCHAR'
-        GROUP BY 1, 2
+        GROUP BY 1, 2, 3
     );
-SET VARIABLE pid_label_id = (SELECT map(list(label), list(id)) FROM labels WHERE col = 0);
-SET VARIABLE tid_label_id = (SELECT map(list(label), list(id)) FROM labels WHERE col = 1);
-SET VARIABLE label_of = (SELECT map(list(id), list(label)) FROM labels);
-SET VARIABLE process_name = (SELECT map(list(pid), list(label)) FROM process_names);
-SET VARIABLE thread_name = (SELECT map(list(pid || '/' || tid), list(label)) FROM thread_names);
+-- the maps' keys start with the member ('3:'): a process id is its trace's
+SET VARIABLE pid_label_id = (SELECT map(list(member || ':' || label), list(id)) FROM labels WHERE col = 0);
+SET VARIABLE tid_label_id = (SELECT map(list(member || ':' || label), list(id)) FROM labels WHERE col = 1);
+SET VARIABLE label_of = (SELECT map(list(member || ':' || id), list(label)) FROM labels);
+SET VARIABLE process_name = (SELECT map(list(member || ':' || pid), list(label)) FROM process_names);
+SET VARIABLE thread_name = (SELECT map(list(member || ':' || pid || '/' || tid), list(label)) FROM thread_names);
 -- TSL (JAX/TensorFlow): '/device:GPU:N' processes are devices, their 'Stream #S(...)' threads streams
-SET VARIABLE tsl_device = (SELECT map(list(pid), list(CAST(regexp_extract(label, '{TSL_DEVICE}', 1) AS BIGINT)))
+SET VARIABLE tsl_device = (SELECT map(list(member || ':' || pid),
+                                      list(CAST(regexp_extract(label, '{TSL_DEVICE}', 1) AS BIGINT)))
                            FROM process_names WHERE regexp_matches(label, '{TSL_DEVICE}'));
-SET VARIABLE tsl_stream = (SELECT map(list(pid || '/' || tid), list(CAST(regexp_extract(label, '{TSL_STREAM}', 1) AS BIGINT)))
+SET VARIABLE tsl_stream = (SELECT map(list(member || ':' || pid || '/' || tid),
+                                      list(CAST(regexp_extract(label, '{TSL_STREAM}', 1) AS BIGINT)))
                            FROM thread_names WHERE regexp_matches(label, '{TSL_STREAM}'));
-SET VARIABLE tsl_streamed = (SELECT list(DISTINCT pid) FROM thread_names WHERE regexp_matches(label, '{TSL_STREAM}'));
+SET VARIABLE tsl_streamed = (SELECT list(DISTINCT member || ':' || pid) FROM thread_names
+                             WHERE regexp_matches(label, '{TSL_STREAM}'));
 -- the kept events' lanes, each once (not each event): its lane ids and its name as a host track
 CREATE OR REPLACE TABLE kept_lanes AS
-    SELECT pid, tid, pid_id, tid_id, process_label(pid_id) || ' / ' || thread_label(pid_id, tid_id) AS host_track
-    FROM (SELECT pid, tid, lane_id(pid, 'pid_label_id') AS pid_id, lane_id(tid, 'tid_label_id') AS tid_id
+    SELECT member, pid, tid, pid_id, tid_id,
+        process_label(member, pid_id) || ' / ' || thread_label(member, pid_id, tid_id) AS host_track
+    FROM (SELECT member, pid, tid, lane_id(member, pid, 'pid_label_id') AS pid_id,
+              lane_id(member, tid, 'tid_label_id') AS tid_id
           FROM lanes WHERE kept);
 """
 # What does not depend on the trace: made once on a connection (db.once), which db.for_trace keeps for the next trace
@@ -600,24 +713,26 @@ _CONSTANTS = f"""
 SET VARIABLE category_kind = (SELECT map(list(cat), list(kind)) FROM (VALUES {_category_kinds}) t(cat, kind));
 SET VARIABLE name_kind = (SELECT map(list(cat || chr(0) || name), list(kind))
                           FROM (VALUES {_name_kinds}) t(cat, name, kind));
-CREATE OR REPLACE MACRO lane_id(v, labels) AS
-    COALESCE(TRY_CAST(v AS BIGINT), getvariable(labels)[COALESCE(json_extract_string(v, '$'), 'None')]);
-CREATE OR REPLACE MACRO process_label(p) AS
-    COALESCE(NULLIF(getvariable('process_name')[p], ''), NULLIF(getvariable('label_of')[p], ''), 'process ' || p);
-CREATE OR REPLACE MACRO thread_label(p, t) AS
-    COALESCE(NULLIF(getvariable('thread_name')[p || '/' || t], ''), NULLIF(getvariable('label_of')[t], ''),
-             'thread ' || t);
+-- (of member m: the lookups' maps are keyed by member)
+CREATE OR REPLACE MACRO lane_id(m, v, labels) AS
+    COALESCE(TRY_CAST(v AS BIGINT), getvariable(labels)[m || ':' || COALESCE(json_extract_string(v, '$'), 'None')]);
+CREATE OR REPLACE MACRO process_label(m, p) AS
+    COALESCE(NULLIF(getvariable('process_name')[m || ':' || p], ''), NULLIF(getvariable('label_of')[m || ':' || p], ''),
+             'process ' || p);
+CREATE OR REPLACE MACRO thread_label(m, p, t) AS
+    COALESCE(NULLIF(getvariable('thread_name')[m || ':' || p || '/' || t], ''),
+             NULLIF(getvariable('label_of')[m || ':' || t], ''), 'thread ' || t);
 -- µs as double -> integer ns, rounding the fraction on its own so epoch-scale values keep the ns
 CREATE OR REPLACE MACRO us_to_ns(us) AS
     CAST(floor(us) AS BIGINT) * 1000 + CAST(round_even((us - floor(us)) * 1000, 0) AS BIGINT);
 """
-_DIALECT = f"""
-SELECT CASE
-    WHEN EXISTS (SELECT 1 FROM process_names WHERE label = '{TSL_HOST}' OR regexp_matches(label, '{TSL_DEVICE}'))
-        THEN 'tsl'
-    WHEN $kineto_keys OR EXISTS (SELECT 1 FROM kept WHERE getvariable('category_kind')[lower(cat)] IS NOT NULL)
-        THEN 'kineto'
-    ELSE 'chrome' END
+# What decides a trace's dialect (_dialects): the members whose processes are TSL's; whether a member's events
+# have Kineto's categories
+_TSL_MEMBERS = f"""
+SELECT DISTINCT member FROM process_names WHERE label = '{TSL_HOST}' OR regexp_matches(label, '{TSL_DEVICE}')
+"""
+_KINETO_CATEGORIES = """
+SELECT EXISTS (SELECT 1 FROM kept WHERE member = $member AND getvariable('category_kind')[lower(cat)] IS NOT NULL)
 """
 # What an event is: Kineto's category says; in TSL traces where it ran and its XLA stats say (as the XPlane reader
 # decides from the same stats); other producers' events are host annotations.
@@ -627,15 +742,15 @@ CASE WHEN e.name = '[memory]' THEN 'memory'
      WHEN getvariable('dialect') = 'kineto' THEN
          COALESCE(getvariable('name_kind')[lower(e.cat) || chr(0) || e.name], getvariable('category_kind')[lower(e.cat)],
                   'other')
-     WHEN getvariable('tsl_device')[e.pid_id] IS NOT NULL THEN CASE
-         WHEN getvariable('tsl_stream')[e.pid_id || '/' || e.tid_id] IS NULL THEN
-             CASE WHEN thread_label(e.pid_id, e.tid_id) = 'XLA Ops'
-                       AND NOT list_contains(COALESCE(getvariable('tsl_streamed'), []), e.pid_id)
+     WHEN getvariable('tsl_device')[e.member || ':' || e.pid_id] IS NOT NULL THEN CASE
+         WHEN getvariable('tsl_stream')[e.member || ':' || e.pid_id || '/' || e.tid_id] IS NULL THEN
+             CASE WHEN thread_label(e.member, e.pid_id, e.tid_id) = 'XLA Ops'
+                       AND NOT list_contains(COALESCE(getvariable('tsl_streamed'), []), e.member || ':' || e.pid_id)
                   THEN 'kernel' ELSE 'gpu_annotation' END
          WHEN json_exists(e.args, '$.memcpy_details') THEN 'memcpy'
          WHEN json_exists(e.args, '$.memset_details') THEN 'memset'
          ELSE 'kernel' END
-     WHEN getvariable('dialect') = 'tsl' AND process_label(e.pid_id) = '{TSL_HOST}' THEN CASE
+     WHEN getvariable('dialect') = 'tsl' AND process_label(e.member, e.pid_id) = '{TSL_HOST}' THEN CASE
          WHEN json_exists(e.args, '$.correlation_id') THEN 'runtime'
          WHEN json_exists(e.args, '$.hlo_op') AND json_exists(e.args, '$.device_ordinal') THEN 'kernel'
          WHEN e.dur <= 1e-6 THEN 'instant'  -- TSL writes a zero-length event as 1 ps long
@@ -662,12 +777,14 @@ SELECT t.idx AS slice_id, t.kind, t.cat AS category,
     COALESCE(TRY_CAST(t.links[3] AS BIGINT), TRY_CAST(t.links[5] AS BIGINT)) AS correlation,
     TRY_CAST(t.links[4] AS BIGINT) AS external_id,
     CASE WHEN t.step_num IS NOT NULL THEN json_merge_patch(t.args, json_object('annotation', t.name))
-         ELSE t.args END AS args
+         ELSE t.args END AS args,
+    t.member
 FROM (
   SELECT *, kind IN ({_device_kinds}) AS on_device,
-      COALESCE(TRY_CAST(links[1] AS BIGINT), getvariable('tsl_device')[pid_id], TRY_CAST(links[6] AS BIGINT), pid_id)
-          AS lane_device,
-      COALESCE(TRY_CAST(links[2] AS BIGINT), getvariable('tsl_stream')[pid_id || '/' || tid_id], tid_id) AS lane_stream,
+      COALESCE(TRY_CAST(links[1] AS BIGINT), getvariable('tsl_device')[member || ':' || pid_id],
+               TRY_CAST(links[6] AS BIGINT), pid_id) AS lane_device,
+      COALESCE(TRY_CAST(links[2] AS BIGINT), getvariable('tsl_stream')[member || ':' || pid_id || '/' || tid_id], tid_id)
+          AS lane_stream,
       CASE WHEN getvariable('dialect') = 'tsl' AND kind = 'user_annotation' THEN TRY_CAST(links[7] AS BIGINT)
       END AS step_num
   FROM (
@@ -676,7 +793,8 @@ FROM (
       SELECT k.*, l.pid_id, l.tid_id, l.host_track,
           json_extract_string(k.args, ['$.device', '$.stream', '$.correlation', '$."External id"',
                                        '$.correlation_id', '$.device_ordinal', '$.step_num']) AS links
-      FROM kept k JOIN kept_lanes l ON k.pid IS NOT DISTINCT FROM l.pid AND k.tid IS NOT DISTINCT FROM l.tid
+      FROM kept k JOIN kept_lanes l
+        ON k.member = l.member AND k.pid IS NOT DISTINCT FROM l.pid AND k.tid IS NOT DISTINCT FROM l.tid
     ) e
   )
 ) t
@@ -684,9 +802,10 @@ FROM (
 # One row per series of each counter event ({{"allocated": 1000, "reserved": 4000}}: two series).
 _COUNTERS = f"""
 SELECT CASE WHEN e.id IS NULL THEN e.name ELSE e.name || ' ' || json_extract_string(e.id, '$') END AS name,
-    a.key AS series, process_label(lane_id(e.pid, 'pid_label_id')) AS track, NULL AS device_id,
+    a.key AS series, process_label(e.member, lane_id(e.member, e.pid, 'pid_label_id')) AS track, NULL AS device_id,
     us_to_ns(e.ts) + $base AS ts,
-    CASE WHEN a.type IN ('UBIGINT', 'BIGINT', 'DOUBLE') THEN CAST(a.value AS DOUBLE) END AS value  -- NULL: no number
+    CASE WHEN a.type IN ('UBIGINT', 'BIGINT', 'DOUBLE') THEN CAST(a.value AS DOUBLE) END AS value,  -- NULL: no number
+    e.member
 FROM events e, json_each(e.args) a
 WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND {_ts_ok.replace('ts', 'e.ts')}
 """
@@ -695,18 +814,19 @@ WHERE NOT e.malformed AND e.ph = '{COUNTER_PHASE}' AND {_ts_ok.replace('ts', 'e.
 # correlation id they become. Ids that are not integers ('0x1f') are hashed to one.
 _FLOW_BINDINGS = f"""
 WITH flows AS (
-    SELECT lane_id(pid, 'pid_label_id') AS pid, lane_id(tid, 'tid_label_id') AS tid, us_to_ns(ts) + $base AS ts,
+    SELECT member, lane_id(member, pid, 'pid_label_id') AS pid, lane_id(member, tid, 'tid_label_id') AS tid,
+        us_to_ns(ts) + $base AS ts,
         COALESCE(TRY_CAST(id AS BIGINT), CAST(hash(CAST(id AS VARCHAR)) >> 2 AS BIGINT)) AS flow
     FROM events WHERE NOT malformed AND ph IN ({sql_list(FLOW_PHASES)}) AND {_ts_ok} AND id IS NOT NULL
 )
-SELECT s.slice_id, min(f.flow) AS flow
+SELECT s.member, s.slice_id, min(f.flow) AS flow
 FROM flows f ASOF JOIN (SELECT * FROM read_slices WHERE kind <> 'instant') s
-    ON f.pid = s.pid AND f.tid = s.tid AND f.ts >= s.ts
+    ON f.member = s.member AND f.pid = s.pid AND f.tid = s.tid AND f.ts >= s.ts
 WHERE f.ts <= s.ts + s.dur AND s.correlation IS NULL
-GROUP BY 1
+GROUP BY 1, 2
 """
-_HAS_FWD_BWD = f"""
-SELECT EXISTS (SELECT 1 FROM events WHERE NOT malformed AND ph IN ('s', 'f') AND lower(cat) = 'fwdbwd')
+_FWD_BWD_MEMBERS = f"""
+SELECT DISTINCT member FROM events WHERE NOT malformed AND ph IN ('s', 'f') AND lower(cat) = 'fwdbwd'
 """
 # Kineto links a backward op to the forward op of the same autograd node with a 'fwdbwd' flow: its start ('s') at
 # the forward op's start on the forward thread, its end ('f') at the backward op's start on the autograd thread.
@@ -714,23 +834,24 @@ SELECT EXISTS (SELECT 1 FROM events WHERE NOT malformed AND ph IN ('s', 'f') AND
 # ASOF join: no range join), the innermost (shortest) of those starting at the same instant.
 _FWD_BWD_LINKS = f"""
 WITH flows AS (
-    SELECT ph, lane_id(pid, 'pid_label_id') AS pid, lane_id(tid, 'tid_label_id') AS tid, us_to_ns(ts) + $base AS ts,
+    SELECT member, ph, lane_id(member, pid, 'pid_label_id') AS pid, lane_id(member, tid, 'tid_label_id') AS tid,
+        us_to_ns(ts) + $base AS ts,
         COALESCE(TRY_CAST(id AS BIGINT), CAST(hash(CAST(id AS VARCHAR)) >> 2 AS BIGINT)) AS flow
     FROM events
     WHERE NOT malformed AND ph IN ('s', 'f') AND lower(cat) = 'fwdbwd' AND {_ts_ok} AND id IS NOT NULL
 ), ops AS (
-    SELECT slice_id, pid, tid, ts, dur FROM read_slices WHERE kind = 'cpu_op'
+    SELECT member, slice_id, pid, tid, ts, dur FROM read_slices WHERE kind = 'cpu_op'
 ), starts AS (
-    SELECT f.ph, f.flow, f.pid, f.tid, o.ts AS op_ts
-    FROM flows f ASOF JOIN ops o ON f.pid = o.pid AND f.tid = o.tid AND f.ts >= o.ts
+    SELECT f.member, f.ph, f.flow, f.pid, f.tid, o.ts AS op_ts
+    FROM flows f ASOF JOIN ops o ON f.member = o.member AND f.pid = o.pid AND f.tid = o.tid AND f.ts >= o.ts
 ), bound AS (
-    SELECT s.ph, s.flow, arg_min(o.slice_id, o.dur) AS slice_id
-    FROM starts s JOIN ops o ON o.pid = s.pid AND o.tid = s.tid AND o.ts = s.op_ts
-    GROUP BY s.ph, s.flow
+    SELECT s.member, s.ph, s.flow, arg_min(o.slice_id, o.dur) AS slice_id
+    FROM starts s JOIN ops o ON o.member = s.member AND o.pid = s.pid AND o.tid = s.tid AND o.ts = s.op_ts
+    GROUP BY s.member, s.ph, s.flow
 )
-SELECT b.slice_id, min(f.slice_id) AS fwd_slice_id
-FROM bound b JOIN bound f ON f.flow = b.flow AND f.ph = 's' AND b.ph = 'f'
-GROUP BY b.slice_id
+SELECT b.member, b.slice_id, min(f.slice_id) AS fwd_slice_id
+FROM bound b JOIN bound f ON f.member = b.member AND f.flow = b.flow AND f.ph = 's' AND b.ph = 'f'
+GROUP BY b.member, b.slice_id
 """
 
 
