@@ -417,9 +417,10 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
         for entry in entries.values():
             for table, n in entry["rows"].items():
                 result.rows[table] = result.rows.get(table, 0) + n
-        _write_run_checks(staging, lim)
-        _write_run_labels(staging, run_id, given or {}, lim)
-        _write_op_costs(staging, lim)
+        parts = store.parquet_files(staging)  # what the run-wide steps read (none reads what another writes)
+        _write_run_checks(staging, parts, lim)
+        _write_run_labels(staging, parts, run_id, given or {}, lim)
+        _write_op_costs(staging, parts, lim)
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings, "labels": given_labels}
         store.publish(staging, out, manifest, views.init_sql, known_files=(old or {}).get("files"))
@@ -454,20 +455,24 @@ def _previous_run(out: Path) -> tuple[dict | None, str | None]:
 # The run-wide steps below run on connections db.for_trace keeps (those of the reads before, moved): opening one
 # and creating the macros again for each step of each ingest cost more than a tiny run's steps.
 
-def _write_run_checks(staging: Path, lim: limits.Limits) -> None:
+def _of_tables(staging: Path, parts: list[str], tables: tuple[str, ...]) -> dict[str, list[str]]:
+    """The paths of `parts` (the run's `table/file.parquet`) per table of `tables`."""
+    return {t: [str(staging / rel) for rel in parts if rel.split("/")[0] == t] for t in tables}
+
+
+def _write_run_checks(staging: Path, parts: list[str], lim: limits.Limits) -> None:
     """The checks that need every rank (clocks far apart), as the run's own `warnings` file."""
     (staging / "warnings").mkdir(exist_ok=True)
-    ranks = [views.escape_path(str(staging / rel)) for rel in store.parquet_files(staging) if rel.startswith("ranks/")]
+    ranks = [views.escape_path(f) for f in _of_tables(staging, parts, ("ranks",))["ranks"]]
     with db.for_trace(1, lim.memory) as con:
         rows = con.sql(f"SELECT {schema.select_list('warnings')} FROM ({quality.CLOCK_SKEW_SQL})",
                        params={"ranks": ranks})
         store.write_relation(rows, staging / "warnings" / store.run_checks_name(staging))
 
 
-def _write_run_labels(staging: Path, run_id: str, given: dict, lim: limits.Limits) -> None:
+def _write_run_labels(staging: Path, parts: list[str], run_id: str, given: dict, lim: limits.Limits) -> None:
     """The run's row of the `runs` table: the labels its traces record, overridden by the given ones."""
-    files = {t: [str(staging / rel) for rel in store.parquet_files(staging) if rel.split("/")[0] == t]
-             for t in ("ranks", "devices", "process_groups")}
+    files = _of_tables(staging, parts, ("ranks", "devices", "process_groups"))
     with db.for_trace(1, lim.memory) as con:
         con.execute(views.views_sql(files)).fetchall()
         run_labels, sources = labels.merged(labels.recorded(con), given)
@@ -483,13 +488,12 @@ OP_COSTS_SQL = (Path(__file__).parent / "op_costs.sql").read_text()
 SMALL_MEMORY_BYTES = 256 << 20
 
 
-def _write_op_costs(staging: Path, lim: limits.Limits) -> None:
+def _write_op_costs(staging: Path, parts: list[str], lim: limits.Limits) -> None:
     """The run's `op_costs` table: every op's cost, by the formulas of functions/30_flops.sql, over all its ranks
     at once (each distinct call costed once for the run). Under a small memory limit on one DuckDB thread: each
     thread keeps its own hash tables, and two needed ~60 MB on the bundled hta_trace_filter (one: under 48 MB;
     on the 24x tile one thread takes 7.7-9.3 s against 6.1 s)."""
-    files = {t: [str(staging / rel) for rel in store.parquet_files(staging) if rel.split("/")[0] == t]
-             for t in ("ops", "slices", "xla_ops")}
+    files = _of_tables(staging, parts, ("ops", "slices", "xla_ops"))
     (staging / "op_costs").mkdir(exist_ok=True)
     with db.for_trace(1 if lim.memory_bytes < SMALL_MEMORY_BYTES else None, lim.memory) as con:
         con.execute(views.views_sql({**files, "op_costs": []})).fetchall()  # op_costs: empty, of the table's columns

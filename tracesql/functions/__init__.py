@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import functools
 import re
-import weakref
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -157,20 +156,12 @@ def table_names() -> frozenset[str]:
     return frozenset(p.stem.lower() for p in HERE.iterdir() if p.suffix == ".csv")
 
 
-#: The definitions (by name) already made on each connection that `names` installs: a connection `db.for_trace`
-#: keeps gets each once, not once per trace.
-_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def install(con, files: tuple[str, ...] | None = None, names: set[str] | None = None) -> None:
     """Create the functions on `con`: all of them, those of `files`, or only those SQL using `names` needs
-    (those not made on `con` already)."""
+    (those not made on `con` already: db.once; a connection `db.for_trace` keeps gets each once)."""
     if names is not None:
-        statements, _ = needed(names)
-        made = _made.setdefault(con, set())
-        statements = [s for s in statements if s not in made]
-        if statements:
-            con.execute("\n".join(statements)).fetchall()
-            made.update(statements)
+        from .. import db  # (not at the top: this module is text only for views and init.sql, no DuckDB)
+
+        db.once(con, needed(names)[0])
         return
     con.execute(sql(files)).fetchall()
