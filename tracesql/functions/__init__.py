@@ -150,6 +150,32 @@ def needed(names: set[str], tables: set[str] = frozenset()) -> tuple[list[str], 
     return [text for name, text in defs if name is None or name in seen], used_tables
 
 
+#: The formula macros that are one CASE on the op's family (op_kind's), a branch per family, each branch starting a
+#: line of its own at 8 spaces (`        WHEN 'gemm' THEN ...`), the CASE ending at 4 (`    END AS DOUBLE)`)
+FAMILY_CASES = ("typed_op_flops", "typed_op_bytes")
+_FAMILY_BRANCH = re.compile(r"^ {8}WHEN '(\w+)' THEN", re.MULTILINE)
+_CASE_END = re.compile(r"^ {4}END\b", re.MULTILINE)
+
+
+def for_families(families: set[str]) -> list[str]:
+    """The macros of FAMILY_CASES with the branches of `families` only, as TEMP macros: on this connection alone,
+    where they come before (shadow) the shared ones, in every statement and macro that calls them until dropped.
+    DuckDB binds every branch of a CASE, and the formulas of all families were most of the planning of the
+    ingest's op_costs statement (0.2 of 0.36 CPU-s on any run); an op of another family takes no branch (NULL),
+    as it would in the whole CASE."""
+    known = {name: text for name, text in definitions() if name}
+    made = []
+    for name in FAMILY_CASES:
+        text = known[name]
+        branches = list(_FAMILY_BRANCH.finditer(text))
+        bounds = [m.start() for m in branches] + [_CASE_END.search(text, branches[-1].end()).start()]
+        kept = "".join(text[a:b] for m, a, b in zip(branches, bounds, bounds[1:]) if m[1] in families)
+        made.append(text[:bounds[0]].replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO", 1)
+                    + (kept or "        WHEN NULL THEN NULL  -- (no family has a formula: a CASE needs a branch)\n")
+                    + text[bounds[-1]:])
+    return made
+
+
 @functools.cache
 def table_names() -> frozenset[str]:
     """The data tables (lower case) the definitions create: kept on a connection `db.for_trace` keeps."""
