@@ -138,16 +138,22 @@ def definitions() -> list[tuple[str | None, str]]:
 def needed(names: set[str], tables: set[str] = frozenset()) -> tuple[list[str], set[str]]:
     """The definitions (SQL, in creation order) that SQL using `names` needs, with the definitions those use in
     turn, and which of `tables` (the run's views) they all use."""
-    defs = definitions()
-    known = {name: text for name, text in defs if name}
-    todo, seen = [n for n in names if n in known], set()
+    defs, uses = definitions(), _uses()
+    todo, seen = [n for n in names if n in uses], set()
     while todo:
         name = todo.pop()
         if name not in seen:
             seen.add(name)
-            todo += [w for w in words(known[name]) if w in known and w not in seen]
-    used_tables = {t for t in tables if t in names or any(t in words(known[n]) for n in seen)}
+            todo += [w for w in uses[name] if w in uses and w not in seen]
+    used_tables = {t for t in tables if t in names or any(t in uses[n] for n in seen)}
     return [text for name, text in defs if name is None or name in seen], used_tables
+
+
+@functools.cache
+def _uses() -> dict[str, set[str]]:
+    """The words of each named definition (`words`), worked out once a process: `needed` looks them up for each
+    connection (a query's start)."""
+    return {name: words(text) for name, text in definitions() if name}
 
 
 #: The formula macros that are one CASE on the op's family (op_kind's), a branch per family, each branch starting a
