@@ -5,7 +5,8 @@ Everything here is plain files so that a run opened in any DuckDB client gets th
 - `NN_topic.sql`: macros, run in file-name order (a table macro binds the tables it reads when it is created);
 - `15_kernel_classes.sql`, no file: the shipped schemes of kernel_classes.csv as one CASE (`kernel_class_sql`).
 `install(con)` runs them on a connection; `sql()` is the same text, written into every run's `init.sql`.
-`install(con, names=...)` creates only what SQL using those names needs (the CLI: a query's macros, not all 45).
+`install(con, names=...)` creates only what SQL using those names needs (the CLI: a query's macros, not all 45);
+`for_families(...)` gives the formula macros with only some op families' branches (the ingest's op_costs).
 """
 
 from __future__ import annotations
