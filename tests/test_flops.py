@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -412,3 +413,20 @@ def test_stored_costs_are_what_the_functions_give(reference_run):
             count(*) FILTER (WHERE c.torch_flops = 2 * c.flops AND c.family = 'attention')
         FROM op_costs c JOIN ops o USING (run_id, rank, op_id)""").fetchone()
     assert (ops, costed, differ, causal) == (266, 232, 0, 5)
+
+
+def test_formulas_of_the_families_a_run_has():
+    """The ingest binds only the formula branches of the families its ops take (functions.for_families; the test
+    above checks the numbers): each family's branch is cut whole, none is missed, all of them give the macros."""
+    from tracesql import functions
+
+    known = {name: text for name, text in functions.definitions() if name}
+    branch = re.compile(r"WHEN '(\w+)' THEN")
+    families = set(branch.findall(known["typed_op_flops"]))
+    assert len(families) == 16 and set(branch.findall(known["typed_op_bytes"])) == families
+    for family in families:
+        assert [branch.findall(text) for text in functions.for_families({family})] == [[family], [family]]
+    assert "gemm_mkn(k.base, d)" in functions.for_families({"gemm"})[0]
+    assert functions.for_families(families) == [
+        known[name].replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO", 1)
+        for name in functions.FAMILY_CASES]

@@ -116,13 +116,15 @@ def clear(con) -> None:
 _made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def once(con, sql: str) -> None:
-    """Run `sql` (definitions: macros, variables that `clear` keeps) on `con` unless it ran there already: a
-    connection `for_trace` keeps gets them once, not once per trace."""
+def once(con, statements: str | list[str]) -> None:
+    """Run the `statements` (definitions: macros, variables, the macros' data tables, which `clear` keeps) that
+    did not run on `con` already, as one execute: a connection `for_trace` keeps gets each once, not once per
+    trace."""
     made = _made.setdefault(con, set())
-    if sql not in made:
-        con.execute(sql).fetchall()
-        made.add(sql)
+    todo = [s for s in ([statements] if isinstance(statements, str) else statements) if s not in made]
+    if todo:
+        con.execute("\n".join(todo)).fetchall()
+        made.update(todo)
 
 
 def on_cursor(con, views: dict, work):

@@ -438,9 +438,10 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
         for entry in entries.values():
             for table, n in entry["rows"].items():
                 result.rows[table] = result.rows.get(table, 0) + n
-        _write_run_checks(staging, lim)
-        _write_run_labels(staging, run_id, given or {}, lim)
-        _write_op_costs(staging, lim)
+        parts = store.parquet_files(staging)  # what the run-wide steps read (none reads what another writes)
+        _write_run_checks(staging, parts, lim)
+        _write_run_labels(staging, parts, run_id, given or {}, lim)
+        _write_op_costs(staging, parts, lim)
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings, "labels": given_labels}
         store.publish(staging, out, manifest, views.init_sql, known_files=(old or {}).get("files"))
@@ -475,20 +476,24 @@ def _previous_run(out: Path) -> tuple[dict | None, str | None]:
 # The run-wide steps below run on connections db.for_trace keeps (those of the reads before, moved): opening one
 # and creating the macros again for each step of each ingest cost more than a tiny run's steps.
 
-def _write_run_checks(staging: Path, lim: limits.Limits) -> None:
+def _of_tables(staging: Path, parts: list[str], tables: tuple[str, ...]) -> dict[str, list[str]]:
+    """The paths of `parts` (the run's `table/file.parquet`) per table of `tables`."""
+    return {t: [str(staging / rel) for rel in parts if rel.split("/")[0] == t] for t in tables}
+
+
+def _write_run_checks(staging: Path, parts: list[str], lim: limits.Limits) -> None:
     """The checks that need every rank (clocks far apart), as the run's own `warnings` file."""
     (staging / "warnings").mkdir(exist_ok=True)
-    ranks = [views.escape_path(str(staging / rel)) for rel in store.parquet_files(staging) if rel.startswith("ranks/")]
+    ranks = [views.escape_path(f) for f in _of_tables(staging, parts, ("ranks",))["ranks"]]
     with db.for_trace(1, lim.memory) as con:
         rows = con.sql(f"SELECT {schema.select_list('warnings')} FROM ({quality.CLOCK_SKEW_SQL})",
                        params={"ranks": ranks})
         store.write_relation(rows, staging / "warnings" / store.run_checks_name(staging))
 
 
-def _write_run_labels(staging: Path, run_id: str, given: dict, lim: limits.Limits) -> None:
+def _write_run_labels(staging: Path, parts: list[str], run_id: str, given: dict, lim: limits.Limits) -> None:
     """The run's row of the `runs` table: the labels its traces record, overridden by the given ones."""
-    files = {t: [str(staging / rel) for rel in store.parquet_files(staging) if rel.split("/")[0] == t]
-             for t in ("ranks", "devices", "process_groups")}
+    files = _of_tables(staging, parts, ("ranks", "devices", "process_groups"))
     with db.for_trace(1, lim.memory) as con:
         con.execute(views.views_sql(files)).fetchall()
         run_labels, sources = labels.merged(labels.recorded(con), given)
@@ -500,27 +505,43 @@ def _write_run_labels(staging: Path, run_id: str, given: dict, lim: limits.Limit
 OP_COSTS_SQL = (Path(__file__).parent / "op_costs.sql").read_text()
 
 
+#: The families of the formulas the run's ops take (op_kind's, as op_costs.sql's `signatures` works them out)
+#: (each macro's arguments columns: a macro's argument is expanded at each of its uses)
+OP_FAMILIES_SQL = """
+SELECT DISTINCT op_kind(name, base, family0, a).family
+FROM (SELECT *, op_base_family(name, base) AS family0, op_args(input_dims, input_types, concrete_inputs) AS a
+      FROM (SELECT *, op_base_name(name) AS base
+            FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs FROM ops WHERE program_id IS NULL)))
+"""
+
+
 #: a memory limit under this runs the run-wide op_costs query on one thread (_write_op_costs)
 SMALL_MEMORY_BYTES = 256 << 20
 
 
-def _write_op_costs(staging: Path, lim: limits.Limits) -> None:
+def _write_op_costs(staging: Path, parts: list[str], lim: limits.Limits) -> None:
     """The run's `op_costs` table: every op's cost, by the formulas of functions/30_flops.sql, over all its ranks
     at once (each distinct call costed once for the run). Under a small memory limit on one DuckDB thread: each
     thread keeps its own hash tables, and two needed ~60 MB on the bundled hta_trace_filter (one: under 48 MB;
     on the 24x tile one thread takes 7.7-9.3 s against 6.1 s)."""
-    files = {t: [str(staging / rel) for rel in store.parquet_files(staging) if rel.split("/")[0] == t]
-             for t in ("ops", "slices", "xla_ops")}
+    files = _of_tables(staging, parts, ("ops", "slices", "xla_ops"))
     (staging / "op_costs").mkdir(exist_ok=True)
+    path = staging / "op_costs" / f"run-{store.generation(staging)}.parquet"
     with db.for_trace(1 if lim.memory_bytes < SMALL_MEMORY_BYTES else None, lim.memory) as con:
         con.execute(views.views_sql({**files, "op_costs": []})).fetchall()  # op_costs: empty, of the table's columns
         if con.execute("SELECT count(*) FROM ops").fetchall()[0][0]:  # else (Nsight, rocprof, ...) no formulas to bind
-            functions.install(con, names=functions.words(OP_COSTS_SQL))
+            functions.install(con, names=functions.words(OP_FAMILIES_SQL))
+            families = {family for family, in con.execute(OP_FAMILIES_SQL).fetchall()}
+            formulas = functions.for_families(families)  # only those families' formulas are bound
+            functions.install(con, names=functions.words(OP_COSTS_SQL + "".join(formulas)) - set(functions.FAMILY_CASES))
+            con.execute("".join(formulas)).fetchall()
             # in a fixed order: the same run gives the same bytes (verify's answer), whatever DuckDB's threads did
             rows = con.sql(f"SELECT {schema.select_list('op_costs')} FROM ({OP_COSTS_SQL}) ORDER BY rank, op_id")
+            store.write_relation(rows, path)
+            # (the kept connection's next run may have other families)
+            con.execute("".join(f"DROP MACRO temp.main.{name};" for name in functions.FAMILY_CASES)).fetchall()
         else:
-            rows = con.sql("SELECT * FROM op_costs")
-        store.write_relation(rows, staging / "op_costs" / f"run-{store.generation(staging)}.parquet")
+            store.write_relation(con.sql("SELECT * FROM op_costs"), path)
 
 
 def default_jobs() -> int | None:

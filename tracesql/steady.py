@@ -16,8 +16,6 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from . import schema
 from .errors import TraceError
 
@@ -62,6 +60,8 @@ def warmup(times) -> int:
     than the median of the steps after it by more than WARMUP_SPREADS robust standard deviations of those (1.4826
     × their median absolute deviation; at least 1 % of the median, so that identical steps do not make every
     step an outlier), stopping at the first that is not, keeping at least MIN_STEADY steps."""
+    import numpy as np  # (here: `tracesql query` imports this module, and numpy took a third of its start-up)
+
     t = np.asarray(times, dtype="float64")
     n = 0
     while len(t) - n > MIN_STEADY:

@@ -5,7 +5,8 @@ Everything here is plain files so that a run opened in any DuckDB client gets th
 - `NN_topic.sql`: macros, run in file-name order (a table macro binds the tables it reads when it is created);
 - `15_kernel_classes.sql`, no file: the shipped schemes of kernel_classes.csv as one CASE (`kernel_class_sql`).
 `install(con)` runs them on a connection; `sql()` is the same text, written into every run's `init.sql`.
-`install(con, names=...)` creates only what SQL using those names needs (the CLI: a query's macros, not all 45).
+`install(con, names=...)` creates only what SQL using those names needs (the CLI: a query's macros, not all 45);
+`for_families(...)` gives the formula macros with only some op families' branches (the ingest's op_costs).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import csv
 import functools
 import re
-import weakref
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -139,16 +139,48 @@ def definitions() -> list[tuple[str | None, str]]:
 def needed(names: set[str], tables: set[str] = frozenset()) -> tuple[list[str], set[str]]:
     """The definitions (SQL, in creation order) that SQL using `names` needs, with the definitions those use in
     turn, and which of `tables` (the run's views) they all use."""
-    defs = definitions()
-    known = {name: text for name, text in defs if name}
-    todo, seen = [n for n in names if n in known], set()
+    defs, uses = definitions(), _uses()
+    todo, seen = [n for n in names if n in uses], set()
     while todo:
         name = todo.pop()
         if name not in seen:
             seen.add(name)
-            todo += [w for w in words(known[name]) if w in known and w not in seen]
-    used_tables = {t for t in tables if t in names or any(t in words(known[n]) for n in seen)}
+            todo += [w for w in uses[name] if w in uses and w not in seen]
+    used_tables = {t for t in tables if t in names or any(t in uses[n] for n in seen)}
     return [text for name, text in defs if name is None or name in seen], used_tables
+
+
+@functools.cache
+def _uses() -> dict[str, set[str]]:
+    """The words of each named definition (`words`), worked out once a process: `needed` looks them up for each
+    connection (a query's start)."""
+    return {name: words(text) for name, text in definitions() if name}
+
+
+#: The formula macros that are one CASE on the op's family (op_kind's), a branch per family, each branch starting a
+#: line of its own at 8 spaces (`        WHEN 'gemm' THEN ...`), the CASE ending at 4 (`    END AS DOUBLE)`)
+FAMILY_CASES = ("typed_op_flops", "typed_op_bytes")
+_FAMILY_BRANCH = re.compile(r"^ {8}WHEN '(\w+)' THEN", re.MULTILINE)
+_CASE_END = re.compile(r"^ {4}END\b", re.MULTILINE)
+
+
+def for_families(families: set[str]) -> list[str]:
+    """The macros of FAMILY_CASES with the branches of `families` only, as TEMP macros: on this connection alone,
+    where they come before (shadow) the shared ones, in every statement and macro that calls them until dropped.
+    DuckDB binds every branch of a CASE, and the formulas of all families were most of the planning of the
+    ingest's op_costs statement (0.2 of 0.36 CPU-s on any run); an op of another family takes no branch (NULL),
+    as it would in the whole CASE."""
+    known = {name: text for name, text in definitions() if name}
+    made = []
+    for name in FAMILY_CASES:
+        text = known[name]
+        branches = list(_FAMILY_BRANCH.finditer(text))
+        bounds = [m.start() for m in branches] + [_CASE_END.search(text, branches[-1].end()).start()]
+        kept = "".join(text[a:b] for m, a, b in zip(branches, bounds, bounds[1:]) if m[1] in families)
+        made.append(text[:bounds[0]].replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO", 1)
+                    + (kept or "        WHEN NULL THEN NULL  -- (no family has a formula: a CASE needs a branch)\n")
+                    + text[bounds[-1]:])
+    return made
 
 
 @functools.cache
@@ -157,20 +189,12 @@ def table_names() -> frozenset[str]:
     return frozenset(p.stem.lower() for p in HERE.iterdir() if p.suffix == ".csv")
 
 
-#: The definitions (by name) already made on each connection that `names` installs: a connection `db.for_trace`
-#: keeps gets each once, not once per trace.
-_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def install(con, files: tuple[str, ...] | None = None, names: set[str] | None = None) -> None:
     """Create the functions on `con`: all of them, those of `files`, or only those SQL using `names` needs
-    (those not made on `con` already)."""
+    (those not made on `con` already: db.once; a connection `db.for_trace` keeps gets each once)."""
     if names is not None:
-        statements, _ = needed(names)
-        made = _made.setdefault(con, set())
-        statements = [s for s in statements if s not in made]
-        if statements:
-            con.execute("\n".join(statements)).fetchall()
-            made.update(statements)
+        from .. import db  # (not at the top: this module is text only for views and init.sql, no DuckDB)
+
+        db.once(con, needed(names)[0])
         return
     con.execute(sql(files)).fetchall()

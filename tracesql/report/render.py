@@ -320,12 +320,12 @@ def write_traces(report, out: Path) -> list[Path]:
     """The steps the report links to (report.traces) as Perfetto traces in out/perfetto/; traces of an earlier
     report in that folder that this one does not link are removed."""
     from .. import engine
-    from ..export import export, export_all_ranks
+    from ..export import NAMES_USED, export, export_all_ranks
 
     folder = out / "perfetto"
     written = []
     if report.traces:  # one session for every run traced
-        con = engine.connect(list(dict.fromkeys(t.path for t in report.traces)))
+        con = engine.connect(list(dict.fromkeys(t.path for t in report.traces)), names=NAMES_USED)
         try:
             for t in report.traces:
                 if t.all_ranks:
