@@ -43,10 +43,10 @@ WITH paths AS (
     FROM critical_path_events(annotation := COALESCE(getvariable('annotation'), NULL),
         occurrence := COALESCE(getvariable('instance'), NULL), rank_filter := COALESCE(getvariable('rank'), NULL))
 ), walked AS (
-    -- (the path's length summed per list: a window function over every segment took 7 times as long)
-    SELECT run_id, rank, window_name, instance, step, list_sum([s.dur_ns FOR s IN path]) AS path_ns,
-        unnest(path) AS s
-    FROM paths
+    -- (the path's length summed per list, before the list is unnested: a window function over every segment
+    -- took 7 times as long)
+    SELECT run_id, rank, window_name, instance, step, path_ns, unnest(path) AS s
+    FROM (SELECT *, list_sum([s.dur_ns FOR s IN path]) AS path_ns FROM paths)
 ), segments AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.seq, w.event_id, e.name, w.ts, w.dur_ns,
         w.dur_ns / w.path_ns AS share, w.edge, w.bound_by, critical_path_cause(w.edge, e.kind, e.name, d.class) AS cause
