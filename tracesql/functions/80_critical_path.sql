@@ -337,6 +337,7 @@ WITH windows AS (
         faster := faster, faster_pct := faster_pct, hide_communication := hide_communication,
         remove_syncs := remove_syncs, straggler_to_median := straggler_to_median)
 ), joint AS (
+    -- (the ranks' lists in any order: critical_path_walk takes the events by rank, then id)
     SELECT run_id, window_name, joint, min(window_ts) AS joint_ts, flatten(list(events)) AS events,
         list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)) AS spans
     FROM windows
