@@ -527,7 +527,21 @@ def _rows(events: pa.Array | pa.ChunkedArray):
     for chunk in events.chunks if isinstance(events, pa.ChunkedArray) else [events]:
         flat, offsets, valid = chunk.values, chunk.offsets.to_pylist(), chunk.is_valid().to_pylist()
         for row, is_valid in enumerate(valid):
-            yield flat.slice(offsets[row], offsets[row + 1] - offsets[row]) if is_valid else None
+            yield _in_order(flat.slice(offsets[row], offsets[row + 1] - offsets[row])) if is_valid else None
+
+
+def _in_order(rows: pa.StructArray) -> pa.StructArray:
+    """The events by rank, then id: the order the walk breaks ties between equal paths by, whatever order the
+    list came in (SQL's list aggregates keep none unless told, at a cost; a replay's lists of several ranks come
+    in any order of the ranks)."""
+    rank, event_id = rows.field("rank").to_numpy(zero_copy_only=False), rows.field("id").to_numpy()
+    order = np.lexsort((event_id, rank))
+    if (order[1:] > order[:-1]).all():
+        return rows
+    # the walk's fields only (taking the others, names among them, cost more than the sort)
+    order = pa.array(order)
+    return pa.StructArray.from_arrays([rows.field(name).take(order) for name, _ in EVENT_FIELDS],
+                                      fields=[rows.type.field(name) for name, _ in EVENT_FIELDS])
 
 
 def _walk_row(rows: pa.StructArray, spans: list | None, gaps: float | None, graph) -> list[dict]:
