@@ -42,9 +42,8 @@ WITH cutoff AS (
       AND (COALESCE(getvariable('operator'), '') = '' OR contains(s.name, COALESCE(getvariable('operator'), '')))
       AND (c.last_start IS NULL OR s.ts < c.last_start)
 ), shallowest AS (
-    -- the roots: the candidates at the shallowest depth any of them has, each with a number (root_n) that the
-    -- aggregation below groups by, several times cheaper than by the run's name
-    SELECT c.*, row_number() OVER () AS root_n FROM candidates c
+    -- the roots: the candidates at the shallowest depth any of them has
+    SELECT c.* FROM candidates c
     JOIN (SELECT run_id, rank, min(depth) AS depth FROM candidates GROUP BY run_id, rank) s
       ON s.run_id = c.run_id AND s.rank = c.rank AND s.depth = c.depth
 ), buckets AS (
@@ -57,7 +56,7 @@ WITH cutoff AS (
 ), launched AS (
     -- each root with the device events launched from inside it on its thread (kernels, copies, memsets and the
     -- device side of stream waits; slices.launch_*: their launching runtime or driver call's start and thread)
-    SELECT c.run_id, c.rank, c.root_n, c.name AS root, c.dur AS root_dur,
+    SELECT c.run_id, c.rank, c.slice_id AS root_id, c.name AS root, c.dur AS root_dur,
            d.name AS kernel, d.ts AS kernel_ts, d.slice_id AS kernel_id, d.dur AS kernel_dur
     FROM (SELECT d.*, d.launch_ts // x.width AS bucket
           FROM slices d CROSS JOIN (SELECT max(width) AS width FROM buckets) x
@@ -66,11 +65,10 @@ WITH cutoff AS (
                   AND c.bucket = d.bucket AND d.launch_ts >= c.ts AND d.launch_ts <= c.ts + c.dur
                   AND (c.last_start IS NULL OR d.launch_ts < c.last_start)
 ), roots AS (
-    SELECT any_value(l.run_id) AS run_id, any_value(l.rank) AS rank, any_value(l.root) AS root,
-           any_value(l.root_dur) AS root_dur,
+    SELECT l.run_id, l.rank, l.root_id, any_value(l.root) AS root, any_value(l.root_dur) AS root_dur,
            list(l.kernel ORDER BY l.kernel_ts, l.kernel_id) AS kernel_names, sum(l.kernel_dur) AS kernel_dur
     FROM launched l
-    GROUP BY l.root_n
+    GROUP BY l.run_id, l.rank, l.root_id
     HAVING count(*) >= COALESCE(getvariable('min_pattern_len'), 3)
 ), patterns AS (
     SELECT run_id, rank, root, kernel_names, count(*) AS occurrences, len(kernel_names) AS kernels,
