@@ -6,31 +6,27 @@
 -- module stack, the autograd engine's 'autograd::engine::evaluate_function: ...' ops, which run one backward node
 -- each, and the backward ops linked to their forward op, ops.fwd_op_id).
 CREATE OR REPLACE MACRO host_ranges(ranges := 'annotations') AS TABLE
--- a branch per kind, each with `kind = '...'`, which DuckDB filters while it reads the file (an OR of kinds it
--- filters after reading every row's name: 2-4x the CPU); the branches that `ranges` leaves no row are dropped when
--- planned. Phases' ranges are of three kinds: annotations, the module stack, and two disjoint branches of cpu_op
--- (the autograd engine's ops; the other backward ops linked to their forward op, a semi-join with the few ops
--- that have one)
+-- annotations and modules: a branch per kind, each with `kind = '...'`, which DuckDB filters while it reads the
+-- file (an OR of kinds it filters after reading every row's name: 2-4x the CPU); phases, whose ranges are of three
+-- kinds: one read (the branches that `ranges` leaves no row are dropped when planned)
 SELECT run_id, rank, slice_id, name, pid, tid, depth, ts, ts + dur AS te, dur
 FROM slices
-WHERE kind = 'user_annotation'
-  AND ((ranges IN ('annotations', 'phases') AND NOT starts_with(name, 'ProfilerStep#'))
+WHERE kind = 'user_annotation' AND ranges IN ('annotations', 'modules')
+  AND ((ranges = 'annotations' AND NOT starts_with(name, 'ProfilerStep#'))
        OR (ranges = 'modules' AND starts_with(name, 'nn.Module: ')))
 UNION ALL
 SELECT run_id, rank, slice_id, name, pid, tid, depth, ts, ts + dur, dur
 FROM slices
-WHERE kind = 'python_function' AND ranges IN ('modules', 'phases') AND starts_with(name, 'nn.Module: ')
-UNION ALL
-SELECT run_id, rank, slice_id, name, pid, tid, depth, ts, ts + dur, dur
-FROM slices
-WHERE kind = 'cpu_op' AND ranges = 'phases' AND starts_with(name, 'autograd::engine::evaluate_function: ')
+WHERE kind = 'python_function' AND ranges = 'modules' AND starts_with(name, 'nn.Module: ')
 UNION ALL
 SELECT s.run_id, s.rank, s.slice_id, s.name, s.pid, s.tid, s.depth, s.ts, s.ts + s.dur, s.dur
 FROM slices s
-SEMI JOIN (SELECT run_id, rank, op_id FROM ops WHERE fwd_op_id IS NOT NULL) b
+LEFT JOIN (SELECT run_id, rank, op_id FROM ops WHERE fwd_op_id IS NOT NULL) b
   ON b.run_id = s.run_id AND b.rank = s.rank AND b.op_id = s.slice_id
-WHERE s.kind = 'cpu_op' AND ranges = 'phases'
-  AND NOT COALESCE(starts_with(s.name, 'autograd::engine::evaluate_function: '), false);
+WHERE ranges = 'phases'
+  AND ((s.kind = 'user_annotation' AND NOT starts_with(s.name, 'ProfilerStep#'))
+       OR (s.kind IN ('python_function', 'user_annotation') AND starts_with(s.name, 'nn.Module: '))
+       OR (s.kind = 'cpu_op' AND (starts_with(s.name, 'autograd::engine::evaluate_function: ') OR b.op_id IS NOT NULL)));
 
 -- The names of data-loading ranges and ops (a regular expression, any case): range_phase's 'data_loading', the
 -- findings rule data_loader's what-if.
