@@ -27,16 +27,26 @@
 --   saving_ns   BIGINT   step time the what-if replay says the fix saves (0 when it saves none)
 --   saving_pct  DOUBLE   saving_ns in % of the step's replayed time
 --   query       VARCHAR  the tracesql command that shows the evidence
-WITH launched AS (
-    -- each top-level op of a step with the device events launched from inside it on its thread
-    SELECT w.run_id, w.rank, w.instance, o.op_id AS root_id, o.name AS root, d.slice_id, d.name, d.kind, d.ts,
-        d.dur, d.stream, l.slice_id AS call_id, l.dur AS call_ns
+WITH roots AS (
+    -- the top-level ops of each step
+    SELECT w.run_id, w.rank, w.instance, o.op_id AS root_id, o.name AS root, o.pid, o.tid, o.ts, o.ts + o.dur AS te
     FROM critical_path_windows() w
     JOIN ops o ON o.run_id = w.run_id AND o.rank = w.rank AND o.op_depth = 0 AND o.ts BETWEEN w.ts AND w.te
-    JOIN slices l ON l.run_id = o.run_id AND l.rank = o.rank AND l.pid = o.pid AND l.tid = o.tid
-     AND l.ts BETWEEN o.ts AND o.ts + o.dur AND l.kind IN ('runtime', 'driver')
-    JOIN slices d ON d.run_id = l.run_id AND d.rank = l.rank AND d.launch_id = l.slice_id
-    WHERE d.kind IN ('kernel', 'memcpy', 'memset')
+), buckets AS (
+    -- each root once per time bucket it touches (width: the roots' mean length), so that a launch finds the roots
+    -- that hold it by an equi-join on (thread, bucket) and a check of the few roots of its bucket: a range join
+    -- compared each launch with every top-level op of its thread, quadratic in the trace's length
+    SELECT *, unnest(range(ts // width, te // width + 1)) AS bucket
+    FROM (SELECT *, CAST(greatest(avg(te - ts) OVER (), 1) AS BIGINT) AS width FROM roots)
+), launched AS (
+    -- each top-level op of a step with the device events launched from inside it on its thread (slices.launch_*:
+    -- the launching runtime or driver call's start and thread)
+    SELECT r.run_id, r.rank, r.instance, r.root_id, r.root, d.slice_id, d.name, d.kind, d.ts, d.dur, d.stream
+    FROM (SELECT d.*, d.launch_ts // x.width AS bucket
+          FROM slices d CROSS JOIN (SELECT max(width) AS width FROM buckets) x
+          WHERE d.kind IN ('kernel', 'memcpy', 'memset') AND d.launch_id IS NOT NULL) d
+    JOIN buckets r ON r.run_id = d.run_id AND r.rank = d.rank AND r.pid = d.launch_pid AND r.tid = d.launch_tid
+     AND r.bucket = d.bucket AND d.launch_ts BETWEEN r.ts AND r.te
 ), sequences AS (
     SELECT run_id, rank, instance, root_id, any_value(root) AS root,
         list(name ORDER BY ts, slice_id) AS kernel_names, list(slice_id ORDER BY ts, slice_id) AS ids,

@@ -45,30 +45,34 @@ WITH starts AS (
     SELECT 'after', p.after_run FROM pair p
 ), side_ranks AS (
     SELECT s.side, s.run_id, st.ranks FROM sides s JOIN starts st USING (run_id)
+), kernels AS (
+    -- the device events of both runs counted and summed per name, in one read of `slices` (a run compared with
+    -- itself is read once): the levels below work on names, not events
+    SELECT run_id, name, count(*) AS n, sum(dur) AS ns
+    FROM slices
+    WHERE kind IN ('kernel', 'memcpy', 'memset') AND run_id IN (SELECT run_id FROM sides)
+    GROUP BY run_id, name
 ), basis AS (
     -- device time only when both runs have device events; a CPU-only run is compared on host time
-    SELECT CASE WHEN count(DISTINCT k.run_id) = 2 OR (SELECT before_run = after_run FROM pair) AND count(*) > 0
+    SELECT CASE WHEN count(DISTINCT run_id) = 2 OR (SELECT before_run = after_run FROM pair) AND count(*) > 0
                 THEN 'device' ELSE 'host' END AS time_basis
-    FROM (SELECT DISTINCT run_id FROM slices WHERE kind IN ('kernel', 'memcpy', 'memset')
-          AND run_id IN (SELECT run_id FROM sides)) k
-), kernels AS (
-    SELECT s.side, k.name, k.dur
-    FROM slices k JOIN side_ranks s ON s.run_id = k.run_id
-    WHERE k.kind IN ('kernel', 'memcpy', 'memset') AND (SELECT time_basis FROM basis) = 'device'
-), families AS (
-    -- kernel_family's regular expressions once per distinct name, not once per kernel
-    SELECT name, kernel_family(name) AS family FROM (SELECT DISTINCT name FROM kernels)
+    FROM kernels
 ), items AS (
-    SELECT k.side, 'kernel' AS level, f.family AS name, k.name AS variant, k.dur AS ns
-    FROM kernels k JOIN families f ON f.name IS NOT DISTINCT FROM k.name
+    -- per side and raw name: n executions or calls, ns their time; kernel_family's regular expressions once per
+    -- distinct name
+    SELECT s.side, 'kernel' AS level, kernel_family(k.name) AS name, k.name AS variant, k.n, k.ns
+    FROM kernels k JOIN side_ranks s ON s.run_id = k.run_id
+    WHERE (SELECT time_basis FROM basis) = 'device'
     UNION ALL
-    SELECT s.side, 'op', o.name, o.name,
-        CASE (SELECT time_basis FROM basis) WHEN 'device' THEN o.device_self_ns ELSE o.self_dur END
-    FROM ops o JOIN side_ranks s ON s.run_id = o.run_id
+    SELECT s.side, 'op', o.name, o.name, o.n, o.ns
+    FROM (SELECT run_id, name, count(*) AS n,
+              sum(CASE (SELECT time_basis FROM basis) WHEN 'device' THEN device_self_ns ELSE self_dur END) AS ns
+          FROM ops WHERE run_id IN (SELECT run_id FROM sides) GROUP BY run_id, name) o
+    JOIN side_ranks s ON s.run_id = o.run_id
 ), per_side AS (
     SELECT i.level, i.name,
-        count(*) FILTER (WHERE i.side = 'before') / any_value(b.ranks) AS before_count,
-        count(*) FILTER (WHERE i.side = 'after') / any_value(a.ranks) AS after_count,
+        coalesce(sum(i.n) FILTER (WHERE i.side = 'before'), 0) / any_value(b.ranks) AS before_count,
+        coalesce(sum(i.n) FILTER (WHERE i.side = 'after'), 0) / any_value(a.ranks) AS after_count,
         coalesce(sum(i.ns) FILTER (WHERE i.side = 'before'), 0) / any_value(b.ranks) AS before_ns,
         coalesce(sum(i.ns) FILTER (WHERE i.side = 'after'), 0) / any_value(a.ranks) AS after_ns,
         count(DISTINCT i.variant) AS variants
