@@ -29,11 +29,10 @@ WITH priced AS (
     SELECT d.run_id, d.rank, w.instance, count(*) AS kernels, sum(d.dur) AS total_ns,
         arg_max(d.name, d.dur) AS longest, max(d.dur) AS longest_ns
     FROM device_activity() d
-    LEFT JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
     LEFT JOIN device_only_ranks() o ON o.run_id = d.run_id AND o.rank = d.rank
-    -- (on a rank without launches, XLA's: those that start in the window)
+    -- (by their launch's start; on a rank without launches, XLA's: those that start in the window)
     JOIN critical_path_windows() w ON w.run_id = d.run_id AND w.rank = d.rank
-     AND CASE WHEN o.rank IS NULL THEN l.ts ELSE d.ts END BETWEEN w.ts AND w.te
+     AND CASE WHEN o.rank IS NULL THEN d.launch_ts ELSE d.ts END BETWEEN w.ts AND w.te
     WHERE d.class = 'communication'
     GROUP BY ALL
 )

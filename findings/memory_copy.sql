@@ -28,8 +28,8 @@ WITH priced AS (
         COALESCE(sum(TRY_CAST(json_extract(d.args, '$.bytes') AS BIGINT)), 0) AS bytes,
         count(*) FILTER (WHERE contains(d.name, 'Pageable')) AS pageable
     FROM slices d
-    JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
-    JOIN critical_path_windows() w ON w.run_id = d.run_id AND w.rank = d.rank AND l.ts BETWEEN w.ts AND w.te
+    -- (by the launch's start stored on the device event, as launch_overhead.sql does)
+    JOIN critical_path_windows() w ON w.run_id = d.run_id AND w.rank = d.rank AND d.launch_ts BETWEEN w.ts AND w.te
     WHERE d.kind IN ('memcpy', 'memset') AND d.launch_id <> d.slice_id
     GROUP BY ALL
 )

@@ -30,6 +30,8 @@
 --   saving_ns   BIGINT   step time the what-if replay says the fix saves (0 when it saves none)
 --   saving_pct  DOUBLE   saving_ns in % of the step's replayed time
 --   query       VARCHAR  the tracesql command that shows the evidence
+-- The steps that fire, worked out first and kept as a value (NULL: none): without one, no replay is run.
+SET VARIABLE pipeline_bubbles_fired = (
 WITH stages AS (
     SELECT * FROM pipeline_stages(given_microbatches := COALESCE(getvariable('microbatches'), NULL),
         given_chunks := COALESCE(getvariable('chunks'), NULL))
@@ -45,11 +47,16 @@ WITH stages AS (
         max(compute_ns) AS limiting_compute_ns, quantile_disc(compute_ns, 0.5) AS median_compute_ns
     FROM stages
     GROUP BY run_id, pipeline, step
-), fired AS (
-    SELECT * FROM steps_seen
-    WHERE bubble_pct - ideal_bubble_pct >= COALESCE(getvariable('min_excess_pct'), 10)
+)
+SELECT list(s) FROM steps_seen s
+WHERE bubble_pct - ideal_bubble_pct >= COALESCE(getvariable('min_excess_pct'), 10));
+
+WITH fired AS (
+    SELECT unnest(getvariable('pipeline_bubbles_fired'), recursive := true)
 ), priced AS (
     SELECT * FROM what_if(straggler_to_median := 1)
+    -- (no step fired: no replay)
+    WHERE getvariable('pipeline_bubbles_fired') IS NOT NULL
 )
 SELECT f.run_id, CAST(f.limiting_rank AS INTEGER) AS rank, f.step, 'pipeline_bubbles' AS finding,
     printf('pipeline%s step %d: its %d stages idle %.1f %% of the %.2f ms window, the schedule''s ideal %.1f %% '

@@ -26,8 +26,8 @@ WITH priced AS (
 ), device_time AS (
     SELECT w.run_id, w.window_name, COALESCE(w.step, w.instance) AS joint, d.rank, sum(d.dur) AS busy_ns
     FROM device_activity() d
-    JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
-    JOIN critical_path_windows() w ON w.run_id = d.run_id AND w.rank = d.rank AND l.ts BETWEEN w.ts AND w.te
+    -- (by the launch's start stored on the device event, as launch_overhead.sql does)
+    JOIN critical_path_windows() w ON w.run_id = d.run_id AND w.rank = d.rank AND d.launch_ts BETWEEN w.ts AND w.te
     WHERE d.class <> 'communication'
     GROUP BY ALL
 ), straggler AS (
