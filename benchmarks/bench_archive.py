@@ -107,7 +107,7 @@ def stages(archive: Path, members: int, scratch: Path) -> None:
     cpu: collections.Counter = collections.Counter()
     writes = "write the parts (and the queries streamed into them)"  # (inside normalize)
     wrapped = {"unpack the members": [(archives, "members"), (archives, "extract")],
-               "read (Kineto reader)": [(readers, "read_trace")],
+               "read (Kineto reader)": [(readers, "read_trace"), (readers, "read_batch")],
                "normalize (less its writes)": [(normalize_module, "normalize")],
                writes: [(store.PartWriter, "write"), (store.PartWriter, "__exit__"), (store.BatchWriter, "write"),
                         (store.BatchWriter, "__exit__")],

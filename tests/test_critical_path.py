@@ -270,18 +270,19 @@ def test_the_unchanged_replay_of_a_what_if_ignores_its_changes(ingested):
     assert walks(free, "1.0") != unchanged  # (the change does change the replay)
 
 def test_the_walk_takes_its_events_in_any_order(ingested):
-    """critical_path_walk orders its events (by rank, then id) before it builds the graph, whose walk breaks ties
-    between equal paths by that order: the lists of the ranks in either order, each list reversed or not, give
-    one path, segment for segment (the what_if macro's list of a step's ranks came in any order of them, and
-    with it, among equal paths, another path and remote_rank). HTA's sampled two-rank trace: the replay of each
-    step and HTA's path of each rank's."""
+    """critical_path_walk orders its events (by rank, then id) and the replay's windows (by rank) before it builds
+    the graph, whose walk breaks ties between equal paths by that order: the lists of the ranks and their windows
+    in either order, each list reversed or not, give one path, segment for segment (the what_if macro's lists of a
+    step's ranks came in any order of them, and with it, among equal paths, another path and remote_rank). HTA's
+    sampled two-rank trace: the replay of each step and HTA's path of each rank's."""
     run = ingested(DATASETS / "hta_trace_filter")
     con = tracesql.connect(run)
-    spans = "list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te))"
+    spans = "list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te) ORDER BY {})"
     orders = ("rank", "rank DESC")
-    replays = [con.sql(f"""SELECT step, critical_path_walk(flatten(list({events} ORDER BY {order})), {spans}, NULL)
+    replays = [con.sql(f"""SELECT step, critical_path_walk(flatten(list({events} ORDER BY {order})),
+                                                          {spans.format(windows)}, NULL)
                            FROM critical_path_events() GROUP BY step ORDER BY step""").fetchall()
-               for events in ("events", "list_reverse(events)") for order in orders]
+               for events in ("events", "list_reverse(events)") for order in orders for windows in orders]
     assert len(replays[0]) == 2 and all(len(path) > 100 for _, path in replays[0])
     assert all(replay == replays[0] for replay in replays)
     paths = [con.sql(f"""SELECT rank, step, critical_path_walk({events}, NULL, NULL) FROM critical_path_events()

@@ -501,6 +501,8 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
         if rows is None:
             out.append(pa.nulls(1, SEGMENT_TYPE))
             continue
+        if spans is not None:  # ties between equal paths follow the windows' order too: by rank, as the events
+            spans = sorted(spans, key=lambda w: w["rank"])
         scales = rows.field("scale")
         if gaps == 1 and (scales.fill_null(1.0).to_numpy() == 1).all():
             gaps = None  # no change: the unchanged replay (one walk for both)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import uuid
-import weakref
 from pathlib import Path
 
 import duckdb
@@ -110,21 +109,6 @@ def clear(con) -> None:
             drops.append(f'DROP {kind} IF EXISTS "{name}";')
     if drops:
         con.execute("".join(drops))
-
-
-#: The definitions `once` made on each connection.
-_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def once(con, statements: str | list[str]) -> None:
-    """Run the `statements` (definitions: macros, variables, the macros' data tables, which `clear` keeps) that
-    did not run on `con` already, as one execute: a connection `for_trace` keeps gets each once, not once per
-    trace."""
-    made = _made.setdefault(con, set())
-    todo = [s for s in ([statements] if isinstance(statements, str) else statements) if s not in made]
-    if todo:
-        con.execute("\n".join(todo)).fetchall()
-        made.update(todo)
 
 
 def on_cursor(con, views: dict, work):

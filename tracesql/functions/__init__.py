@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import functools
 import re
+import weakref
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -189,12 +190,25 @@ def table_names() -> frozenset[str]:
     return frozenset(p.stem.lower() for p in HERE.iterdir() if p.suffix == ".csv")
 
 
+#: The definitions `once` made on each connection.
+_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def once(con, statements: str | list[str]) -> None:
+    """Run the `statements` (definitions: macros, variables, the macros' data tables, which `db.clear` keeps)
+    that did not run on `con` already, as one execute: a connection `db.for_trace` keeps gets each once, not once
+    per trace."""
+    made = _made.setdefault(con, set())
+    todo = [s for s in ([statements] if isinstance(statements, str) else statements) if s not in made]
+    if todo:
+        con.execute("\n".join(todo)).fetchall()
+        made.update(todo)
+
+
 def install(con, files: tuple[str, ...] | None = None, names: set[str] | None = None) -> None:
     """Create the functions on `con`: all of them, those of `files`, or only those SQL using `names` needs
-    (those not made on `con` already: db.once; a connection `db.for_trace` keeps gets each once)."""
+    (those not made on `con` already: `once`; a connection `db.for_trace` keeps gets each once)."""
     if names is not None:
-        from .. import db  # (not at the top: this module is text only for views and init.sql, no DuckDB)
-
-        db.once(con, needed(names)[0])
+        once(con, needed(names)[0])
         return
     con.execute(sql(files)).fetchall()

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import db, limits
+from .. import db, functions, limits
 from ..arrays import array, to_numpy
 from ..db import sql_list
 from ..errors import TraceError
@@ -395,7 +395,7 @@ def _read_events(con, paths: list[Path], metas: list[dict], notes: list[list[str
         counting = beside.submit(db.on_cursor, con, {}, lambda cur: cur.execute(_COUNTS).fetchall())
         try:
             paired = _pair(con, len(paths))
-            db.once(con, _CONSTANTS)
+            functions.once(con, _CONSTANTS)
             con.execute(_LOOKUPS)
         except duckdb.Error:
             _check_all_counts(con, paths, counting.result(), max_events, notes)
@@ -708,7 +708,7 @@ CREATE OR REPLACE TABLE kept_lanes AS
               lane_id(member, tid, 'tid_label_id') AS tid_id
           FROM lanes WHERE kept);
 """
-# What does not depend on the trace: made once on a connection (db.once), which db.for_trace keeps for the next trace
+# What does not depend on the trace: made once on a connection (functions.once), which db.for_trace keeps for the next trace
 _CONSTANTS = f"""
 SET VARIABLE category_kind = (SELECT map(list(cat), list(kind)) FROM (VALUES {_category_kinds}) t(cat, kind));
 SET VARIABLE name_kind = (SELECT map(list(cat || chr(0) || name), list(kind))
