@@ -44,7 +44,7 @@ def random_tracks(rng) -> pa.Table:
     track = np.sort(rng.integers(0, 4, n))
     ts = rng.integers(0, 40, n) * int(rng.choice([1, 10]))  # a small range: starts and ends coincide often
     dur = rng.integers(0, 25, n) * rng.integers(0, 2, n)  # half of them zero-length
-    table = pa.table({"slice_id": rng.permutation(n) + 100, "track": [None if t == 3 else f"t{t}" for t in track],
+    table = pa.table({"rank": np.zeros(n, np.int32), "slice_id": rng.permutation(n) + 100, "track": [None if t == 3 else f"t{t}" for t in track],
                       "ts": ts, "end_ts": ts + dur, "is_op": rng.random(n) < 0.5, "is_call": rng.random(n) < 0.2,
                       "dur": dur, "self_time_child": rng.random(n) < 0.5, "device_time": rng.random(n) < 0.5})
     order = pc.sort_indices(table, [("track", "ascending", "at_end"), ("ts", "ascending"), ("dur", "descending"),
@@ -59,7 +59,8 @@ def test_nesting_matches_a_stack_walk(seed):
     for _ in range(60):
         table = random_tracks(rng)
         starts = np.sort(rng.integers(0, 300, 3))
-        steps = {"ts": starts, "end_ts": starts + rng.integers(1, 80, 3), "step": np.arange(3)}
+        steps = {"rank": np.zeros(3, np.int32), "ts": starts, "end_ts": starts + rng.integers(1, 80, 3),
+                 "step": np.arange(3)}
         spans = []
         nest = pa.Table.from_batches(list(normalize._nest(iter(table.to_batches(max_chunksize=int(rng.integers(1, 50)))),
                                                           steps, spans.append)))
@@ -69,7 +70,7 @@ def test_nesting_matches_a_stack_walk(seed):
                        nest["op_depth"].to_pylist(), nest["call_id"].to_pylist(), nest["step"].to_pylist()))
         assert got == want
         assert nest["slice_id"].to_pylist() == rows["slice_id"] and nest["pos"].to_pylist() == list(range(len(got)))
-        got_spans = pa.Table.from_batches(spans).sort_by("pos") if spans else None
+        got_spans = pa.Table.from_batches(spans).sort_by("pos").drop_columns(["rank"]) if spans else None
         assert (list(zip(*got_spans.to_pydict().values())) if spans else []) == want_spans
         partial_overlaps += sum(1 for i in range(1, len(got)) if rows["track"][i] == rows["track"][i - 1]
                                 and rows["ts"][i] < rows["end_ts"][i - 1] < rows["end_ts"][i])
@@ -95,7 +96,7 @@ def test_child_time_is_the_union_of_the_childrens_intervals(seed):
             reach = b if reach is None else max(reach, b)
         expected[int(p)] = covered
     batch = int(rng.integers(3, 30))
-    batches = [pa.record_batch({"parent_id": parent[i:i + batch], "ts": ts[i:i + batch], "te": te[i:i + batch]})
+    batches = [pa.record_batch({"rank": np.zeros(len(parent[i:i + batch]), np.int32), "parent_id": parent[i:i + batch], "ts": ts[i:i + batch], "te": te[i:i + batch]})
                for i in range(0, n, batch)]
     got = {}
     for out in normalize._child_time(batches):
