@@ -44,7 +44,8 @@ def random_tracks(rng) -> pa.Table:
     track = np.sort(rng.integers(0, 4, n))
     ts = rng.integers(0, 40, n) * int(rng.choice([1, 10]))  # a small range: starts and ends coincide often
     dur = rng.integers(0, 25, n) * rng.integers(0, 2, n)  # half of them zero-length
-    table = pa.table({"rank": np.zeros(n, np.int32), "slice_id": rng.permutation(n) + 100, "track": [None if t == 3 else f"t{t}" for t in track],
+    table = pa.table({"rank": np.zeros(n, np.int32), "slice_id": rng.permutation(n) + 100,
+                      "track": [None if t == 3 else f"t{t}" for t in track],
                       "ts": ts, "end_ts": ts + dur, "is_op": rng.random(n) < 0.5, "is_call": rng.random(n) < 0.2,
                       "dur": dur, "self_time_child": rng.random(n) < 0.5, "device_time": rng.random(n) < 0.5})
     order = pc.sort_indices(table, [("track", "ascending", "at_end"), ("ts", "ascending"), ("dur", "descending"),
@@ -96,7 +97,8 @@ def test_child_time_is_the_union_of_the_childrens_intervals(seed):
             reach = b if reach is None else max(reach, b)
         expected[int(p)] = covered
     batch = int(rng.integers(3, 30))
-    batches = [pa.record_batch({"rank": np.zeros(len(parent[i:i + batch]), np.int32), "parent_id": parent[i:i + batch], "ts": ts[i:i + batch], "te": te[i:i + batch]})
+    batches = [pa.record_batch({"rank": np.zeros(len(parent[i:i + batch]), np.int32), "parent_id": parent[i:i + batch],
+                                "ts": ts[i:i + batch], "te": te[i:i + batch]})
                for i in range(0, n, batch)]
     got = {}
     for out in normalize._child_time(batches):

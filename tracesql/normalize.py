@@ -49,7 +49,7 @@ def normalize_batch(traces: list[TraceData], run_id: str, ranks: list[int], on_t
     handed to `on_table` once, their rows ordered by rank. The pages of the scratch files normalize maps are shed
     with the first trace's (`traces[0].mappings`); a trace's step notes go to its `notes`."""
     slices = _with_ranks([data.slices for data in traces], ranks)
-    graph_ops = [(g, rank) for g, rank in ((data.graph_ops, rank) for data, rank in zip(traces, ranks)) if g is not None]
+    graph_ops = [(data.graph_ops, rank) for data, rank in zip(traces, ranks) if data.graph_ops is not None]
     with tempfile.TemporaryDirectory(prefix="tracesql-link-") as scratch:
         scratch = Path(scratch)
         on_disk = slices.num_rows > ON_DISK_ROWS
@@ -306,12 +306,14 @@ SELECT n.rank, n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n
     g.op_id AS graph_op_id,
     CASE WHEN la.launch_id IS NULL THEN n.call_id ELSE h.call_id END AS call_id,
     CASE WHEN la.launch_id IS NULL THEN n.step ELSE h.step END AS step
-FROM nest n LEFT JOIN launch la USING (rank, slice_id) LEFT JOIN nest h ON h.rank = la.rank AND h.slice_id = la.launch_id
+FROM nest n LEFT JOIN launch la USING (rank, slice_id)
+LEFT JOIN nest h ON h.rank = la.rank AND h.slice_id = la.launch_id
 LEFT JOIN graph_ops g ON g.rank = n.rank AND g.slice_id = n.slice_id;
 -- the copies of capture ops (readers/graph_capture.py: ops with their graph launch's correlation id) are in the
 -- step of that launch, as their replayed kernels are (they are timed on the device, after the host step)
 UPDATE links SET step = h.step
-FROM read_slices c JOIN launchers l USING (rank, correlation) JOIN nest h ON h.rank = l.rank AND h.slice_id = l.launch_id
+FROM read_slices c JOIN launchers l USING (rank, correlation)
+JOIN nest h ON h.rank = l.rank AND h.slice_id = l.launch_id
 WHERE c.kind = 'cpu_op' AND links.rank = c.rank AND links.slice_id = c.slice_id;
 CREATE OR REPLACE TABLE stream_steps AS
 WITH work AS (
@@ -459,8 +461,8 @@ WITH child AS (  -- _child_time's partial sums
     SELECT w.rank, w.at, w.dur FROM work w
     UNION ALL SELECT rank, graph_op_id, dur FROM links WHERE device_time AND graph_op_id IS NOT NULL
 ), at_pos AS (  -- (positions are the batch's: each rank's are a range of their own, NEST_ORDER_SQL)
-    SELECT l.pos, sum(w.dur) AS ns, count(*) AS n FROM counted_at w JOIN links l ON l.rank = w.rank AND l.slice_id = w.at
-    GROUP BY l.pos
+    SELECT l.pos, sum(w.dur) AS ns, count(*) AS n
+    FROM counted_at w JOIN links l ON l.rank = w.rank AND l.slice_id = w.at GROUP BY l.pos
 ), running AS (
     SELECT pos, sum(ns) OVER w AS ns, sum(n) OVER w AS n FROM at_pos WINDOW w AS (ORDER BY pos)
 ), total AS (
