@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """An archive of many tiny traces (issue 26, item 8): what CI keeps of a 1,024-rank job, one small Kineto trace per
 rank in one zip. Times `tracesql ingest ZIP` in a fresh process and prints wall and CPU seconds (the process and
-its workers), in all and per member, with the number of slices the run holds (one kernel and three ops a member).
+its workers), in all and per member, the peak RSS of its largest process, and the number of slices the run holds
+(one kernel and three ops a member).
 
 The target is 60 s for 5,000 members. By default the members are synthetic (four events each, rank in
 `distributedInfo`), since what is measured is the cost each member carries, not the events; `--trace` makes them
@@ -199,6 +200,7 @@ def main() -> None:
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        peak_mb = after.ru_maxrss / 1024  # (Linux: KiB) the largest process's peak: the CLI's or a worker's
         sys.path.insert(0, code)
         import tracesql
 
@@ -211,10 +213,11 @@ def main() -> None:
     target = ("met" if wall <= TARGET_S else "not met") if n >= 5000 else f"({TARGET_S:.0f} s for 5,000)"
     target = "(merged: the floor)" if args.merged else target
     load = os.getloadavg()[0]  # the machine's other work, which the wall time includes
-    print("| members | jobs | wall s | CPU s | wall s / member | CPU s / member | slices | 60 s target | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| members | jobs | wall s | CPU s | wall s / member | CPU s / member | peak RSS MB | slices | 60 s target "
+          "| load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {n:,} | {args.jobs or os.cpu_count()} | {wall:.1f} | {cpu:.1f} | {wall / n:.4f} | {cpu / n:.4f} | "
-          f"{slices:,} | {target} | {load:.1f} |")
+          f"{peak_mb:,.0f} | {slices:,} | {target} | {load:.1f} |")
     if args.stages:
         print(breakdown.getvalue(), end="")
 
