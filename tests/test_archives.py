@@ -155,6 +155,49 @@ def test_small_members_read_in_batches_give_the_tables_read_one_by_one(tmp_path,
     store.verify(tmp_path / "batched")
 
 
+def test_members_normalized_together_keep_their_own_steps_and_notes(tmp_path, monkeypatch):
+    """A batch's members are normalized together (normalize_batch): each keeps the steps of its own ranges by the
+    user's --step-pattern (renumbered from 0 per rank, as alone), and only the member it matched nothing in says
+    so; every table and warning equals the one-by-one ingest's."""
+    artifact, _ = _mesh_artifact(tmp_path)
+    pattern = r"^ProfilerStep#\d+$"  # (no `step` group: each rank's steps numbered 0, 1, ... in time order)
+    monkeypatch.setattr(ingestion, "BATCH_MEMBER_BYTES", -1)
+    alone = tracesql.ingest([artifact], tmp_path / "alone", run_id="job", jobs=1, step_pattern=pattern)
+    monkeypatch.undo()
+    batched = tracesql.ingest([artifact], tmp_path / "batched", run_id="job", jobs=1, step_pattern=pattern)
+    assert sorted(batched.warnings) == sorted(alone.warnings) == [
+        f"{artifact}/traces/rank-7.json: --step-pattern {pattern!r} matched no range; the trace has no steps"]
+    alone_rows, batched_rows = _all_rows(tmp_path / "alone"), _all_rows(tmp_path / "batched")
+    assert batched_rows == alone_rows
+    steps = tracesql.connect(tmp_path / "batched").execute("SELECT rank, step, name, rule FROM steps ORDER BY ALL")
+    assert steps.fetchall() == [(r, i, f"ProfilerStep#{i + 2}", "user") for r in range(4) for i in (0, 1)]
+
+
+def test_a_batch_that_fails_together_is_normalized_member_by_member(tmp_path, monkeypatch):
+    """When normalizing a batch together fails (here: a DuckDB error), each member is read and normalized alone
+    (read again: the failed pass may have added notes to what it read), and the tables are the one-by-one ingest's."""
+    import duckdb
+
+    from tracesql import normalize
+
+    artifact, _ = _mesh_artifact(tmp_path)
+    monkeypatch.setattr(ingestion, "BATCH_MEMBER_BYTES", -1)
+    alone = tracesql.ingest([artifact], tmp_path / "alone", run_id="job", jobs=1, step_pattern="^nothing$")
+    monkeypatch.undo()
+    together = normalize.normalize_batch
+
+    def failing(traces, *args):
+        if len(traces) > 1:
+            together(traces, *args)  # (the whole pass, then the failure: what it left must not count)
+            raise duckdb.OutOfMemoryException("failed to pin block")
+        return together(traces, *args)
+
+    monkeypatch.setattr(normalize, "normalize_batch", failing)
+    result = tracesql.ingest([artifact], tmp_path / "batched", run_id="job", jobs=1, step_pattern="^nothing$")
+    assert _all_rows(tmp_path / "batched") == _all_rows(tmp_path / "alone")
+    assert sorted(result.warnings) == sorted(alone.warnings) and len(alone.warnings) == 5  # a note each, not two
+
+
 def test_a_damaged_member_of_a_batch_is_named(tmp_path):
     """One bad member among small ones read in one batch (-j 1): the same one-line error as when read alone,
     and nothing written."""

@@ -44,7 +44,8 @@ def random_tracks(rng) -> pa.Table:
     track = np.sort(rng.integers(0, 4, n))
     ts = rng.integers(0, 40, n) * int(rng.choice([1, 10]))  # a small range: starts and ends coincide often
     dur = rng.integers(0, 25, n) * rng.integers(0, 2, n)  # half of them zero-length
-    table = pa.table({"slice_id": rng.permutation(n) + 100, "track": [None if t == 3 else f"t{t}" for t in track],
+    table = pa.table({"rank": np.zeros(n, np.int32), "slice_id": rng.permutation(n) + 100,
+                      "track": [None if t == 3 else f"t{t}" for t in track],
                       "ts": ts, "end_ts": ts + dur, "is_op": rng.random(n) < 0.5, "is_call": rng.random(n) < 0.2,
                       "dur": dur, "self_time_child": rng.random(n) < 0.5, "device_time": rng.random(n) < 0.5})
     order = pc.sort_indices(table, [("track", "ascending", "at_end"), ("ts", "ascending"), ("dur", "descending"),
@@ -59,7 +60,8 @@ def test_nesting_matches_a_stack_walk(seed):
     for _ in range(60):
         table = random_tracks(rng)
         starts = np.sort(rng.integers(0, 300, 3))
-        steps = {"ts": starts, "end_ts": starts + rng.integers(1, 80, 3), "step": np.arange(3)}
+        steps = {"rank": np.zeros(3, np.int32), "ts": starts, "end_ts": starts + rng.integers(1, 80, 3),
+                 "step": np.arange(3)}
         spans = []
         nest = pa.Table.from_batches(list(normalize._nest(iter(table.to_batches(max_chunksize=int(rng.integers(1, 50)))),
                                                           steps, spans.append)))
@@ -69,7 +71,7 @@ def test_nesting_matches_a_stack_walk(seed):
                        nest["op_depth"].to_pylist(), nest["call_id"].to_pylist(), nest["step"].to_pylist()))
         assert got == want
         assert nest["slice_id"].to_pylist() == rows["slice_id"] and nest["pos"].to_pylist() == list(range(len(got)))
-        got_spans = pa.Table.from_batches(spans).sort_by("pos") if spans else None
+        got_spans = pa.Table.from_batches(spans).sort_by("pos").drop_columns(["rank"]) if spans else None
         assert (list(zip(*got_spans.to_pydict().values())) if spans else []) == want_spans
         partial_overlaps += sum(1 for i in range(1, len(got)) if rows["track"][i] == rows["track"][i - 1]
                                 and rows["ts"][i] < rows["end_ts"][i - 1] < rows["end_ts"][i])
@@ -95,7 +97,8 @@ def test_child_time_is_the_union_of_the_childrens_intervals(seed):
             reach = b if reach is None else max(reach, b)
         expected[int(p)] = covered
     batch = int(rng.integers(3, 30))
-    batches = [pa.record_batch({"parent_id": parent[i:i + batch], "ts": ts[i:i + batch], "te": te[i:i + batch]})
+    batches = [pa.record_batch({"rank": np.zeros(len(parent[i:i + batch]), np.int32), "parent_id": parent[i:i + batch],
+                                "ts": ts[i:i + batch], "te": te[i:i + batch]})
                for i in range(0, n, batch)]
     got = {}
     for out in normalize._child_time(batches):
@@ -103,3 +106,42 @@ def test_child_time_is_the_union_of_the_childrens_intervals(seed):
             got[p] = got.get(p, 0) + ns  # a parent split across batches: a row per batch
     assert got == expected
     assert sum(expected.values()) > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ranks_nest_apart(seed):
+    """Several ranks' slices in one pass (a batch of archive members: normalize.normalize_batch) nest as each
+    rank's alone, though their tracks, slice ids and step times are the same: no parent, op, call or step of one
+    rank reaches another's events."""
+    rng = np.random.default_rng(seed)
+    tables, steps, alone = [], [], []
+    columns = ["rank", "slice_id", "parent_id", "depth", "op_id", "op_depth", "call_id", "step"]
+    for rank in range(3):
+        table = random_tracks(rng)
+        table = table.set_column(0, "rank", pa.array(np.full(table.num_rows, rank, np.int32)))
+        starts = np.sort(rng.integers(0, 300, 3))
+        rank_steps = {"rank": np.full(3, rank, np.int32), "ts": starts, "end_ts": starts + rng.integers(1, 80, 3),
+                      "step": np.arange(3) + 10 * rank}
+        alone.append(pa.Table.from_batches(list(normalize._nest(iter(table.to_batches()), rank_steps,
+                                                                lambda _: None))).select(columns))
+        tables.append(table)
+        steps.append(rank_steps)
+    together = pa.Table.from_batches(list(normalize._nest(
+        iter(pa.concat_tables(tables).to_batches(max_chunksize=int(rng.integers(1, 50)))),
+        {k: np.concatenate([s[k] for s in steps]) for k in steps[0]}, lambda _: None)))
+    assert together.select(columns).to_pylist() == pa.concat_tables(alone).to_pylist()
+    assert len(set(together["slice_id"].to_pylist())) < together.num_rows  # ids repeat across the ranks
+
+
+def test_child_time_keeps_ranks_apart():
+    """The same parent id on two ranks (a batch's members) is two parents, also when a batch ends between them."""
+    rows = {"rank": np.array([0, 0, 1, 1], np.int32), "parent_id": np.array([5, 5, 5, 5]),
+            "ts": np.array([0, 10, 0, 0]), "te": np.array([10, 20, 5, 30])}
+    for cut in (4, 1, 2, 3):
+        batches = [pa.record_batch({k: v[:cut] for k, v in rows.items()}),
+                   pa.record_batch({k: v[cut:] for k, v in rows.items()})]
+        got = {}
+        for out in normalize._child_time(batches):
+            for r, p, ns in zip(*(out[c].to_pylist() for c in ("rank", "slice_id", "ns"))):
+                got[r, p] = got.get((r, p), 0) + ns
+        assert got == {(0, 5): 20, (1, 5): 30}

@@ -87,7 +87,7 @@ def test_without_flows_backward_ops_link_by_sequence_number(ingested):
     from tracesql.normalize import SEQUENCE_LINKS_SQL
 
     con = tracesql.connect(ingested(NCCL))
-    by_rule = set(con.execute(SEQUENCE_LINKS_SQL).fetchall())
+    by_rule = set(con.execute(f"SELECT slice_id, fwd_slice_id FROM ({SEQUENCE_LINKS_SQL})").fetchall())
     assert by_rule == set(con.execute("SELECT op_id, fwd_op_id FROM ops WHERE fwd_op_id IS NOT NULL").fetchall())
     assert len(by_rule) == 543
     rows = sql(ingested(DATASETS / "hta_trace_filter"), """

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import archives, db, functions, labels, limits, quality, schema, store, views
-from .arrays import array, strings
+from .arrays import array, strings, to_numpy
 from .errors import TraceError, env_number
 
 
@@ -142,13 +142,16 @@ def _sources(root: Path, files: list[Path]) -> dict[str, Path | archives.Member]
     return wanted
 
 
-def _with_source(table: pa.Table, rel: str, size: int) -> pa.Table:
-    """The `ranks` or `warnings` rows of one source, with its path (and size) filled in."""
-    n = table.num_rows
-    table = table.set_column(table.schema.get_field_index("source_path"), "source_path", strings([rel] * n))
+def _with_source(table: pa.Table, sources: dict[int, tuple[str, int]]) -> pa.Table:
+    """`ranks` or `warnings` rows with each row's source path (and size) filled in: `sources`, rank -> (path, size)
+    of the source it came from."""
+    ranks = sorted(sources)
+    at = np.searchsorted(np.array(ranks, np.int64), to_numpy(table["rank"]).astype(np.int64))
+    table = table.set_column(table.schema.get_field_index("source_path"), "source_path",
+                             strings([sources[r][0] for r in ranks]).take(array(at)))
     if "source_bytes" in table.column_names:
         table = table.set_column(table.schema.get_field_index("source_bytes"), "source_bytes",
-                                 array(np.full(n, size, np.int64)))
+                                 array(np.array([sources[r][1] for r in ranks], np.int64)[at]))
     return table
 
 
@@ -236,8 +239,14 @@ def read_group(files: list[tuple[str, str, str, list[str]]], staging: str, ranks
         return [(rel, read_file(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern, scratch,
                                 captures))]
     part = store.batch_part_name(store.part_key(files[0][1], staging))
-    read = _read_together(files, threads, lim, scratch) or [None] * len(files)
+    read = _read_together(files, threads, lim, scratch)
     with store.BatchWriter(Path(staging), part) as batch:
+        together = read and _normalize_together(files, read, staging, ranks, run_id, threads, lim, step_pattern,
+                                                scratch, batch)
+        if together:
+            return together
+        # (traces normalize took, and failed on, are read again: it adds their step notes)
+        read = read if read and together is None else [None] * len(files)
         return [(rel, read_file(path, rel, staging, ranks, run_id, threads, shown, lim, step_pattern, scratch,
                                 captures, batch, traces))
                 for (path, rel, shown, captures), traces in zip(files, read)]
@@ -257,6 +266,56 @@ def _read_together(files: list[tuple[str, str, str, list[str]]], threads: int, l
             return limits.watched(lim, files[0][2], read_batch, [Path(path) for path, *_ in files], threads)
         except TraceError:
             return None
+
+
+def _normalize_together(files: list[tuple[str, str, str, list[str]]], read: list, staging: str, ranks: tuple,
+                        run_id: str, threads: int, lim: limits.Limits, step_pattern: str | None,
+                        scratch: str | None, batch: store.BatchWriter) -> list | None | bool:
+    """The summaries of `files` (read_group's) whose traces `read` (one each) are normalized together
+    (normalize_batch: one pass of each statement), their tables written to `batch` once each. None when they
+    cannot be (a file of several traces, a rank not known or not distinct); False when normalizing them together
+    failed (an error, or past the memory bound): each file is then read and normalized alone, and its errors name
+    it."""
+    from .normalize import normalize_batch
+
+    if any(len(traces) != 1 for traces in read):
+        return None
+    traces = [data for data, in read]
+    chosen, fallback = ranks
+    member_ranks = [next((r for r in (chosen, data.rank, fallback) if r is not None), None) for data in traces]
+    if None in member_ranks or len(set(member_ranks)) < len(member_ranks):
+        return None
+    sources = {rank: (rel, Path(path).stat().st_size) for rank, (path, rel, *_) in zip(member_ranks, files)}
+    tables: dict[str, pa.Table] = {}
+
+    def keep(name: str, rows) -> int:  # written once all went well
+        table = rows if isinstance(rows, pa.Table) else rows.to_arrow_table()
+        tables[name] = _with_source(table, sources) if name in ("ranks", "warnings") else table
+        return table.num_rows
+
+    shed = traces[0]  # (its mappings, with every trace's: shed while normalizing)
+    shed.mappings.extend(m for data in traces[1:] for m in data.mappings)
+    gc.disable()  # as _read_normalize_write
+    try:
+        with limits.using(lim), _temporary_files_in(scratch), shed.shedding():
+            limits.watched(lim, files[0][2], normalize_batch, traces, run_id, member_ranks, keep, threads,
+                           step_pattern)
+    except (TraceError, duckdb.Error, pa.ArrowException):
+        return False
+    finally:
+        gc.enable()
+    counts = {name: _rows_per_rank(table) for name, table in tables.items()}
+    for name, table in tables.items():
+        batch.write(name, table)
+    return [(rel, {"ranks": [rank], "parts": [batch.part], "format": data.format, "events": data.event_count,
+                   "skipped": dict(data.skipped), "notes": list(data.notes),
+                   "rows": {name: by_rank.get(rank, 0) for name, by_rank in counts.items()}})
+            for (_, rel, *_), data, rank in zip(files, traces, member_ranks)]
+
+
+def _rows_per_rank(table: pa.Table) -> dict[int, int]:
+    ranks, counts = np.unique(to_numpy(table["rank"]), return_counts=True)
+    return dict(zip(ranks.tolist(), counts.tolist()))
 
 
 def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id: str, threads: int,
@@ -281,8 +340,9 @@ def _read_normalize_write(p: Path, rel: str, staging: str, ranks: tuple, run_id:
             # each table is written as soon as it is done; the shedding covers the writes still running at the end
             with data.shedding(), contextlib.nullcontext(batch) if batch else store.PartWriter(Path(staging), part) \
                     as writer:
+                sources = {rank: (rel, p.stat().st_size)}
                 rows = normalize(data, run_id, rank, threads=threads, step_pattern=step_pattern, on_table=lambda name, table: writer.write(
-                    name, _with_source(table, rel, p.stat().st_size) if name in ("ranks", "warnings") else table))
+                    name, _with_source(table, sources) if name in ("ranks", "warnings") else table))
             summary["ranks"].append(rank)
             if part not in summary["parts"]:  # (a batch's part holds each of the file's ranks)
                 summary["parts"].append(part)

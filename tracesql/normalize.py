@@ -1,6 +1,9 @@
 """What every source needs after reading: nesting, CPU->device links, steps, and the derived tables.
 
-Input: a reader's TraceData for one file. Output: every table of `schema.TABLES`, as Arrow, for that rank.
+Input: a reader's TraceData for one file, or those of a batch of small files (archive members, one rank each),
+normalized together: every statement runs once over the batch, each rank apart (`rank` is in every key, partition
+and join), which a tiny trace needs since planning a statement costs more than its rows. Output: every table of
+`schema.TABLES`, as Arrow, for those ranks.
 Memory does not grow with the trace: the links are computed by DuckDB under the memory limit (in a scratch
 database file for big traces, spilling beyond the limit) and by one streamed Python pass that nests the events
 of each track with a stack; what they produce goes to memory-mapped scratch files, like the reader's slices.
@@ -37,7 +40,16 @@ def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 
     written: `rows` is an Arrow table (the slices: memory-mapped), or, for the large derived tables, a DuckDB
     relation to stream to disk. Returns the row count of each table. `step_pattern`: the user's regular
     expression for step ranges (see step_rules)."""
-    slices = data.slices
+    return normalize_batch([data], run_id, [rank], on_table, threads, step_pattern)
+
+
+def normalize_batch(traces: list[TraceData], run_id: str, ranks: list[int], on_table, threads: int = 1,
+                    step_pattern: str | None = None) -> dict[str, int]:
+    """normalize for several traces (rank `ranks[i]` each, all different) at once: each table of them all is
+    handed to `on_table` once, their rows ordered by rank. The pages of the scratch files normalize maps are shed
+    with the first trace's (`traces[0].mappings`); a trace's step notes go to its `notes`."""
+    slices = _with_ranks([data.slices for data in traces], ranks)
+    graph_ops = [(data.graph_ops, rank) for data, rank in zip(traces, ranks) if data.graph_ops is not None]
     with tempfile.TemporaryDirectory(prefix="tracesql-link-") as scratch:
         scratch = Path(scratch)
         on_disk = slices.num_rows > ON_DISK_ROWS
@@ -45,27 +57,37 @@ def normalize(data: TraceData, run_id: str, rank: int, on_table, threads: int = 
             # queries that do not wait for each other run on a second thread (on a cursor): both cores work
             with ThreadPoolExecutor(1, thread_name_prefix="tracesql-normalize") as beside:
                 con.register("read_slices", slices)
-                con.register("graph_ops", data.graph_ops if data.graph_ops is not None
-                             else GRAPH_OPS_SCHEMA.empty_table())
-                links, checks, extra = _link(con, beside, slices, scratch, run_id, rank, data.mappings, step_pattern,
-                                             data.notes)
+                con.register("graph_ops", _with_ranks(*zip(*graph_ops)) if graph_ops else
+                             _with_ranks([GRAPH_OPS_SCHEMA.empty_table()], [0]))
+                links, checks, extra = _link(con, beside, slices, scratch, run_id, traces[0].mappings, step_pattern,
+                                             {rank: data.notes for data, rank in zip(traces, ranks)})
                 for name in links.column_names:
                     slices = slices.append_column(name, links[name])
-                checks = quality.skipped_rows(data.skipped, data.examples) + checks
-                return _derive(con, beside, extra, slices, checks, data, run_id, rank, on_table)
+                checks = [quality.skipped_rows(data.skipped, data.examples) + checks.get(rank, [])
+                          for data, rank in zip(traces, ranks)]
+                return _derive(con, beside, extra, slices, checks, traces, run_id, ranks, on_table)
 
 
-def _link(con, beside: ThreadPoolExecutor, slices: pa.Table, scratch: Path, run_id: str, rank: int, mappings: list,
-          step_pattern: str | None = None, notes: list | None = None) -> tuple[pa.Table, list[dict], Future]:
-    """The columns normalize adds to the slices (parent, depth, launch, op, step, run and rank), in the order
-    of the reader's rows and memory-mapped, plus the quality checks on those links, and the future (on `beside`)
-    of table `extra` (per slice: op depth, self time, the device time it caused, its collective call), which the
-    derived tables read."""
-    step_ranges = step_rules.find(con, "read_slices", step_pattern, notes)
+def _with_ranks(tables: list[pa.Table], ranks: list[int]) -> pa.Table:
+    """`tables` (of one schema) with a column `rank` (table i's rows: ranks[i]), one after another."""
+    ranked = [t.append_column("rank", array(np.full(t.num_rows, rank, np.int32))) for t, rank in zip(tables, ranks)]
+    return ranked[0] if len(ranked) == 1 else pa.concat_tables(ranked)
+
+
+def _link(con, beside: ThreadPoolExecutor, slices: pa.Table, scratch: Path, run_id: str, mappings: list,
+          step_pattern: str | None, notes: dict[int, list]) -> tuple[pa.Table, dict[int, list[dict]], Future]:
+    """The columns normalize adds to the slices (parent, depth, launch, op, step and run), in the order of the
+    reader's rows and memory-mapped, plus the quality checks on those links (rank -> rows), and the future (on
+    `beside`) of table `extra` (per slice: op depth, self time, the device time it caused, its collective call),
+    which the derived tables read. `notes`: each rank's notes."""
+    step_ranges = step_rules.find(con, "read_slices", notes, step_pattern)
     con.register("step_ranges", step_ranges)  # the steps table's rows (STEPS_SQL)
     steps = step_rules.as_numpy(step_ranges)
-    has_metadata = con.execute(COLLECTIVE_METADATA_SQL).fetchall()[0][0]
-    is_call = COLLECTIVE_CALL_BY_METADATA if has_metadata else COLLECTIVE_CALL_BY_NAME
+    with_metadata = [rank for rank, in con.execute(COLLECTIVE_METADATA_SQL).fetchall()]
+    is_call = (COLLECTIVE_CALL_BY_METADATA if len(with_metadata) == len(notes) else
+               COLLECTIVE_CALL_BY_NAME if not with_metadata else
+               f"CASE WHEN rank IN ({', '.join(map(str, with_metadata))}) THEN {COLLECTIVE_CALL_BY_METADATA} "
+               f"ELSE {COLLECTIVE_CALL_BY_NAME} END")
 
     def kept(mapping: FileMapping) -> pa.Table:
         mappings.append(mapping)  # its pages are shed with the reader's
@@ -86,7 +108,7 @@ def _link(con, beside: ThreadPoolExecutor, slices: pa.Table, scratch: Path, run_
                                                       _child_time(children)))
     extra = beside.submit(db.on_cursor, con, views, lambda cur: cur.execute(EXTRA_SQL))
     checks = quality.link_checks(con, steps)
-    columns = con.sql(LINK_COLUMNS_SQL, params={"run_id": run_id, "rank": rank}).to_arrow_reader(SCAN_BATCH)
+    columns = con.sql(LINK_COLUMNS_SQL, params={"run_id": run_id}).to_arrow_reader(SCAN_BATCH)
     links = kept(FileMapping.of_batches(scratch / "links.arrows", columns.schema, columns))
     for name in ("nest", "op_spans", "slice_rows"):
         con.unregister(name)
@@ -95,26 +117,30 @@ def _link(con, beside: ThreadPoolExecutor, slices: pa.Table, scratch: Path, run_
 
 
 def _row_numbers(slices: pa.Table):
-    """(slice_id, row) of each of the reader's rows, a batch at a time: the link columns line up with them."""
+    """(rank, slice_id, row) of each of the reader's rows, a batch at a time: the link columns line up with them."""
     offset = 0
-    for batch in slices.select(["slice_id"]).to_batches():
-        yield pa.record_batch([batch["slice_id"], array(np.arange(offset, offset + batch.num_rows))], ROW_SCHEMA)
+    for batch in slices.select(["rank", "slice_id"]).to_batches():
+        yield pa.record_batch([batch["rank"], batch["slice_id"], array(np.arange(offset, offset + batch.num_rows))],
+                              ROW_SCHEMA)
         offset += batch.num_rows
 
 
-NEST_SCHEMA = pa.schema([("slice_id", pa.int64()), ("pos", pa.int64()), ("parent_id", pa.int64()),
-                         ("depth", pa.int32()), ("op_id", pa.int64()), ("op_depth", pa.int32()),
-                         ("call_id", pa.int64()), ("is_call", pa.bool_()), ("step", pa.int32()),
-                         ("dur", pa.int64()), ("self_time_child", pa.bool_()), ("device_time", pa.bool_())])
-ROW_SCHEMA = pa.schema([("slice_id", pa.int64()), ("row", pa.int64())])
-SPAN_SCHEMA = pa.schema([("slice_id", pa.int64()), ("pos", pa.int64()), ("end_pos", pa.int64())])
+NEST_SCHEMA = pa.schema([("rank", pa.int32()), ("slice_id", pa.int64()), ("pos", pa.int64()),
+                         ("parent_id", pa.int64()), ("depth", pa.int32()), ("op_id", pa.int64()),
+                         ("op_depth", pa.int32()), ("call_id", pa.int64()), ("is_call", pa.bool_()),
+                         ("step", pa.int32()), ("dur", pa.int64()), ("self_time_child", pa.bool_()),
+                         ("device_time", pa.bool_())])
+ROW_SCHEMA = pa.schema([("rank", pa.int32()), ("slice_id", pa.int64()), ("row", pa.int64())])
+SPAN_SCHEMA = pa.schema([("rank", pa.int32()), ("slice_id", pa.int64()), ("pos", pa.int64()),
+                         ("end_pos", pa.int64())])
 
 
 def _nest(order, steps, write_spans):
-    """Nest the slices, which come in nesting order (per track, by start, longest first), and yield a batch at a
-    time every slice's parent, depth, innermost enclosing op (and op depth), innermost enclosing collective call
-    and step by time, at its position in this order (`nest`); for each op, its position and the position after
-    the last event nested in it go to `write_spans` (its subtree is the positions between).
+    """Nest the slices, which come in nesting order (per rank and track, by start, longest first), and yield a
+    batch at a time every slice's parent, depth, innermost enclosing op (and op depth), innermost enclosing
+    collective call and step by time (`steps`: step_rules.as_numpy's, by rank), at its position in this order
+    (`nest`); for each op, its position and the position after the last event nested in it go to `write_spans`
+    (its subtree is the positions between).
 
     What a stack of open events walked in this order gives (an event that starts inside the top of the stack but
     ends after it, a partial overlap from clock jitter, is not its child and closes it), computed with numpy a
@@ -128,23 +154,23 @@ def _nest(order, steps, write_spans):
         if not n:
             continue
         m = len(open_["pos"])
+        rank = to_numpy(batch["rank"])
         codes = to_numpy(pc.dictionary_encode(batch["track"]).indices, fill=-1)
-        same = m and batch["track"][0].as_py() == open_track  # the open events' track goes on in this batch
-        track = np.concatenate([np.full(m, codes[0] if same else -2), codes])
+        # (rank, track) numbered in the batch's order: a new number where either changes
+        changed = np.r_[False, (codes[1:] != codes[:-1]) | (rank[1:] != rank[:-1])]
+        # the open events' track goes on in this batch
+        same = m and (int(rank[0]), batch["track"][0].as_py()) == open_track
+        track = np.concatenate([np.full(m, 0 if same else -1), np.cumsum(changed)])
         rows = {"pos": np.concatenate([open_["pos"], pos + np.arange(n)]),
                 **{name: np.concatenate([open_[name], to_numpy(batch[name])])
-                   for name in ("slice_id", "end_ts", "is_op", "is_call")}}
+                   for name in ("rank", "slice_id", "end_ts", "is_op", "is_call")}}
         up, close, depth, op_depth = _stack_walk(track, rows["end_ts"], rows["is_op"])
         new = slice(m, m + n)
-        ts = to_numpy(batch["ts"])
-        k = np.searchsorted(steps["ts"], ts, side="right") - 1
-        step = np.full(n, -1, np.int64)
-        if len(steps["ts"]):
-            inside = (k >= 0) & (ts < steps["end_ts"][np.maximum(k, 0)])
-            step[inside] = steps["step"][k[inside]]
+        step = _steps_at(steps, rank, to_numpy(batch["ts"]))
         sid = rows["slice_id"]
         yield pa.record_batch([
-            batch["slice_id"], array(rows["pos"][new]), _ids(sid, up[new]), array(depth[new].astype(np.int32)),
+            batch["rank"], batch["slice_id"], array(rows["pos"][new]), _ids(sid, up[new]),
+            array(depth[new].astype(np.int32)),
             _ids(sid, _nearest(up, rows["is_op"])[new]), array(op_depth[new].astype(np.int32)),
             _ids(sid, _nearest(up, rows["is_call"])[new]), batch["is_call"],
             array(step.astype(np.int32), pa.int32(), step < 0), batch["dur"], batch["self_time_child"],
@@ -153,18 +179,38 @@ def _nest(order, steps, write_spans):
         pos += n
         closed_ops = np.flatnonzero(rows["is_op"] & (close < m + n))
         if len(closed_ops):
-            write_spans(pa.record_batch([array(sid[closed_ops]), array(rows["pos"][closed_ops]),
-                                         array(rows["pos"][close[closed_ops]])], SPAN_SCHEMA))
+            write_spans(pa.record_batch([array(rows["rank"][closed_ops]), array(sid[closed_ops]),
+                                         array(rows["pos"][closed_ops]), array(rows["pos"][close[closed_ops]])],
+                                        SPAN_SCHEMA))
         still = close == m + n  # open at the end of the batch: all of the last track's (the others have ended)
         open_ = {name: rows[name][still] for name, _ in _OPEN_DTYPES}
-        open_track = batch["track"][n - 1].as_py()
+        open_track = (int(rank[n - 1]), batch["track"][n - 1].as_py())
     ops = np.flatnonzero(open_["is_op"])
     if len(ops):
-        write_spans(pa.record_batch([array(open_["slice_id"][ops]), array(open_["pos"][ops]),
-                                     array(np.full(len(ops), pos))], SPAN_SCHEMA))
+        write_spans(pa.record_batch([array(open_["rank"][ops]), array(open_["slice_id"][ops]),
+                                     array(open_["pos"][ops]), array(np.full(len(ops), pos))], SPAN_SCHEMA))
 
 
-_OPEN_DTYPES = (("pos", np.int64), ("slice_id", np.int64), ("end_ts", np.int64), ("is_op", bool), ("is_call", bool))
+_OPEN_DTYPES = (("pos", np.int64), ("rank", np.int32), ("slice_id", np.int64), ("end_ts", np.int64),
+                ("is_op", bool), ("is_call", bool))
+
+
+def _steps_at(steps: dict, rank: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """The step (-1: none) of the events at `ts` of ranks `rank` (runs of one rank): the step range of their rank
+    that their start is in (`steps`: by rank, then start)."""
+    step = np.full(len(ts), -1, np.int64)
+    if not len(steps["ts"]):
+        return step
+    runs = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1], True])
+    for a, b in zip(runs[:-1], runs[1:]):
+        lo, hi = np.searchsorted(steps["rank"], rank[a], "left"), np.searchsorted(steps["rank"], rank[a], "right")
+        if lo == hi:
+            continue
+        starts, ends, numbers = steps["ts"][lo:hi], steps["end_ts"][lo:hi], steps["step"][lo:hi]
+        k = np.searchsorted(starts, ts[a:b], side="right") - 1
+        inside = (k >= 0) & (ts[a:b] < ends[np.maximum(k, 0)])
+        step[a:b][inside] = numbers[k[inside]]
+    return step
 
 
 def _stack_walk(track: np.ndarray, end: np.ndarray, is_op: np.ndarray):
@@ -217,21 +263,21 @@ def _ids(slice_id: np.ndarray, rows: np.ndarray) -> pa.Array:
 
 
 # Host ops that are communication calls: record_param_comms that carry collective metadata; when a trace has
-# none (older PyTorch, gloo), the c10d::* ops.
+# none (older PyTorch, gloo), the c10d::* ops (per rank: the ranks with metadata)
 COLLECTIVE_METADATA_SQL = """
-SELECT count(*) > 0 FROM read_slices
+SELECT DISTINCT rank FROM read_slices
 WHERE kind = 'cpu_op' AND name = 'record_param_comms' AND contains(args, '"Collective name"')
 """
 COLLECTIVE_CALL_BY_METADATA = ("(kind = 'cpu_op' AND name = 'record_param_comms' "
                                "AND COALESCE(contains(args, '\"Collective name\"'), false))")
 COLLECTIVE_CALL_BY_NAME = "(kind = 'cpu_op' AND starts_with(name, 'c10d::'))"
 NEST_ORDER_SQL = f"""
-SELECT slice_id, track, ts, ts + dur AS end_ts, COALESCE(kind = 'cpu_op', false) AS is_op,
+SELECT rank, slice_id, track, ts, ts + dur AS end_ts, COALESCE(kind = 'cpu_op', false) AS is_op,
     COALESCE({{is_call}}, false) AS is_call, dur,
     COALESCE(kind IN ({sql_list(SELF_TIME_CHILD_KINDS)}), false) AS self_time_child,
     COALESCE(kind IN ({sql_list(DEVICE_TIME_KINDS)}), false) AS device_time
 FROM read_slices
-ORDER BY track, ts, dur DESC, slice_id
+ORDER BY rank, track, ts, dur DESC, slice_id
 """
 # Device work -> the runtime/driver call with its correlation id (the earliest such call: CUDA graphs launch
 # many kernels with one call). Launched work takes its launch's op (a graph-replayed kernel: the copy of the op
@@ -244,71 +290,74 @@ ORDER BY track, ts, dur DESC, slice_id
 # launched, the step it ran in by time (the host range enclosing its start).
 LINK_SQL = f"""
 CREATE OR REPLACE TABLE launchers AS
-SELECT correlation, min(slice_id) AS launch_id, count(*) AS calls,
+SELECT rank, correlation, min(slice_id) AS launch_id, count(*) AS calls,
     arg_min(ts, slice_id) AS launch_ts, arg_min(dur, slice_id) AS launch_dur, arg_min(pid, slice_id) AS launch_pid,
     arg_min(tid, slice_id) AS launch_tid
 FROM read_slices
-WHERE kind IN ({sql_list(LAUNCH_KINDS)}) AND correlation IS NOT NULL GROUP BY correlation;
+WHERE kind IN ({sql_list(LAUNCH_KINDS)}) AND correlation IS NOT NULL GROUP BY rank, correlation;
 CREATE OR REPLACE TABLE launch AS
-SELECT d.slice_id, l.launch_id, l.launch_ts, l.launch_dur, l.launch_pid, l.launch_tid
-FROM read_slices d JOIN launchers l USING (correlation)
+SELECT d.rank, d.slice_id, l.launch_id, l.launch_ts, l.launch_dur, l.launch_pid, l.launch_tid
+FROM read_slices d JOIN launchers l USING (rank, correlation)
 WHERE d.kind IN ({sql_list(DEVICE_WORK_KINDS)});
 CREATE OR REPLACE TABLE links AS
-SELECT n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n.dur, n.self_time_child, n.device_time,
-    la.launch_id, la.launch_ts, la.launch_dur, la.launch_pid, la.launch_tid,
+SELECT n.rank, n.slice_id, n.pos, n.parent_id, n.depth, n.op_depth, n.is_call, n.dur, n.self_time_child,
+    n.device_time, la.launch_id, la.launch_ts, la.launch_dur, la.launch_pid, la.launch_tid,
     CASE WHEN la.launch_id IS NULL THEN n.op_id ELSE COALESCE(g.op_id, h.op_id) END AS op_id,
     g.op_id AS graph_op_id,
     CASE WHEN la.launch_id IS NULL THEN n.call_id ELSE h.call_id END AS call_id,
     CASE WHEN la.launch_id IS NULL THEN n.step ELSE h.step END AS step
-FROM nest n LEFT JOIN launch la USING (slice_id) LEFT JOIN nest h ON h.slice_id = la.launch_id
-LEFT JOIN graph_ops g ON g.slice_id = n.slice_id;
+FROM nest n LEFT JOIN launch la USING (rank, slice_id)
+LEFT JOIN nest h ON h.rank = la.rank AND h.slice_id = la.launch_id
+LEFT JOIN graph_ops g ON g.rank = n.rank AND g.slice_id = n.slice_id;
 -- the copies of capture ops (readers/graph_capture.py: ops with their graph launch's correlation id) are in the
 -- step of that launch, as their replayed kernels are (they are timed on the device, after the host step)
 UPDATE links SET step = h.step
-FROM read_slices c JOIN launchers l USING (correlation) JOIN nest h ON h.slice_id = l.launch_id
-WHERE c.kind = 'cpu_op' AND links.slice_id = c.slice_id;
+FROM read_slices c JOIN launchers l USING (rank, correlation)
+JOIN nest h ON h.rank = l.rank AND h.slice_id = l.launch_id
+WHERE c.kind = 'cpu_op' AND links.rank = c.rank AND links.slice_id = c.slice_id;
 CREATE OR REPLACE TABLE stream_steps AS
 WITH work AS (
-    SELECT d.slice_id, d.device_id, d.stream, l.launch_id IS NOT NULL AS launched, l.step,
-        row_number() OVER (PARTITION BY d.device_id, d.stream ORDER BY d.ts, d.slice_id) AS n
-    FROM read_slices d JOIN links l USING (slice_id)
+    SELECT d.rank, d.slice_id, d.device_id, d.stream, l.launch_id IS NOT NULL AS launched, l.step,
+        row_number() OVER (PARTITION BY d.rank, d.device_id, d.stream ORDER BY d.ts, d.slice_id) AS n
+    FROM read_slices d JOIN links l USING (rank, slice_id)
     WHERE d.kind IN ({sql_list(DEVICE_TIME_KINDS)})  -- work (GPU annotations are ranges around it: by time)
 ), around AS (
     SELECT *,  -- (n grows along the stream: the nearest launched row before or after, without a max over frames)
-        last_value(CASE WHEN launched THEN n END IGNORE NULLS) OVER (PARTITION BY device_id, stream ORDER BY n
+        last_value(CASE WHEN launched THEN n END IGNORE NULLS) OVER (PARTITION BY rank, device_id, stream ORDER BY n
             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_n,
-        first_value(CASE WHEN launched THEN n END IGNORE NULLS) OVER (PARTITION BY device_id, stream ORDER BY n
+        first_value(CASE WHEN launched THEN n END IGNORE NULLS) OVER (PARTITION BY rank, device_id, stream ORDER BY n
             ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_n
     FROM work
-), first_step AS (
-    SELECT step FROM step_ranges ORDER BY ts, slice_id LIMIT 1  -- step_rules.find's ranges
+), first_step AS (  -- each rank's first step (step_rules.find's ranges)
+    SELECT rank, step FROM step_ranges QUALIFY row_number() OVER (PARTITION BY rank ORDER BY ts, slice_id) = 1
 )
-SELECT a.slice_id,
+SELECT a.rank, a.slice_id,
     CASE WHEN a.prev_n IS NOT NULL THEN p.step
-         WHEN a.next_n IS NOT NULL THEN CASE WHEN x.step IS NOT DISTINCT FROM (SELECT step FROM first_step)
-                                             THEN NULL ELSE x.step END
+         WHEN a.next_n IS NOT NULL THEN CASE WHEN x.step IS NOT DISTINCT FROM f.step THEN NULL ELSE x.step END
          ELSE a.step END AS step
 FROM around a
-LEFT JOIN work p ON p.device_id IS NOT DISTINCT FROM a.device_id AND p.stream IS NOT DISTINCT FROM a.stream
- AND p.n = a.prev_n
-LEFT JOIN work x ON x.device_id IS NOT DISTINCT FROM a.device_id AND x.stream IS NOT DISTINCT FROM a.stream
- AND x.n = a.next_n
+LEFT JOIN work p ON p.rank = a.rank AND p.device_id IS NOT DISTINCT FROM a.device_id
+ AND p.stream IS NOT DISTINCT FROM a.stream AND p.n = a.prev_n
+LEFT JOIN work x ON x.rank = a.rank AND x.device_id IS NOT DISTINCT FROM a.device_id
+ AND x.stream IS NOT DISTINCT FROM a.stream AND x.n = a.next_n
+LEFT JOIN first_step f ON f.rank = a.rank
 WHERE NOT a.launched;
-UPDATE links SET step = s.step FROM stream_steps s WHERE links.slice_id = s.slice_id;
+UPDATE links SET step = s.step FROM stream_steps s WHERE links.rank = s.rank AND links.slice_id = s.slice_id;
 """
 LINK_COLUMNS_SQL = """
 SELECT parent_id, depth, launch_id, launch_ts, launch_dur, launch_pid, launch_tid, c.class,
-    COALESCE(x.op_id, l.op_id) AS op_id, step, CAST($run_id AS VARCHAR) AS run_id, CAST($rank AS INTEGER) AS rank
-FROM links l JOIN slice_rows USING (slice_id) LEFT JOIN xla_exec x USING (slice_id)
-LEFT JOIN device_event_classes c USING (slice_id) ORDER BY row
+    COALESCE(x.op_id, l.op_id) AS op_id, step, CAST($run_id AS VARCHAR) AS run_id
+FROM links l JOIN slice_rows USING (rank, slice_id) LEFT JOIN xla_exec x USING (rank, slice_id)
+LEFT JOIN device_event_classes c USING (rank, slice_id) ORDER BY row
 """
 # Each device event's class by the default rules (slices.class), by the macro device_activity classifies with, on
 # the reader's rows (the view `slices` it reads, with no class stored yet, only while it runs)
 CLASSIFY_SQL = """
 CREATE OR REPLACE TABLE device_event_classes AS
-SELECT s.slice_id, c.class
+SELECT s.rank, s.slice_id, c.class
 FROM read_slices s
-JOIN device_classes() c ON c.kind = s.kind AND c.name_hash = hash(s.name) AND c.category IS NOT DISTINCT FROM s.category
+JOIN device_classes() c
+  ON c.rank = s.rank AND c.kind = s.kind AND c.name_hash = hash(s.name) AND c.category IS NOT DISTINCT FROM s.category
 WHERE s.kind IN ('kernel', 'memcpy', 'memset')
 """
 
@@ -316,7 +365,7 @@ WHERE s.kind IN ('kernel', 'memcpy', 'memset')
 def _classify(con) -> None:
     """Table device_event_classes (slice_id, class): the class of each device event by the default rules."""
     con.execute("CREATE OR REPLACE TEMP VIEW slices AS "
-                "SELECT '' AS run_id, 0 AS rank, slice_id, kind, name, category FROM read_slices")
+                "SELECT '' AS run_id, rank, slice_id, kind, name, category FROM read_slices")
     functions.install(con, names={"device_classes"})
     con.execute(CLASSIFY_SQL)
     con.execute("DROP VIEW slices")
@@ -329,67 +378,69 @@ def _classify(con) -> None:
 XLA_EXEC_SQL = f"""
 CREATE OR REPLACE TABLE xla_exec AS
 WITH named AS (
-    SELECT s.slice_id, s.kind, s.track, s.ts, l.launch_id,
+    SELECT s.rank, s.slice_id, s.kind, s.track, s.ts, l.launch_id,
         json_extract_string(s.args, '$.program_id') AS program_id, json_extract_string(s.args, '$.hlo_op') AS hlo_op
-    FROM read_slices s JOIN links l USING (slice_id)
+    FROM read_slices s JOIN links l USING (rank, slice_id)
     WHERE s.kind IN ('kernel', {sql_list(LAUNCH_KINDS)}) AND contains(s.args, '"hlo_op"')
 ), launches AS (
-    SELECT slice_id, program_id, hlo_op, sum(CASE WHEN same THEN 0 ELSE 1 END) OVER w2 AS run
+    SELECT rank, slice_id, program_id, hlo_op, sum(CASE WHEN same THEN 0 ELSE 1 END) OVER w2 AS run
     FROM (SELECT *, lag(program_id) OVER w IS NOT DISTINCT FROM program_id
                     AND lag(hlo_op) OVER w IS NOT DISTINCT FROM hlo_op AS same
           FROM named WHERE kind IN ({sql_list(LAUNCH_KINDS)})
-          WINDOW w AS (PARTITION BY track ORDER BY ts, slice_id))
-    WINDOW w2 AS (PARTITION BY track ORDER BY ts, slice_id ROWS UNBOUNDED PRECEDING)
+          WINDOW w AS (PARTITION BY rank, track ORDER BY ts, slice_id))
+    WINDOW w2 AS (PARTITION BY rank, track ORDER BY ts, slice_id ROWS UNBOUNDED PRECEDING)
 ), launch_ops AS (
-    SELECT slice_id, program_id, hlo_op, first_value(slice_id) OVER (PARTITION BY run_key ORDER BY slice_id) AS op_id
-    FROM (SELECT l.*, n.track || '/' || l.run AS run_key FROM launches l JOIN named n USING (slice_id))
+    SELECT rank, slice_id, program_id, hlo_op,
+        first_value(slice_id) OVER (PARTITION BY rank, run_key ORDER BY slice_id) AS op_id
+    FROM (SELECT l.*, n.track || '/' || l.run AS run_key FROM launches l JOIN named n USING (rank, slice_id))
 )
-SELECT slice_id, op_id, program_id, hlo_op, false AS device FROM launch_ops
+SELECT rank, slice_id, op_id, program_id, hlo_op, false AS device FROM launch_ops
 UNION ALL
-SELECT d.slice_id, COALESCE(o.op_id, d.slice_id), COALESCE(o.program_id, d.program_id), COALESCE(o.hlo_op, d.hlo_op),
-    true
-FROM named d LEFT JOIN launch_ops o ON o.slice_id = d.launch_id
+SELECT d.rank, d.slice_id, COALESCE(o.op_id, d.slice_id), COALESCE(o.program_id, d.program_id),
+    COALESCE(o.hlo_op, d.hlo_op), true
+FROM named d LEFT JOIN launch_ops o ON o.rank = d.rank AND o.slice_id = d.launch_id
 WHERE d.kind = 'kernel'
 UNION ALL  -- kernels whose launch names the op, though they do not
-SELECT k.slice_id, o.op_id, o.program_id, o.hlo_op, true
-FROM links k JOIN launch_ops o ON o.slice_id = k.launch_id
-WHERE k.slice_id NOT IN (SELECT slice_id FROM named) AND k.device_time
+SELECT k.rank, k.slice_id, o.op_id, o.program_id, o.hlo_op, true
+FROM links k JOIN launch_ops o ON o.rank = k.rank AND o.slice_id = k.launch_id
+WHERE NOT EXISTS (SELECT 1 FROM named n WHERE n.rank = k.rank AND n.slice_id = k.slice_id) AND k.device_time
 """
 # Ops' and annotations' children in (parent, start) order (_child_time)
 CHILDREN_SQL = """
-SELECT l.parent_id, s.ts, s.ts + s.dur AS te FROM links l JOIN read_slices s USING (slice_id)
+SELECT l.rank, l.parent_id, s.ts, s.ts + s.dur AS te FROM links l JOIN read_slices s USING (rank, slice_id)
 WHERE l.self_time_child AND l.parent_id IS NOT NULL
-ORDER BY l.parent_id, s.ts, te, l.slice_id
+ORDER BY l.rank, l.parent_id, s.ts, te, l.slice_id
 """
-CHILD_TIME_SCHEMA = pa.schema([("slice_id", pa.int64()), ("ns", pa.int64())])
+CHILD_TIME_SCHEMA = pa.schema([("rank", pa.int32()), ("slice_id", pa.int64()), ("ns", pa.int64())])
 
 
 def _child_time(batches):
     """For the parents of ops and annotations, the time those children cover: the union of their intervals
     (siblings can overlap: a child that starts inside another and ends after it is not its child, and the
-    overlapping time is the parent's only once). `batches`: the children in (parent, start, end) order; each adds
-    what it reaches past the latest end of its earlier siblings. Yields (parent slice_id, ns) a batch at a time,
-    a parent whose children span batches in a row per batch (summed by EXTRA_SQL)."""
-    last_parent, reach = None, 0  # the previous batch's last parent, and the latest end of its children so far
+    overlapping time is the parent's only once). `batches`: the children in (rank, parent, start, end) order; each
+    adds what it reaches past the latest end of its earlier siblings. Yields (rank, parent slice_id, ns) a batch at
+    a time, a parent whose children span batches in a row per batch (summed by EXTRA_SQL)."""
+    last_parent, reach = None, 0  # the previous batch's last (rank, parent), and the latest end of its children
     for batch in batches:
         if not batch.num_rows:
             continue
-        parent, ts, te = (to_numpy(batch[name]) for name in ("parent_id", "ts", "te"))
-        carried = parent[0] == last_parent  # prepended as a child from `reach` to `reach`: it adds nothing
+        rank, parent, ts, te = (to_numpy(batch[name]) for name in ("rank", "parent_id", "ts", "te"))
+        carried = (rank[0], parent[0]) == last_parent  # prepended as a child from `reach` to `reach`: adds nothing
         if carried:
-            parent, ts, te = np.r_[last_parent, parent], np.r_[reach, ts], np.r_[reach, te]
+            rank, parent, ts, te = np.r_[rank[0], rank], np.r_[parent[0], parent], np.r_[reach, ts], np.r_[reach, te]
         n = len(parent)
         first = np.ones(n, bool)
-        first[1:] = parent[1:] != parent[:-1]
+        first[1:] = (parent[1:] != parent[:-1]) | (rank[1:] != rank[:-1])
         # the latest end of the earlier siblings: one running maximum over (sibling group, rank of the end)
-        ends, rank = np.unique(te, return_inverse=True)
-        key = (np.cumsum(first) << 32) | rank
+        ends, end_rank = np.unique(te, return_inverse=True)
+        key = (np.cumsum(first) << 32) | end_rank
         running = np.maximum.accumulate(key)
         earlier = ends[running[np.maximum(np.arange(n) - 1, 0)] & 0xFFFFFFFF]
         covered = np.maximum(te - np.where(first, ts, np.maximum(ts, earlier)), 0)
         starts = np.flatnonzero(first)
-        yield pa.record_batch([array(parent[starts]), array(np.add.reduceat(covered, starts))], CHILD_TIME_SCHEMA)
-        last_parent, reach = parent[-1], ends[running[-1] & 0xFFFFFFFF]
+        yield pa.record_batch([array(rank[starts]), array(parent[starts]), array(np.add.reduceat(covered, starts))],
+                              CHILD_TIME_SCHEMA)
+        last_parent, reach = (rank[-1], parent[-1]), ends[running[-1] & 0xFFFFFFFF]
 
 
 # Per slice: its time outside nested ops and annotations (duration minus the union of those children), and for an op the device time (and kernels) it caused
@@ -399,35 +450,37 @@ def _child_time(batches):
 EXTRA_SQL = """
 CREATE OR REPLACE TABLE extra AS
 WITH child AS (  -- _child_time's partial sums
-    SELECT slice_id, sum(ns) AS child_ns FROM child_time GROUP BY slice_id
+    SELECT rank, slice_id, sum(ns) AS child_ns FROM child_time GROUP BY rank, slice_id
 ), work AS (
-    SELECT op_id, COALESCE(launch_id, slice_id) AS at, dur FROM links WHERE device_time AND op_id IS NOT NULL
+    SELECT rank, op_id, COALESCE(launch_id, slice_id) AS at, dur FROM links WHERE device_time AND op_id IS NOT NULL
 ), own AS (
-    SELECT op_id AS slice_id, sum(dur) AS ns, count(*) AS n FROM work GROUP BY op_id
+    SELECT rank, op_id AS slice_id, sum(dur) AS ns, count(*) AS n FROM work GROUP BY rank, op_id
 ), counted_at AS (
     -- a graph-replayed kernel counts in the ops around its launch and at the copy of its capture op (so in it and
     -- the copies around it: on a track of their own, no op spans both positions)
-    SELECT w.at, w.dur FROM work w
-    UNION ALL SELECT graph_op_id, dur FROM links WHERE device_time AND graph_op_id IS NOT NULL
-), at_pos AS (
-    SELECT l.pos, sum(w.dur) AS ns, count(*) AS n FROM counted_at w JOIN links l ON l.slice_id = w.at GROUP BY l.pos
+    SELECT w.rank, w.at, w.dur FROM work w
+    UNION ALL SELECT rank, graph_op_id, dur FROM links WHERE device_time AND graph_op_id IS NOT NULL
+), at_pos AS (  -- (positions are the batch's: each rank's are a range of their own, NEST_ORDER_SQL)
+    SELECT l.pos, sum(w.dur) AS ns, count(*) AS n
+    FROM counted_at w JOIN links l ON l.rank = w.rank AND l.slice_id = w.at GROUP BY l.pos
 ), running AS (
     SELECT pos, sum(ns) OVER w AS ns, sum(n) OVER w AS n FROM at_pos WINDOW w AS (ORDER BY pos)
 ), total AS (
-    SELECT sp.slice_id, COALESCE(a.ns, 0) - COALESCE(b.ns, 0) AS ns, COALESCE(a.n, 0) - COALESCE(b.n, 0) AS n
+    SELECT sp.rank, sp.slice_id, COALESCE(a.ns, 0) - COALESCE(b.ns, 0) AS ns, COALESCE(a.n, 0) - COALESCE(b.n, 0) AS n
     -- (work at the op's own position is its own: a copy of a capture op's, counted_at)
     FROM op_spans sp ASOF LEFT JOIN running a ON sp.end_pos > a.pos ASOF LEFT JOIN running b ON sp.pos > b.pos
 )
-SELECT f.slice_id, f.op_depth, f.dur - COALESCE(c.child_ns, 0) AS self_dur,
+SELECT f.rank, f.slice_id, f.op_depth, f.dur - COALESCE(c.child_ns, 0) AS self_dur,
     COALESCE(o.n, 0) AS kernel_count, COALESCE(o.ns, 0) AS device_self_ns,
     COALESCE(t.n, 0) AS kernel_count_total, COALESCE(t.ns, 0) AS device_total_ns,
     f.call_id AS collective_call, f.is_call AS is_collective_call
-FROM links f LEFT JOIN child c USING (slice_id) LEFT JOIN own o USING (slice_id) LEFT JOIN total t USING (slice_id)
+FROM links f LEFT JOIN child c USING (rank, slice_id) LEFT JOIN own o USING (rank, slice_id)
+LEFT JOIN total t USING (rank, slice_id)
 """
 
 
-def _derive(con, beside: ThreadPoolExecutor, extra: Future, slices: pa.Table, checks: list[dict], data: TraceData,
-            run_id: str, rank: int, on_table):
+def _derive(con, beside: ThreadPoolExecutor, extra: Future, slices: pa.Table, checks: list[list[dict]],
+            traces: list[TraceData], run_id: str, ranks: list[int], on_table):
     rows: dict[str, int] = {}
     views: dict[str, pa.Table] = {}  # the Arrow tables registered on `con`, by name
 
@@ -460,16 +513,16 @@ def _derive(con, beside: ThreadPoolExecutor, extra: Future, slices: pa.Table, ch
     else:  # no step ranges, no steps (STEPS_SQL's rows are theirs)
         view("steps", emit("steps", _empty("steps")))
     functions.install(con, names=functions.words(OPS_SQL + COLLECTIVES_SQL + MEMORY_SQL))  # only what they use
-    metadata = _metadata_tables(con, data, run_id, rank)
+    metadata = _metadata_tables(con, traces, run_id, ranks)
     for name, table in metadata.items():
         emit(name, table)
-    emit("counters", _counters(data.counters, run_id, rank))
+    emit("counters", _counters(traces, run_id, ranks))
     emit("warnings", _from_rows(con, "warnings", [{"run_id": run_id, "rank": rank, "source_path": None, **c}
-                                                  for c in checks]))
+                                                  for rank, rows in zip(ranks, checks) for c in rows]))
     view("groups", metadata["process_groups"])  # used by the collectives query
-    # forward->backward links: the reader's (Kineto's fwdbwd flows), else from autograd sequence numbers
-    view("fwd_links", data.fwd_links if data.fwd_links is not None else con.sql(SEQUENCE_LINKS_SQL).to_arrow_table())
+    view("fwd_links", _fwd_links(con, traces, ranks))
     view("xla_ops", emit("xla_ops", _from_rows(con, "xla_ops", [{"run_id": run_id, "rank": rank, **r}
+                                                                for data, rank in zip(traces, ranks)
                                                                 for r in data.xla_ops])))
     extra.result()
     # a collective's row is a collective call's or a communication kernel's (COLLECTIVES_SQL: calls, kernel_only)
@@ -479,6 +532,18 @@ def _derive(con, beside: ThreadPoolExecutor, extra: Future, slices: pa.Table, ch
     for name in ("collectives", "memory"):
         rows[name] = late[name].result()
     return rows
+
+
+def _fwd_links(con, traces: list[TraceData], ranks: list[int]) -> pa.Table:
+    """forward->backward links (rank, slice_id, fwd_slice_id): the reader's (Kineto's fwdbwd flows), else, for the
+    ranks without them, from autograd sequence numbers."""
+    recorded = [(data.fwd_links, rank) for data, rank in zip(traces, ranks) if data.fwd_links is not None]
+    parts = [_with_ranks(*zip(*recorded)).select(["rank", "slice_id", "fwd_slice_id"])] if recorded else []
+    if len(recorded) < len(ranks):
+        sql = SEQUENCE_LINKS_SQL if not recorded else (
+            f"SELECT * FROM ({SEQUENCE_LINKS_SQL}) WHERE rank NOT IN ({', '.join(str(r) for _, r in recorded)})")
+        parts.append(con.sql(sql).to_arrow_table())
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
 
 
 def _empty(name: str) -> pa.Table:
@@ -498,7 +563,7 @@ def _any(column: pa.ChunkedArray, value: str) -> bool:
 # the flows it gives the same links, and it links traces written without them.
 SEQUENCE_LINKS_SQL = """
 WITH cpu AS (
-    SELECT slice_id, name, pid, ts, dur,
+    SELECT rank, slice_id, name, pid, ts, dur,
         TRY_CAST(json_extract_string(args, '$."Sequence number"') AS BIGINT) AS seq,
         TRY_CAST(json_extract_string(args, '$."Fwd thread id"') AS BIGINT) AS fwd_tid
     FROM slices WHERE kind = 'cpu_op' AND contains(CAST(args AS VARCHAR), '"Sequence number"')
@@ -507,9 +572,9 @@ WITH cpu AS (
 ), fwd AS (
     SELECT * FROM cpu WHERE seq >= 0 AND COALESCE(fwd_tid, 0) = 0
 )
-SELECT b.slice_id, arg_max(f.slice_id, [f.ts, -f.dur]) AS fwd_slice_id
-FROM bwd b JOIN fwd f ON f.seq = b.seq AND f.pid = b.pid AND f.ts <= b.ts
-GROUP BY b.slice_id
+SELECT b.rank, b.slice_id, arg_max(f.slice_id, [f.ts, -f.dur]) AS fwd_slice_id
+FROM bwd b JOIN fwd f ON f.rank = b.rank AND f.seq = b.seq AND f.pid = b.pid AND f.ts <= b.ts
+GROUP BY b.rank, b.slice_id
 """
 
 
@@ -537,8 +602,8 @@ FROM (  -- the op's args fields, from one parse of them
                                   '$."Input Strides"', '$."Concrete Inputs"', '$.flops']) AS a
     FROM slices WHERE kind = 'cpu_op'
 ) s
-JOIN extra x USING (slice_id)  -- (an op's own op_id is the op enclosing it)
-LEFT JOIN fwd_links fl ON fl.slice_id = s.slice_id
+JOIN extra x USING (rank, slice_id)  -- (an op's own op_id is the op enclosing it)
+LEFT JOIN fwd_links fl ON fl.rank = s.rank AND fl.slice_id = s.slice_id
 UNION ALL BY NAME
 -- XLA ops: one row per execution (xla_exec), with its HLO op's operands and costs from xla_ops
 SELECT s.run_id, s.rank, e.op_id, e.name, e.ts, e.dur, e.dur AS self_dur, s.pid, s.tid, NULL AS parent_op_id,
@@ -546,7 +611,7 @@ SELECT s.run_id, s.rank, e.op_id, e.name, e.ts, e.dur, e.dur AS self_dur, s.pid,
     x.flops, x.bytes_accessed, e.kernel_count, e.device_ns AS device_self_ns, e.kernel_count AS kernel_count_total,
     e.device_ns AS device_total_ns
 FROM (
-    SELECT x.op_id, any_value(x.hlo_op) AS name, any_value(x.program_id) AS program_id,
+    SELECT x.rank, x.op_id, any_value(x.hlo_op) AS name, any_value(x.program_id) AS program_id,
         -- the op's span: its launches' on a GPU, else the op event's own
         COALESCE(min(s.ts) FILTER (WHERE NOT x.device), min(s.ts)) AS ts,
         COALESCE(max(s.ts + s.dur) FILTER (WHERE NOT x.device), max(s.ts + s.dur))
@@ -554,21 +619,21 @@ FROM (
         count(*) FILTER (WHERE s.kind IN ({sql_list(DEVICE_TIME_KINDS)})) AS kernel_count,
         -- (a TPU op's slice lasts what its device measured, as XProf counts it: readers/xplane.py)
         COALESCE(sum(s.dur) FILTER (WHERE s.kind IN ({sql_list(DEVICE_TIME_KINDS)})), 0) AS device_ns
-    FROM xla_exec x JOIN slices s USING (slice_id) GROUP BY x.op_id
+    FROM xla_exec x JOIN slices s USING (rank, slice_id) GROUP BY x.rank, x.op_id
 ) e
-JOIN slices s ON s.slice_id = e.op_id
-LEFT JOIN xla_ops x ON x.program_id = e.program_id AND x.name = e.name
-ORDER BY op_id
+JOIN slices s ON s.rank = e.rank AND s.slice_id = e.op_id
+LEFT JOIN xla_ops x ON x.rank = e.rank AND x.program_id = e.program_id AND x.name = e.name
+ORDER BY rank, op_id
 """
 
 # Host calls carry group and size; the kernels carry device time (and, in newer traces, the same metadata).
 COLLECTIVES_SQL = """
 WITH comm_kernels AS (
     SELECT a.*, x.collective_call
-    FROM device_activity() a JOIN extra x USING (slice_id)
+    FROM device_activity() a JOIN extra x USING (rank, slice_id)
     WHERE a.class = 'communication'
 ), per_call AS (
-    SELECT collective_call, count(*) AS kernel_count, any_value(device_id) AS device_id,
+    SELECT rank, collective_call, count(*) AS kernel_count, any_value(device_id) AS device_id,
         arg_min(stream, (ts, slice_id)) AS stream, min(ts) AS device_ts, max(ts + dur) - min(ts) AS device_dur,
         sum(dur) AS kernel_dur,
         -- what the kernels say of the call, for host calls that record none (c10d ops; torch_npu's HCCL ops)
@@ -576,7 +641,7 @@ WITH comm_kernels AS (
         max(TRY_CAST(json_extract_string(args, '$."In msg nelems"') AS BIGINT)) AS kernel_in_nelems,
         max(TRY_CAST(json_extract_string(args, '$."Out msg nelems"') AS BIGINT)) AS kernel_out_nelems,
         min(json_extract_string(args, '$."Process Group Name"')) AS kernel_pg_name
-    FROM comm_kernels WHERE collective_call IS NOT NULL GROUP BY collective_call
+    FROM comm_kernels WHERE collective_call IS NOT NULL GROUP BY rank, collective_call
 ), calls AS (
     SELECT s.run_id, s.rank, s.slice_id AS collective_id, s.args, s.step, s.ts AS cpu_ts, s.dur AS cpu_dur, s.tid,
         -- (with x in it, the filter on the name below runs after the join: not on every slice's args)
@@ -584,17 +649,18 @@ WITH comm_kernels AS (
         END AS source_name,
         k.kernel_count, k.device_id, k.stream, k.device_ts, k.device_dur, k.kernel_dur, k.kernel_dtype,
         k.kernel_in_nelems, k.kernel_out_nelems, k.kernel_pg_name
-    FROM slices s JOIN extra x USING (slice_id) LEFT JOIN per_call k ON k.collective_call = s.slice_id
+    FROM slices s JOIN extra x USING (rank, slice_id)
+    LEFT JOIN per_call k ON k.rank = s.rank AND k.collective_call = s.slice_id
     WHERE x.is_collective_call
 ), annotated AS (
     -- a c10d call of a TensorList (gloo's send/recv_) records no dtype; the backend's transfer annotation that
     -- starts inside it on its thread (gloo:send, gloo:recv) records the tensor's
-    SELECT c.collective_id, min(json_extract_string(a.args, '$."Input type"[0]')) AS annotation_dtype
+    SELECT c.rank, c.collective_id, min(json_extract_string(a.args, '$."Input type"[0]')) AS annotation_dtype
     FROM calls c JOIN slices a ON a.rank = c.rank AND a.tid = c.tid AND a.kind = 'user_annotation'
      AND a.ts >= c.cpu_ts AND a.ts <= c.cpu_ts + c.cpu_dur
     WHERE c.kernel_count IS NULL AND json_extract_string(c.args, '$."Input type"[0]') = 'TensorList'
       AND collective_kind(a.name) = collective_kind(c.source_name)
-    GROUP BY c.collective_id
+    GROUP BY c.rank, c.collective_id
 ), kernel_only AS (
     -- XLA collectives take size, type and groups from their HLO op: the replica group holding the device
     SELECT c.run_id, c.rank, c.slice_id AS collective_id, c.args, c.step, NULL AS cpu_ts, NULL AS cpu_dur,
@@ -604,8 +670,8 @@ WITH comm_kernels AS (
         x.collective_out_elems AS xla_out, x.group_size AS xla_group_size,
         COALESCE(list_filter(x.replica_groups, lambda g: list_contains(g, c.device_id))[1], x.replica_groups[1])
             AS xla_group
-    FROM comm_kernels c LEFT JOIN xla_exec e USING (slice_id)
-    LEFT JOIN xla_ops x ON x.program_id = e.program_id AND x.name = e.hlo_op
+    FROM comm_kernels c LEFT JOIN xla_exec e USING (rank, slice_id)
+    LEFT JOIN xla_ops x ON x.rank = c.rank AND x.program_id = e.program_id AND x.name = e.hlo_op
     WHERE c.collective_call IS NULL
       AND NOT regexp_matches(COALESCE(e.hlo_op, ''), '-done([.]\\d+)?$')  -- the wait of an async collective
 ), rows AS (
@@ -638,14 +704,15 @@ WITH comm_kernels AS (
              THEN COALESCE(TRY_CAST(json_extract_string(args, '$.Rank') AS INTEGER),
                            TRY_CAST(json_extract_string(args, '$."Concrete Inputs"[2]') AS INTEGER))
         END AS peer_group_rank
-    FROM (SELECT * FROM calls LEFT JOIN annotated USING (collective_id) UNION ALL BY NAME SELECT * FROM kernel_only)
+    FROM (SELECT * FROM calls LEFT JOIN annotated USING (rank, collective_id)
+          UNION ALL BY NAME SELECT * FROM kernel_only)
     WHERE source_name <> 'wait'  -- work.wait() is recorded like a collective but moves no data
 ), only_group AS (  -- a rank in a single process group: calls that name none ran on it
-    SELECT any_value(pg_name) AS pg_name, any_value(pg_desc) AS pg_desc, any_value(group_size) AS group_size,
+    SELECT rank, any_value(pg_name) AS pg_name, any_value(pg_desc) AS pg_desc, any_value(group_size) AS group_size,
         any_value(group_ranks) AS group_ranks
-    FROM groups HAVING count(*) = 1
+    FROM groups GROUP BY rank HAVING count(*) = 1
 ), host_calls AS (  -- whether the rank issues its collectives from the host (else: XLA's SPMD device ops)
-    SELECT count(*) > 0 AS any_host FROM rows WHERE cpu_ts IS NOT NULL
+    SELECT rank, count(*) FILTER (WHERE cpu_ts IS NOT NULL) > 0 AS any_host FROM rows GROUP BY rank
 )
 SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_desc, g.pg_desc) AS pg_desc,
                     COALESCE(r.group_size, g.group_size) AS group_size,
@@ -662,14 +729,14 @@ SELECT r.* REPLACE (COALESCE(r.pg_name, g.pg_name) AS pg_name, COALESCE(r.pg_des
     -- numbered per group and class (collective_match_class: point-to-point calls apart from each collective);
     -- on a rank whose collectives no host call issues (XLA's SPMD ops, one set per device) per device too, and
     -- where host calls exist, the kernels none of them launched in the same count (else two counts collide)
-    COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY COALESCE(r.pg_name, g.pg_name, ''),
+    COALESCE(r.recorded_seq, row_number() OVER (PARTITION BY r.rank, COALESCE(r.pg_name, g.pg_name, ''),
                                                              collective_match_class(COALESCE(
                                                                  r.xla_collective, collective_kind(r.source_name))),
                                                              CASE WHEN r.cpu_ts IS NULL AND NOT h.any_host
                                                                   THEN r.device_id END
                                                 ORDER BY COALESCE(r.cpu_ts, r.device_ts), r.collective_id) - 1) AS seq
-FROM rows r LEFT JOIN only_group g ON true CROSS JOIN host_calls h
-ORDER BY COALESCE(r.cpu_ts, r.device_ts), r.collective_id
+FROM rows r LEFT JOIN only_group g ON g.rank = r.rank JOIN host_calls h ON h.rank = r.rank
+ORDER BY r.rank, COALESCE(r.cpu_ts, r.device_ts), r.collective_id
 """
 
 
@@ -720,72 +787,77 @@ SELECT run_id, rank, slice_id AS memory_id, ts,
     TRY_CAST(fragmentation AS DOUBLE) AS fragmentation,
     NULLIF(NULLIF(COALESCE(tf_op, op_name_arg), '(null)'), '') AS op_name
 FROM events
-ORDER BY ts, slice_id
+ORDER BY rank, ts, slice_id
 """
 
 STEPS_SQL = f"""
 WITH ranges AS (  -- step_rules.find's: the rule that defines the rank's steps, and what the names say
     SELECT r.run_id, r.rank, s.step, s.name, s.slice_id, s.ts, s.dur, s.rule, s.phase, s.batch_size, s.tokens,
         s.prefill_tokens
-    FROM step_ranges s JOIN slices r USING (slice_id)
+    FROM step_ranges s JOIN slices r USING (rank, slice_id)
 ), firsts AS (
     -- per device and step: its first device event, and the last end of any stepped work on the device
-    SELECT device_id, step, min(ts) AS first_ts, count(*) AS kernel_count,
-        max(max(ts + dur)) OVER (PARTITION BY device_id) AS device_end
-    FROM slices WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)}) AND step IS NOT NULL GROUP BY device_id, step
+    SELECT rank, device_id, step, min(ts) AS first_ts, count(*) AS kernel_count,
+        max(max(ts + dur)) OVER (PARTITION BY rank, device_id) AS device_end
+    FROM slices WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)}) AND step IS NOT NULL GROUP BY rank, device_id, step
 ), windows AS (
     -- the step_windows macro's rule (tracesql/functions/40_time.sql), over every device event: from the step's
     -- first event to the next step's first event on the same device, the last step to the last end
-    SELECT device_id, step, first_ts AS ts,
-        COALESCE(lead(first_ts) OVER (PARTITION BY device_id ORDER BY first_ts, step), device_end) AS te,
+    SELECT rank, device_id, step, first_ts AS ts,
+        COALESCE(lead(first_ts) OVER (PARTITION BY rank, device_id ORDER BY first_ts, step), device_end) AS te,
         kernel_count
     FROM firsts
 ), device AS (
     -- over the rank's devices (one, but for XLA traces of several): the earliest start to the latest end
-    SELECT step, min(ts) AS device_ts, max(te) - min(ts) AS device_dur, sum(kernel_count) AS kernel_count
-    FROM windows GROUP BY step
+    SELECT rank, step, min(ts) AS device_ts, max(te) - min(ts) AS device_dur, sum(kernel_count) AS kernel_count
+    FROM windows GROUP BY rank, step
 )
 SELECT r.*,
     -- a step marked on the device (XPlane's 'Steps' line) is its own device window: XProf's step time
     CASE WHEN r.rule = 'xplane_steps' THEN r.ts ELSE d.device_ts END AS device_ts,
     CASE WHEN r.rule = 'xplane_steps' THEN r.dur ELSE d.device_dur END AS device_dur,
     COALESCE(d.kernel_count, 0) AS kernel_count
-FROM ranges r LEFT JOIN device d USING (step)
-ORDER BY r.ts, r.slice_id
+FROM ranges r LEFT JOIN device d USING (rank, step)
+ORDER BY r.rank, r.ts, r.slice_id
 """
 
 
-def _metadata_tables(con, data: TraceData, run_id: str, rank: int) -> dict[str, pa.Table]:
-    span = con.execute("SELECT min(ts), max(ts + dur) FROM slices").fetchall()[0]
-    ranks = {
-        "run_id": run_id, "rank": rank, "source_path": None, "source_format": data.format,
-        "source_bytes": None, "world_size": data.world_size, "backend": data.backend,
-        "host_name": data.host_name, "base_time_ns": data.base_time_ns, "trace_start_ns": span[0],
-        "trace_end_ns": span[1], "event_count": data.event_count, "skipped_count": sum(data.skipped.values()),
-        "metadata": json.dumps(data.metadata, default=str),
-    }
-    known = {d["device_id"]: d for d in data.devices}
-    seen = con.execute("SELECT DISTINCT device_id FROM slices WHERE device_id IS NOT NULL ORDER BY 1").fetchall()
-    for (device_id,) in seen:
-        known.setdefault(device_id, {"device_id": device_id})
-    devices = [
-        {"run_id": run_id, "rank": rank, **{k: d.get(k) for k in ("device_id", "name", "total_memory_bytes",
-                                                                   "compute_capability", "sm_count")},
-         "properties": json.dumps(d.get("properties")) if d.get("properties") is not None else None}
-        for d in sorted(known.values(), key=lambda d: d["device_id"])
-    ]
-    groups = [{"run_id": run_id, "rank": rank, **g} for g in data.process_groups]
-    return {
-        "ranks": _from_rows(con, "ranks", [ranks]),
-        "devices": _from_rows(con, "devices", devices),
-        "process_groups": _from_rows(con, "process_groups", groups),
-    }
+def _metadata_tables(con, traces: list[TraceData], run_id: str, ranks: list[int]) -> dict[str, pa.Table]:
+    spans = {rank: span for rank, *span in
+             con.execute("SELECT rank, min(ts), max(ts + dur) FROM slices GROUP BY rank").fetchall()}
+    seen: dict[int, list] = {}
+    for rank, device_id in con.execute("SELECT DISTINCT rank, device_id FROM slices WHERE device_id IS NOT NULL "
+                                       "ORDER BY 1, 2").fetchall():
+        seen.setdefault(rank, []).append(device_id)
+    rows = {"ranks": [], "devices": [], "process_groups": []}
+    for data, rank in zip(traces, ranks):
+        span = spans.get(rank, (None, None))
+        rows["ranks"].append({
+            "run_id": run_id, "rank": rank, "source_path": None, "source_format": data.format,
+            "source_bytes": None, "world_size": data.world_size, "backend": data.backend,
+            "host_name": data.host_name, "base_time_ns": data.base_time_ns, "trace_start_ns": span[0],
+            "trace_end_ns": span[1], "event_count": data.event_count, "skipped_count": sum(data.skipped.values()),
+            "metadata": json.dumps(data.metadata, default=str),
+        })
+        known = {d["device_id"]: d for d in data.devices}
+        for device_id in seen.get(rank, ()):
+            known.setdefault(device_id, {"device_id": device_id})
+        rows["devices"] += [
+            {"run_id": run_id, "rank": rank, **{k: d.get(k) for k in ("device_id", "name", "total_memory_bytes",
+                                                                       "compute_capability", "sm_count")},
+             "properties": json.dumps(d.get("properties")) if d.get("properties") is not None else None}
+            for d in sorted(known.values(), key=lambda d: d["device_id"])
+        ]
+        rows["process_groups"] += [{"run_id": run_id, "rank": rank, **g} for g in data.process_groups]
+    return {name: _from_rows(con, name, table_rows) for name, table_rows in rows.items()}
 
 
-def _counters(counters: pa.Table | None, run_id: str, rank: int) -> pa.Table:
-    if counters is None:
+def _counters(traces: list[TraceData], run_id: str, ranks: list[int]) -> pa.Table:
+    counted = [(data.counters, rank) for data, rank in zip(traces, ranks) if data.counters is not None]
+    if not counted:
         return _empty("counters")
-    return schema.conform("counters", _with_run_rank(counters, run_id, rank))
+    tables = [schema.conform("counters", _with_run_rank(counters, run_id, rank)) for counters, rank in counted]
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
 
 
 def _with_run_rank(table: pa.Table, run_id: str, rank: int) -> pa.Table:

@@ -41,49 +41,58 @@ def skipped_rows(skipped: dict[str, int], examples: dict[str, str]) -> list[dict
                  f"{n} event(s) skipped: {reason}") for reason, n in skipped.items()]
 
 
-def link_checks(con, steps: dict) -> list[dict]:
-    """Checks on the links normalize made, in SQL over `read_slices`, `launchers` (launch calls by correlation
-    id, with how many share it) and `launch` (device work -> its launch call). `steps`: the step ranges
-    (slice_id, name, end_ts), in time order."""
-    rows = []
-    unlaunched, first = con.execute(f"""
-        SELECT count(*), arg_min(name, slice_id) FROM read_slices s ANTI JOIN launch USING (slice_id)
-        WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)})""").fetchall()[0]
-    launcher_count, repeats, value = con.execute("""
-        SELECT sum(calls), sum(calls - 1) FILTER (WHERE calls > 1), min(correlation) FILTER (WHERE calls > 1)
-        FROM launchers""").fetchall()[0]
-    if unlaunched:
-        # host events of a category tracesql does not know may carry the device work's correlation ids
-        unknown = con.execute(f"""
-            SELECT o.category, count(*) FROM read_slices o
-            SEMI JOIN (SELECT correlation FROM read_slices WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)})) d
-              USING (correlation)
-            WHERE o.kind = 'other' GROUP BY o.category ORDER BY 2 DESC, 1 LIMIT 1""").fetchall()
-        if launcher_count:
+def link_checks(con, steps: dict) -> dict[int, list[dict]]:
+    """Checks on the links normalize made, per rank (rank -> rows), in SQL over `read_slices`, `launchers` (launch
+    calls by correlation id, with how many share it), `launch` (device work -> its launch call) and `step_ranges`.
+    `steps`: the step ranges (rank, slice_id, name, end_ts), by rank and time."""
+    rows: dict[int, list[dict]] = {}
+    unlaunched = {rank: (n, first) for rank, n, first in con.execute(f"""
+        SELECT rank, count(*), arg_min(name, slice_id) FROM read_slices s ANTI JOIN launch USING (rank, slice_id)
+        WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)}) GROUP BY rank""").fetchall()}
+    launchers = {rank: (calls, repeats) for rank, calls, repeats in con.execute("""
+        SELECT rank, sum(calls), sum(calls - 1) FILTER (WHERE calls > 1) FROM launchers GROUP BY rank""").fetchall()}
+    # host events of a category tracesql does not know may carry the device work's correlation ids
+    unknown = dict(con.execute(f"""
+        SELECT rank, {{'category': category, 'n': count(*)}} FROM read_slices o
+        SEMI JOIN (SELECT rank, correlation FROM read_slices WHERE kind IN ({sql_list(DEVICE_TIME_KINDS)})) d
+          USING (rank, correlation)
+        WHERE o.kind = 'other' GROUP BY rank, category
+        QUALIFY row_number() OVER (PARTITION BY rank ORDER BY count(*) DESC, category) = 1""").fetchall()
+        if any(not launchers.get(rank, (None,))[0] for rank in unlaunched) else ())
+    for rank, (n, first) in sorted(unlaunched.items()):
+        if launchers.get(rank, (None,))[0]:
             why = "no runtime call has their correlation id (the profile started after the launch, or a damaged id)"
-        elif unknown:
-            why = (f"their correlation ids are on {unknown[0][1]} host event(s) of category '{unknown[0][0]}', "
-                   "which tracesql does not know as runtime calls")
+        elif rank in unknown:
+            why = (f"their correlation ids are on {unknown[rank]['n']} host event(s) of category "
+                   f"'{unknown[rank]['category']}', which tracesql does not know as runtime calls")
         else:
             why = "the trace has no host runtime calls (device work only, or launches not recorded)"
-        rows.append(_row("kernel_without_launch", unlaunched, first,
-                         f"{unlaunched} device event(s) without a launch: {why}; they count as device time "
-                         "and belong to the step they ran in, but to no op"))
-    if repeats:
-        calls = con.execute(f"SELECT name FROM read_slices WHERE kind IN ({sql_list(LAUNCH_KINDS)}) "
-                            "AND correlation = $v ORDER BY slice_id LIMIT 3", {"v": value}).fetchall()
-        rows.append(_row("repeated_correlation", repeats, f"correlation {value}: " + ", ".join(c for c, in calls),
-                         f"{repeats} launch call(s) reuse the correlation id of another "
-                         "call: their device work is linked to the earliest call with that id"))
+        rows.setdefault(rank, []).append(_row(
+            "kernel_without_launch", n, first, f"{n} device event(s) without a launch: {why}; they count as device "
+            "time and belong to the step they ran in, but to no op"))
+    if any(repeats for _, repeats in launchers.values()):
+        for rank, value, calls in con.execute(f"""
+            SELECT s.rank, r.value, list(s.name ORDER BY s.slice_id)[:3] FROM read_slices s
+            JOIN (SELECT rank, min(correlation) FILTER (WHERE calls > 1) AS value FROM launchers GROUP BY rank) r
+              ON s.rank = r.rank AND s.correlation = r.value
+            WHERE s.kind IN ({sql_list(LAUNCH_KINDS)}) GROUP BY s.rank, r.value ORDER BY s.rank""").fetchall():
+            repeats = launchers[rank][1]
+            rows.setdefault(rank, []).append(_row(
+                "repeated_correlation", repeats, f"correlation {value}: " + ", ".join(calls),
+                f"{repeats} launch call(s) reuse the correlation id of another call: their device work is linked to "
+                "the earliest call with that id"))
     if len(steps["slice_id"]):
-        last_end, others = con.execute(
-            "SELECT max(ts + dur), count(*) FROM read_slices WHERE slice_id NOT IN (SELECT unnest($steps))",
-            {"steps": steps["slice_id"].tolist()}).fetchall()[0]
-        open_steps = np.flatnonzero(steps["end_ts"] > (last_end if last_end is not None else np.iinfo(np.int64).min))
-        if len(open_steps) and others:
-            rows.append(_row("unterminated_step", len(open_steps), steps["name"][open_steps[0]],
-                             f"{len(open_steps)} step(s) end after every other event of the trace (cut short?): "
-                             "their device time covers what was recorded"))
+        for rank, last_end, others in con.execute("""
+            SELECT rank, max(ts + dur), count(*) FROM read_slices ANTI JOIN step_ranges USING (rank, slice_id)
+            GROUP BY rank ORDER BY rank""").fetchall():
+            lo, hi = np.searchsorted(steps["rank"], rank, "left"), np.searchsorted(steps["rank"], rank, "right")
+            last_end = last_end if last_end is not None else np.iinfo(np.int64).min
+            open_steps = lo + np.flatnonzero(steps["end_ts"][lo:hi] > last_end)
+            if len(open_steps):
+                rows.setdefault(rank, []).append(_row(
+                    "unterminated_step", len(open_steps), steps["name"][open_steps[0]],
+                    f"{len(open_steps)} step(s) end after every other event of the trace (cut short?): their "
+                    "device time covers what was recorded"))
     return rows
 
 

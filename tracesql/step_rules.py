@@ -144,10 +144,10 @@ RULES: tuple[StepRule, ...] = (
                  "ends_with(track, ' / Steps')"),
 )
 
-#: The columns `find` returns (steps: ts, by slice id), and their types
+#: The columns `find` returns (steps: by rank, then ts, then slice id), and their types
 #: (window_ts, end_ts: where the events that belong to the step by time start; ts, dur: the range that names it)
-COLUMNS = pa.schema([("slice_id", pa.int64()), ("ts", pa.int64()), ("dur", pa.int64()), ("window_ts", pa.int64()),
-                     ("end_ts", pa.int64()),
+COLUMNS = pa.schema([("rank", pa.int32()), ("slice_id", pa.int64()), ("ts", pa.int64()), ("dur", pa.int64()),
+                     ("window_ts", pa.int64()), ("end_ts", pa.int64()),
                      ("step", pa.int32()), ("name", pa.string()), ("rule", pa.string()), ("phase", pa.string()),
                      ("batch_size", pa.int32()), ("tokens", pa.int64()), ("prefill_tokens", pa.int64())])
 
@@ -182,32 +182,43 @@ def candidates_sql(table: str, rules: tuple[StepRule, ...]) -> str:
     """The ranges of `table` that any rule matches (few: the rules are checked in Python on them)."""
     clauses = " OR ".join(f"(kind IN ({sql_list(r.kinds)}) AND {r.quick or 'true'} "
                           f"AND regexp_matches(name, {_quote(r.pattern)}))" for r in rules)
-    return f"SELECT slice_id, ts, dur, name, kind FROM {table} WHERE name IS NOT NULL AND ({clauses}) " \
-           "ORDER BY ts, slice_id"
+    return f"SELECT rank, slice_id, ts, dur, name, kind FROM {table} WHERE name IS NOT NULL AND ({clauses}) " \
+           "ORDER BY rank, ts, slice_id"
 
 
-def find(con, table: str, pattern: str | None = None, notes: list | None = None) -> pa.Table:
-    """The step ranges of one rank's `table` (slices), by the first rule that matches any (the user's first), as
-    COLUMNS. Ranges of the chosen rule that start together are all kept (the later one counts when events are
-    assigned to steps, as before). `notes` gets a line when the user's pattern matched nothing."""
+def find(con, table: str, notes: dict[int, list], pattern: str | None = None) -> pa.Table:
+    """The step ranges of each rank of `table` (slices with their rank; `notes`: each rank's notes), by the
+    first rule that matches any of the rank's ranges (the user's first), as COLUMNS. Ranges of the chosen rule
+    that start together are all kept (the later one counts when events are assigned to steps, as before). A
+    rank's notes get a line when the user's pattern matched none of its ranges."""
     user = user_rule(pattern)
     rules = ((user,) if user else ()) + RULES
-    rows = con.execute(candidates_sql(table, rules)).fetchall()
-    chosen, matches = None, []
-    for rule in rules:
-        matches = [(row, m) for row in rows if row[4] in rule.kinds and (m := re.search(rule.pattern, row[3]))]
-        if matches:
-            chosen = rule
-            break
-    if user and chosen is not user and notes is not None:
-        notes.append(f"--step-pattern {pattern!r} matched no range"
-                     + (f"; steps are {chosen.name} ranges" if chosen else "; the trace has no steps"))
-    if chosen is None:
-        return _table({c: [] for c in COLUMNS.names})
+    candidates: dict[int, list] = {rank: [] for rank in sorted(notes)}
+    for rank, *row in con.execute(candidates_sql(table, rules)).fetchall():
+        candidates[rank].append(row)
     out = {c: [] for c in COLUMNS.names}
+    for rank, rows in candidates.items():
+        chosen, matches = None, []
+        for rule in rules:
+            matches = [(row, m) for row in rows if row[4] in rule.kinds and (m := re.search(rule.pattern, row[3]))]
+            if matches:
+                chosen = rule
+                break
+        if user and chosen is not user:
+            notes[rank].append(f"--step-pattern {pattern!r} matched no range"
+                               + (f"; steps are {chosen.name} ranges" if chosen else "; the trace has no steps"))
+        if chosen is not None:
+            _add_ranges(out, rank, chosen, matches)
+    return _table(out)
+
+
+def _add_ranges(out: dict[str, list], rank: int, chosen: StepRule, matches: list) -> None:
+    """The step ranges of rank `rank` by rule `chosen` (`matches`: its ranges and the rule's matches) added to the
+    columns `out`."""
     for i, (slice_id, ts, dur, window_ts, end_ts, name, m) in enumerate(chosen.ranges(matches)):
         number = m.groupdict().get("step")
         fields = chosen.fields(m)
+        out["rank"].append(rank)
         out["slice_id"].append(slice_id)
         out["ts"].append(ts)
         out["dur"].append(dur)
@@ -218,7 +229,6 @@ def find(con, table: str, pattern: str | None = None, notes: list | None = None)
         out["rule"].append(chosen.name)
         for k, v in fields.items():
             out[k].append(v)
-    return _table(out)
 
 
 def _table(columns: dict[str, list]) -> pa.Table:
@@ -239,9 +249,9 @@ def _table(columns: dict[str, list]) -> pa.Table:
 
 
 def as_numpy(steps: pa.Table) -> dict[str, np.ndarray]:
-    """ts (the window's start), end_ts, step, slice_id, name as arrays (what the nesting pass and the checks
+    """rank, ts (the window's start), end_ts, step, slice_id, name as arrays (what the nesting pass and the checks
     read)."""
-    out = {c: to_numpy(steps[c]) for c in ("end_ts", "step", "slice_id")}
+    out = {c: to_numpy(steps[c]) for c in ("rank", "end_ts", "step", "slice_id")}
     out["ts"] = to_numpy(steps["window_ts"])
     out["name"] = np.array(steps["name"].to_pylist(), object)
     return out
