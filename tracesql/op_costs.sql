@@ -119,11 +119,10 @@ WITH RECURSIVE async_done AS (
     -- optimized at each use: typed_op_flops is a third of the formulas' planning)
     FROM (SELECT *, list_transform(['flash', 'torch'], lambda convention:
                         typed_op_flops(k, input_dims, input_types, concrete_inputs, a, convention)) AS conventions
-    FROM (SELECT *, op_kind(name, base, family0, a) AS k, serving_op_cost(name, input_dims, a, x) AS sv
-          FROM (SELECT *, op_base_family(name, base) AS family0, op_args(input_dims, input_types, concrete_inputs) AS a
-                FROM (SELECT *, op_base_name(name) AS base
-                      FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs, x FROM contexts
-                            WHERE program_id IS NULL)))))
+    FROM (SELECT *, serving_op_cost(name, input_dims, a, x) AS sv
+          FROM (SELECT *, unnest(op_call(name, input_dims, input_types, concrete_inputs))  -- k and a
+                FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs, x FROM contexts
+                      WHERE program_id IS NULL))))
 ), costed AS (
     SELECT o.run_id, o.rank, o.op_id, o.name, o.step, o.pid, o.tid, o.ts, o.dur, o.op_depth, o.input_dims,
         o.input_types, COALESCE(a.span_ns, o.device_total_ns) AS device_total_ns, o.flops AS profiler_flops,
