@@ -144,8 +144,8 @@ def definitions() -> list[tuple[str | None, str]]:
 
 @functools.cache
 def _statements(text: str) -> list[tuple[str | None, str]]:
-    """(name, SQL) of each statement of one file's text (`definitions`), worked out once a process: the family
-    formulas that `sql_files` finds by their names are those `definitions` splits."""
+    """(name, SQL) of each statement of one file's text, split once a process: `definitions` and
+    `formula_families` (which families have formula macros) read the same split."""
     starts = [m.start() for m in _CREATE.finditer(text)]
     head = text[: starts[0]] if starts else text
     found = []
