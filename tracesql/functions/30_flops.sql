@@ -1333,9 +1333,11 @@ CREATE OR REPLACE MACRO typed_op_bytes_gemm(k, d, t, c, a) AS (
     END)[1]
 );
 
+-- Convolution (conv_flops, conv_bytes).
 CREATE OR REPLACE MACRO typed_op_flops_conv(k, d, t, c, a, attention_convention) AS (conv_flops(k.base, d, c));
 CREATE OR REPLACE MACRO typed_op_bytes_conv(k, d, t, c, a) AS (conv_bytes(k.base, d, a, c));
 
+-- Attention (attention_flops, attention_bytes), causal counted as attention_convention says.
 CREATE OR REPLACE MACRO typed_op_flops_attention(k, d, t, c, a, attention_convention) AS (
     attention_flops(k.base, d, c, attention_convention)
 );
@@ -1351,12 +1353,15 @@ CREATE OR REPLACE MACRO typed_op_flops_elementwise(k, d, t, c, a, attention_conv
 );
 CREATE OR REPLACE MACRO typed_op_bytes_elementwise(k, d, t, c, a) AS (elementwise_bytes(k, d, a));
 
+-- Reductions: the spec's FLOPs per input element (reduction_spec), reduction_bytes.
 CREATE OR REPLACE MACRO typed_op_flops_reduction(k, d, t, c, a, attention_convention) AS (k.red.flops * a[1].numel);
 CREATE OR REPLACE MACRO typed_op_bytes_reduction(k, d, t, c, a) AS (reduction_bytes(k, d, a, c));
 
+-- Normalization, forward and backward (norm_flops, norm_bytes).
 CREATE OR REPLACE MACRO typed_op_flops_norm(k, d, t, c, a, attention_convention) AS (norm_flops(k.nl, d, c));
 CREATE OR REPLACE MACRO typed_op_bytes_norm(k, d, t, c, a) AS (norm_bytes(k.nl, d, a, c));
 
+-- Softmax and log-softmax: 5 FLOPs per element, softmax_bytes.
 CREATE OR REPLACE MACRO typed_op_flops_softmax(k, d, t, c, a, attention_convention) AS (5 * a[1].numel);
 CREATE OR REPLACE MACRO typed_op_bytes_softmax(k, d, t, c, a) AS (softmax_bytes(k, a, c));
 
@@ -1366,12 +1371,15 @@ CREATE OR REPLACE MACRO typed_op_flops_copy(k, d, t, c, a, attention_convention)
 );
 CREATE OR REPLACE MACRO typed_op_bytes_copy(k, d, t, c, a) AS (copy_bytes(k.base, d, a, c));
 
+-- Upsampling (upsample_flops, upsample_bytes).
 CREATE OR REPLACE MACRO typed_op_flops_upsample(k, d, t, c, a, attention_convention) AS (upsample_flops(k.base, d, c));
 CREATE OR REPLACE MACRO typed_op_bytes_upsample(k, d, t, c, a) AS (upsample_bytes(k.base, d, a, c));
 
+-- Gathers and scatters (index_flops, index_bytes).
 CREATE OR REPLACE MACRO typed_op_flops_index(k, d, t, c, a, attention_convention) AS (index_flops(k.core, d, a, c));
 CREATE OR REPLACE MACRO typed_op_bytes_index(k, d, t, c, a) AS (index_bytes(k, k.core, d, a, c));
 
+-- Inference engines' fused kernels, by the layout they share (fused_kernel, fused_flops, fused_bytes).
 CREATE OR REPLACE MACRO typed_op_flops_fused(k, d, t, c, a, attention_convention) AS (
     fused_flops(fused_kernel(k.name), d, a)
 );
@@ -1383,6 +1391,7 @@ CREATE OR REPLACE MACRO typed_op_flops_triton(k, d, t, c, a, attention_conventio
 );
 CREATE OR REPLACE MACRO typed_op_bytes_triton(k, d, t, c, a) AS (read_bytes(a, tensor_positions(a, 99)));
 
+-- Losses (loss_flops, loss_bytes).
 CREATE OR REPLACE MACRO typed_op_flops_loss(k, d, t, c, a, attention_convention) AS (loss_flops(k.base, a, c));
 CREATE OR REPLACE MACRO typed_op_bytes_loss(k, d, t, c, a) AS (loss_bytes(k.base, a, c));
 
@@ -1392,5 +1401,6 @@ CREATE OR REPLACE MACRO typed_op_flops_random(k, d, t, c, a, attention_conventio
 );
 CREATE OR REPLACE MACRO typed_op_bytes_random(k, d, t, c, a) AS (a[1].numel * a[1].bpe);
 
+-- Max pooling (max_pool_flops, max_pool_bytes).
 CREATE OR REPLACE MACRO typed_op_flops_pool(k, d, t, c, a, attention_convention) AS (max_pool_flops(k.base, d, a, c));
 CREATE OR REPLACE MACRO typed_op_bytes_pool(k, d, t, c, a) AS (max_pool_bytes(k.base, d, a, c));
