@@ -505,11 +505,8 @@ def _write_run_labels(staging: Path, parts: list[str], run_id: str, given: dict,
 OP_COSTS_SQL = (Path(__file__).parent / "op_costs.sql").read_text()
 
 
-#: The families of the formulas the run's ops take (op_call's, as op_costs.sql's `signatures` takes them)
-OP_FAMILIES_SQL = """
-SELECT DISTINCT op_call(name, input_dims, input_types, concrete_inputs).k.family
-FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs FROM ops WHERE program_id IS NULL)
-"""
+#: The families of the formulas the run's ops take (of the calls op_costs.sql costs)
+OP_FAMILIES_SQL = "SELECT DISTINCT k.family FROM op_calls()"
 
 
 #: a memory limit under this runs the run-wide op_costs query on one thread (_write_op_costs)

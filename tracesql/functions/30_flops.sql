@@ -1296,19 +1296,18 @@ CREATE OR REPLACE MACRO op_kind(name, base, family, a) AS (
      'nl': CASE WHEN family = 'norm' THEN norm_layout(base) END})[1])[1]
 );
 
--- One op call as the formulas read it, from its name and the `ops` columns input_dims (d), input_types (t) and
--- concrete_inputs (c): {'k': op_kind(), whose family, k.family, is the formula it takes (NULL: none), 'a':
--- op_args()} (`unnest(op_call(...))`: the columns k and a), each worked out once (lambdas' arguments).
--- tracesql/op_costs.sql, the ingest's choice of formulas (ingestion.OP_FAMILIES_SQL), op_flops and op_bytes all
--- read a call through it.
-CREATE OR REPLACE MACRO op_call(name, d, t, c) AS (
-    list_transform([op_base_name(name)], lambda base:
-    list_transform([{'family': op_base_family(name, base), 'a': op_args(d, t, c)}], lambda parts:
-    {'k': op_kind(name, base, parts.family, parts.a), 'a': parts.a})[1])[1]
-);
+-- Each distinct call of the run's framework ops (name, input_dims, input_types, concrete_inputs; XLA ops carry
+-- their own costs) as the formulas read it: its base name, family (op_base_family), arguments `a` (op_args) and
+-- kind `k` (op_kind; k.family is the formula it takes, NULL: none), each worked out once (a column, not a macro
+-- expanded at each use). tracesql/op_costs.sql costs these calls; the ingest binds the formulas of their families.
+CREATE OR REPLACE MACRO op_calls() AS TABLE
+SELECT *, op_kind(name, base, family, a) AS k
+FROM (SELECT *, op_base_family(name, base) AS family, op_args(input_dims, input_types, concrete_inputs) AS a
+      FROM (SELECT *, op_base_name(name) AS base
+            FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs FROM ops WHERE program_id IS NULL)));
 
 -- The formula of each family (op_base_family, op_kind's k.family), over the op's arguments as the `ops` columns
--- type them (d = input_dims, t = input_types, c = concrete_inputs), a = op_args(d, t, c) and k = op_kind() (op_call
+-- type them (d = input_dims, t = input_types, c = concrete_inputs), a = op_args(d, t, c) and k = op_kind() (op_calls
 -- gives both): typed_op_flops_FAMILY(k, d, t, c, a, attention_convention) and typed_op_bytes_FAMILY(k, d, t, c, a),
 -- one pair per family. typed_op_flops and typed_op_bytes dispatch on k.family to them (31_op_families.sql, generated
 -- from these macros' names: a family is added here, as its pair; the ingest binds the pairs of its run's families

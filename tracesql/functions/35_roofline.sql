@@ -6,18 +6,22 @@
 -- (causal attention counts half, as metrics.md) or 'torch' (never halved, as FlopCounterMode).
 CREATE OR REPLACE MACRO op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := 'flash') AS ((
     SELECT typed_op_flops(k, d, t, c, a, attention_convention)
-    FROM (SELECT *, unnest(op_call(n, d, t, c))
-          FROM (SELECT CAST(name AS VARCHAR) AS n, CAST(input_dims AS BIGINT[][]) AS d,
-                       CAST(input_types AS VARCHAR[]) AS t, CAST(concrete_inputs AS VARCHAR[]) AS c))
+    FROM (SELECT *, op_kind(n, base, family, a) AS k
+          FROM (SELECT *, op_base_family(n, base) AS family, op_args(d, t, c) AS a
+                FROM (SELECT *, op_base_name(n) AS base
+                      FROM (SELECT CAST(name AS VARCHAR) AS n, CAST(input_dims AS BIGINT[][]) AS d,
+                                   CAST(input_types AS VARCHAR[]) AS t, CAST(concrete_inputs AS VARCHAR[]) AS c))))
 ));
 
 -- Bytes one op call moves at least: each tensor it reads read once, each it writes written once, in their
 -- dtypes (the result's by type promotion; an `out=` tensor's; in place: the first argument's).
 CREATE OR REPLACE MACRO op_bytes(name, input_dims, input_types, concrete_inputs) AS ((
     SELECT typed_op_bytes(k, d, t, c, a)
-    FROM (SELECT *, unnest(op_call(n, d, t, c))
-          FROM (SELECT CAST(name AS VARCHAR) AS n, CAST(input_dims AS BIGINT[][]) AS d,
-                       CAST(input_types AS VARCHAR[]) AS t, CAST(concrete_inputs AS VARCHAR[]) AS c))
+    FROM (SELECT *, op_kind(n, base, family, a) AS k
+          FROM (SELECT *, op_base_family(n, base) AS family, op_args(d, t, c) AS a
+                FROM (SELECT *, op_base_name(n) AS base
+                      FROM (SELECT CAST(name AS VARCHAR) AS n, CAST(input_dims AS BIGINT[][]) AS d,
+                                   CAST(input_types AS VARCHAR[]) AS t, CAST(concrete_inputs AS VARCHAR[]) AS c))))
 ));
 
 -- FLOPs per byte.

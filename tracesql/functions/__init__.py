@@ -205,7 +205,7 @@ def family_dispatch(families: set[str] | frozenset[str], temp: bool = False) -> 
         out.append(
             f"-- {what} of an op by the formula of its family (k.family: {name}_FAMILY; NULL when it has none), "
             "over its\n-- arguments as the `ops` columns type them (d = input_dims, t = input_types, c = "
-            "concrete_inputs), a =\n-- op_args(d, t, c) and k = op_kind() (op_call gives both). Spark never expands "
+            "concrete_inputs), a =\n-- op_args(d, t, c) and k = op_kind() (op_calls() gives both). Spark never expands "
             "it: its queries read the\n-- `op_costs` table, and op_flops / op_bytes run there as DuckDB UDFs "
             "(tracesql/transpile.py).\n"
             f"CREATE OR REPLACE {'TEMP ' if temp else ''}MACRO {name}({args}) AS (\n"
