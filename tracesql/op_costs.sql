@@ -121,7 +121,8 @@ WITH RECURSIVE async_done AS (
                         typed_op_flops(k, input_dims, input_types, concrete_inputs, a, convention)) AS conventions
     FROM (SELECT c.*, s.x, serving_op_cost(c.name, c.input_dims, c.a, s.x) AS sv
           FROM op_calls() c
-          JOIN (SELECT DISTINCT name, input_dims, input_types, concrete_inputs, x FROM contexts WHERE program_id IS NULL) s
+          JOIN (SELECT DISTINCT name, input_dims, input_types, concrete_inputs, x FROM contexts
+                WHERE program_id IS NULL) s
             ON s.name IS NOT DISTINCT FROM c.name AND s.input_dims IS NOT DISTINCT FROM c.input_dims
            AND s.input_types IS NOT DISTINCT FROM c.input_types
            AND s.concrete_inputs IS NOT DISTINCT FROM c.concrete_inputs))
