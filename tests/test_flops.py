@@ -415,18 +415,49 @@ def test_stored_costs_are_what_the_functions_give(reference_run):
     assert (ops, costed, differ, causal) == (266, 232, 0, 5)
 
 
-def test_formulas_of_the_families_a_run_has():
-    """The ingest binds only the formula branches of the families its ops take (functions.for_families; the test
-    above checks the numbers): each family's branch is cut whole, none is missed, all of them give the macros."""
+def _family_costs(calls: list[dict], dispatch: str | None) -> dict[tuple, tuple]:
+    """(name, d, t, c) -> (family, FLOPs flash, FLOPs torch, bytes) of op calls, by typed_op_flops / typed_op_bytes
+    over op_calls() as the ingest's op_costs.sql calls them: on a connection whose `ops` are the calls, with the
+    dispatch over all families (None), or with `dispatch` (TEMP) and only what it needs, as the ingest makes it."""
+    import duckdb
+
+    from tracesql import functions
+
+    con = duckdb.connect()
+    con.execute("""CREATE TABLE ops AS SELECT name, d AS input_dims, t AS input_types, c AS concrete_inputs,
+                       CAST(NULL AS BIGINT) AS program_id
+                   FROM (SELECT unnest($1::STRUCT(name VARCHAR, d BIGINT[][], t VARCHAR[], c VARCHAR[])[],
+                                       recursive := true))""", [calls])
+    sql = """SELECT name, input_dims, input_types, concrete_inputs, k.family,
+                 typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'flash'),
+                 typed_op_flops(k, input_dims, input_types, concrete_inputs, a, 'torch'),
+                 typed_op_bytes(k, input_dims, input_types, concrete_inputs, a)
+             FROM op_calls()"""
+    shared = set(functions.FAMILY_DISPATCH) if dispatch else set()  # the TEMP dispatch stands for them
+    functions.install(con, names=functions.words(sql + (dispatch or "")) - shared)
+    if dispatch:
+        con.execute(dispatch)
+    return {(n, str(d), str(t), str(c)): tuple(v) for n, d, t, c, *v in con.execute(sql).fetchall()}
+
+
+def test_each_family_bound_alone_costs_as_all_of_them(reference_run):
+    """typed_op_flops / typed_op_bytes dispatch on the op's family to its pair of formula macros
+    (typed_op_flops_FAMILY, typed_op_bytes_FAMILY in 30_flops.sql), and the ingest binds the dispatch to its run's
+    families only (functions.family_dispatch; the test above checks the stored numbers). Every family op_base_family
+    gives has its pair; the dispatch over one family, on a connection made as the ingest makes it (only what that
+    needs), costs each call of that family as the dispatch over all families does (the calls of the hand-checked
+    cost model and of the reference run: every family), and a call of another family gets NULL."""
+    from test_cost_model import CASES as HAND_CASES
     from tracesql import functions
 
     known = {name: text for name, text in functions.definitions() if name}
-    branch = re.compile(r"WHEN '(\w+)' THEN")
-    families = set(branch.findall(known["typed_op_flops"]))
-    assert len(families) == 16 and set(branch.findall(known["typed_op_bytes"])) == families
-    for family in families:
-        assert [branch.findall(text) for text in functions.for_families({family})] == [[family], [family]]
-    assert "gemm_mkn(k.base, d)" in functions.for_families({"gemm"})[0]
-    assert functions.for_families(families) == [
-        known[name].replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO", 1)
-        for name in functions.FAMILY_CASES]
+    families = set(re.findall(r"THEN '(\w+)'", known["op_base_family"]))
+    assert len(families) == 16 and functions.formula_families() == families
+    calls = [dict(zip(("name", "d", "t", "c"), r)) for r in tracesql.connect(reference_run).execute(
+        "SELECT DISTINCT name, input_dims, input_types, concrete_inputs FROM ops WHERE program_id IS NULL").fetchall()]
+    calls += [{"name": n, "d": d, "t": t, "c": c or [""] * len(d)} for n, d, t, c, *_ in HAND_CASES.values()]
+    every = _family_costs(calls, None)
+    assert {family for family, *_ in every.values()} == families | {None}
+    for family in sorted(families):
+        assert _family_costs(calls, functions.family_dispatch({family}, temp=True)) == {
+            call: (f, *(costs if f == family else (None, None, None))) for call, (f, *costs) in every.items()}, family

@@ -565,14 +565,8 @@ def _write_run_labels(staging: Path, parts: list[str], run_id: str, given: dict,
 OP_COSTS_SQL = (Path(__file__).parent / "op_costs.sql").read_text()
 
 
-#: The families of the formulas the run's ops take (op_kind's, as op_costs.sql's `signatures` works them out)
-#: (each macro's arguments columns: a macro's argument is expanded at each of its uses)
-OP_FAMILIES_SQL = """
-SELECT DISTINCT op_kind(name, base, family0, a).family
-FROM (SELECT *, op_base_family(name, base) AS family0, op_args(input_dims, input_types, concrete_inputs) AS a
-      FROM (SELECT *, op_base_name(name) AS base
-            FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs FROM ops WHERE program_id IS NULL)))
-"""
+#: The families of the formulas the run's ops take (of the calls op_costs.sql costs)
+OP_FAMILIES_SQL = "SELECT DISTINCT k.family FROM op_calls()"
 
 
 #: a memory limit under this runs the run-wide op_costs query on one thread (_write_op_costs)
@@ -591,15 +585,15 @@ def _write_op_costs(staging: Path, parts: list[str], lim: limits.Limits) -> None
         con.execute(views.views_sql({**files, "op_costs": []})).fetchall()  # op_costs: empty, of the table's columns
         if con.execute("SELECT count(*) FROM ops").fetchall()[0][0]:  # else (Nsight, rocprof, ...) no formulas to bind
             functions.install(con, names=functions.words(OP_FAMILIES_SQL))
-            families = {family for family, in con.execute(OP_FAMILIES_SQL).fetchall()}
-            formulas = functions.for_families(families)  # only those families' formulas are bound
-            functions.install(con, names=functions.words(OP_COSTS_SQL + "".join(formulas)) - set(functions.FAMILY_CASES))
-            con.execute("".join(formulas)).fetchall()
+            families = {family for family, in con.execute(OP_FAMILIES_SQL).fetchall() if family is not None}
+            dispatch = functions.family_dispatch(families, temp=True)  # only those families' formulas are bound
+            functions.install(con, names=functions.words(OP_COSTS_SQL + dispatch) - set(functions.FAMILY_DISPATCH))
+            con.execute(dispatch).fetchall()
             # in a fixed order: the same run gives the same bytes (verify's answer), whatever DuckDB's threads did
             rows = con.sql(f"SELECT {schema.select_list('op_costs')} FROM ({OP_COSTS_SQL}) ORDER BY rank, op_id")
             store.write_relation(rows, path)
             # (the kept connection's next run may have other families)
-            con.execute("".join(f"DROP MACRO temp.main.{name};" for name in functions.FAMILY_CASES)).fetchall()
+            con.execute("".join(f"DROP MACRO temp.main.{name};" for name in functions.FAMILY_DISPATCH)).fetchall()
         else:
             store.write_relation(con.sql("SELECT * FROM op_costs"), path)
 

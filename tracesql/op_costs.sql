@@ -119,11 +119,13 @@ WITH RECURSIVE async_done AS (
     -- optimized at each use: typed_op_flops is a third of the formulas' planning)
     FROM (SELECT *, list_transform(['flash', 'torch'], lambda convention:
                         typed_op_flops(k, input_dims, input_types, concrete_inputs, a, convention)) AS conventions
-    FROM (SELECT *, op_kind(name, base, family0, a) AS k, serving_op_cost(name, input_dims, a, x) AS sv
-          FROM (SELECT *, op_base_family(name, base) AS family0, op_args(input_dims, input_types, concrete_inputs) AS a
-                FROM (SELECT *, op_base_name(name) AS base
-                      FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs, x FROM contexts
-                            WHERE program_id IS NULL)))))
+    FROM (SELECT c.*, s.x, serving_op_cost(c.name, c.input_dims, c.a, s.x) AS sv
+          FROM op_calls() c
+          JOIN (SELECT DISTINCT name, input_dims, input_types, concrete_inputs, x FROM contexts
+                WHERE program_id IS NULL) s
+            ON s.name IS NOT DISTINCT FROM c.name AND s.input_dims IS NOT DISTINCT FROM c.input_dims
+           AND s.input_types IS NOT DISTINCT FROM c.input_types
+           AND s.concrete_inputs IS NOT DISTINCT FROM c.concrete_inputs))
 ), costed AS (
     SELECT o.run_id, o.rank, o.op_id, o.name, o.step, o.pid, o.tid, o.ts, o.dur, o.op_depth, o.input_dims,
         o.input_types, COALESCE(a.span_ns, o.device_total_ns) AS device_total_ns, o.flops AS profiler_flops,

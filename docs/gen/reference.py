@@ -345,7 +345,7 @@ def functions_page() -> str:
         topic = file_name.removesuffix(".sql").split("_", 1)[-1]
         out.append(f"## {topic.replace('_', ' ').capitalize()}\n")
         where = (f"`tracesql/functions/{file_name}`" if (functions.HERE / file_name).exists()
-                 else "generated from `tracesql/functions/kernel_classes.csv`")
+                 else "generated when a session starts, no file")
         out.append(where + (f": {_text(intro)}" if intro else "") + "\n")
         for name, args, is_table, doc in found:
             kind = "table macro" if is_table else "macro"

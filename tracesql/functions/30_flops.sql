@@ -1,4 +1,5 @@
--- FLOPs and bytes per op, arithmetic intensity, roofline, MFU, and the peaks of the device a run ran on.
+-- FLOPs and bytes per op: the formulas of each op family (35_roofline.sql has the functions over them: op_flops,
+-- op_bytes, arithmetic intensity, roofline, MFU, and the peaks of the device a run ran on).
 --
 -- Sources of the formulas: docs metrics.md ("FLOPs, bytes, arithmetic intensity, roofline") and
 -- torch.utils.flop_counter (FlopCounterMode), which tests/test_flops.py checks them against on real ops.
@@ -1295,200 +1296,110 @@ CREATE OR REPLACE MACRO op_kind(name, base, family, a) AS (
      'nl': CASE WHEN family = 'norm' THEN norm_layout(base) END})[1])[1]
 );
 
--- The formula of the op's family, over its arguments as the `ops` columns type them (d = input_dims, t =
--- input_types, c = concrete_inputs), a = op_args(d, t, c) and k = op_kind(). Spark never expands them: its
--- queries read the `op_costs` table, and op_flops / op_bytes run there as DuckDB UDFs (tracesql/transpile.py).
-CREATE OR REPLACE MACRO typed_op_flops(k, d, t, c, a, attention_convention) AS (
-    CAST(CASE k.family
-        -- gemm_mkn (a macro: expanded, bound and optimized at each use) once, as a lambda's argument
-        WHEN 'gemm' THEN list_transform([gemm_mkn(k.base, d)], lambda g: 2 * g.batch * g.m * g.k * g.n)[1]
-        WHEN 'conv' THEN conv_flops(k.base, d, c)
-        WHEN 'attention' THEN attention_flops(k.base, d, c, attention_convention)
-        WHEN 'view' THEN 0
-        WHEN 'elementwise' THEN CASE WHEN len(tensor_positions(a, 99)) > 0 THEN
-            k.ew.flops * elementwise_out_numel(k, d, a) END
-        WHEN 'reduction' THEN k.red.flops * a[1].numel
-        WHEN 'norm' THEN norm_flops(k.nl, d, c)
-        WHEN 'softmax' THEN 5 * a[1].numel
-        WHEN 'copy' THEN CASE WHEN copy_bytes(k.base, d, a, c) IS NOT NULL THEN 0 END
-        WHEN 'upsample' THEN upsample_flops(k.base, d, c)
-        WHEN 'index' THEN index_flops(k.core, d, a, c)
-        WHEN 'fused' THEN fused_flops(fused_kernel(k.name), d, a)
-        WHEN 'triton' THEN CASE WHEN len(tensor_positions(a, 99)) > 0 THEN 0 END
-        WHEN 'loss' THEN loss_flops(k.base, a, c)
-        WHEN 'random' THEN CASE WHEN a[1].numel IS NOT NULL THEN 0 END
-        WHEN 'pool' THEN max_pool_flops(k.base, d, a, c)
-    END AS DOUBLE)
+-- Each distinct call of the run's framework ops (name, input_dims, input_types, concrete_inputs; XLA ops carry
+-- their own costs) as the formulas read it: its base name, family (op_base_family), arguments `a` (op_args) and
+-- kind `k` (op_kind; k.family is the formula it takes, NULL: none), each worked out once (a column, not a macro
+-- expanded at each use). tracesql/op_costs.sql costs these calls; the ingest binds the formulas of their families.
+CREATE OR REPLACE MACRO op_calls() AS TABLE
+SELECT *, op_kind(name, base, family, a) AS k
+FROM (SELECT *, op_base_family(name, base) AS family, op_args(input_dims, input_types, concrete_inputs) AS a
+      FROM (SELECT *, op_base_name(name) AS base
+            FROM (SELECT DISTINCT name, input_dims, input_types, concrete_inputs FROM ops WHERE program_id IS NULL)));
+
+-- The formula of each family (op_base_family, op_kind's k.family), over the op's arguments as the `ops` columns
+-- type them (d = input_dims, t = input_types, c = concrete_inputs), a = op_args(d, t, c) and k = op_kind() (op_calls
+-- gives both): typed_op_flops_FAMILY(k, d, t, c, a, attention_convention) and typed_op_bytes_FAMILY(k, d, t, c, a),
+-- one pair per family. typed_op_flops and typed_op_bytes dispatch on k.family to them (31_op_families.sql, generated
+-- from these macros' names: a family is added here, as its pair; the ingest binds the pairs of its run's families
+-- only). GEMM: 2 FLOPs per multiply-add of the M·N·K (·batch) product; gemm_mkn (a macro: expanded, bound and
+-- optimized at each use) once, as a lambda's argument.
+CREATE OR REPLACE MACRO typed_op_flops_gemm(k, d, t, c, a, attention_convention) AS (
+    list_transform([gemm_mkn(k.base, d)], lambda g: 2 * g.batch * g.m * g.k * g.n)[1]
 );
 
-CREATE OR REPLACE MACRO typed_op_bytes(k, d, t, c, a) AS (
-    CAST(CASE k.family
-        WHEN 'gemm' THEN
-            -- only the operands (and bias): an `out=` tensor recorded after them is the output, counted below
-            list_transform([gemm_mkn(k.base, d)], lambda g: CASE WHEN g IS NOT NULL THEN
-                args_bytes(a[1:gemm_operands(k.base)])
-                + g.batch * g.m * g.n * gemm_out_matrices(k.base, d)
-                  * CASE WHEN k.base = 'aten::_scaled_mm'
-                         THEN coalesce(scalar_type_bytes(c[7]), 2)  -- out_dtype, else bf16
-                         WHEN k.base = 'aten::_scaled_grouped_mm' THEN coalesce(scalar_type_bytes(c[8]), 2)
-                         WHEN k.base = 'aten::_grouped_mm' THEN coalesce(scalar_type_bytes(c[5]), a[1].bpe)
-                         -- the output has the dtype of the first matrix
-                         ELSE a[CASE WHEN k.base IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END].bpe
-                    END
-            END)[1]
-        WHEN 'conv' THEN conv_bytes(k.base, d, a, c)
-        WHEN 'attention' THEN attention_bytes(k.base, d, a)
-        WHEN 'view' THEN 0
-        WHEN 'elementwise' THEN elementwise_bytes(k, d, a)
-        WHEN 'reduction' THEN reduction_bytes(k, d, a, c)
-        WHEN 'norm' THEN norm_bytes(k.nl, d, a, c)
-        WHEN 'softmax' THEN softmax_bytes(k, a, c)
-        WHEN 'copy' THEN copy_bytes(k.base, d, a, c)
-        WHEN 'upsample' THEN upsample_bytes(k.base, d, a, c)
-        WHEN 'index' THEN index_bytes(k, k.core, d, a, c)
-        WHEN 'fused' THEN fused_bytes(fused_kernel(k.name), d, a)
-        WHEN 'triton' THEN read_bytes(a, tensor_positions(a, 99))
-        WHEN 'loss' THEN loss_bytes(k.base, a, c)
-        WHEN 'random' THEN a[1].numel * a[1].bpe
-        WHEN 'pool' THEN max_pool_bytes(k.base, d, a, c)
-    END AS DOUBLE)
+-- Only the operands (and bias) read: an `out=` tensor recorded after them is the output, written once in its dtype.
+CREATE OR REPLACE MACRO typed_op_bytes_gemm(k, d, t, c, a) AS (
+    list_transform([gemm_mkn(k.base, d)], lambda g: CASE WHEN g IS NOT NULL THEN
+        args_bytes(a[1:gemm_operands(k.base)])
+        + g.batch * g.m * g.n * gemm_out_matrices(k.base, d)
+          * CASE WHEN k.base = 'aten::_scaled_mm'
+                 THEN coalesce(scalar_type_bytes(c[7]), 2)  -- out_dtype, else bf16
+                 WHEN k.base = 'aten::_scaled_grouped_mm' THEN coalesce(scalar_type_bytes(c[8]), 2)
+                 WHEN k.base = 'aten::_grouped_mm' THEN coalesce(scalar_type_bytes(c[5]), a[1].bpe)
+                 -- the output has the dtype of the first matrix
+                 ELSE a[CASE WHEN k.base IN ('aten::addmm', 'aten::baddbmm') THEN 2 ELSE 1 END].bpe
+            END
+    END)[1]
 );
 
--- ---------------------------------------------------------------------------------------------------------
--- The public functions.
+-- Convolution (conv_flops, conv_bytes).
+CREATE OR REPLACE MACRO typed_op_flops_conv(k, d, t, c, a, attention_convention) AS (conv_flops(k.base, d, c));
+CREATE OR REPLACE MACRO typed_op_bytes_conv(k, d, t, c, a) AS (conv_bytes(k.base, d, a, c));
 
--- FLOPs of one op call from its recorded shapes (the `ops` columns name, input_dims, input_types,
--- concrete_inputs). NULL for ops without a formula or without recorded shapes. attention_convention: 'flash'
--- (causal attention counts half, as metrics.md) or 'torch' (never halved, as FlopCounterMode).
-CREATE OR REPLACE MACRO op_flops(name, input_dims, input_types, concrete_inputs, attention_convention := 'flash') AS ((
-    SELECT typed_op_flops(k, d, t, c, a, attention_convention)
-    FROM (SELECT *, op_kind(n, base, family, a) AS k
-          FROM (SELECT *, op_base_family(n, base) AS family, op_args(d, t, c) AS a
-                FROM (SELECT *, op_base_name(n) AS base
-                      FROM (SELECT CAST(name AS VARCHAR) AS n, CAST(input_dims AS BIGINT[][]) AS d,
-                                   CAST(input_types AS VARCHAR[]) AS t, CAST(concrete_inputs AS VARCHAR[]) AS c))))
-));
-
--- Bytes one op call moves at least: each tensor it reads read once, each it writes written once, in their
--- dtypes (the result's by type promotion; an `out=` tensor's; in place: the first argument's).
-CREATE OR REPLACE MACRO op_bytes(name, input_dims, input_types, concrete_inputs) AS ((
-    SELECT typed_op_bytes(k, d, t, c, a)
-    FROM (SELECT *, op_kind(n, base, family, a) AS k
-          FROM (SELECT *, op_base_family(n, base) AS family, op_args(d, t, c) AS a
-                FROM (SELECT *, op_base_name(n) AS base
-                      FROM (SELECT CAST(name AS VARCHAR) AS n, CAST(input_dims AS BIGINT[][]) AS d,
-                                   CAST(input_types AS VARCHAR[]) AS t, CAST(concrete_inputs AS VARCHAR[]) AS c))))
-));
-
--- FLOPs per byte.
-CREATE OR REPLACE MACRO arithmetic_intensity(flops, bytes) AS (
-    CASE WHEN bytes > 0 THEN flops / bytes END
+-- Attention (attention_flops, attention_bytes), causal counted as attention_convention says.
+CREATE OR REPLACE MACRO typed_op_flops_attention(k, d, t, c, a, attention_convention) AS (
+    attention_flops(k.base, d, c, attention_convention)
 );
+CREATE OR REPLACE MACRO typed_op_bytes_attention(k, d, t, c, a) AS (attention_bytes(k.base, d, a));
 
--- The roofline's lower bound on an op's time: max(compute time at peak, memory time at peak bandwidth), ns.
-CREATE OR REPLACE MACRO roofline_time_ns(flops, bytes, peak_flops_per_s, peak_bytes_per_s) AS (
-    greatest(flops / peak_flops_per_s, bytes / peak_bytes_per_s) * 1e9
+-- Views and allocations move nothing.
+CREATE OR REPLACE MACRO typed_op_flops_view(k, d, t, c, a, attention_convention) AS (0);
+CREATE OR REPLACE MACRO typed_op_bytes_view(k, d, t, c, a) AS (0);
+
+-- An elementwise op without a tensor argument recorded has no cost.
+CREATE OR REPLACE MACRO typed_op_flops_elementwise(k, d, t, c, a, attention_convention) AS (
+    CASE WHEN len(tensor_positions(a, 99)) > 0 THEN k.ew.flops * elementwise_out_numel(k, d, a) END
 );
+CREATE OR REPLACE MACRO typed_op_bytes_elementwise(k, d, t, c, a) AS (elementwise_bytes(k, d, a));
 
--- FLOP/s the roofline allows at this intensity: min(peak, AI · peak bandwidth).
-CREATE OR REPLACE MACRO attainable_flops(flops, bytes, peak_flops_per_s, peak_bytes_per_s) AS (
-    least(peak_flops_per_s, arithmetic_intensity(flops, bytes) * peak_bytes_per_s)
+-- Reductions: the spec's FLOPs per input element (reduction_spec), reduction_bytes.
+CREATE OR REPLACE MACRO typed_op_flops_reduction(k, d, t, c, a, attention_convention) AS (k.red.flops * a[1].numel);
+CREATE OR REPLACE MACRO typed_op_bytes_reduction(k, d, t, c, a) AS (reduction_bytes(k, d, a, c));
+
+-- Normalization, forward and backward (norm_flops, norm_bytes).
+CREATE OR REPLACE MACRO typed_op_flops_norm(k, d, t, c, a, attention_convention) AS (norm_flops(k.nl, d, c));
+CREATE OR REPLACE MACRO typed_op_bytes_norm(k, d, t, c, a) AS (norm_bytes(k.nl, d, a, c));
+
+-- Softmax and log-softmax: 5 FLOPs per element, softmax_bytes.
+CREATE OR REPLACE MACRO typed_op_flops_softmax(k, d, t, c, a, attention_convention) AS (5 * a[1].numel);
+CREATE OR REPLACE MACRO typed_op_bytes_softmax(k, d, t, c, a) AS (softmax_bytes(k, a, c));
+
+-- A copy has no FLOPs when its bytes are known (NULL when they are not).
+CREATE OR REPLACE MACRO typed_op_flops_copy(k, d, t, c, a, attention_convention) AS (
+    CASE WHEN copy_bytes(k.base, d, a, c) IS NOT NULL THEN 0 END
 );
+CREATE OR REPLACE MACRO typed_op_bytes_copy(k, d, t, c, a) AS (copy_bytes(k.base, d, a, c));
 
--- What a row that reports a rate above the device's peak says in its `warning` column (NULL when the rate is
--- within it): 'exceeds the device''s peak: 1.2e+15 bytes/s > 1.64e+12 bytes/s (memory bandwidth; ...)'. No device
--- does it; such a rate means a time that is too short for the work (an async op's start timed alone, a kernel
--- that overlaps others it waited for) or the wrong peak (device, dtype). `what` names the peak and the likely cause.
-CREATE OR REPLACE MACRO peak_exceeded(achieved, peak, unit, what) AS (
-    CASE WHEN achieved > peak
-         THEN 'exceeds the device''s peak: ' || format('{:.4g}', achieved) || ' ' || unit || ' > '
-              || format('{:.4g}', peak) || ' ' || unit || ' (' || what || ')'
-    END
+-- Upsampling (upsample_flops, upsample_bytes).
+CREATE OR REPLACE MACRO typed_op_flops_upsample(k, d, t, c, a, attention_convention) AS (upsample_flops(k.base, d, c));
+CREATE OR REPLACE MACRO typed_op_bytes_upsample(k, d, t, c, a) AS (upsample_bytes(k.base, d, a, c));
+
+-- Gathers and scatters (index_flops, index_bytes).
+CREATE OR REPLACE MACRO typed_op_flops_index(k, d, t, c, a, attention_convention) AS (index_flops(k.core, d, a, c));
+CREATE OR REPLACE MACRO typed_op_bytes_index(k, d, t, c, a) AS (index_bytes(k, k.core, d, a, c));
+
+-- Inference engines' fused kernels, by the layout they share (fused_kernel, fused_flops, fused_bytes).
+CREATE OR REPLACE MACRO typed_op_flops_fused(k, d, t, c, a, attention_convention) AS (
+    fused_flops(fused_kernel(k.name), d, a)
 );
+CREATE OR REPLACE MACRO typed_op_bytes_fused(k, d, t, c, a) AS (fused_bytes(fused_kernel(k.name), d, a));
 
--- Model FLOPs utilization: model FLOPs / (time × devices × peak FLOP/s per device). Given the FLOPs the
--- hardware executed instead of the model's, it is HFU.
-CREATE OR REPLACE MACRO mfu(model_flops, time_ns, devices, peak_flops_per_s) AS (
-    model_flops / (time_ns / 1e9 * devices * peak_flops_per_s)
+-- Inductor's Triton kernels: no FLOPs recorded, each tensor argument moved once (no tensor argument: no cost).
+CREATE OR REPLACE MACRO typed_op_flops_triton(k, d, t, c, a, attention_convention) AS (
+    CASE WHEN len(tensor_positions(a, 99)) > 0 THEN 0 END
 );
+CREATE OR REPLACE MACRO typed_op_bytes_triton(k, d, t, c, a) AS (read_bytes(a, tensor_positions(a, 99)));
 
--- ---------------------------------------------------------------------------------------------------------
--- Table functions over a run.
+-- Losses (loss_flops, loss_bytes).
+CREATE OR REPLACE MACRO typed_op_flops_loss(k, d, t, c, a, attention_convention) AS (loss_flops(k.base, a, c));
+CREATE OR REPLACE MACRO typed_op_bytes_loss(k, d, t, c, a) AS (loss_bytes(k.base, a, c));
 
--- The error for an op without its row in `op_costs`: the run was ingested before the table existed.
-CREATE OR REPLACE MACRO op_costs_missing(run_id) AS
-    error('run ' || run_id || ' has no op costs: it was ingested by a tracesql older than schema version 10, '
-          || 'which works them out at ingest; ingest it again');
+-- A random fill writes self once (no self recorded: no cost).
+CREATE OR REPLACE MACRO typed_op_flops_random(k, d, t, c, a, attention_convention) AS (
+    CASE WHEN a[1].numel IS NOT NULL THEN 0 END
+);
+CREATE OR REPLACE MACRO typed_op_bytes_random(k, d, t, c, a) AS (a[1].numel * a[1].bpe);
 
--- Every op with its FLOPs and bytes and whether it is *counted* (the ops whose FLOPs and bytes add up without
--- double counting: the innermost GEMM/conv/attention op, the outermost other op with a formula, XLA ops but the
--- -done of an async pair): the run's `op_costs` table, which the ingest works out once by the formulas above
--- (tracesql/op_costs.sql says which ops are counted and why). attention_convention 'flash' halves causal
--- attention, 'torch' (FlopCounterMode) does not. profiler_flops is `ops.flops` (what
--- torch.profiler(with_flops=True) attached, when the trace carries it). A run ingested before the table existed
--- (schema version 9 and older) has ops but no costs: reading whether an op is counted fails, saying so.
--- Also one row per kernel with no launch recorded whose identical kernels were launched by costed ops
--- (cost_source 'identical kernel' or 'aligned kernel', op_id its slice_id): the name, shapes and dtypes of the op its cost is taken
--- from (cost_op_id; the kernel's own name when their costs differ and it has none), its step, its duration.
-CREATE OR REPLACE MACRO op_costs(attention_convention := 'flash') AS TABLE
-SELECT o.run_id, o.rank, o.op_id, o.name, o.step, c.family, c.dtype, o.input_dims, o.input_types,
-    CASE WHEN attention_convention = 'flash' THEN c.flops ELSE c.torch_flops END AS flops, c.bytes,
-    c.device_total_ns, o.flops AS profiler_flops,
-    CASE WHEN c.op_id IS NULL THEN op_costs_missing(o.run_id) ELSE c.counted END AS counted, c.cost_source, c.cost_op_id
-FROM ops o
-LEFT JOIN op_costs c ON c.run_id = o.run_id AND c.rank = o.rank AND c.op_id = o.op_id
-UNION ALL
-SELECT c.run_id, c.rank, c.op_id, coalesce(s.name, k.name) AS name, k.step, c.family, c.dtype, s.input_dims,
-    s.input_types, CASE WHEN attention_convention = 'flash' THEN c.flops ELSE c.torch_flops END AS flops, c.bytes,
-    c.device_total_ns, CAST(NULL AS DOUBLE) AS profiler_flops, c.counted, c.cost_source, c.cost_op_id
-FROM op_costs c
-JOIN slices k ON k.run_id = c.run_id AND k.rank = c.rank AND k.slice_id = c.op_id
-LEFT JOIN ops s ON s.run_id = c.run_id AND s.rank = c.rank AND s.op_id = c.cost_op_id
-WHERE c.cost_source IN ('identical kernel', 'aligned kernel');
-
--- The peaks of the device each rank ran on, one row per (run, rank, dtype): the `device_peaks` row whose
--- name_regex matches the rank's device name (the rows' patterns never overlap on a real name: a name two rows
--- match, such as 'AMD Instinct MI250X / MI250', is ambiguous and gets no device), or the row named by device_key
--- (e.g. 'H100-SXM') for every rank. peak_flops / peak_bytes_per_s, when given, replace the table's peaks (for
--- every dtype), also for a device the table lacks. device_note says why a rank has no device.
-CREATE OR REPLACE MACRO rank_device_peaks(device_key := NULL, peak_flops := NULL, peak_bytes_per_s := NULL) AS TABLE
-WITH named AS (  -- the rank's most common device name (ties: the first by name)
-    SELECT run_id, rank, name, row_number() OVER (PARTITION BY run_id, rank ORDER BY count(*) DESC, name) AS nth
-    FROM devices WHERE name IS NOT NULL GROUP BY run_id, rank, name
-), rank_device AS (
-    SELECT r.run_id, r.rank, n.name AS device_name
-    FROM ranks r LEFT JOIN named n ON n.run_id = r.run_id AND n.rank = r.rank AND n.nth = 1
-), by_name AS (
-    SELECT rd.run_id, rd.rank, rd.device_name, count(p.device) AS matches, min(p.device) AS first_match,
-        max(p.device) AS last_match
-    FROM rank_device rd
-    LEFT JOIN device_peaks p ON regexp_matches(rd.device_name, p.name_regex)
-    GROUP BY rd.run_id, rd.rank, rd.device_name
-), matched AS (
-    SELECT run_id, rank, device_name,
-        CASE WHEN device_key IS NOT NULL THEN device_key WHEN matches = 1 THEN first_match END AS device,
-        CASE WHEN device_key IS NOT NULL THEN NULL
-             WHEN device_name IS NULL THEN 'the trace names no device'
-             WHEN matches > 1 THEN 'ambiguous device name ''' || device_name || ''': ' || first_match
-                                   || CASE WHEN matches > 2 THEN ', ..., ' ELSE ' or ' END || last_match
-             WHEN matches = 0 THEN 'unknown device ''' || device_name || ''' (not in device_peaks)'
-        END AS device_note
-    FROM by_name
-), peaks AS (
-    UNPIVOT device_peaks ON fp64, fp32, tf32, bf16, fp16, fp8, int8,
-        fp6, fp4, mxfp8, mxfp6, mxfp4,
-        tf32_sparse, bf16_sparse, fp16_sparse, fp8_sparse, fp6_sparse, fp4_sparse, int8_sparse
-        INTO NAME dtype VALUE peak_flops_per_s
-), dtypes AS (
-    SELECT unnest(['fp64', 'fp32', 'tf32', 'bf16', 'fp16', 'fp8', 'int8',
-                   'fp6', 'fp4', 'mxfp8', 'mxfp6', 'mxfp4',
-                   'tf32_sparse', 'bf16_sparse', 'fp16_sparse', 'fp8_sparse', 'fp6_sparse', 'fp4_sparse',
-                   'int8_sparse']) AS dtype
-)
-SELECT m.run_id, m.rank, m.device_name, m.device, m.device_note, t.dtype,
-    CAST(coalesce(peak_flops, p.peak_flops_per_s) AS DOUBLE) AS peak_flops_per_s,
-    CAST(coalesce(peak_bytes_per_s, d.bytes_per_s) AS DOUBLE) AS peak_bytes_per_s,
-    d.link_bytes_per_s
-FROM matched m CROSS JOIN dtypes t
-LEFT JOIN device_peaks d ON d.device = m.device
-LEFT JOIN peaks p ON p.device = m.device AND p.dtype = t.dtype;
+-- Max pooling (max_pool_flops, max_pool_bytes).
+CREATE OR REPLACE MACRO typed_op_flops_pool(k, d, t, c, a, attention_convention) AS (max_pool_flops(k.base, d, a, c));
+CREATE OR REPLACE MACRO typed_op_bytes_pool(k, d, t, c, a) AS (max_pool_bytes(k.base, d, a, c));

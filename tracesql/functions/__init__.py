@@ -3,10 +3,12 @@
 Everything here is plain files so that a run opened in any DuckDB client gets the same definitions:
 - `*.csv`: small data tables (kernel class rules, device peaks), created as tables of the file's name;
 - `NN_topic.sql`: macros, run in file-name order (a table macro binds the tables it reads when it is created);
-- `15_kernel_classes.sql`, no file: the shipped schemes of kernel_classes.csv as one CASE (`kernel_class_sql`).
+- `15_kernel_classes.sql`, no file: the shipped schemes of kernel_classes.csv as one CASE (`kernel_class_sql`);
+- `31_op_families.sql`, no file: `typed_op_flops` / `typed_op_bytes`, which dispatch on an op's family to the
+  family's formula macros of 30_flops.sql (`family_dispatch`).
 `install(con)` runs them on a connection; `sql()` is the same text, written into every run's `init.sql`.
 `install(con, names=...)` creates only what SQL using those names needs (the CLI: a query's macros, not all 45);
-`for_families(...)` gives the formula macros with only some op families' branches (the ingest's op_costs).
+`family_dispatch(families, temp=True)` dispatches to only some families' formulas (the ingest's op_costs).
 """
 
 from __future__ import annotations
@@ -93,10 +95,18 @@ def kernel_class_sql() -> str:
             + "\n".join(whens) + "\nEND;\n")
 
 
+def _written_files() -> list[tuple[str, str]]:
+    """(file name, SQL) of each macro file and of the kernel classes (generated from their CSV)."""
+    return [(p.name, p.read_text()) for p in HERE.glob("*.sql")] + [("15_kernel_classes.sql", kernel_class_sql())]
+
+
 def sql_files() -> list[tuple[str, str]]:
-    """(file name, SQL) of each macro file in creation order, the generated kernel classes among them."""
-    found = [(p.name, p.read_text()) for p in HERE.glob("*.sql")] + [("15_kernel_classes.sql", kernel_class_sql())]
-    return sorted(found)
+    """(file name, SQL) of each macro file in creation order, the generated ones (15_kernel_classes.sql,
+    31_op_families.sql) among them."""
+    dispatch = ("-- The formula of an op's family: a branch to each pair of typed_op_flops_FAMILY and "
+                "typed_op_bytes_FAMILY\n-- macros of 30_flops.sql (tracesql/functions/__init__.py, "
+                "family_dispatch).\n\n" + family_dispatch(formula_families()))
+    return sorted(_written_files() + [("31_op_families.sql", dispatch)])
 
 
 def sql(files: tuple[str, ...] | None = None) -> str:
@@ -128,12 +138,21 @@ def definitions() -> list[tuple[str | None, str]]:
     (a chunk with no CREATE in it has no name: it always runs)."""
     found: list[tuple[str | None, str]] = [(p.stem.lower(), csv_table_sql(p)) for p in sorted(HERE.glob("*.csv"))]
     for _, text in sql_files():
-        starts = [m.start() for m in _CREATE.finditer(text)]
-        head = text[: starts[0]] if starts else text
-        if head.strip() and any(not line.strip().startswith("--") for line in head.splitlines() if line.strip()):
-            found.append((None, head))
-        for a, b in zip(starts, starts[1:] + [len(text)]):
-            found.append((_CREATE.match(text, a)[1].lower(), text[a:b]))
+        found += _statements(text)
+    return found
+
+
+@functools.cache
+def _statements(text: str) -> list[tuple[str | None, str]]:
+    """(name, SQL) of each statement of one file's text, split once a process: `definitions` and
+    `formula_families` (which families have formula macros) read the same split."""
+    starts = [m.start() for m in _CREATE.finditer(text)]
+    head = text[: starts[0]] if starts else text
+    found = []
+    if head.strip() and any(not line.strip().startswith("--") for line in head.splitlines() if line.strip()):
+        found.append((None, head))
+    for a, b in zip(starts, starts[1:] + [len(text)]):
+        found.append((_CREATE.match(text, a)[1].lower(), text[a:b]))
     return found
 
 
@@ -158,30 +177,41 @@ def _uses() -> dict[str, set[str]]:
     return {name: words(text) for name, text in definitions() if name}
 
 
-#: The formula macros that are one CASE on the op's family (op_kind's), a branch per family, each branch starting a
-#: line of its own at 8 spaces (`        WHEN 'gemm' THEN ...`), the CASE ending at 4 (`    END AS DOUBLE)`)
-FAMILY_CASES = ("typed_op_flops", "typed_op_bytes")
-_FAMILY_BRANCH = re.compile(r"^ {8}WHEN '(\w+)' THEN", re.MULTILINE)
-_CASE_END = re.compile(r"^ {4}END\b", re.MULTILINE)
+#: The macros that dispatch on an op's family (k.family, op_kind's) to its formula, NAME_FAMILY in 30_flops.sql:
+#: what they give, and the arguments they and those macros take
+FAMILY_DISPATCH = {"typed_op_flops": ("FLOPs", "k, d, t, c, a, attention_convention"),
+                   "typed_op_bytes": ("Bytes", "k, d, t, c, a")}
 
 
-def for_families(families: set[str]) -> list[str]:
-    """The macros of FAMILY_CASES with the branches of `families` only, as TEMP macros: on this connection alone,
-    where they come before (shadow) the shared ones, in every statement and macro that calls them until dropped.
-    DuckDB binds every branch of a CASE, and the formulas of all families were most of the planning of the
-    ingest's op_costs statement (0.2 of 0.36 CPU-s on any run); an op of another family takes no branch (NULL),
-    as it would in the whole CASE."""
-    known = {name: text for name, text in definitions() if name}
-    made = []
-    for name in FAMILY_CASES:
-        text = known[name]
-        branches = list(_FAMILY_BRANCH.finditer(text))
-        bounds = [m.start() for m in branches] + [_CASE_END.search(text, branches[-1].end()).start()]
-        kept = "".join(text[a:b] for m, a, b in zip(branches, bounds, bounds[1:]) if m[1] in families)
-        made.append(text[:bounds[0]].replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO", 1)
-                    + (kept or "        WHEN NULL THEN NULL  -- (no family has a formula: a CASE needs a branch)\n")
-                    + text[bounds[-1]:])
-    return made
+@functools.cache
+def formula_families() -> frozenset[str]:
+    """The op families that have a formula: FAMILY of each typed_op_flops_FAMILY macro (30_flops.sql, which has
+    typed_op_bytes_FAMILY too)."""
+    prefix = "typed_op_flops_"
+    return frozenset(name.removeprefix(prefix) for _, text in _written_files() for name, _ in _statements(text)
+                     if name and name.startswith(prefix))
+
+
+def family_dispatch(families: set[str] | frozenset[str], temp: bool = False) -> str:
+    """The macros of FAMILY_DISPATCH over the formulas of `families` (of formula_families; an op of another
+    family gets NULL, as one of no family does from the macros over all of them, which `sql_files` makes of this).
+    temp: as TEMP macros, on the connection alone, where they come before (shadow) the shared ones in every
+    statement and macro that calls them until dropped. DuckDB binds every branch of a CASE, and the formulas of all
+    families were most of the planning of the ingest's op_costs statement (0.2 of 0.36 CPU-s on any run): it binds
+    those of the families its run's ops take."""
+    kept, out = sorted(families), []
+    for name, (what, args) in FAMILY_DISPATCH.items():
+        branches = "".join(f"        WHEN '{f}' THEN {name}_{f}({args})\n" for f in kept)
+        out.append(
+            f"-- {what} of an op by the formula of its family (k.family: {name}_FAMILY; NULL when it has none), "
+            "over its\n-- arguments as the `ops` columns type them (d = input_dims, t = input_types, c = "
+            "concrete_inputs), a =\n-- op_args(d, t, c) and k = op_kind() (op_calls() gives both). Spark never expands "
+            "it: its queries read the\n-- `op_costs` table, and op_flops / op_bytes run there as DuckDB UDFs "
+            "(tracesql/transpile.py).\n"
+            f"CREATE OR REPLACE {'TEMP ' if temp else ''}MACRO {name}({args}) AS (\n"
+            + (f"    CAST(CASE k.family\n{branches}    END AS DOUBLE)\n" if kept else "    CAST(NULL AS DOUBLE)\n")
+            + ");\n")
+    return "\n".join(out)
 
 
 @functools.cache
