@@ -81,16 +81,18 @@ WITH windows AS (
     -- the device work launched between the rank's first window start and last window end (a superset of the
     -- windows' own work). The queue's running sum at a time depends on the launches and starts up to it only,
     -- so work launched and started after the horizon is left out (one step of a long trace reads one step's worth)
-    -- (first_start, last_start: what bounds the start of the work `line` takes: it ends after b.ts, so it
-    -- started at most the rank's longest event before; it started by the horizon or was launched by it, then
-    -- started at most the rank's longest wait after it)
-    SELECT *, ts - longest AS first_start, upto + longest_wait AS last_start
-    FROM (SELECT b.run_id, b.rank, b.ts, greatest(b.te, max(greatest(d.ts, d.launch_ts))) AS upto
-          FROM bounds b
-          LEFT JOIN slices d ON d.run_id = b.run_id AND d.rank = b.rank AND d.launch_ts BETWEEN b.ts AND b.te
-           AND d.kind IN ('kernel', 'memcpy', 'memset')
-          GROUP BY b.run_id, b.rank, b.ts, b.te)
-    JOIN device_ranks USING (run_id, rank)
+    SELECT b.run_id, b.rank, b.ts, greatest(b.te, max(greatest(d.ts, d.launch_ts))) AS upto
+    FROM bounds b
+    LEFT JOIN slices d ON d.run_id = b.run_id AND d.rank = b.rank AND d.launch_ts BETWEEN b.ts AND b.te
+     AND d.kind IN ('kernel', 'memcpy', 'memset')
+    GROUP BY b.run_id, b.rank, b.ts, b.te
+), starts AS (
+    -- the times the work `line` takes starts between, every rank's: it ends after b.ts, so it started at most
+    -- the rank's longest event before; it started by the horizon or was launched by it, then started at most
+    -- the rank's longest wait after it (what DuckDB filters the read of device work by; without it one step
+    -- read every device event of the run)
+    SELECT min(h.ts - r.longest) AS first_start, max(h.upto + r.longest_wait) AS last_start
+    FROM horizon h JOIN device_ranks r ON r.run_id = h.run_id AND r.rank = h.rank
 ), device_only AS (
     SELECT run_id, rank FROM device_ranks WHERE device_only
 ), line AS (
@@ -100,10 +102,7 @@ WITH windows AS (
     -- its stream all the same
     SELECT d.*, lag(d.ts + d.dur) OVER (PARTITION BY d.run_id, d.rank, d.stream ORDER BY d.ts, d.slice_id) AS stream_free
     FROM device_activity() d
-    -- (the same work bounded by its start alone, every rank's at once: what DuckDB filters the Parquet read by,
-    -- which it cannot by the conditions below; without it one step read every device event of the run)
-    JOIN (SELECT min(first_start) AS first_start, max(last_start) AS last_start FROM horizon) s
-      ON d.ts >= s.first_start AND d.ts <= s.last_start
+    JOIN starts s ON d.ts >= s.first_start AND d.ts <= s.last_start
     JOIN horizon b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts + d.dur >= b.ts
      AND (d.launch_ts <= b.upto OR d.ts <= b.upto)
 ), work AS (
