@@ -45,21 +45,14 @@ WITH paths AS (
 ), walked AS (
     -- (the path's length summed per list, before the list is unnested: a window function over every segment
     -- took 7 times as long)
-    SELECT run_id, rank, window_name, instance, step, path_ns, s.*
-    FROM (SELECT run_id, rank, window_name, instance, step, path_ns, unnest(path) AS s
-          FROM (SELECT *, list_sum([s.dur_ns FOR s IN path]) AS path_ns FROM paths))
-), ids AS (
-    -- (the path's event ids bounded: what DuckDB filters the reads of slices and device work by; else one
-    -- step's path may look them up in a hash table of every slice of the run)
-    SELECT min(event_id) AS first_id, max(event_id) AS last_id FROM walked
+    SELECT run_id, rank, window_name, instance, step, path_ns, unnest(path) AS s
+    FROM (SELECT *, list_sum([s.dur_ns FOR s IN path]) AS path_ns FROM paths)
 ), segments AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.seq, w.event_id, e.name, w.ts, w.dur_ns,
         w.dur_ns / w.path_ns AS share, w.edge, w.bound_by, critical_path_cause(w.edge, e.kind, e.name, d.class) AS cause
-    FROM walked w
-    LEFT JOIN (SELECT e.* FROM slices e JOIN ids ON e.slice_id >= ids.first_id AND e.slice_id <= ids.last_id) e
-      ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.event_id
-    LEFT JOIN (SELECT d.* FROM device_activity() d JOIN ids ON d.slice_id >= ids.first_id AND d.slice_id <= ids.last_id) d
-      ON d.run_id = w.run_id AND d.rank = w.rank AND d.slice_id = w.event_id
+    FROM (SELECT run_id, rank, window_name, instance, step, path_ns, s.* FROM walked) w
+    LEFT JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.event_id
+    LEFT JOIN device_activity() d ON d.run_id = w.run_id AND d.rank = w.rank AND d.slice_id = w.event_id
 )
 SELECT run_id, rank, window_name, instance, step, seq, event_id, name, ts, dur_ns, share, edge, bound_by, cause
 FROM segments
