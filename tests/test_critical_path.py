@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import tracesql
-from conftest import CORPUS, DATASETS, corpus_path
+from conftest import CORPUS, DATASETS, corpus_path, write_trace
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "critical_path_reference.json").read_text())
 HTA_CLASSES = {"cpu_bound", "gpu_compute_bound", "gpu_communication_bound", "gpu_kernel_kernel_overhead",
@@ -314,3 +314,70 @@ def test_replay_queues_behind_device_work_launched_before_the_trace(ingested):
     freed = _what_if(run, no_launch_overhead=1).predicted_ns.to_dict()
     assert floor[15] == freed[(0, 15)] == 45_615_917  # (it predicted 24,998,161: the launch waited 29.4 ms)
     assert all(freed[(0, step)] >= ns for step, ns in floor.items())
+
+
+@pytest.mark.slow  # ingests a corpus trace (the ingest the corpus replay test above shares)
+def test_one_window_reads_the_device_work_before_it(ingested):
+    """One step's event lists read only the device work near its time (what bounds the read: the rank's longest
+    event and longest launch wait). HTA's ns_resolution_trace runs its device a step behind its host, so each
+    step's launches queue behind, and its first kernels follow, work launched in the step before. Per step taken
+    alone, each device event's queue lengths are its stream's launches minus starts up to then over the whole
+    trace, and its stream_free the end of the event before it on its stream when that ends in the window (from
+    the slices, the second method)."""
+    run = ingested(corpus_path("hta/tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"))
+    con = tracesql.connect(run)
+    expected = con.sql("""
+        WITH queued AS (
+            SELECT d.slice_id, d.stream, d.ts, d.dur, d.launch_ts FROM slices d JOIN slices l ON l.slice_id = d.launch_id
+            WHERE d.kind IN ('kernel', 'memcpy', 'memset') AND d.launch_dur > 0 AND is_queued_launch(l.name)
+        ), queue AS (
+            SELECT slice_id, at_start,
+                sum(delta) OVER (PARTITION BY stream ORDER BY t, at_start, slice_id ROWS UNBOUNDED PRECEDING) AS length
+            FROM (SELECT stream, slice_id, launch_ts AS t, 1 AS delta, 0 AS at_start FROM queued
+                  UNION ALL SELECT stream, slice_id, ts, -1, 1 FROM queued)
+        )
+        SELECT d.slice_id, ql.length AS queue_at_launch, qs.length AS queue_at_start,
+            lag(d.ts + d.dur) OVER (PARTITION BY d.stream ORDER BY d.ts, d.slice_id) AS previous_end
+        FROM slices d
+        LEFT JOIN queue ql ON ql.slice_id = d.slice_id AND ql.at_start = 0
+        LEFT JOIN queue qs ON qs.slice_id = d.slice_id AND qs.at_start = 1
+        WHERE d.kind IN ('kernel', 'memcpy', 'memset')""").df().set_index("slice_id")
+    steps = con.sql("SELECT count(*) FROM steps").fetchall()[0][0]
+    held_over = 0
+    for step in range(steps):
+        events = con.sql(f"""SELECT window_ts, e.id, e.queue_at_launch, e.queue_at_start, e.stream_free
+                             FROM (SELECT window_ts, unnest(events) AS e FROM critical_path_event_lists(occurrence := {step}))
+                             WHERE e.role IN ('device', 'communication')""").df().set_index("id")
+        mine = expected.loc[events.index]
+        assert (events.queue_at_launch == mine.queue_at_launch).all()
+        assert (events.queue_at_start == mine.queue_at_start).all()
+        in_window = mine.previous_end >= events.window_ts
+        assert (events.stream_free[in_window] == mine.previous_end[in_window]).all()
+        held_over += int((mine.queue_at_launch > 1).sum())
+    assert steps == 5 and held_over > 0
+
+
+def test_one_window_reads_the_work_running_into_it(tmp_path):
+    """A kernel launched in step 1 runs 200 µs, well into step 2, and step 2's kernel queues behind it on its
+    stream: step 2 taken alone (its read bounded by the rank's longest device event before its start) still
+    sees the stream free only when that kernel ends."""
+    host = {"pid": 1, "tid": 1}
+    trace = write_trace(tmp_path / "t.json", [
+        {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "ts": 0, "dur": 100, **host},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 2, **host,
+         "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 20, "dur": 200, "pid": 0, "tid": 7,
+         "args": {"correlation": 1, "device": 0, "stream": 7}},
+        {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#2", "ts": 100, "dur": 100, **host},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 110, "dur": 2, **host,
+         "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "relu", "ts": 220, "dur": 10, "pid": 0, "tid": 7,
+         "args": {"correlation": 2, "device": 0, "stream": 7}},
+    ])
+    tracesql.ingest([trace], tmp_path / "run")
+    con = tracesql.connect(tmp_path / "run")
+    for lists in ("critical_path_event_lists(occurrence := 1)", "critical_path_event_lists()"):
+        kernels = con.sql(f"""SELECT instance, e.queue_at_launch, e.queue_at_start, e.stream_free
+                              FROM (SELECT instance, unnest(events) AS e FROM {lists}) WHERE e.role = 'device'
+                              ORDER BY instance""").fetchall()
+        assert kernels[-1] == (1, 1, 0, 220_000), lists

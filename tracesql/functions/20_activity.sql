@@ -130,7 +130,7 @@ WITH classified AS (
        OR (s.run_id, s.rank, s.correlation) IN (SELECT run_id, rank, correlation FROM early_calls))
 )
 SELECT * REPLACE (
-        (ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns AS ts,
+        CASE WHEN time_unit_ns = 1 THEN ts ELSE (ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns END AS ts,
         greatest((ts + dur) // time_unit_ns * time_unit_ns
                  - (ts + time_unit_ns - 1) // time_unit_ns * time_unit_ns, 0) AS dur)
 FROM kept;

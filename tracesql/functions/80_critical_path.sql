@@ -68,6 +68,14 @@ WITH windows AS (
     SELECT * FROM critical_path_windows(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter)
 ), bounds AS (
     SELECT run_id, rank, min(ts) AS ts, max(te) AS te FROM windows GROUP BY run_id, rank
+), device_ranks AS (
+    -- per rank with device work: whether none of it has a launch (device_only_ranks), its longest event and
+    -- the longest from a launch to its start (what bounds `line`'s start times)
+    SELECT run_id, rank, count(launch_id) = 0 AS device_only, max(dur) AS longest,
+        greatest(max(ts - launch_ts), 0) AS longest_wait
+    FROM slices
+    WHERE kind IN ('kernel', 'memcpy', 'memset') AND (rank_filter IS NULL OR rank = rank_filter)
+    GROUP BY run_id, rank
 ), horizon AS (
     -- the latest time a queue length the windows' work reads can be taken at: the latest launch or start of
     -- the device work launched between the rank's first window start and last window end (a superset of the
@@ -78,8 +86,15 @@ WITH windows AS (
     LEFT JOIN slices d ON d.run_id = b.run_id AND d.rank = b.rank AND d.launch_ts BETWEEN b.ts AND b.te
      AND d.kind IN ('kernel', 'memcpy', 'memset')
     GROUP BY b.run_id, b.rank, b.ts, b.te
+), starts AS (
+    -- the times the work `line` takes starts between, every rank's: it ends after b.ts, so it started at most
+    -- the rank's longest event before; it started by the horizon or was launched by it, then started at most
+    -- the rank's longest wait after it (what DuckDB filters the read of device work by; without it one step
+    -- read every device event of the run)
+    SELECT min(h.ts - r.longest) AS first_start, max(h.upto + r.longest_wait) AS last_start
+    FROM horizon h JOIN device_ranks r ON r.run_id = h.run_id AND r.rank = h.rank
 ), device_only AS (
-    SELECT * FROM device_only_ranks()
+    SELECT run_id, rank FROM device_ranks WHERE device_only
 ), line AS (
     -- the device work that ends after the rank's first window starts, and when its stream was free: the end of
     -- the event before it on its stream (for the what-if replay, work launched before the window that the
@@ -87,6 +102,7 @@ WITH windows AS (
     -- its stream all the same
     SELECT d.*, lag(d.ts + d.dur) OVER (PARTITION BY d.run_id, d.rank, d.stream ORDER BY d.ts, d.slice_id) AS stream_free
     FROM device_activity() d
+    JOIN starts s ON d.ts >= s.first_start AND d.ts <= s.last_start
     JOIN horizon b ON b.run_id = d.run_id AND b.rank = d.rank AND d.ts + d.dur >= b.ts
      AND (d.launch_ts <= b.upto OR d.ts <= b.upto)
 ), work AS (
@@ -100,7 +116,13 @@ WITH windows AS (
         d.class = 'communication' AS communication, d.stream_free
     FROM line d
     LEFT JOIN device_only o ON o.run_id = d.run_id AND o.rank = d.rank
-    LEFT JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
+    LEFT JOIN (
+        -- (the launches' ids bounded: what DuckDB filters the read of every slice's name by)
+        SELECT l.run_id, l.rank, l.slice_id, l.name
+        FROM slices l
+        JOIN (SELECT min(launch_id) AS first_id, max(launch_id) AS last_id FROM line) i
+          ON l.slice_id >= i.first_id AND l.slice_id <= i.last_id
+    ) l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
     WHERE d.launch_dur > 0 AND l.slice_id IS NOT NULL OR o.rank IS NOT NULL
 ), queue AS (
     -- each stream's queue length after each launch and after each start (HTA counts streams apart by number)
