@@ -69,6 +69,23 @@ def test_findings_match_the_what_if_they_cite(ingested):
     assert findings.run(con, "RUN").df().empty
 
 
+@pytest.mark.slow  # every rule twice
+def test_findings_share_what_no_rule_changes(ingested):
+    """`findings` computes each step's unchanged replay and critical path once for all rules (what_if_unchanged);
+    its rows are each rule's run by itself, which walks them all again. data_loader's change makes the steps'
+    DataLoader ranges ops, which changes their graphs: its steps are walked anew (their known rows would be
+    another graph's)."""
+    run = ingested(TRACE_FILTER)
+    con = tracesql.connect(run)
+    assert con.sql("SELECT count(*) FILTER (WHERE reroled), count(*) "
+                   "FROM critical_path_events(faster := data_loading_pattern())").fetchall() == [(4, 4)]
+    found = findings.run(con, "RUN", {"min_saving_pct": 0}).fetchall()
+    alone = [row for rule in RULES if "min_saving_pct" in rule.params
+             for row in queries.run(tracesql.connect(run), rule, {"run": "RUN", "min_saving_pct": 0}).fetchall()]
+    assert len(found) == 4 * len(ON_TRACE_FILTER)
+    assert sorted(found, key=repr) == sorted(alone, key=repr)
+
+
 @pytest.mark.slow
 def test_launch_overhead_counts_launches_onto_an_idle_stream(ingested):
     """Stream starvation in launch_overhead's evidence: the launches of each step whose stream had ended all its

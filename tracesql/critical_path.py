@@ -608,9 +608,10 @@ def _without_gc(function, *args):
 
 
 #: The latest unchanged walks used (the unchanged replay, HTA's path), by a digest of their input, each as its
-#: Arrow row (a tenth of the memory of the segments as Python objects): the findings rules replay the same windows
-#: unchanged and walk HTA's path of them, one what_if each, so a run of N steps reuses 2 N walks. A changed walk
-#: is one what-if's and is not kept (each rule's own N walked once: 1.2 MB each at 24x).
+#: Arrow row (a tenth of the memory of the segments as Python objects): a what-if whose change changes nothing
+#: walks its steps' unchanged replay, and the findings rules host_op and idle_bubbles walk HTA's path of the steps
+#: `findings` walked for all rules first (tracesql/findings.py). A changed walk is one what-if's and is not kept
+#: (each rule's own N walked once: 1.2 MB each at 24x).
 _WALKED: dict[bytes, pa.Array] = {}
 WALKED_SIZE = 1024
 #: The latest replays' plans (graph and walk order), by a digest of their graph's input: each findings rule

@@ -74,6 +74,23 @@ def _event_lists_once(con):
         con.execute("DROP TABLE temp.findings_event_lists")
 
 
+@contextlib.contextmanager
+def _unchanged_once(con):
+    """While the rules run, each default window's measured and unchanged replayed time and critical path (the
+    what_if macro's rows without a change) computed once, into a temporary table that what_if_unchanged reads:
+    each rule's what-if then walks its changed replay only (and the unchanged replay and paths of the steps whose
+    change makes a range an op: their graphs change)."""
+    con.execute("CREATE OR REPLACE TEMP TABLE findings_unchanged AS "
+                "SELECT * EXCLUDE (predicted_ns, saving_ns, saving_pct) FROM what_if()")
+    con.execute("CREATE OR REPLACE TEMP MACRO what_if_unchanged(annotation := NULL, occurrence := NULL) AS TABLE "
+                "FROM findings_unchanged WHERE annotation IS NULL AND occurrence IS NULL")
+    try:
+        yield
+    finally:
+        con.execute("DROP MACRO TABLE temp.what_if_unchanged")
+        con.execute("DROP TABLE temp.findings_unchanged")
+
+
 def run(con, target: str, params: dict | None = None):
     """Every rule's rows on `con`, largest saving first, as a DuckDB relation on `con`. `target`: the run as the
     user named it, written into each row's `query` command; `params` (name -> value) go to the rules that take
@@ -81,7 +98,7 @@ def run(con, target: str, params: dict | None = None):
     import pyarrow as pa
 
     params = check(dict(params or {}))
-    with _event_lists_once(con):
+    with _event_lists_once(con), _unchanged_once(con):
         found = pa.concat_tables([
             queries.run(con, rule, {"run": target} | {k: v for k, v in params.items() if k in rule.params})
             .to_arrow_table() for rule in catalogue()])

@@ -270,7 +270,7 @@ FROM critical_path_event_lists(annotation := annotation, occurrence := occurrenc
 -- took the longest (the straggler) does it as fast as the median of the other ranks (its kernels and copies scaled
 -- by that median ÷ its time); in a step without device work (CPU ranks), the rank whose host ops other than
 -- communication calls took the longest own time. The changes take effect when critical_path_walk is given a
--- gaps_scale.
+-- gaps_scale. reroled: whether `faster` made a range of the window an op (its graph is not the unchanged one).
 CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
         faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0, straggler_to_median := 0) AS TABLE
 WITH lists AS (
@@ -320,7 +320,9 @@ SELECT l.run_id, l.rank, l.window_name, l.instance, l.step, l.window_ts, l.windo
                                      AND st.on_host = (e.role NOT IN ('device', 'communication')) THEN st.scale
                                END AS DOUBLE),
                  rank := e.rank, collective := e.collective)
-     FOR e IN l.events] AS events
+     FOR e IN l.events] AS events,
+    faster IS NOT NULL AND COALESCE(list_bool_or([regexp_matches(e.name, faster) FOR e IN l.events IF e.role = 'range']),
+                                    false) AS reroled
 FROM lists l
 LEFT JOIN stragglers st ON st.run_id = l.run_id AND st.window_name = l.window_name AND st.joint = l.joint;
 
@@ -341,6 +343,19 @@ CREATE OR REPLACE MACRO critical_path_cause(edge, kind, name, class) AS (
          ELSE 'host' END
 );
 
+-- What the what-if's windows measure and replay without a change (the what_if macro's columns but the predicted
+-- time and the saving), where its caller has them already: `tracesql findings` computes them once for all its
+-- rules (tracesql/findings.py replaces this macro while they run; each rule's what-if then walks its changed
+-- replay only). Else none: what_if computes them.
+CREATE OR REPLACE MACRO what_if_unchanged(annotation := NULL, occurrence := NULL) AS TABLE
+SELECT NULL::VARCHAR AS run_id, NULL::INTEGER AS rank, NULL::VARCHAR AS window_name, NULL::INTEGER AS instance,
+    NULL::INTEGER AS step, NULL::BIGINT AS range_ns, NULL::BIGINT AS measured_ns, NULL::BIGINT AS replayed_ns,
+    NULL::BIGINT AS path_ns, NULL::VARCHAR AS bound, NULL::DOUBLE AS compute_share,
+    NULL::DOUBLE AS communication_share, NULL::DOUBLE AS host_launch_share, NULL::DOUBLE AS input_share,
+    NULL::DOUBLE AS sync_share, NULL::DOUBLE AS memory_copy_share, NULL::BIGINT AS remote_ns,
+    NULL::INTEGER AS remote_rank
+WHERE false;
+
 -- The what_if query's rows (see queries/what_if.sql, which documents the parameters and columns): each window
 -- replayed unchanged and with the changes, its measured, replayed and predicted time, and what bounds its
 -- critical path. A table macro so that the findings rules (findings/*.sql) price their causes with it. The
@@ -351,15 +366,27 @@ CREATE OR REPLACE MACRO what_if(annotation := NULL, occurrence := NULL, rank_fil
         faster_pct := 0, hide_communication := 0, no_launch_overhead := 0, remove_syncs := 0,
         straggler_to_median := 0, replay := 1) AS TABLE
 WITH windows AS (
-    -- the end of its last node (op or device work; ranges and syncs are none)
-    SELECT *, COALESCE(step, instance) AS joint,
-        list_max([e.ts + e.dur FOR e IN events
-                  IF e.role NOT IN ('range', 'stream_sync', 'context_sync', 'event_sync')]) AS work_end
+    SELECT *, COALESCE(step, instance) AS joint
     FROM critical_path_events(annotation := annotation, occurrence := occurrence,
         faster := faster, faster_pct := faster_pct, hide_communication := hide_communication,
         remove_syncs := remove_syncs, straggler_to_median := straggler_to_median)
+), known AS (
+    -- the windows' unchanged rows the caller has (what_if_unchanged)
+    SELECT *, COALESCE(step, instance) AS joint
+    FROM what_if_unchanged(annotation := annotation, occurrence := occurrence)
+    WHERE replay = 1
+), fresh AS (
+    -- the steps (else annotation instances) whose unchanged replay and paths are walked here: those with a window
+    -- the caller has no row of, or whose change makes a range an op (their graphs change)
+    SELECT w.run_id, w.window_name, w.joint
+    FROM windows w
+    LEFT JOIN known k ON k.run_id = w.run_id AND k.rank = w.rank AND k.window_name = w.window_name
+     AND k.instance = w.instance
+    GROUP BY ALL
+    HAVING bool_or(w.reroled OR k.run_id IS NULL)
 ), joint AS (
-    -- (the ranks' lists in any order: critical_path_walk takes the events by rank, then id)
+    -- (the ranks' lists and windows in any order: critical_path_walk takes the events by rank, then id, and the
+    -- windows by rank)
     SELECT run_id, window_name, joint, min(window_ts) AS joint_ts, flatten(list(events)) AS events,
         list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)) AS spans
     FROM windows
@@ -367,7 +394,8 @@ WITH windows AS (
     GROUP BY ALL
 ), replays AS (
     SELECT run_id, window_name, joint, joint_ts,
-        critical_path_walk(events, spans, NULL) AS replayed,
+        CASE WHEN (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
+             THEN critical_path_walk(events, spans, NULL) END AS replayed,
         critical_path_walk(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END) AS predicted
     FROM joint
 ), replayed AS (
@@ -378,19 +406,25 @@ WITH windows AS (
     FROM (SELECT run_id, window_name, joint, joint_ts, unnest(replayed) AS s FROM replays)
     GROUP BY ALL
 ), predicted AS (
-    SELECT run_id, window_name, joint, s.path_rank AS rank, sum(s.dur_ns) AS length_ns
-    FROM (SELECT run_id, window_name, joint, unnest(predicted) AS s FROM replays)
-    GROUP BY ALL
+    SELECT w.run_id, w.rank, w.window_name, w.instance, p.length_ns - (w.window_ts - p.joint_ts) AS predicted_ns
+    FROM windows w
+    JOIN (SELECT run_id, window_name, joint, joint_ts, s.path_rank AS rank, sum(s.dur_ns) AS length_ns
+          FROM (SELECT run_id, window_name, joint, joint_ts, unnest(predicted) AS s FROM replays)
+          GROUP BY ALL) p
+      ON p.run_id = w.run_id AND p.window_name = w.window_name AND p.joint = w.joint AND p.rank = w.rank
 ), walked AS (
-    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.window_ts, w.window_te, w.work_end,
+    -- the fresh steps' windows: the end of their last node (op or device work; ranges and syncs are none), HTA's
+    -- path, the replayed time
+    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.window_ts, w.window_te,
+        list_max([e.ts + e.dur FOR e IN w.events
+                  IF e.role NOT IN ('range', 'stream_sync', 'context_sync', 'event_sync')]) AS work_end,
         critical_path_walk(w.events, NULL, NULL) AS path,
-        r.length_ns - (w.window_ts - r.joint_ts) AS replayed_ns, p.length_ns - (w.window_ts - r.joint_ts) AS predicted_ns,
-        r.remote_ns, r.remote_rank
+        r.length_ns - (w.window_ts - r.joint_ts) AS replayed_ns, r.remote_ns, r.remote_rank
     FROM windows w
     -- (a window with nothing to replay keeps its row: measured, with no replay)
     LEFT JOIN replayed r ON r.run_id = w.run_id AND r.window_name = w.window_name AND r.joint = w.joint AND r.rank = w.rank
-    LEFT JOIN predicted p ON p.run_id = w.run_id AND p.window_name = w.window_name AND p.joint = w.joint AND p.rank = w.rank
-    WHERE rank_filter IS NULL OR w.rank = rank_filter
+    WHERE (rank_filter IS NULL OR w.rank = rank_filter)
+      AND (w.run_id, w.window_name, w.joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
 ), causes AS (
     SELECT w.run_id, w.rank, w.window_name, w.instance,
         CASE critical_path_cause(w.s.edge, e.kind, e.name, d.class)
@@ -411,21 +445,31 @@ WITH windows AS (
         COALESCE(sum(dur_ns) FILTER (WHERE cause = 'memory_copy'), 0) AS memory_copy_ns
     FROM causes
     GROUP BY ALL
-), per_window AS (
+), unchanged AS (
+    -- the windows without the change (what_if_unchanged's columns): the fresh steps' walked here, the others' known
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.window_te - w.window_ts AS range_ns,
-        greatest(w.window_te, w.work_end) - w.window_ts AS measured_ns,
-        CAST(w.replayed_ns AS BIGINT) AS replayed_ns, CAST(w.predicted_ns AS BIGINT) AS predicted_ns,
+        greatest(w.window_te, w.work_end) - w.window_ts AS measured_ns, CAST(w.replayed_ns AS BIGINT) AS replayed_ns,
+        CAST(s.path_ns AS BIGINT) AS path_ns, s.bound,
+        s.compute_ns / s.path_ns AS compute_share, s.communication_ns / s.path_ns AS communication_share,
+        s.host_launch_ns / s.path_ns AS host_launch_share, s.input_ns / s.path_ns AS input_share,
+        s.sync_ns / s.path_ns AS sync_share, s.memory_copy_ns / s.path_ns AS memory_copy_share,
         CAST(w.remote_ns AS BIGINT) AS remote_ns, CAST(w.remote_rank AS INTEGER) AS remote_rank
     FROM walked w
+    LEFT JOIN shares s ON s.run_id = w.run_id AND s.rank = w.rank AND s.window_name = w.window_name
+     AND s.instance = w.instance
+    UNION ALL
+    SELECT * EXCLUDE (joint)
+    FROM known
+    WHERE (rank_filter IS NULL OR rank = rank_filter)
+      AND (run_id, window_name, joint) NOT IN (SELECT (run_id, window_name, joint) FROM fresh)
 )
-SELECT p.run_id, p.rank, p.window_name, p.instance, p.step, p.range_ns, p.measured_ns, p.replayed_ns,
-    p.predicted_ns, p.replayed_ns - p.predicted_ns AS saving_ns,
-    round(100 * (p.replayed_ns - p.predicted_ns) / p.replayed_ns, 2) AS saving_pct,
-    CAST(s.path_ns AS BIGINT) AS path_ns, s.bound,
-    s.compute_ns / s.path_ns AS compute_share, s.communication_ns / s.path_ns AS communication_share,
-    s.host_launch_ns / s.path_ns AS host_launch_share, s.input_ns / s.path_ns AS input_share,
-    s.sync_ns / s.path_ns AS sync_share, s.memory_copy_ns / s.path_ns AS memory_copy_share,
-    p.remote_ns, p.remote_rank
-FROM per_window p
-LEFT JOIN shares s ON s.run_id = p.run_id AND s.rank = p.rank AND s.window_name = p.window_name
- AND s.instance = p.instance;
+SELECT u.run_id, u.rank, u.window_name, u.instance, u.step, u.range_ns, u.measured_ns, u.replayed_ns,
+    p.predicted_ns, u.replayed_ns - p.predicted_ns AS saving_ns,
+    round(100 * (u.replayed_ns - p.predicted_ns) / u.replayed_ns, 2) AS saving_pct,
+    u.path_ns, u.bound, u.compute_share, u.communication_share, u.host_launch_share, u.input_share, u.sync_share,
+    u.memory_copy_share, u.remote_ns, u.remote_rank
+FROM unchanged u
+-- (a rank the unchanged replay has no path for has no predicted time either)
+LEFT JOIN (SELECT run_id, rank, window_name, instance, CAST(predicted_ns AS BIGINT) AS predicted_ns FROM predicted) p
+  ON u.replayed_ns IS NOT NULL AND p.run_id = u.run_id AND p.rank = u.rank AND p.window_name = u.window_name
+ AND p.instance = u.instance;
