@@ -293,6 +293,10 @@ def section_queries(opts) -> list[Row]:
         if not trace.exists():
             rows.append(Row(f"Queries at {tiles[-1]}× ({name})", f"no input: {trace} is missing", "–", "–", None,
                             "every query < 1 CPU-s", None))
+            if trace == traces[0]:
+                rows.append(Row(f"Critical path and findings at {tiles[-1]}× ({name})", f"no input: {trace} is "
+                                "missing", "–", "–", None, f"one step ≤ {ONE_STEP_S} s, findings ≤ {FINDINGS_S} s "
+                                "(wall)", None))
             continue
         runs = bench_queries.tiled_runs(trace, tiles, opts.queries_dir)
         growth = bench_queries.growth_of(runs)
