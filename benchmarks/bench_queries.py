@@ -49,6 +49,7 @@ VARIANTS = {
     # issue 27's target: one step's path (the defaults walk every step of every rank)
     "critical_path": [{"instance": 0}],
     "what_if": [{"instance": 0}],
+    "bound": [{"instance": 0}],
 }
 
 

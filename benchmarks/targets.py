@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 15's targets measured together: each target next to a baseline measured in the same run, in one table.
+"""Issues 15's, 24's and 27's targets measured together: each next to a baseline measured in the same run, one table.
 
     python benchmarks/targets.py                          # every section, inputs made or reused in --work-dir
     python benchmarks/targets.py --only ingest,cli        # some sections
@@ -19,7 +19,12 @@ benchmark scripts' own measurements (benchmarks/README.md, docs/benchmarks.md):
               trace each (made by the tile_*.py scripts), against reading the file's bytes
   queries     bench_queries: every curated query and variant on the 1x, 6x and 24x runs of df_index_resolver and
               the B200 eager trace (recorded with shapes), in a worker process, best of --query-repeat, against one
-              scan of the run's slices on the same runs; their slopes 1x -> 24x
+              scan of the run's slices on the same runs; their slopes 1x -> 24x. Issue 24's target (< 1 CPU-s at
+              24x) is counted over the queries without targets of their own: the critical-path family
+              (critical_path, what_if, bound) has issue 27's, one step of the 24x df_index_resolver run (the 1 GB
+              tile) within 2 s, measured as the user runs it (`tracesql query Q RUN -p instance=0`, a fresh
+              process, wall), its every-step figures shown beside it; and `tracesql findings` on that run within
+              10 s (a fresh process, wall)
   cli         bench_cli: `tracesql --help` and `tracesql query overlap RUN`, whole process, against `python -c pass`
   report      bench_report: `tracesql report` over 100 runs x 8 ranks, against a report over one of the runs
 
@@ -52,10 +57,16 @@ CORPUS = bench_queries.CORPUS
 MEDIUM = CORPUS / "hta/tests/data/df_index_resolver/df_index_resolver.json.gz"
 SMALL = REPO / "datasets/tracelens_vllm_graph_execution/graph_execution.json.gz"  # 34 KB: the smoke inputs
 SECTIONS = ("ingest", "ingest-1gb", "readers", "queries", "cli", "report")
-#: --smoke's queries: one with every kind of variant (defaults, parameters, HTA's), on two tiles: each of the section's
-#: rows and cells is made as with the whole catalogue (every query is run by tests/test_ingest.py); each query costs
-#: a fresh connection, ~0.4 s of it installing the SQL functions, so the whole catalogue took ~50 s here
-SMOKE_QUERIES = ("overlap",)
+#: --smoke's queries: one with every kind of variant (defaults, parameters, HTA's) and the critical-path family (its
+#: every-step figures beside issue 27's one-step rows), on two tiles: each of the section's rows and cells is made as
+#: with the whole catalogue (every query is run by tests/test_ingest.py); each query costs a fresh connection, ~0.4 s
+#: of it installing the SQL functions, so the whole catalogue took ~50 s here
+SMOKE_QUERIES = ("overlap", "critical_path", "what_if", "bound")
+#: queries with targets of their own (issue 27: one step of the 1 GB tile within 2 s wall, `-p instance=0`, the
+#: first step of each rank), left out of issue 24's "< 1 CPU-s" rows; each is also timed over every step
+ONE_STEP = ("critical_path", "what_if", "bound")
+ONE_STEP_S = 2  # wall s, a fresh process (issue 27)
+FINDINGS_S = 10  # wall s of `tracesql findings` on the 1 GB tile, a fresh process (issue 27)
 SCAN = "SELECT sum(dur) FROM slices"  # the queries' baseline: one pass over a column of every slice
 #: (format, source, tiler, output under WORK/readers, its size): the reader inputs of docs/benchmarks.md
 READER_TILES = [
@@ -236,6 +247,40 @@ def section_readers(opts) -> list[Row]:
 
 # --------------------------------------------------------------------------- queries (bench_queries)
 
+def fresh(opts, cmd: list[str], log: str) -> dict:
+    """`cmd` (a `tracesql` command line) in a fresh process of this checkout: wall s, CPU s, peak RSS (MiB)."""
+    folder = opts.work / "fresh"
+    folder.mkdir(parents=True, exist_ok=True)
+    return bench_report.measured([sys.executable, "-m", "tracesql", *cmd], folder / log)
+
+
+def issue27_rows(opts, label: str, where: str, run: Path, measured: list) -> list[Row]:
+    """Issue 27's targets on `run`: each critical-path query's one step (`-p instance=0`: the first window of each
+    rank) in a fresh process, with its every-step figures from `measured` (bench_queries' in-process (CPU s, wall s,
+    rows) per tile of each query and variant; the defaults walk every step, and `bound`'s rows are the windows), and
+    `tracesql findings`."""
+    every = {t[0]: t[2][-1] for t in measured if t[0] in ONE_STEP and not t[1]}  # on `run`, the last tile
+    windows = every["bound"][2] if "bound" in every else None
+    rows = []
+    for name in ONE_STEP:
+        one = fresh(opts, ["query", name, str(run), "-p", "instance=0"], f"{name}-instance0.log")
+        if name in every and windows:
+            walked = (f"every step ({windows:,} windows): {every[name][0]:.2f} CPU-s in-process, "
+                      f"{every[name][0] / windows:.3f} per step")
+        else:
+            walked = "every step: not timed (not in this run's catalogue)"
+        rows.append(Row(f"`{name}` one step at {label}", f"`tracesql query {name} RUN -p instance=0` (the first step "
+                        f"of each rank) on {where}, whole fresh process, wall s; "
+                        f"{one['cpu_s']:.2f} CPU-s, {one['rss_mb']:,.0f} MiB peak RSS; against {walked}",
+                        sec(one["wall_s"]), f"{every[name][0]:.2f} CPU-s" if name in every else "–", None,
+                        f"tracesql ≤ {ONE_STEP_S} s (wall)", one["wall_s"] <= ONE_STEP_S))
+    found = fresh(opts, ["findings", str(run)], "findings.log")
+    rows.append(Row(f"`tracesql findings` at {label}", f"`tracesql findings RUN` on {where}, whole fresh process, "
+                    f"wall s; {found['cpu_s']:.2f} CPU-s, {found['rss_mb']:,.0f} MiB peak RSS", sec(found["wall_s"]), "–", None, f"tracesql ≤ {FINDINGS_S} s (wall)",
+                    found["wall_s"] <= FINDINGS_S))
+    return rows
+
+
 def section_queries(opts) -> list[Row]:
     from tracesql import queries
 
@@ -248,14 +293,20 @@ def section_queries(opts) -> list[Row]:
         if not trace.exists():
             rows.append(Row(f"Queries at {tiles[-1]}× ({name})", f"no input: {trace} is missing", "–", "–", None,
                             "every query < 1 CPU-s", None))
+            if trace == traces[0]:
+                rows.append(Row(f"Critical path and findings at {tiles[-1]}× ({name})", f"no input: {trace} is "
+                                "missing", "–", "–", None, f"one step ≤ {ONE_STEP_S} s, findings ≤ {FINDINGS_S} s "
+                                "(wall)", None))
             continue
         runs = bench_queries.tiled_runs(trace, tiles, opts.queries_dir)
         growth = bench_queries.growth_of(runs)
-        timed = [(q.name, params, [b[0] for b in best[0]])  # CPU s per tile
-                 for q, params, best in bench_queries.measure([worker], [runs], catalogue, opts.query_repeat)]
+        measured = [(q.name, params, best[0])  # (CPU s, wall s, rows) per tile
+                    for q, params, best in bench_queries.measure([worker], [runs], catalogue, opts.query_repeat)]
+        timed = [(q, params, [b[0] for b in best]) for q, params, best in measured]  # CPU s per tile
         scan = [min(worker.time_sql(run, SCAN)["cpu"] for _ in range(opts.query_repeat)) for _, run, _ in runs]
-        slowest = max(timed, key=lambda t: t[2][-1])
-        over = [t for t in timed if t[2][-1] >= 1]
+        under = [t for t in timed if t[0] not in ONE_STEP]  # issue 24's target: the queries without their own
+        slowest = max(under, key=lambda t: t[2][-1])
+        over = [t for t in under if t[2][-1] >= 1]
         slopes = [(bench_queries.exponent(t[2], growth), t) for t in timed]
         steepest = max(slopes, key=lambda s: s[0])
         scan_slope = bench_queries.exponent(scan, growth)
@@ -263,20 +314,24 @@ def section_queries(opts) -> list[Row]:
         def shown(t) -> str:
             return f"`{t[0]}`" + (" " + ", ".join(f"{k}={v}" for k, v in t[1].items()) if t[1] else "")
 
-        on = (f"{len(timed)} queries and variants on the {tiles[-1]}× run of `{trace.name}` ({runs[-1][2]:,} slices), "
-              f"in-process CPU s, best of {opts.query_repeat}, against one scan of the slices (`{SCAN}`)")
+        on = (f"{len(under)} queries and variants on the {tiles[-1]}× run of `{trace.name}` ({runs[-1][2]:,} "
+              f"slices; all but the critical-path family's {len(timed) - len(under)}, which have targets of their "
+              f"own), in-process CPU s, best of {opts.query_repeat}, against one scan of the slices (`{SCAN}`)")
         rows += [
             Row(f"Queries at {tiles[-1]}× ({name}): slowest", on + f"; slowest: {shown(slowest)}",
                 sec(slowest[2][-1]), sec(scan[-1]), slowest[2][-1] / scan[-1], "tracesql < 1 s (CPU)",
                 slowest[2][-1] < 1),
             Row(f"Queries at {tiles[-1]}× ({name}): over 1 s", "the same, how many take 1 CPU-s or more"
-                + (": " + ", ".join(shown(t) for t in over) if over else ""), f"{len(over)} of {len(timed)}",
+                + (": " + ", ".join(shown(t) for t in over) if over else ""), f"{len(over)} of {len(under)}",
                 f"scan: {sec(scan[-1])}", None, "0", not over),
             Row(f"Queries {tiles[0]}×→{tiles[-1]}× ({name}): slope", f"b of CPU s ∝ slices^b between the {tiles[0]}× "
-                f"and {tiles[-1]}× runs ({runs[0][2]:,} → {runs[-1][2]:,} slices), steepest: {shown(steepest[1])}",
-                f"{steepest[0]:.2f}", f"scan: {scan_slope:.2f}", None, f"≤ {SLOPE} (none superlinear)",
-                steepest[0] <= SLOPE),
+                f"and {tiles[-1]}× runs ({runs[0][2]:,} → {runs[-1][2]:,} slices), all {len(timed)} queries and "
+                f"variants, steepest: {shown(steepest[1])}", f"{steepest[0]:.2f}", f"scan: {scan_slope:.2f}", None,
+                f"≤ {SLOPE} (none superlinear)", steepest[0] <= SLOPE),
         ]
+        if trace == traces[0]:  # issue 27's targets: the 1 GB tile (df_index_resolver 24×)
+            rows += issue27_rows(opts, f"{tiles[-1]}× ({name})", f"the {tiles[-1]}× run of `{trace.name}` "
+                                 f"({runs[-1][2]:,} slices)", runs[-1][1], measured)
     worker.close()
     return rows
 
