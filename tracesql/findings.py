@@ -57,38 +57,39 @@ def check(params: dict) -> dict:
 
 
 @contextlib.contextmanager
+def _computed_once(con, table: str, query: str, macro: str, macro_sql: str):
+    """While the rules run, `query` computed once into the temporary `table`, and the table macro `macro` (which
+    the rules' SQL calls) replaced by `macro_sql`, which reads it; both dropped after."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {query}")
+    con.execute(f"CREATE OR REPLACE TEMP MACRO {macro_sql}")
+    try:
+        yield
+    finally:
+        con.execute(f"DROP MACRO TABLE temp.{macro}")
+        con.execute(f"DROP TABLE temp.{table}")
+
+
 def _event_lists_once(con):
-    """While the rules run, the events of every rank's steps (critical_path_event_lists with its defaults, what each
-    rule's what-if and critical path read) computed once, into a temporary table that critical_path_event_source
-    reads in their place: on the 24× tile they took 12 CPU-s a rule. Other windows are computed as before."""
+    """The events of every rank's steps (critical_path_event_lists with its defaults, what each rule's what-if and
+    critical path read) once, for critical_path_event_source to read in their place: on the 24× tile they took 12
+    CPU-s a rule. Other windows are computed as before."""
     defaults = "annotation IS NULL AND occurrence IS NULL AND rank_filter IS NULL"
-    con.execute("CREATE OR REPLACE TEMP TABLE findings_event_lists AS FROM critical_path_event_lists()")
-    con.execute("CREATE OR REPLACE TEMP MACRO critical_path_event_source(annotation := NULL, occurrence := NULL, "
-                f"rank_filter := NULL) AS TABLE FROM findings_event_lists WHERE {defaults} UNION ALL "
-                "FROM critical_path_event_lists(annotation := annotation, occurrence := occurrence, "
-                f"rank_filter := rank_filter) WHERE NOT ({defaults})")
-    try:
-        yield
-    finally:
-        con.execute("DROP MACRO TABLE temp.critical_path_event_source")
-        con.execute("DROP TABLE temp.findings_event_lists")
+    return _computed_once(
+        con, "findings_event_lists", "FROM critical_path_event_lists()", "critical_path_event_source",
+        "critical_path_event_source(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE "
+        f"FROM findings_event_lists WHERE {defaults} UNION ALL "
+        "FROM critical_path_event_lists(annotation := annotation, occurrence := occurrence, "
+        f"rank_filter := rank_filter) WHERE NOT ({defaults})")
 
 
-@contextlib.contextmanager
 def _unchanged_once(con):
-    """While the rules run, each default window's measured and unchanged replayed time and critical path (the
-    what_if macro's rows without a change) computed once, into a temporary table that what_if_unchanged reads:
-    each rule's what-if then walks its changed replay only (and the unchanged replay and paths of the steps whose
-    change makes a range an op: their graphs change)."""
-    con.execute("CREATE OR REPLACE TEMP TABLE findings_unchanged AS "
-                "SELECT * EXCLUDE (predicted_ns, saving_ns, saving_pct) FROM what_if()")
-    con.execute("CREATE OR REPLACE TEMP MACRO what_if_unchanged(annotation := NULL, occurrence := NULL) AS TABLE "
-                "FROM findings_unchanged WHERE annotation IS NULL AND occurrence IS NULL")
-    try:
-        yield
-    finally:
-        con.execute("DROP MACRO TABLE temp.what_if_unchanged")
-        con.execute("DROP TABLE temp.findings_unchanged")
+    """Each default window's measured and unchanged replayed time and critical path (the what_if macro's rows
+    without a change) once, for what_if_unchanged to read: each rule's what-if then walks its changed replay only
+    (and the unchanged replay and paths of the steps whose change makes a range an op: their graphs change)."""
+    return _computed_once(
+        con, "findings_unchanged", "SELECT * EXCLUDE (predicted_ns, saving_ns, saving_pct) FROM what_if()",
+        "what_if_unchanged", "what_if_unchanged(annotation := NULL, occurrence := NULL) AS TABLE "
+        "FROM findings_unchanged WHERE annotation IS NULL AND occurrence IS NULL")
 
 
 def run(con, target: str, params: dict | None = None):

@@ -26,14 +26,21 @@ SELECT run_id, rank, name AS window_name, n AS instance, step, ts, te
 FROM numbered
 WHERE occurrence IS NULL OR n = occurrence;
 
+-- Per rank with device work (rank_filter: that rank's only): whether none of it has a launch (device_only_ranks),
+-- its longest event and the longest from a launch to its start (what bounds the start times of the work
+-- critical_path_event_lists reads).
+CREATE OR REPLACE MACRO device_work_ranks(rank_filter := NULL) AS TABLE
+SELECT run_id, rank, count(launch_id) = 0 AS device_only, max(dur) AS longest,
+    greatest(max(ts - launch_ts), 0) AS longest_wait
+FROM slices
+WHERE kind IN ('kernel', 'memcpy', 'memset') AND (rank_filter IS NULL OR rank = rank_filter)
+GROUP BY run_id, rank;
+
 -- Ranks whose device work has no launches (XLA on TPU and CPU: the device runs the program's ops by itself, no
 -- host call puts them on a stream): their device work belongs to the windows it starts in, and the replay is
 -- each device's line, its ops in order with their gaps (a device-only replay).
 CREATE OR REPLACE MACRO device_only_ranks() AS TABLE
-SELECT run_id, rank FROM slices
-WHERE kind IN ('kernel', 'memcpy', 'memset')
-GROUP BY run_id, rank
-HAVING count(launch_id) = 0;
+SELECT run_id, rank FROM device_work_ranks() WHERE device_only;
 
 -- The XLA ops each window's device ran (its device events, by their launch or, without one, their start; on a GPU
 -- several kernels an op), with their HLO facts (xla_ops): what the XLA findings rules (findings/xla_*.sql) look at.
@@ -69,13 +76,7 @@ WITH windows AS (
 ), bounds AS (
     SELECT run_id, rank, min(ts) AS ts, max(te) AS te FROM windows GROUP BY run_id, rank
 ), device_ranks AS (
-    -- per rank with device work: whether none of it has a launch (device_only_ranks), its longest event and
-    -- the longest from a launch to its start (what bounds `line`'s start times)
-    SELECT run_id, rank, count(launch_id) = 0 AS device_only, max(dur) AS longest,
-        greatest(max(ts - launch_ts), 0) AS longest_wait
-    FROM slices
-    WHERE kind IN ('kernel', 'memcpy', 'memset') AND (rank_filter IS NULL OR rank = rank_filter)
-    GROUP BY run_id, rank
+    SELECT * FROM device_work_ranks(rank_filter := rank_filter)
 ), horizon AS (
     -- the latest time a queue length the windows' work reads can be taken at: the latest launch or start of
     -- the device work launched between the rank's first window start and last window end (a superset of the
