@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import tracesql
 from conftest import DATASETS, raw_events
-from tracesql import db, functions, normalize, store
+from tracesql import db, functions, ingestion, normalize, store
 from tracesql.arrays import array
 from tracesql.cli import main
 from tracesql.readers import kineto, read_trace
@@ -65,6 +65,34 @@ def test_a_small_memory_limit_gives_the_same_run(tmp_path, ingested):
         diff = con.execute(f"SELECT count(*) FROM (SELECT * EXCLUDE (run_id) FROM {table} EXCEPT ALL "
                            f"SELECT * EXCLUDE (run_id) FROM read_parquet('{other}/{table}/*.parquet'))")
         assert diff.fetchone()[0] == 0, table
+
+
+def test_op_costs_get_their_least_memory_under_a_smaller_limit(tmp_path, ingested):
+    """The run-wide op_costs query's hash tables take 79-88 MB on one thread on tracelens_b200_eager, more than a
+    64MB limit holds (ingestion.OP_COSTS_MIN_MEMORY): the same run as at the default limit."""
+    source = DATASETS / "tracelens_b200_eager"
+    tracesql.ingest([source], tmp_path / "run", memory_limit="64MB")
+    con = tracesql.connect(tmp_path / "run")
+    assert con.execute(f"SELECT count(*) FROM (SELECT * EXCLUDE (run_id) FROM op_costs EXCEPT ALL SELECT * "
+                       f"EXCLUDE (run_id) FROM read_parquet('{ingested(source)}/op_costs/*.parquet'))").fetchone()[0] \
+        == 0 < con.execute("SELECT count(*) FILTER (WHERE counted) FROM op_costs").fetchone()[0]
+
+
+def test_run_wide_steps_past_the_limit_are_one_line_and_keep_the_run(tmp_path, monkeypatch):
+    """What DuckDB cannot spill in the run-wide steps (after every file was read) names the run and the limit in
+    one line, and the run already there is left as it was."""
+    run = tmp_path / "run"
+    tracesql.ingest([NCCL], run)
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".lock"}
+    monkeypatch.setattr(ingestion, "OP_COSTS_MIN_MEMORY", "8MB")  # under what op_costs needs on this trace
+    result = CliRunner().invoke(main, ["ingest", str(DATASETS / "tracelens_b200_eager"), "-o", str(run),
+                                       "--memory-limit", "64MB"])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"Error: {run}: the run-wide steps need more memory than --memory-limit 64MB "
+                                    "gives DuckDB (Out of Memory Error: ")
+    assert result.output.endswith("): ingest it with a larger --memory-limit\n")
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".lock"} \
+        == before
 
 
 def test_streamed_and_whole_document_paths_agree(tmp_path):

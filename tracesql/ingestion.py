@@ -499,9 +499,14 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
             for table, n in entry["rows"].items():
                 result.rows[table] = result.rows.get(table, 0) + n
         parts = store.parquet_files(staging)  # what the run-wide steps read (none reads what another writes)
-        _write_run_checks(staging, parts, lim)
-        _write_run_labels(staging, parts, run_id, given or {}, lim)
-        _write_op_costs(staging, parts, lim)
+        try:
+            _write_run_checks(staging, parts, lim)
+            _write_run_labels(staging, parts, run_id, given or {}, lim)
+            _write_op_costs(staging, parts, lim)
+        except duckdb.OutOfMemoryException as e:  # as a file's (read_file): the run and the limit, in one line
+            raise TraceError(str(out), f"the run-wide steps need more memory than --memory-limit {lim.memory} "
+                                       f"gives DuckDB ({str(e).strip().splitlines()[0]}): ingest it with a larger "
+                                       "--memory-limit") from None
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings, "labels": given_labels}
         store.publish(staging, out, manifest, views.init_sql, known_files=(old or {}).get("files"))
@@ -572,6 +577,12 @@ OP_FAMILIES_SQL = "SELECT DISTINCT k.family FROM op_calls()"
 #: a memory limit under this runs the run-wide op_costs query on one thread (_write_op_costs)
 SMALL_MEMORY_BYTES = 256 << 20
 
+#: the least DuckDB memory the op_costs query gets: its ~57 hash tables (joins and groupings) take 40-90 MB on
+#: one thread whatever the run's size (hta_nccl_parser_config's 14,346 ops: 53-62 MB; tracelens_b200_eager's
+#: 4,809: 79-88), which a smaller --memory-limit could not hold; within the ingest's fixed overhead
+#: (limits.FIXED_OVERHEAD)
+OP_COSTS_MIN_MEMORY = "128MB"
+
 
 def _write_op_costs(staging: Path, parts: list[str], lim: limits.Limits) -> None:
     """The run's `op_costs` table: every op's cost, by the formulas of functions/30_flops.sql, over all its ranks
@@ -581,7 +592,8 @@ def _write_op_costs(staging: Path, parts: list[str], lim: limits.Limits) -> None
     files = _of_tables(staging, parts, ("ops", "slices", "xla_ops"))
     (staging / "op_costs").mkdir(exist_ok=True)
     path = staging / "op_costs" / f"run-{store.generation(staging)}.parquet"
-    with db.for_trace(1 if lim.memory_bytes < SMALL_MEMORY_BYTES else None, lim.memory) as con:
+    memory = max(lim.memory, OP_COSTS_MIN_MEMORY, key=limits.size_bytes)
+    with db.for_trace(1 if lim.memory_bytes < SMALL_MEMORY_BYTES else None, memory) as con:
         con.execute(views.views_sql({**files, "op_costs": []})).fetchall()  # op_costs: empty, of the table's columns
         if con.execute("SELECT count(*) FROM ops").fetchall()[0][0]:  # else (Nsight, rocprof, ...) no formulas to bind
             functions.install(con, names=functions.words(OP_FAMILIES_SQL))
