@@ -433,7 +433,8 @@ def digests(path: Path) -> dict[str, str]:
 
 def xxh3_128(path: Path) -> str:
     """`path`'s XXH3-128, hashed where the page cache holds it (mapped, not copied: copying the bytes out cost
-    more CPU than hashing them). Mapped files are never truncated here: tracesql writes a run's files once."""
+    more CPU than hashing them). A file cut short while mapped would kill the process (SIGBUS): tracesql writes
+    a run's files once and never truncates one."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:  # nothing to map
             return xxhash.xxh3_128_hexdigest(b"")
