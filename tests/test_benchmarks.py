@@ -191,3 +191,12 @@ def test_bench_archive_merged(tmp_path):
     assert "| 12 | (merged: the floor) |" in out  # the 3 members' 4 events each, in one trace
     run = tracesql.connect(tmp_path / "m" / "run")  # one rank; each member's two processes kept apart
     assert run.execute("SELECT count(DISTINCT rank), count(DISTINCT pid) FROM slices").fetchone() == (1, 6)
+
+
+def test_bench_file_check(tmp_path):
+    import tracesql
+
+    tracesql.ingest([SMALL], tmp_path / "run")
+    out = bench("bench_file_check.py", tmp_path / "run", "--only", "^(steps|hotspots)$", "--repeat", "1",
+                tmp_path=tmp_path)
+    assert "| `hotspots` |" in out and "| `steps` |" in out and "\nXXH3-128: " in out and "\nSHA-256: " in out

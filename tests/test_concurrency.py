@@ -197,7 +197,7 @@ def read():  # every file of the generation it listed, with the bytes its manife
         print("listed", flush=True)
         sys.stdin.readline()  # the test lets go once an ingest waits to swap, or has swapped
     for rel, entry in files.items():
-        store.check_sha256(run, rel, entry)
+        store.check_digest(run, rel, entry)
     return listed[-1]
 print(engine.while_unchanged([run], read) == listed[0], len(listed), flush=True)
 """

@@ -81,8 +81,8 @@ def fleet(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def duck(fleet):
-    """One DuckDB session over the fleet for the module (each connection checks every file's SHA-256 again, a CPU
-    second or so): `queries.run` sets every parameter of the query it runs, so none carries over to the next."""
+    """One DuckDB session over the fleet for the module (each connection checks every file it reads again):
+    `queries.run` sets every parameter of the query it runs, so none carries over to the next."""
     return engine.connect(fleet)
 
 

@@ -428,8 +428,8 @@ def info_cmd(run, fmt):
 @click.argument("run", type=click.Path(path_type=Path))
 @_errors_as_messages
 def verify(run):
-    """Check a run's files against its manifest: none missing or added, and each file's size, SHA-256 and
-    Parquet page checksums. Exit status 1 with one line naming the first damaged file.
+    """Check a run's files against its manifest: none missing or added, and each file's size, SHA-256, XXH3-128
+    and Parquet page checksums. Exit status 1 with one line naming the first damaged file.
 
     Example:
 

@@ -170,7 +170,7 @@ def connect(target, *, threads: int | None = None, names=None, sandbox: bool = F
             table = rel.split("/")[0]
             files[table].append(str(run / rel))
             if table in tables:  # a flipped bit in a file read is refused, never a wrong answer (robustness.md)
-                store.check_sha256(run, rel, (manifest.get("files") or {}).get(rel))
+                store.check_digest(run, rel, (manifest.get("files") or {}).get(rel))
     con = db.connect(threads, None if sandbox else memory_limit)
     listed = {t: files[t] for t in tables}
     present = None

@@ -4,7 +4,7 @@ A run is a folder:
 
     runs/1234/
       tracesql.json              manifest: schema version, sources (size, mtime, rank, part), warnings, and
-                                 `files`: every Parquet file of the run with its size and SHA-256
+                                 `files`: every Parquet file of the run with its size, SHA-256 and XXH3-128
       init.sql                   views + macros for a plain DuckDB client (`cd runs/1234 && duckdb -init init.sql`)
       slices/rank00003-<key>.parquet   one Parquet file per table per source file (<key>: the source and the
                                  ingest that wrote it, so a name never holds other bytes in a later run)
@@ -22,8 +22,9 @@ beside it) for their whole duration, so two processes never interleave; leftover
 `.<run>.staging-*` folders, which never count as runs) are removed by the next ingest of that run.
 
 A run verifies itself: opening it (`files_of`) refuses a run whose Parquet files are not the ones its manifest
-lists (one missing, one added, one of another size) in one line naming the file; `verify` also checks every
-file's SHA-256 and every Parquet page's CRC (written by every writer here). Files are always named one by one,
+lists (one missing, one added, one of another size) in one line naming the file, and a query checks the XXH3-128
+of the files it reads (`check_digest`: a flipped bit); `verify` checks every file's SHA-256 and XXH3-128 and every
+Parquet page's CRC (written by every writer here). Files are always named one by one,
 never found by a glob pattern, so a run under `exp[1]/` or `a*b/` reads exactly its own files.
 
 A reader sees one generation of a run whole. Every ingest names the files it writes anew (the generation is part
@@ -46,6 +47,7 @@ import errno
 import functools
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import threading
@@ -53,6 +55,7 @@ import time
 import uuid
 from pathlib import Path
 
+import xxhash
 
 from . import schema
 from .errors import TraceError
@@ -60,6 +63,7 @@ from .version import __version__
 
 MANIFEST = "tracesql.json"
 INIT_SQL = "init.sql"
+MISSING = "missing: the run's manifest lists it (a damaged run: re-ingest the traces)"
 #: How every Parquet file of a run is written: page checksums let any reader (pyarrow, Spark, `tracesql verify`)
 #: notice a flipped bit.
 PARQUET_OPTIONS = {"compression": "zstd", "write_page_checksum": True}
@@ -410,12 +414,32 @@ def reuse_part(old_run: Path, staging: Path, part: str) -> None:
             shutil.copy2(src, dst)
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
+#: The digests a manifest records of each file: SHA-256 (`verify`'s, and any tool's: `sha256sum`) and XXH3-128,
+#: which a query checks on opening a run at a fifth of SHA-256's CPU (docs/robustness.md has the measurements).
+DIGESTS = {"sha256": "SHA-256", "xxh3_128": "XXH3-128"}
+
+
+def digests(path: Path) -> dict[str, str]:
+    """`path`'s DIGESTS, in one read of it."""
+    sha, xxh = hashlib.sha256(), xxhash.xxh3_128()
+    chunk = bytearray(1 << 20)  # one buffer, read into: the chunk is hashed twice while in the CPU's cache
+    view = memoryview(chunk)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(chunk):
+            sha.update(view[:n])
+            xxh.update(view[:n])
+    return {"sha256": sha.hexdigest(), "xxh3_128": xxh.hexdigest()}
+
+
+def xxh3_128(path: Path) -> str:
+    """`path`'s XXH3-128, hashed where the page cache holds it (mapped, not copied: copying the bytes out cost
+    more CPU than hashing them). A file cut short while mapped would kill the process (SIGBUS): tracesql writes
+    a run's files once and never truncates one."""
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        if os.fstat(f.fileno()).st_size == 0:  # nothing to map
+            return xxhash.xxh3_128_hexdigest(b"")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return xxhash.xxh3_128_hexdigest(mapped)
 
 
 def parquet_files(run: Path) -> list[str]:
@@ -429,17 +453,17 @@ def parquet_files(run: Path) -> list[str]:
 
 
 def describe_files(run: Path, known: dict | None = None) -> dict[str, dict]:
-    """`files` of a manifest: each Parquet file's size and SHA-256 (taken from `known`, the previous run's, for
-    a file carried over unchanged)."""
+    """`files` of a manifest: each Parquet file's size and DIGESTS (taken from `known`, the previous run's, for a
+    file carried over unchanged that has them all)."""
     known = known or {}
     files = {}
     for rel in parquet_files(run):
         size = (run / rel).stat().st_size
         prev = known.get(rel)
-        if isinstance(prev, dict) and prev.get("size") == size and prev.get("sha256"):
-            files[rel] = {"size": size, "sha256": prev["sha256"]}
+        if isinstance(prev, dict) and prev.get("size") == size and all(prev.get(d) for d in DIGESTS):
+            files[rel] = {"size": size, **{d: prev[d] for d in DIGESTS}}
         else:
-            files[rel] = {"size": size, "sha256": sha256(run / rel)}
+            files[rel] = {"size": size, **digests(run / rel)}
     return files
 
 
@@ -463,7 +487,7 @@ def files_of(run, manifest: dict, found: dict[str, int] | None = None) -> list[s
         entry = listed[rel]
         path = f"{run}/{rel}"  # a local path or a URI
         if rel not in found:
-            raise TraceError(path, "missing: the run's manifest lists it (a damaged run: re-ingest the traces)")
+            raise TraceError(path, MISSING)
         size = entry.get("size") if isinstance(entry, dict) else None
         if found[rel] != size:
             raise TraceError(path, f"changed: {found[rel]:,} bytes where the run's manifest records "
@@ -476,25 +500,37 @@ def files_of(run, manifest: dict, found: dict[str, int] | None = None) -> list[s
     return sorted(listed)
 
 
-def check_sha256(run: Path, rel: str, entry) -> None:
-    """Refuse the run's file `rel` when its SHA-256 is not the one its manifest `entry` records (a flipped bit
-    anywhere in it; an entry without one, from an older tracesql, is not checked)."""
-    recorded = entry.get("sha256") if isinstance(entry, dict) else None
-    if recorded is None:
+def check_digest(run: Path, rel: str, entry) -> None:
+    """Refuse the run's file `rel` when its XXH3-128 is not the one its manifest `entry` records (a flipped bit
+    anywhere in it); an entry from an older tracesql, without one, has its SHA-256 checked (without either, nothing
+    is)."""
+    recorded, path = entry if isinstance(entry, dict) else {}, run / rel
+    if recorded.get("xxh3_128"):
+        digest, found = "xxh3_128", _hashed(path, xxh3_128)
+    elif recorded.get("sha256"):
+        digest, found = "sha256", _hashed(path, digests)["sha256"]
+    else:
         return
+    if found != recorded[digest]:
+        raise _changed(path, digest)
+
+
+def _hashed(path: Path, digest_of):
     try:
-        digest = sha256(run / rel)
-    except FileNotFoundError:  # gone since the listing (an ingest swapped the run in: see while_unchanged)
-        raise TraceError(run / rel, "missing: the run's manifest lists it (a damaged run: re-ingest the traces)") \
-            from None
-    if digest != recorded:
-        raise TraceError(run / rel, "changed: its SHA-256 differs from the one the run's manifest records "
-                                    "(a damaged run: re-ingest the traces)")
+        return digest_of(path)
+    except FileNotFoundError:  # gone since the listing (an ingest swapped the run in: see engine.while_unchanged)
+        raise TraceError(path, MISSING) from None
+
+
+def _changed(path: Path, digest: str) -> TraceError:
+    return TraceError(path, f"changed: its {DIGESTS[digest]} differs from the one the run's manifest records "
+                            "(a damaged run: re-ingest the traces)")
 
 
 def verify(run: Path) -> dict:
-    """Check every file of `run` against its manifest: present, nothing added, size, SHA-256, and every
-    Parquet page's checksum. Returns {'files': n, 'bytes': total}; raises a TraceError naming the first bad file."""
+    """Check every file of `run` against its manifest: present, nothing added, size, every digest it records
+    (SHA-256, XXH3-128), and every Parquet page's checksum. Returns {'files': n, 'bytes': total}; raises a
+    TraceError naming the first bad file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -506,7 +542,10 @@ def verify(run: Path) -> dict:
     total = 0
     for rel in files:
         path, entry = run / rel, manifest["files"][rel]
-        check_sha256(run, rel, entry)
+        found = _hashed(path, digests)
+        for digest in DIGESTS:  # SHA-256 first: the one any tool can check
+            if digest in entry and entry[digest] != found[digest]:
+                raise _changed(path, digest)
         try:
             pf = pq.ParquetFile(path, page_checksum_verification=True)
             for i in range(pf.num_row_groups):
