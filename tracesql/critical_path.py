@@ -46,6 +46,10 @@ A walk is built once per graph (Plan: the graph's edges in arrays and the order 
 the events and their times, not on the weights) and walked for each what-if's scales: the findings rules replay
 every step, each with its own change, on one graph. The unchanged walks (every rule walks them again) and the
 plans of unchanged graphs are kept by a digest of their input; a changed walk is one what-if's, not kept.
+The graph is built in numpy arrays, not node by node: a step has ~23 k events and ~50 k edges, and the
+per-node Python of the first version took ~0.18 CPU-s a step. What stays a loop of Python: the longest path itself
+(one relaxation per edge, in the walk's order), the few stretches of Kahn's order where an edge leads to an
+earlier node (_taken), a thread whose events do not nest (_host_stack), and the syncs.
 """
 
 from __future__ import annotations
