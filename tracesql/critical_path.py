@@ -563,7 +563,11 @@ class Plan:
             self.held = ~contested | (binding[self.dst] == np.arange(len(self.dst)))
         self.event_id = ev["id"]
         self.event_rank = ev["rank"]
-        self.event_bound = np.where(ev["role"] <= BLOCKED_LAUNCH, 0, np.where(ev["role"] == COMMUNICATION, 1, 2))
+        self.event_bound = np.where(ev["role"] <= BLOCKED_LAUNCH, 0,
+                                    np.where(ev["role"] == COMMUNICATION, 1, 2)).astype(np.int8)
+        # (kept for every step's replay: node and edge numbers in 32 bits, 120 plans at 24x ~150 MB less)
+        self.src, self.dst, self.owner, self.nodes, self.order = (
+            a.astype(np.int32) for a in (self.src, self.dst, self.owner, self.nodes, self.order))
 
     def weights(self, scales, gaps_scale: float | None) -> np.ndarray:
         """HTA's weights (not a replay), or the replay's: every edge weighs its time, changed by the what-if,
