@@ -46,6 +46,10 @@ A walk is built once per graph (Plan: the graph's edges in arrays and the order 
 the events and their times, not on the weights) and walked for each what-if's scales: the findings rules replay
 every step, each with its own change, on one graph. The unchanged walks (every rule walks them again) and the
 plans of unchanged graphs are kept by a digest of their input; a changed walk is one what-if's, not kept.
+The graph is built in numpy arrays, not node by node: a step has ~23 k events and ~50 k edges, and the
+per-node Python of the first version took ~0.18 CPU-s a step. What stays a loop of Python: the longest path itself
+(one relaxation per edge, in the walk's order), the few stretches of Kahn's order where an edge leads to an
+earlier node (_taken), a thread whose events do not nest (_host_stack), and the syncs.
 """
 
 from __future__ import annotations
@@ -58,7 +62,6 @@ import pickle
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 #: One event of the window. role: 'range' (a host range that holds ops but is no node: annotations, Python
 #: functions), 'op', 'blocking_op' (an op whose end waits for the device), 'blocked_launch' (a launch call that
@@ -98,19 +101,62 @@ KERNELS = ("device", "communication")
 SYNCS = ("stream_sync", "context_sync", "event_sync")
 
 
+#: the events' roles as the graph's arrays number them (-1: none of them)
+ROLES = ("range",) + OPS + KERNELS + SYNCS
+RANGE, OP, BLOCKING_OP, BLOCKED_LAUNCH, DEVICE, COMMUNICATION, STREAM_SYNC, CONTEXT_SYNC, EVENT_SYNC = range(len(ROLES))
+ROLE_CODES = {role: code for code, role in enumerate(ROLES)}
+#: a missing integer (launch, waits_on, stream_free, ...) in the graph's arrays
+NULL = np.iinfo(np.int64).min
+WAITING_CODES, SYNC_CODES = [ROLE_CODES[role] for role in WAITING], [ROLE_CODES[role] for role in SYNCS]
+
+#: edge kinds as the graph's arrays number them
+KINDS = ("op", "launch", "kernel_gap", "dependency", "sync", "window", "collective")
+OP_EDGE, LAUNCH, KERNEL_GAP, DEPENDENCY, SYNC, WINDOW, COLLECTIVE = range(len(KINDS))
+GAPS = (LAUNCH, KERNEL_GAP)
+SCALED = (OP_EDGE, COLLECTIVE)
+BOUND_BY = {"launch": "gpu_kernel_launch_overhead", "kernel_gap": "gpu_kernel_kernel_overhead"}
+#: the class of the other edges, by their event's role: host (ranges and ops), communication, other device work
+EVENT_BOUND = ("cpu_bound", "gpu_communication_bound", "gpu_compute_bound")
+
+
+def _arrays(ev) -> dict[str, np.ndarray]:
+    """The events' columns (EVENT_FIELDS; a dict of lists or an Arrow StructArray) as numpy arrays, which the graph
+    is built from: roles as codes (ROLES), a missing integer as NULL, a missing scale as NaN."""
+    if isinstance(ev, dict) and isinstance(ev.get("role"), np.ndarray):
+        return ev
+    arrays = {}
+    for name, type_ in EVENT_FIELDS:
+        column = ev.field(name) if isinstance(ev, pa.StructArray) else ev[name]
+        if name == "role":
+            if isinstance(column, pa.Array):
+                column = column.dictionary_encode()
+                codes = np.array([ROLE_CODES.get(r, -1) for r in column.dictionary.to_pylist()] + [-1], np.int8)
+                arrays[name] = codes[column.indices.fill_null(len(codes) - 1).to_numpy()]
+            else:
+                arrays[name] = np.array([ROLE_CODES.get(r, -1) for r in column], dtype=np.int8)
+        elif type_ == pa.float64():
+            arrays[name] = (column.to_numpy(zero_copy_only=False).astype(np.float64) if isinstance(column, pa.Array)
+                            else np.array(column, dtype=np.float64))
+        elif isinstance(column, pa.Array):
+            arrays[name] = column.fill_null(NULL).to_numpy().astype(np.int64, copy=False)
+        else:
+            arrays[name] = np.array([NULL if v is None else v for v in column], dtype=np.int64)
+    return arrays
+
+
 class Graph:
-    """Nodes (an event's start or end) and edges, each piece owned by the event it belongs to."""
+    """Nodes (an event's start or end) and edges, each piece owned by the event it belongs to. Nodes are plain
+    lists while built; edges come one at a time (edge, into `pending`'s lists) or many at once (edges: arrays),
+    and are read as arrays (src, dst, kind, owner, weighs)."""
 
     def __init__(self):
         self.ts: list[int] = []  # per node
-        self.event: list[int] = []  # per node: index of its event
+        self.event: list[int] = []  # per node: index of its event (-1: none)
         self.is_start: list[bool] = []
-        self.src: list[int] = []  # per edge
-        self.dst: list[int] = []
-        self.time: list[int] = []  # the time between its nodes
-        self.weighs: list[bool] = []  # HTA's weight is that time (else 0)
-        self.kind: list[str] = []  # 'op', 'launch', 'kernel_gap', 'dependency', 'sync', 'window'
-        self.owner: list[int] = []  # index of the event the piece belongs to (-1: none)
+        #: the edges added one at a time since the last arrays: src, dst, kind (KINDS), owner (index of the event
+        #: the piece belongs to, -1: none), weighs (HTA's weight is the time between its nodes, else 0)
+        self.pending: tuple[list, list, list, list, list] = ([], [], [], [], [])
+        self._chunks: list[tuple] = []  # the edges before, as arrays
         self.completions: set[int] = set()  # nodes where a collective completes (they wait for every rank)
         self.rank_ends: set[int] = set()  # the replay's end node of each rank's window
 
@@ -120,166 +166,369 @@ class Graph:
         self.is_start.append(is_start)
         return len(self.ts) - 1
 
-    def edge(self, src: int, dst: int, kind: str, owner: int = -1, weighs: bool = True) -> None:
-        self.src.append(src)
-        self.dst.append(dst)
-        self.time.append(self.ts[dst] - self.ts[src])
-        self.weighs.append(weighs)
-        self.kind.append(kind)
-        self.owner.append(owner)
+    def edge(self, src: int, dst: int, kind: int, owner: int = -1, weighs: bool = True) -> None:
+        for column, value in zip(self.pending, (src, dst, kind, owner, weighs)):
+            column.append(value)
 
-    def piece(self, src: int, dst: int, enclosing: int, weighs: bool = True) -> None:
-        """A host piece: from a start it belongs to that event, up to an end to that one, between two ops to the
-        range that encloses them."""
-        owner = (self.event[src] if self.is_start[src] else
-                 self.event[dst] if not self.is_start[dst] else enclosing)
-        self.edge(src, dst, "op", owner, weighs)
+    def edges(self, src, dst, kind, owner, weighs) -> None:
+        """Many edges at once, after those before (arrays, or scalars for all)."""
+        self._columns()
+        src = np.asarray(src, dtype=np.int64)
+        self._chunks.append(tuple(np.broadcast_to(np.asarray(values, dtype=t), src.shape) for values, t in
+                                  zip((src, dst, kind, owner, weighs), EDGE_TYPES)))
 
+    def _columns(self) -> tuple:
+        if self.pending[0]:
+            self._chunks.append(tuple(np.array(values, dtype=t) for values, t in zip(self.pending, EDGE_TYPES)))
+            self.pending = ([], [], [], [], [])
+        if len(self._chunks) != 1:
+            self._chunks = [tuple(np.concatenate([chunk[k] for chunk in self._chunks]) if self._chunks
+                                  else np.zeros(0, dtype=t) for k, t in enumerate(EDGE_TYPES))]
+        return self._chunks[0]
 
-def _host(g: Graph, ev: dict, start: list, end: list, replay: bool) -> None:
-    # the replay waits in a launch blocked on a full queue as in a blocking call (HTA's path: host time)
-    waits = WAITING if replay else ("blocking_op",)
-    threads: dict[tuple, list[int]] = {}
-    for i, role in enumerate(ev["role"]):
-        if role in OPS or role == "range":
-            threads.setdefault((ev["rank"][i], ev["pid"][i], ev["tid"][i]), []).append(i)
-    for rows in threads.values():
-        # nesting: by start, the longer first; an event that starts as another ends follows it
-        rows.sort(key=lambda i: (ev["ts"][i], -ev["dur"][i], ev["id"][i]))
-        stack: list[int] = []
-        parent = {}
-        last = last_top = None
-        enclosing = -1  # the enclosing range of the op last entered or left
-        depth = 0
-
-        def leave(i):
-            nonlocal last, last_top, enclosing, depth
-            depth -= 1
-            if last is not None:
-                g.piece(last, end[i], enclosing, weighs=ev["role"][i] not in waits)
-            if depth == 0:
-                last, last_top = None, end[i]
-            else:
-                last, enclosing = end[i], parent[i]
-
-        for i in rows:
-            while stack and ev["ts"][stack[-1]] + ev["dur"][stack[-1]] <= ev["ts"][i]:
-                done = stack.pop()
-                if ev["role"][done] in OPS:
-                    leave(done)
-            parent[i] = stack[-1] if stack else -1
-            stack.append(i)
-            if ev["role"][i] not in OPS:
-                continue
-            if depth == 0 and last_top is not None:  # the host time between two top-level ops: their range's
-                g.edge(last_top, start[i], "dependency", parent[i], weighs=False)
-            depth += 1
-            if last is not None:
-                g.piece(last, start[i], enclosing)
-            last, enclosing = start[i], parent[i]
-        while stack:
-            done = stack.pop()
-            if ev["role"][done] in OPS:
-                leave(done)
+    src = property(lambda self: self._columns()[0])
+    dst = property(lambda self: self._columns()[1])
+    kind = property(lambda self: self._columns()[2])
+    owner = property(lambda self: self._columns()[3])
+    weighs = property(lambda self: self._columns()[4])
 
 
-def _device(g: Graph, ev: dict, start: list, end: list, index: dict, replay: bool) -> None:
-    # device events in start order, syncs at their end (a stream sync spans the copy it waits for)
-    rows = [i for i, role in enumerate(ev["role"]) if role in KERNELS or role in SYNCS]
-    rows.sort(key=lambda i: (ev["ts"][i] + (ev["dur"][i] if ev["role"][i] in SYNCS else 0), ev["id"][i]))
-    last_on: dict[tuple, int] = {}  # (rank, stream) -> end node of its last event
-    for i in rows:
-        role, rank, stream = ev["role"][i], ev["rank"][i], (ev["rank"][i], ev["stream"][i])
-        caller = index.get((rank, ev["launch"][i]))
-        if role in SYNCS:
-            if caller is None or end[caller] is None:
-                continue
-            if role == "event_sync":
-                waited = index.get((rank, ev["waits_on"][i]))
-                sources = [end[waited]] if waited is not None and end[waited] is not None else []
-            elif role == "context_sync":
-                sources = [node for (r, _), node in last_on.items() if r == rank]
-            else:
-                sources = [last_on.get(stream)]
-            for node in sources:
-                if node is not None:
-                    g.edge(node, end[caller], "sync", caller, weighs=False)
-            continue
-        g.edge(start[i], end[i], "op", i)
-        waited = index.get((rank, ev["waits_on"][i]))
-        waited_end = end[waited] if waited is not None else None
-        if waited_end is not None:
-            g.edge(waited_end, start[i], "sync", i, weighs=False)
-        previous = last_on.get(stream)
-        launched = start[caller] if caller is not None else None
-        if replay:  # each thing it waited for (which one held it up is the replay's business)
-            if launched is not None:
-                g.edge(launched, start[i], "launch", i)
-            if previous is not None:
-                g.edge(previous, start[i], "kernel_gap", g.event[previous])
-            free = ev["stream_free"][i]
-            if free is not None:  # (work on a stream may overlap the next by a few ns: clock rounding)
-                free = min(free, ev["ts"][i])
-            if (free is not None and launched is not None and g.ts[launched] < free
-                    and (previous is None or g.ts[previous] < free)):
-                # queued behind work launched before the window: the stream is free at a fixed time, which no
-                # change inside the window moves (else the launch edge would carry the queue's wait along)
-                g.edge(g.node(free, i, False), start[i], "kernel_gap", -1)
-        elif (ev["queue_at_launch"][i] == 1 and ev["queue_at_start"][i] == 0 and launched is not None
-                and (previous is None or g.ts[previous] < g.ts[launched])
-                and (waited_end is None or g.ts[waited_end] < g.ts[launched])):
-            g.edge(launched, start[i], "launch", i)
+EDGE_TYPES = (np.int64, np.int64, np.int8, np.int64, bool)
+
+
+def _threads(ev: dict) -> np.ndarray:
+    """Per host event (op or range), its thread (rank, pid, tid), numbered in the order the host events first show
+    them; -1 for other events."""
+    role = ev["role"]
+    host = np.flatnonzero((role >= RANGE) & (role <= BLOCKED_LAUNCH))
+    thread = np.full(len(role), -1, dtype=np.int64)
+    if not len(host):
+        return thread
+    rank, pid, tid = ev["rank"][host], ev["pid"][host], ev["tid"][host]
+    order = np.lexsort((tid, pid, rank))  # (of one thread, the first shown first)
+    new = np.ones(len(host), dtype=bool)
+    new[1:] = (np.diff(rank[order]) != 0) | (np.diff(pid[order]) != 0) | (np.diff(tid[order]) != 0)
+    group = np.cumsum(new) - 1
+    number = np.empty(int(group[-1]) + 1, dtype=np.int64)
+    number[np.argsort(order[new])] = np.arange(len(number))
+    thread[host[order]] = number[group]
+    return thread
+
+
+def _host(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, thread: np.ndarray, replay: bool) -> None:
+    """The host's edges, thread by thread (in the order they show). The events of a thread, ops and ranges, in
+    nesting order (by start, the longer first; an event that starts as another ends follows it) are entered and
+    left as a stack does: before an event is entered, those on top of the stack that ended by its start are left.
+    Where each event ends within the one it was entered in, that is a sort of the entries and exits (an event is
+    left before the first event that starts at or after its end is entered, the inner first), done in arrays; a
+    thread where one does not (a child that ends after its parent: rounding) is walked as a stack (_host_stack).
+    Between two ops entered or left one after the other lies an edge (as _host_stack says)."""
+    role = ev["role"]
+    waits = np.isin(role, [BLOCKING_OP, BLOCKED_LAUNCH] if replay else [BLOCKING_OP])
+    host = np.flatnonzero(thread >= 0)
+    host = host[np.lexsort((ev["id"][host], -ev["dur"][host], ev["ts"][host], thread[host]))]
+    n = len(host)
+    if not n:
+        return
+    host_thread, ts = thread[host], ev["ts"][host]
+    ends = ts + ev["dur"][host]
+    first = np.flatnonzero(np.concatenate([[True], host_thread[1:] != host_thread[:-1]]))
+    last = np.append(first[1:], n)
+    # where each event is left: before the first of its thread that starts at or after its end (the thread's end)
+    left_at = np.empty(n, dtype=np.int64)
+    for a, b in zip(first.tolist(), last.tolist()):
+        left_at[a:b] = a + np.searchsorted(ts[a:b], ends[a:b], "left")
+    index = np.arange(n)
+    left_at = np.maximum(left_at, index + 1)
+    # the entries and exits in order: by the event entered next, exits first, the inner (later entered) first
+    visits = np.lexsort((np.concatenate([np.zeros(n, np.int64), -index]), np.repeat([1, 0], n),
+                         np.concatenate([index, left_at])))
+    entered = visits < n
+    visited = np.where(entered, visits, visits - n)
+    depth = np.cumsum(np.where(entered, 1, -1))  # after each visit
+    at = np.empty(2 * n, dtype=np.int64)
+    at[visits] = np.arange(2 * n)
+    enter_at, leave_at = at[:n], at[n:]
+    level = depth[enter_at]
+    # as a stack: each event left at the depth it was entered at, never below it in between
+    deepest = np.minimum.reduceat(depth, np.stack([enter_at, leave_at], axis=1).reshape(-1))[::2]
+    stacked = np.zeros(len(first), dtype=bool)
+    stacked[np.searchsorted(first, index[(depth[leave_at] + 1 != level) | (deepest < level)], "right") - 1] = True
+    # each event's parent: the last event entered before it one level up
+    by_level = np.lexsort((enter_at, level))
+    key = level[by_level] * (2 * n + 1) + enter_at[by_level]
+    above = by_level[np.maximum(np.searchsorted(key, (level - 1) * (2 * n + 1) + enter_at) - 1, 0)]
+    parent = np.where(level > 1, host[above], -1)
+    # the ops' entries and exits; between one and the next of its thread, an edge
+    ops = (role[host[visited]] >= OP)
+    entered, visited = entered[ops], visited[ops]
+    event, visit_thread, visit_parent = host[visited], host_thread[visited], parent[visited]
+    open_ops = np.cumsum(np.where(entered, 1, -1))
+    node = np.where(entered, start[event], end[event])
+    a, b = slice(0, -1), slice(1, None)
+    # the end of a top-level op to the start of the next: a dependency, their range's
+    dependency = entered[b] & ~entered[a] & (open_ops[a] == 0)
+    # a piece: of the op whose start it leaves, else of the op whose end it reaches, else of the ops' range
+    owner = np.where(dependency, visit_parent[b], np.where(entered[a], event[a],
+                                                           np.where(entered[b], visit_parent[a], event[b])))
+    edges = np.flatnonzero(visit_thread[a] == visit_thread[b])
+    edges = edges[~stacked[visit_thread[edges]]]
+    columns = (node[a][edges], node[b][edges], np.where(dependency, DEPENDENCY, OP_EDGE)[edges], owner[edges],
+               np.where(entered[b], ~dependency, ~waits[event[b]])[edges])
+    if not stacked.any():
+        g.edges(*columns)
+        return
+    edge_thread = visit_thread[edges]
+    lists = (ev["ts"].tolist(), (ev["ts"] + ev["dur"]).tolist(), ((role >= OP) & (role <= BLOCKED_LAUNCH)).tolist(),
+             waits.tolist(), start.tolist(), end.tolist())
+    for t, (a, b) in enumerate(zip(first.tolist(), last.tolist())):
+        if stacked[t]:
+            _host_stack(g, host[a:b].tolist(), *lists)
         else:
-            if previous is not None and (waited_end is None or g.ts[waited_end] < g.ts[previous]):
-                g.edge(previous, start[i], "kernel_gap", g.event[previous])
-        last_on[stream] = end[i]
+            lo, hi = np.searchsorted(edge_thread, [t, t + 1])
+            g.edges(*(values[lo:hi] for values in columns))
 
 
-def _binding(g: Graph) -> tuple[list[bool], dict[int, int]]:
-    """Per edge, whether its node waits for several things (contested); per such node, the edge that held it
-    up: the one whose source came last."""
-    waits = ("launch", "kernel_gap", "sync", "collective")
-    contested = [kind in waits or (kind == "op" and (not g.weighs[e] or g.dst[e] in g.completions))
-                 or (kind == "window" and g.dst[e] in g.rank_ends) for e, kind in enumerate(g.kind)]
-    binding: dict[int, int] = {}
-    for e, dst in enumerate(g.dst):
-        if contested[e] and (dst not in binding or g.ts[g.src[e]] > g.ts[g.src[binding[dst]]]):
-            binding[dst] = e
+def _host_stack(g: Graph, rows: list, ts: list, ends: list, is_op: list, waits: list, start: list, end: list) -> None:
+    """One thread's host edges (rows: its events in nesting order), walked as a stack: the ops entered and left,
+    each op's pieces (an op's start to the start of its first child op, one child's end to the next child's start,
+    the last child's end to the op's end; the piece belongs to the op it lies in, between two children to the
+    children's enclosing range, an op or an annotation; a waiting call's last piece weighs 0: the wait is the
+    device's), and the end of one top-level op to the start of the next (a dependency, weighing 0)."""
+    src, dst, kind, owner, weighs = g.pending
+    parent = {}
+    stack: list[int] = []
+    last = last_top = -1  # the node last entered or left (-1: none, at the top level), the end of the last top-level op
+    last_event, last_started = -1, False  # its event, whether it is its start
+    enclosing = -1  # the enclosing range of the op last entered or left
+    depth = 0
+    for i in rows + [-1]:  # (a last row of none leaves every op)
+        while stack and (i < 0 or ends[stack[-1]] <= ts[i]):
+            done = stack.pop()
+            if not is_op[done]:
+                continue
+            # leaving an op: the piece up to its end is its own, or of the op whose start it leaves
+            depth -= 1
+            if last >= 0:
+                src.append(last), dst.append(end[done]), kind.append(OP_EDGE)
+                owner.append(last_event if last_started else done), weighs.append(not waits[done])
+            if depth == 0:
+                last, last_top = -1, end[done]
+            else:
+                last, last_event, last_started, enclosing = end[done], done, False, parent[done]
+        if i < 0:
+            break
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+        if not is_op[i]:
+            continue
+        if depth == 0 and last_top >= 0:  # the host time between two top-level ops: their range's
+            src.append(last_top), dst.append(start[i]), kind.append(DEPENDENCY), owner.append(parent[i])
+            weighs.append(False)
+        depth += 1
+        if last >= 0:  # the piece from the last node: of the op it starts, else between two ops of their range
+            src.append(last), dst.append(start[i]), kind.append(OP_EDGE)
+            owner.append(last_event if last_started else enclosing), weighs.append(True)
+        last, last_event, last_started, enclosing = start[i], i, True, parent[i]
+
+
+def _index(ev: dict, ids: np.ndarray) -> np.ndarray:
+    """Per event, the index of the event of its rank with the id in `ids` (of several, the last), else -1."""
+    rank, event_id = ev["rank"], ev["id"]
+    found = np.full(len(ids), -1, dtype=np.int64)
+    order = np.lexsort((np.arange(len(rank)), event_id, rank))
+    sorted_rank, sorted_id = rank[order], event_id[order]
+    for r in np.unique(rank):
+        lo, hi = np.searchsorted(sorted_rank, r, "left"), np.searchsorted(sorted_rank, r, "right")
+        asked = np.flatnonzero((rank == r) & (ids != NULL))
+        at = np.searchsorted(sorted_id[lo:hi], ids[asked], "right") - 1
+        hit = (at >= 0) & (sorted_id[lo:hi][np.maximum(at, 0)] == ids[asked])
+        found[asked[hit]] = order[lo:hi][at[hit]]
+    return found
+
+
+def _device(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, replay: bool) -> None:
+    """The device's edges, event by event in start order (syncs at their end: a stream sync spans the copy it
+    waits for), each event's in the order the module's doc gives them, in arrays: a kernel's previous event is the
+    last one before it on its stream; a sync's, the last one on its stream (on each stream of its rank, in the
+    order they first ran work) before it."""
+    role = ev["role"]
+    rows = np.flatnonzero((role >= DEVICE) & (role <= EVENT_SYNC))
+    at = ev["ts"][rows] + np.where(role[rows] >= STREAM_SYNC, ev["dur"][rows], 0)
+    rows = rows[np.lexsort((ev["id"][rows], at))]
+    caller, waited = _index(ev, ev["launch"])[rows], _index(ev, ev["waits_on"])[rows]
+    node_ts = np.array(g.ts, dtype=np.int64)
+    kernel = role[rows] < STREAM_SYNC
+    # each kernel's previous one on its stream: streams numbered in the order they first ran a kernel
+    kernels = np.flatnonzero(kernel)
+    rank, stream = ev["rank"][rows[kernels]], ev["stream"][rows[kernels]]
+    by_stream = kernels[np.lexsort((kernels, stream, rank))]
+    same = np.zeros(len(by_stream), dtype=bool)
+    same[1:] = (ev["rank"][rows[by_stream[1:]]] == ev["rank"][rows[by_stream[:-1]]]) & (
+        ev["stream"][rows[by_stream[1:]]] == ev["stream"][rows[by_stream[:-1]]])
+    previous_row = np.full(len(rows), -1, dtype=np.int64)
+    previous_row[by_stream[1:][same[1:]]] = by_stream[:-1][same[1:]]
+    i = rows[kernels]
+    previous = np.where(previous_row[kernels] >= 0, end[rows[np.maximum(previous_row[kernels], 0)]], -1)
+    previous_event = rows[np.maximum(previous_row[kernels], 0)]
+    waited_end = np.where(waited[kernels] >= 0, end[np.maximum(waited[kernels], 0)], -1)
+    launched = np.where(caller[kernels] >= 0, start[np.maximum(caller[kernels], 0)], -1)
+
+    def ts_of(nodes):  # their times (-1: no node, its time not read)
+        return node_ts[np.maximum(nodes, 0)]
+
+    # (position, order within the event, src, dst, kind, owner, weighs) of each edge
+    edges = [(kernels, 0, start[i], end[i], OP_EDGE, i, True),
+             (kernels, 1, waited_end, start[i], SYNC, i, False, waited_end >= 0)]
+    if replay:  # each thing it waited for (which one held it up is the replay's business)
+        free = ev["stream_free"][i]
+        free = np.where(free != NULL, np.minimum(free, ev["ts"][i]), NULL)
+        # queued behind work launched before the window: the stream is free at a fixed time, which no change
+        # inside the window moves (else the launch edge would carry the queue's wait along)
+        queued = ((free != NULL) & (launched >= 0) & (ts_of(launched) < free)
+                  & ((previous < 0) | (ts_of(previous) < free)))
+        free_nodes = np.full(len(kernels), -1, dtype=np.int64)
+        free_nodes[queued] = len(g.ts) + np.arange(int(queued.sum()))
+        g.ts.extend(free[queued].tolist()), g.event.extend(i[queued].tolist())
+        g.is_start.extend([False] * int(queued.sum()))
+        edges += [(kernels, 2, launched, start[i], LAUNCH, i, True, launched >= 0),
+                  (kernels, 3, previous, start[i], KERNEL_GAP, previous_event, True, previous >= 0),
+                  (kernels, 4, free_nodes, start[i], KERNEL_GAP, -1, True, queued)]
+    else:
+        launch = ((ev["queue_at_launch"][i] == 1) & (ev["queue_at_start"][i] == 0) & (launched >= 0)
+                  & ((previous < 0) | (ts_of(previous) < ts_of(launched)))
+                  & ((waited_end < 0) | (ts_of(waited_end) < ts_of(launched))))
+        edges += [(kernels, 2, launched, start[i], LAUNCH, i, True, launch),
+                  (kernels, 3, previous, start[i], KERNEL_GAP, previous_event, True,
+                   ~launch & (previous >= 0) & ((waited_end < 0) | (ts_of(waited_end) < ts_of(previous))))]
+    edges += _syncs(ev, rows, kernel, caller, waited, end, by_stream, same)
+    columns = [[], [], [], [], [], [], []]
+    for position, sub, src, dst, kind, owner, weighs, *kept in edges:
+        kept = kept[0] if kept else np.ones(len(position), dtype=bool)
+        for column, values in zip(columns, (position, sub, src, dst, kind, owner, weighs)):
+            column.append(np.broadcast_to(values, position.shape)[kept])
+    position, sub, src, dst, kind, owner, weighs = (np.concatenate(c) for c in columns)
+    order = np.lexsort((sub, position))
+    g.edges(src[order], dst[order], kind[order], owner[order], weighs[order])
+
+
+def _syncs(ev: dict, rows, kernel, caller, waited, end, by_stream, same) -> list[tuple]:
+    """The edges of the syncs among the device rows (_device's, as its tuples): from the work each waited for (the
+    last kernel before it on its stream, on each stream of its rank, or the event it waits for) to the end of the
+    host call that waited."""
+    syncs = np.flatnonzero(~kernel & (caller >= 0))
+    syncs = syncs[end[np.maximum(caller[syncs], 0)] >= 0]
+    if not len(syncs):
+        return []
+    # each stream's kernels (their positions among the rows), the streams in the order they first ran one
+    bounds = np.flatnonzero(~same).tolist() + [len(by_stream)]
+    streams = sorted(((int(ev["rank"][rows[by_stream[a]]]), int(ev["stream"][rows[by_stream[a]]])),
+                      by_stream[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:]))
+    streams = dict(sorted(streams, key=lambda item: item[1][0]))
+    edges = []
+    for p in syncs.tolist():
+        event, called = rows[p], int(caller[p])
+        rank, role = int(ev["rank"][event]), ev["role"][event]
+        if role == EVENT_SYNC:
+            sources = [end[waited[p]]] if waited[p] >= 0 and end[waited[p]] >= 0 else []
+        else:
+            sources = []
+            for key in ([key for key in streams if key[0] == rank] if role == CONTEXT_SYNC
+                        else [(rank, int(ev["stream"][event]))]):
+                before = bisect.bisect_left(streams.get(key, []), p)
+                if before:
+                    sources.append(end[rows[streams[key][before - 1]]])
+        for sub, node in enumerate(sources):
+            edges.append((np.array([p]), sub, node, end[called], SYNC, called, False))
+    return edges
+
+
+def _binding(g: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """Per edge, whether its node waits for several things (contested); per node, the edge that held it up (-1:
+    none): of its contested edges, the one whose source came last (of those as late, the first)."""
+    kind, dst, src = g.kind, g.dst, g.src
+    ts = np.array(g.ts, dtype=np.int64)
+    contested = (np.isin(kind, (LAUNCH, KERNEL_GAP, SYNC, COLLECTIVE))
+                 | ((kind == OP_EDGE) & (~g.weighs | np.isin(dst, list(g.completions))))
+                 | ((kind == WINDOW) & np.isin(dst, list(g.rank_ends))))
+    edges = np.flatnonzero(contested)
+    # per node, its contested edges by their source's time, the latest first, then by index: the first of each node
+    edges = edges[np.lexsort((edges, -ts[src[edges]], dst[edges]))]
+    first = np.ones(len(edges), dtype=bool)
+    first[1:] = dst[edges][1:] != dst[edges][:-1]
+    binding = np.full(len(ts), -1, dtype=np.int64)
+    binding[dst[edges[first]]] = edges[first]
     return contested, binding
 
 
-#: edge kinds as the walk's arrays number them
-KINDS = ("op", "launch", "kernel_gap", "dependency", "sync", "window", "collective")
-GAPS = (KINDS.index("launch"), KINDS.index("kernel_gap"))
-SCALED = (KINDS.index("op"), KINDS.index("collective"))
-BOUND_BY = {"launch": "gpu_kernel_launch_overhead", "kernel_gap": "gpu_kernel_kernel_overhead"}
-#: the class of the other edges, by their event's role: host (ranges and ops), communication, other device work
-EVENT_BOUND = ("cpu_bound", "gpu_communication_bound", "gpu_compute_bound")
-
-
-def _order(g: Graph) -> tuple[list[int], list[int]]:
+def _order(ts: np.ndarray, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The order of a walk of the graph: its nodes in topological order (Kahn's; of the nodes ready, the earliest
-    first), and its edges in the order the walk relaxes them (each node's outgoing edges, by index, when it is
-    taken). It depends on the graph and its times only, not on the weights: every what-if of a window shares it."""
-    n = len(g.ts)
-    outgoing: list[list[int]] = [[] for _ in range(n)]
-    indegree = [0] * n
-    for e, (a, b) in enumerate(zip(g.src, g.dst)):
-        outgoing[a].append(e)
-        indegree[b] += 1
-    ready = [(g.ts[v], v) for v in range(n) if indegree[v] == 0]
-    heapq.heapify(ready)
-    nodes, edges = [], []
-    while ready:
-        _, v = heapq.heappop(ready)
-        nodes.append(v)
-        edges.extend(outgoing[v])
-        for e in outgoing[v]:
-            b = g.dst[e]
-            indegree[b] -= 1
-            if indegree[b] == 0:
-                heapq.heappush(ready, (g.ts[b], b))
-    return nodes, edges
+    first, by time, then number), and its edges in the order the walk relaxes them (each node's outgoing edges, by
+    index, when it is taken). It depends on the graph and its times only, not on the weights: every what-if of a
+    window shares it. Nearly every edge leads to a later node: where none leads back, that order is the nodes' by
+    time and number (the earliest node not taken has all its sources taken), a sort; _taken walks the few
+    stretches where one does."""
+    n = len(ts)
+    nodes = np.lexsort((np.arange(n), ts))
+    position = np.empty(n, dtype=np.int64)
+    position[nodes] = np.arange(n)
+    back = position[src] >= position[dst]
+    if back.any():
+        nodes = _taken(nodes, position, src, dst, back)
+        position = np.full(n, n, dtype=np.int64)  # (nodes on a cycle are never taken, nor their edges)
+        position[nodes] = np.arange(len(nodes))
+    edges = np.lexsort((np.arange(len(src)), position[src]))
+    return nodes, edges[position[src][edges] < n]
+
+
+def _taken(nodes: np.ndarray, position: np.ndarray, src: np.ndarray, dst: np.ndarray, back: np.ndarray) -> np.ndarray:
+    """Kahn's order of the nodes (of those ready, the earliest: the first in `nodes`, by time and number), where
+    some edges (back) lead to a node as early or earlier. Up to the first node such an edge leads to, every node is
+    ready in its turn: taken in a slice; from there, node by node, the nodes not ready deferred until their sources
+    are taken, until none waits, and again a slice up to the next such node."""
+    n = len(nodes)
+    # each node's sources and targets (read for the few nodes of the stretches only)
+    by_dst, by_src = np.argsort(dst, kind="stable"), np.argsort(src, kind="stable")
+    first_in = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))])
+    first_out = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))])
+    sources, targets = src[by_dst], dst[by_src]
+    stops = np.unique(position[dst[back]]).tolist()
+    taken: list = []
+    cursor = 0
+    for stop in stops + [n]:
+        if stop < cursor:
+            continue
+        taken.append(nodes[cursor:stop])  # every node before the cursor taken, none waiting: each ready in turn
+        cursor = stop
+        if cursor >= n:
+            break
+        stretch, here, waiting, ready = cursor, set(), {}, []  # waiting: node -> its sources not taken
+        while True:
+            v = -1
+            while cursor < n and not (ready and ready[0] < cursor):  # the next node in turn, unless it waits
+                c = int(nodes[cursor])
+                missing = sum(1 for a in sources[first_in[c]:first_in[c + 1]].tolist()
+                              if position[a] >= stretch and a not in here)
+                cursor += 1
+                if not missing:
+                    v = c
+                    break
+                waiting[c] = missing  # deferred
+            if v < 0 and ready:  # else a deferred node now ready and earlier
+                v = int(nodes[heapq.heappop(ready)])
+            elif v < 0:
+                break  # (the rest wait on a cycle)
+            taken.append([v])
+            here.add(v)
+            for b in targets[first_out[v]:first_out[v + 1]].tolist():
+                if b in waiting:
+                    waiting[b] -= 1
+                    if not waiting[b]:
+                        del waiting[b]
+                        heapq.heappush(ready, int(position[b]))
+            if not waiting and not ready:
+                break
+    return np.concatenate([np.asarray(part, dtype=np.int64) for part in taken]) if taken else nodes[:0]
 
 
 class Plan:
@@ -287,42 +536,40 @@ class Plan:
     start from. Built once per graph (build), walked for each what-if's scales (segments): the replays of one
     window by the findings rules differ in their scales only, unless a change removes synchronisations."""
 
-    def __init__(self, ev: dict, windows: list[dict] | None, changed: bool):
+    def __init__(self, ev, windows: list[dict] | None, changed: bool):
         """changed: whether the replay is walked with the events' scales (a gaps_scale): then a synchronisation
         with scale 0 is removed and a host call with scale 0 waits for nothing; else the scales are ignored."""
+        ev = _arrays(ev)
         if changed:  # removed synchronisations: scale 0
-            keep = [i for i, (role, scale) in enumerate(zip(ev["role"], ev["scale"]))
-                    if role not in SYNCS or scale != 0]
-            ev = {name: [values[i] for i in keep] for name, values in ev.items()}
-            self.keep = np.array(keep, dtype=np.int64)
+            self.keep = np.flatnonzero((ev["role"] < STREAM_SYNC) | (ev["scale"] != 0))
+            ev = {name: values[self.keep] for name, values in ev.items()}
         else:
             self.keep = None
         g, ends = build(ev, windows, changed)
-        self.empty = not g.src
+        self.empty = not len(g.src)
         self.replay = windows is not None
-        self.ends = [ev["rank"][0]] if ends is None else list(ends)
+        self.ends = [int(ev["rank"][0])] if ends is None else list(ends)
         self.end_nodes = None if ends is None else list(ends.values())
-        nodes, edges = _order(g)
         self.node_count = len(g.ts)
-        self.nodes = np.array(nodes, dtype=np.int32)
-        self.order = np.array(edges, dtype=np.int32)
-        self.src, self.dst = np.array(g.src, dtype=np.int32), np.array(g.dst, dtype=np.int32)
-        self.time = np.array(g.time, dtype=np.int64)
-        self.kind = np.array([KINDS.index(kind) for kind in g.kind], dtype=np.int8)
-        self.owner = np.array(g.owner, dtype=np.int32)
-        self.weighs = np.array(g.weighs, dtype=bool)
-        self.src_ts = np.array(g.ts, dtype=np.int64)[self.src] if g.src else np.zeros(0, dtype=np.int64)
+        node_ts = np.array(g.ts, dtype=np.int64)
+        self.src, self.dst = g.src, g.dst
+        self.nodes, self.order = _order(node_ts, self.src, self.dst)
+        self.time = node_ts[self.dst] - node_ts[self.src]
+        self.kind, self.owner, self.weighs = g.kind, g.owner, g.weighs
+        self.src_ts = node_ts[self.src]
         if self.replay:
             # where a node waits for several things, the edges that did not hold it up weigh 0 (see weights)
             contested, binding = _binding(g)
-            self.held = np.array([not c or binding[d] == e for e, (c, d) in enumerate(zip(contested, g.dst))],
-                                 dtype=bool)
-        self.event_id = np.array(ev["id"], dtype=np.int64)
-        self.event_rank = np.array(ev["rank"], dtype=np.int64)
-        self.event_bound = np.array([0 if role in OPS or role == "range" else 1 if role == "communication" else 2
-                                     for role in ev["role"]], dtype=np.int8)
+            self.held = ~contested | (binding[self.dst] == np.arange(len(self.dst)))
+        self.event_id = ev["id"]
+        self.event_rank = ev["rank"]
+        self.event_bound = np.where(ev["role"] <= BLOCKED_LAUNCH, 0,
+                                    np.where(ev["role"] == COMMUNICATION, 1, 2)).astype(np.int8)
+        # (kept for every step's replay: node and edge numbers in 32 bits, 120 plans at 24x ~150 MB less)
+        self.src, self.dst, self.owner, self.nodes, self.order = (
+            a.astype(np.int32) for a in (self.src, self.dst, self.owner, self.nodes, self.order))
 
-    def weights(self, scales: list, gaps_scale: float | None) -> np.ndarray:
+    def weights(self, scales, gaps_scale: float | None) -> np.ndarray:
         """HTA's weights (not a replay), or the replay's: every edge weighs its time, changed by the what-if,
         except where a node waits for several things (a device event for its launch, the previous event on its
         stream and an event it waits for; a blocking call's end for the host and the device work it synchronises
@@ -333,24 +580,50 @@ class Plan:
             return np.where(self.weighs, np.maximum(time, 0), 0.0)
         if gaps_scale is None:
             return np.where(self.held, time, 0.0)
+        scale = np.array(scales, dtype=np.float64)  # (a missing scale, None or NaN: 1)
         if self.keep is not None:
-            scales = [scales[i] for i in self.keep]
-        scale = np.array([1.0 if s is None else s for s in scales], dtype=np.float64)
+            scale = scale[self.keep]
+        scale = np.where(np.isnan(scale), 1.0, scale)
         changed = np.where(np.isin(self.kind, GAPS), time * gaps_scale,
                            np.where(np.isin(self.kind, SCALED), time * scale[self.owner], time))
         return np.where(self.held, changed, 0.0)
 
-    def segments(self, scales: list, gaps_scale: float | None) -> list[dict]:
-        """The segments of the critical path with these scales (per event) and gaps_scale, in order."""
+    def columns(self, scales, gaps_scale: float | None) -> dict[str, np.ndarray]:
+        """The segments of the critical path with these scales (per event) and gaps_scale, in order, as columns
+        (SEGMENT_FIELDS; event_id -1 and has_event false where a segment belongs to no event, edge and bound_by
+        as codes into KINDS and SEGMENT_BOUND)."""
         if self.empty:
-            return []
-        weight = self.weights(scales, gaps_scale).tolist()
-        src, dst = self.src.tolist(), self.dst.tolist()
+            edges, path_rank = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            weight = np.zeros(0)
+        else:
+            weight = self.weights(scales, gaps_scale)
+            edges, path_rank = self._longest(weight)
+        by = self.owner[edges]
+        has_event = by >= 0
+        event = np.where(has_event, by, 0)
+        kind = self.kind[edges]
+        time = self.time[edges]
+        # HTA counts a -1 (a child ending 1 ns after its parent: rounding) as -1 in the total, 0 in the path
+        dur = np.rint(weight[edges]).astype(np.int64)
+        if not self.replay:
+            dur = np.where(time < 0, time, dur)
+        starts = np.flatnonzero(np.concatenate([[True], path_rank[1:] != path_rank[:-1]])) if len(edges) else edges
+        seq = np.arange(len(edges)) - np.repeat(starts, np.diff(np.append(starts, len(edges))))
+        return {"seq": seq, "event_id": np.where(has_event, self.event_id[event], -1), "has_event": has_event,
+                "ts": self.src_ts[edges], "dur_ns": dur, "edge": kind,
+                "bound_by": np.where(kind == LAUNCH, 3, np.where(kind == KERNEL_GAP, 4, self.event_bound[event])),
+                "path_rank": path_rank, "rank": np.where(has_event, self.event_rank[event], path_rank)}
+
+    def _longest(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The edges of each path (HTA's: the longest of all; the replay's: each rank's) with these weights, in
+        order, those that weigh 0 left out (HTA's keeps those whose time is 0), and the rank whose path each is."""
         # the longest path: each node's distance and the edge it came by, of equal paths the first found
         dist = [0.0] * self.node_count
         via = [-1] * len(dist)
-        for e in self.order.tolist():
-            b, d = dst[e], dist[src[e]] + weight[e]
+        order = self.order
+        for a, b, w, e in zip(self.src[order].tolist(), self.dst[order].tolist(), weight[order].tolist(),
+                              order.tolist()):
+            d = dist[a] + w
             if via[b] < 0 or d > dist[b]:
                 dist[b], via[b] = d, e
         if self.end_nodes is None:  # the longest path of all: of the nodes as long, the first taken
@@ -358,49 +631,66 @@ class Plan:
             ends = [int(self.nodes[int(np.argmax(reached))])] if len(reached) else []
         else:
             ends = self.end_nodes
-        kind, owner, time, weighs = self.kind.tolist(), self.owner.tolist(), self.time.tolist(), self.weighs.tolist()
-        src_ts = self.src_ts.tolist()
-        event_id, event_rank, event_bound = self.event_id.tolist(), self.event_rank.tolist(), self.event_bound.tolist()
-        segments = []
+        src = self.src.tolist()
+        paths, ranks = [], []
         for path_rank, v in zip(self.ends, ends):
             edges = []
             while via[v] >= 0:
                 edges.append(via[v])
                 v = src[via[v]]
-            first_seq = len(segments)
-            for e in reversed(edges):
-                name, by = KINDS[kind[e]], owner[e]
-                if weight[e] == 0 and (self.replay or not weighs[e]):
-                    continue
-                bound_by = BOUND_BY.get(name) or EVENT_BOUND[event_bound[by] if by >= 0 else 0]
-                # HTA counts a -1 (a child ending 1 ns after its parent: rounding) as -1 in the total, 0 in the path
-                dur = time[e] if not self.replay and time[e] < 0 else round(weight[e])
-                segments.append({"seq": len(segments) - first_seq,
-                                 "event_id": event_id[by] if by >= 0 else None,
-                                 "ts": src_ts[e], "dur_ns": dur, "edge": name, "bound_by": bound_by,
-                                 "path_rank": path_rank, "rank": event_rank[by] if by >= 0 else path_rank})
-        return segments
+            edges = np.array(edges[::-1], dtype=np.int64)
+            paths.append(edges[(weight[edges] != 0) | (self.weighs[edges] & (not self.replay))])
+            ranks.append(np.full(len(paths[-1]), path_rank, dtype=np.int64))
+        if not paths:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(paths), np.concatenate(ranks)
+
+    def segments(self, scales, gaps_scale: float | None) -> list[dict]:
+        """The segments of the critical path with these scales (per event) and gaps_scale, in order."""
+        c = self.columns(scales, gaps_scale)
+        return [{"seq": seq, "event_id": event_id if has_event else None, "ts": ts, "dur_ns": dur,
+                 "edge": KINDS[kind], "bound_by": SEGMENT_BOUND[bound], "path_rank": path_rank, "rank": rank}
+                for seq, event_id, has_event, ts, dur, kind, bound, path_rank, rank in zip(
+                    *(c[name].tolist() for name in ("seq", "event_id", "has_event", "ts", "dur_ns", "edge",
+                                                    "bound_by", "path_rank", "rank")))]
+
+    def path(self, scales, gaps_scale: float | None) -> pa.Array:
+        """segments as the walk returns them: a list (one row) of SEGMENT_TYPE."""
+        c = self.columns(scales, gaps_scale)
+        fields = SEGMENT_TYPE.value_type
+        segments = pa.StructArray.from_arrays(
+            [pa.array(c["seq"], pa.int32()), pa.array(c["event_id"], pa.int64(), mask=~c["has_event"]),
+             pa.array(c["ts"], pa.int64()), pa.array(c["dur_ns"], pa.int64()),
+             pa.array(KINDS, pa.string()).take(pa.array(c["edge"].astype(np.int64))),
+             pa.array(SEGMENT_BOUND, pa.string()).take(pa.array(c["bound_by"].astype(np.int64))),
+             pa.array(c["path_rank"], pa.int64()), pa.array(c["rank"], pa.int64())],
+            fields=[fields.field(i) for i in range(fields.num_fields)])
+        return pa.ListArray.from_arrays(pa.array([0, len(segments)], pa.int32()), segments, type=SEGMENT_TYPE)
 
 
-def _wakers(g: Graph, ev: dict, unanchored: list[int], count: int) -> dict[int, int]:
+#: a segment's bound_by: its event's class (EVENT_BOUND), else its edge's (BOUND_BY)
+SEGMENT_BOUND = EVENT_BOUND + (BOUND_BY["launch"], BOUND_BY["kernel_gap"])
+
+
+def _wakers(g: Graph, ev: dict, thread: np.ndarray, unanchored: np.ndarray, count: int) -> dict[int, int]:
     """For the replay: the host node that each first op of a thread (nothing leads to it) hangs off, the latest
     one of another thread of its rank before it: the work that woke it, as far as the trace tells (the autograd thread
     starts when the main thread calls backward). Unchanged, the edge lasts the time between them, as the
     window's start would; with earlier work made faster, the thread starts earlier."""
-    host = sorted((g.ts[v], v) for v in range(count) if g.event[v] >= 0 and ev["role"][g.event[v]] in OPS)
-    thread = [None] * len(g.ts)
-    for _, v in host:
-        thread[v] = (ev["rank"][g.event[v]], ev["pid"][g.event[v]], ev["tid"][g.event[v]])
-    times = [ts for ts, _ in host]
+    node_ts, node_event = np.array(g.ts[:count], dtype=np.int64), np.array(g.event[:count], dtype=np.int64)
+    role = ev["role"][node_event]
+    host = np.flatnonzero((node_event >= 0) & (role >= OP) & (role <= BLOCKED_LAUNCH))
+    host = host[np.lexsort((host, node_ts[host]))]
+    times, host_thread, host_rank = node_ts[host], thread[node_event[host]], ev["rank"][node_event[host]]
+    is_host = np.zeros(count, dtype=bool)
+    is_host[host] = True
     woken = {}
-    for v in unanchored:
-        if thread[v] is None:
-            continue
-        for k in range(bisect.bisect_right(times, g.ts[v]) - 1, -1, -1):
-            u = host[k][1]
-            if thread[u] != thread[v] and thread[u][0] == thread[v][0]:
-                woken[v] = u
-                break
+    for v in unanchored[is_host[unanchored]].tolist():
+        before = np.searchsorted(times, node_ts[v], "right")
+        v_event = node_event[v]
+        other = np.flatnonzero((host_thread[:before] != thread[v_event]) & (host_rank[:before] == ev["rank"][v_event]))
+        if len(other):
+            woken[v] = int(host[other[-1]])
     return woken
 
 
@@ -410,57 +700,70 @@ def _waits(g: Graph, ev: dict, end: list, changed: bool) -> None:
     trace recorded without a `cuda_sync` event still waits for the device, and a blocked launch for the queue to
     drain), or work launched before the window, a fixed time no change inside the window moves; unless the
     changed replay removes the call's time (scale 0)."""
-    ends = {(ev["rank"][i], g.ts[end[i]]): end[i] for i, role in enumerate(ev["role"])
-            if role in KERNELS and end[i] is not None}
-    for i, role in enumerate(ev["role"]):
-        free = ev["stream_free"][i]
-        if role in WAITING and free is not None and not (changed and ev["scale"][i] == 0):
-            # -1: a fixed time hangs off the window's start
-            waited = ends.get((ev["rank"][i], free))
-            waited = g.node(free, -1, False) if waited is None else waited
-            g.edge(waited, end[i], "sync", i, weighs=False)
+    role, free = ev["role"], ev["stream_free"]
+    kernels = np.flatnonzero((role == DEVICE) | (role == COMMUNICATION))
+    kernels = kernels[np.array(end, dtype=np.int64)[kernels] >= 0]
+    ends = dict(zip(zip(ev["rank"][kernels].tolist(), (ev["ts"] + ev["dur"])[kernels].tolist()),
+                    [end[i] for i in kernels.tolist()]))
+    waiting = ((role == BLOCKING_OP) | (role == BLOCKED_LAUNCH)) & (free != NULL)
+    if changed:
+        waiting &= ev["scale"] != 0
+    for i in np.flatnonzero(waiting).tolist():
+        # -1: a fixed time hangs off the window's start
+        waited = ends.get((int(ev["rank"][i]), int(free[i])))
+        waited = g.node(int(free[i]), -1, False) if waited is None else waited
+        g.edge(waited, end[i], SYNC, i, weighs=False)
 
 
 def _collectives(g: Graph, ev: dict, start: list, end: list) -> None:
     """For the replay: each rank's completion of a collective instance waits for every other rank's arrival (its
     first kernel's start); the edge is the completing kernel's (a slower rank's arrival lengthens it)."""
     calls: dict[int, dict[int, tuple[int, int]]] = {}  # instance -> rank -> (arrival node, completion node)
-    for i, key in enumerate(ev["collective"]):
-        if key is None or ev["role"][i] != "communication":
-            continue
-        arrival, completion = calls.setdefault(key, {}).get(ev["rank"][i], (start[i], end[i]))
-        calls[key][ev["rank"][i]] = (min(arrival, start[i], key=g.ts.__getitem__),
-                                     max(completion, end[i], key=g.ts.__getitem__))
+    rows = np.flatnonzero((ev["role"] == COMMUNICATION) & (ev["collective"] != NULL))
+    for i, key, rank in zip(rows.tolist(), ev["collective"][rows].tolist(), ev["rank"][rows].tolist()):
+        arrival, completion = calls.setdefault(key, {}).get(rank, (start[i], end[i]))
+        calls[key][rank] = (min(arrival, start[i], key=g.ts.__getitem__),
+                            max(completion, end[i], key=g.ts.__getitem__))
     for ranks in calls.values():
         for rank, (_, completion) in ranks.items():
             for other, (arrival, _) in ranks.items():
                 # clocks of other hosts may be off: an arrival after the completion tells nothing
                 if other != rank and g.ts[arrival] <= g.ts[completion]:
-                    g.edge(arrival, completion, "collective", g.event[completion])
+                    g.edge(arrival, completion, COLLECTIVE, g.event[completion])
                     g.completions.add(completion)
 
 
-def path(ev: dict, windows: list[dict] | None = None, gaps_scale: float | None = None) -> list[dict]:
+def path(ev, windows: list[dict] | None = None, gaps_scale: float | None = None) -> list[dict]:
     """The segments of the critical path, in order. windows None: HTA's path of one rank's window (edges that
     weigh 0 left out). Windows (each rank's: rank, ts, te): the what-if replay of them together, each rank's path
     from the earliest window start to the later of its window's end and the end of its last work: every edge
     weighs its time, changed by the events' scales and gaps_scale if given."""
+    ev = _arrays(ev)
     return Plan(ev, windows, gaps_scale is not None).segments(ev["scale"], gaps_scale)
 
 
-def build(ev: dict, windows: list[dict] | None = None, changed: bool = False) -> tuple[Graph, dict | None]:
-    """The dependency graph of the events (see the module's doc), and with windows (the replay's) each rank's
-    end node; changed: the replay's host calls with scale 0 wait for nothing (else the scales are ignored)."""
+def build(ev, windows: list[dict] | None = None, changed: bool = False) -> tuple[Graph, dict | None]:
+    """The dependency graph of the events (EVENT_FIELDS: a dict of lists or of _arrays' arrays; see the module's
+    doc), and with windows (the replay's) each rank's end node; changed: the replay's host calls with scale 0 wait
+    for nothing (else the scales are ignored)."""
+    ev = _arrays(ev)
     g = Graph()
-    count = len(ev["id"])
-    start, end = [None] * count, [None] * count
-    nodes = sorted((ev["ts"][i] + (ev["dur"][i] if at_end else 0), at_end, i)
-                   for i, role in enumerate(ev["role"]) if role in OPS or role in KERNELS for at_end in (0, 1))
-    for t, at_end, i in nodes:
-        (end if at_end else start)[i] = g.node(t, i, not at_end)
-    index = {event: i for i, event in enumerate(zip(ev["rank"], ev["id"]))}
-    _host(g, ev, start, end, replay=windows is not None)
-    _device(g, ev, start, end, index, replay=windows is not None)
+    role, count = ev["role"], len(ev["role"])
+    # each op's and device event's start and end, by time (an end after a start at the same time), then event
+    rows = np.flatnonzero((role >= OP) & (role <= COMMUNICATION))
+    times = np.concatenate([ev["ts"][rows], ev["ts"][rows] + ev["dur"][rows]])
+    at_end = np.repeat(np.array([False, True]), len(rows))
+    events = np.concatenate([rows, rows])
+    order = np.lexsort((events, at_end, times))
+    g.ts, g.event, g.is_start = times[order].tolist(), events[order].tolist(), (~at_end[order]).tolist()
+    start, end = np.full(count, -1, dtype=np.int64), np.full(count, -1, dtype=np.int64)
+    nodes = np.arange(len(order))
+    start[events[order][~at_end[order]]] = nodes[~at_end[order]]
+    end[events[order][at_end[order]]] = nodes[at_end[order]]
+    thread = _threads(ev)
+    _host(g, ev, start, end, thread, replay=windows is not None)
+    _device(g, ev, start, end, replay=windows is not None)
+    start, end = start.tolist(), end.tolist()
     ends = None
     if windows is not None:
         _waits(g, ev, end, changed)
@@ -469,26 +772,32 @@ def build(ev: dict, windows: list[dict] | None = None, changed: bool = False) ->
         # window's end: its time after them is the range's own, fixed), or, after that, to the rank's end, where
         # only the latest weighs (device work that ends after the range ends when it does, not at a fixed time
         # after the host's last op)
-        count, has_in, has_out = len(g.ts), set(g.dst), set(g.src)
+        count = len(g.ts)
+        has_in, has_out = np.zeros(count, dtype=bool), np.zeros(count, dtype=bool)
+        has_in[g.dst], has_out[g.src] = True, True
+        node_ts, node_event = np.array(g.ts, dtype=np.int64), np.array(g.event, dtype=np.int64)
         first = g.node(min(w["ts"] for w in windows), -1, True)
         range_end = {w["rank"]: w["te"] for w in windows}
         last_ts = dict(range_end)
-        for v in range(count):
-            if g.event[v] >= 0:
-                rank = ev["rank"][g.event[v]]
-                last_ts[rank] = max(last_ts[rank], g.ts[v])
+        node_rank = ev["rank"][node_event[node_event >= 0]]
+        for rank in last_ts:
+            of_rank = node_ts[node_event >= 0][node_rank == rank]
+            if len(of_rank):
+                last_ts[rank] = max(last_ts[rank], int(of_rank.max()))
         ends = {rank: g.node(ts, -1, False) for rank, ts in last_ts.items()}
         g.rank_ends.update(ends.values())
         range_nodes = {rank: g.node(te, -1, False) for rank, te in range_end.items()}
         for rank, node in range_nodes.items():
-            g.edge(node, ends[rank], "window")
-        woken = _wakers(g, ev, [v for v in range(count) if v not in has_in], count)
-        for v in range(count):
-            if v not in has_in:
-                g.edge(woken.get(v, first), v, "window")
-            if v not in has_out:
-                rank = ev["rank"][g.event[v]]
-                g.edge(v, range_nodes[rank] if g.ts[v] <= range_end[rank] else ends[rank], "window")
+            g.edge(node, ends[rank], WINDOW)
+        woken = _wakers(g, ev, thread, np.flatnonzero(~has_in), count)
+        ranks = ev["rank"].tolist()
+        for v, entered, left in zip(np.flatnonzero(~has_in | ~has_out).tolist(), has_in[~has_in | ~has_out].tolist(),
+                                    has_out[~has_in | ~has_out].tolist()):
+            if not entered:
+                g.edge(woken.get(v, first), v, WINDOW)
+            if not left:
+                rank = ranks[g.event[v]]
+                g.edge(v, range_nodes[rank] if g.ts[v] <= range_end[rank] else ends[rank], WINDOW)
     return g, ends
 
 
@@ -497,24 +806,23 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
     is NULL, else the replay of those windows (each rank's), with the what-if's changes unless gaps_scale is
     NULL."""
     out = []
-    for rows, spans, gaps in zip(_rows(events), windows.to_pylist(), gaps_scale.to_pylist()):
-        if rows is None:
+    for ev, spans, gaps in zip(_rows(events), windows.to_pylist(), gaps_scale.to_pylist()):
+        if ev is None:
             out.append(pa.nulls(1, SEGMENT_TYPE))
             continue
         if spans is not None:  # ties between equal paths follow the windows' order too: by rank, as the events
             spans = sorted(spans, key=lambda w: w["rank"])
-        scales = rows.field("scale")
-        if gaps == 1 and (scales.fill_null(1.0).to_numpy() == 1).all():
+        if gaps == 1 and (np.nan_to_num(ev["scale"], nan=1.0) == 1).all():
             gaps = None  # no change: the unchanged replay (one walk for both)
-        graph = _digest(spans, rows)
+        graph = _digest(spans, ev)
         if gaps is not None:  # one what-if's own walk (each findings rule's): walked, not kept
-            out.append(pa.array([_without_gc(_walk_row, rows, spans, gaps, graph)], type=SEGMENT_TYPE))
+            out.append(_without_gc(_walk_row, ev, spans, gaps, graph))
             continue
         # the unchanged replay and HTA's path ignore the scales: every what-if's (each rule's) are one walk
         key = graph.digest()
         walked = _WALKED.pop(key, None)
         if walked is None:
-            walked = pa.array([_without_gc(_walk_row, rows, spans, gaps, graph)], type=SEGMENT_TYPE)
+            walked = _without_gc(_walk_row, ev, spans, gaps, graph)
             if len(_WALKED) >= WALKED_SIZE:
                 del _WALKED[next(iter(_WALKED))]
         _WALKED[key] = walked  # the latest used last
@@ -523,75 +831,51 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
 
 
 def _rows(events: pa.Array | pa.ChunkedArray):
-    """Each row's events (None where NULL), chunk by chunk, each a slice of its chunk's events (offsets index
-    them): one column at a time, far quicker than dicts, and a run's every window is never in Python objects at
-    once. (Combining the chunks first copied every event of the call: 14 % of findings' time at 24×.)"""
+    """Each row's events (None where NULL) as the graph's arrays (_arrays), chunk by chunk, each from a slice of
+    its chunk's events (offsets index them): one column at a time, far quicker than dicts, and a run's every
+    window is never in Python objects at once. (Combining the chunks first copied every event of the call: 14 % of
+    findings' time at 24×.)"""
     for chunk in events.chunks if isinstance(events, pa.ChunkedArray) else [events]:
         flat, offsets, valid = chunk.values, chunk.offsets.to_pylist(), chunk.is_valid().to_pylist()
         for row, is_valid in enumerate(valid):
-            yield _in_order(flat.slice(offsets[row], offsets[row + 1] - offsets[row])) if is_valid else None
+            yield _in_order(_arrays(flat.slice(offsets[row], offsets[row + 1] - offsets[row]))) if is_valid else None
 
 
-def _in_order(rows: pa.StructArray) -> pa.StructArray:
+def _in_order(ev: dict) -> dict:
     """The events by rank, then id: the order the walk breaks ties between equal paths by, whatever order the
     list came in (SQL's list aggregates keep none unless told, at a cost; a replay's lists of several ranks come
     in any order of the ranks)."""
-    rank, event_id = rows.field("rank").to_numpy(zero_copy_only=False), rows.field("id").to_numpy()
-    order = np.lexsort((event_id, rank))
+    order = np.lexsort((ev["id"], ev["rank"]))
     if (order[1:] > order[:-1]).all():
-        return rows
-    # the walk's fields only (taking the others, names among them, cost more than the sort)
-    order = pa.array(order)
-    return pa.StructArray.from_arrays([rows.field(name).take(order) for name, _ in EVENT_FIELDS],
-                                      fields=[rows.type.field(name) for name, _ in EVENT_FIELDS])
+        return ev
+    return {name: values[order] for name, values in ev.items()}
 
 
-def _walk_row(rows: pa.StructArray, spans: list | None, gaps: float | None, graph) -> list[dict]:
-    """One window's path: of the graph its walks share when a replay of it was planned (the replays of one step
-    by the findings rules: their changes scale its edges), else of a new plan."""
+def _walk_row(ev: dict, spans: list | None, gaps: float | None, graph) -> pa.Array:
+    """One window's path (a list of one row): of the graph its walks share when a replay of it was planned (the
+    replays of one step by the findings rules: their changes scale its edges), else of a new plan."""
     if spans is None:  # HTA's path: walked once per window
-        ev = {name: rows.field(name).to_pylist() for name, _ in EVENT_FIELDS}
-        return path(ev, spans, gaps)
-    scales = rows.field("scale")
-    if gaps is not None:  # what changes the graph itself: synchronisations removed, host calls that wait no more
-        zero = pc.fill_null(pc.equal(scales, 0.0), False)
-        removed = pc.and_(zero, pc.is_in(rows.field("role"), value_set=pa.array(WAITING + SYNCS)))
-        if pc.any(removed).as_py():  # a graph of this what-if's own, walked once
-            ev = {name: rows.field(name).to_pylist() for name, _ in EVENT_FIELDS}
-            return Plan(ev, spans, True).segments(ev["scale"], gaps)
+        return Plan(ev, spans, gaps is not None).path(ev["scale"], gaps)
+    # what changes the graph itself: synchronisations removed, host calls that wait no more
+    if gaps is not None and ((ev["scale"] == 0) & np.isin(ev["role"], WAITING_CODES + SYNC_CODES)).any():
+        return Plan(ev, spans, True).path(ev["scale"], gaps)  # a graph of this what-if's own, walked once
     key = graph.digest()
     plan = _PLANS.pop(key, None)
     if plan is None:
-        plan = Plan({name: rows.field(name).to_pylist() for name, _ in EVENT_FIELDS}, spans, gaps is not None)
+        plan = Plan(ev, spans, gaps is not None)
         if len(_PLANS) >= PLANS_SIZE:
             del _PLANS[next(iter(_PLANS))]
     _PLANS[key] = plan  # the latest used last
-    return plan.segments(scales.to_pylist(), gaps)
+    return plan.path(ev["scale"], gaps)
 
 
-def _column_bytes(column: pa.Array) -> bytes:
-    """A column's values as bytes, with its null mask: nulls are filled first (the bytes under a null slot differ
-    between calls)."""
-    if pa.types.is_string(column.type):
-        column = column.dictionary_encode()
-        prefix = pickle.dumps(column.dictionary.to_pylist())
-        column = column.indices
-    else:
-        prefix = b""
-    if column.null_count:
-        mask = np.packbits(column.is_null().to_numpy(zero_copy_only=False)).tobytes()
-        return prefix + b"\1" + mask + column.fill_null(0).to_numpy().tobytes()
-    return prefix + b"\0" + column.to_numpy().tobytes()
-
-
-def _digest(spans: list | None, rows: pa.StructArray):
-    """A digest (hashlib's, to be continued) of a window's windows and events but their scales, read column by
-    column from Arrow (reading them into Python lists first took 3 times the walk's own time at 24×, 50 ms a
-    window)."""
-    digest = hashlib.blake2b(pickle.dumps((spans, len(rows))), digest_size=16)
+def _digest(spans: list | None, ev: dict):
+    """A digest (hashlib's, to be continued) of a window's windows and events but their scales, from the graph's
+    arrays (reading them into Python lists first took 3 times the walk's own time at 24×, 50 ms a window)."""
+    digest = hashlib.blake2b(pickle.dumps((spans, len(ev["id"]))), digest_size=16)
     for name, _ in EVENT_FIELDS:
         if name != "scale":
-            digest.update(_column_bytes(rows.field(name)))
+            digest.update(ev[name].tobytes())
     return digest
 
 
