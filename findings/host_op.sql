@@ -23,8 +23,7 @@ SET VARIABLE host_op_name = (
     -- the op whose own time lies most on the steps' critical paths: what the steps waited for (the largest by
     -- self time may run while the device is busy)
     SELECT e.name
-    FROM (SELECT run_id, rank, unnest(critical_path_walk(events, NULL, NULL)) AS s
-          FROM critical_path_events()) w
+    FROM step_critical_paths() w
     JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.s.event_id
     WHERE w.s.edge = 'op' AND e.kind = 'cpu_op' AND critical_path_cause(NULL, 'cpu_op', e.name, NULL) = 'host'
     GROUP BY e.name

@@ -34,13 +34,10 @@ WITH gaps AS (
     JOIN idle_gaps(scope := 'device', with_step := false) g
       ON g.run_id = w.run_id AND g.rank = w.rank AND g.ts >= w.ts AND g.ts + g.dur <= w.te
     WHERE g.dur >= COALESCE(getvariable('min_gap_ns'), 100000)
-), path AS (
-    SELECT run_id, rank, instance, unnest(critical_path_walk(events, NULL, NULL)) AS s
-    FROM critical_path_events()
 ), causes AS (
     -- the host pieces of the steps' paths that lie in the host's gaps, by the op or range they belong to
     SELECT e.name, sum(least(p.s.ts + p.s.dur_ns, g.te) - greatest(p.s.ts, g.ts)) AS in_gaps_ns
-    FROM path p
+    FROM step_critical_paths() p
     JOIN gaps g ON g.run_id = p.run_id AND g.rank = p.rank AND g.instance = p.instance AND g.category = 'host_wait'
      AND p.s.ts < g.te AND p.s.ts + p.s.dur_ns > g.ts
     JOIN slices e ON e.run_id = p.run_id AND e.rank = p.rank AND e.slice_id = p.s.event_id

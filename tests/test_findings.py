@@ -87,6 +87,24 @@ def test_findings_share_what_no_rule_changes(ingested):
 
 
 @pytest.mark.slow
+def test_findings_walk_each_steps_path_once(ingested):
+    """`findings` walks HTA's critical path of each step once for the rules that read it (step_critical_paths:
+    host_op, idle_bubbles); inside its sharing the macro's rows, of every rank and of one, are those it walks
+    outside."""
+    run = ingested(TRACE_FILTER)
+    con = tracesql.connect(run)
+
+    def paths():
+        return {rank: sorted(con.sql(f"FROM step_critical_paths(rank_filter := {rank})").fetchall(), key=repr)
+                for rank in ("NULL", 1)}
+
+    walked = paths()
+    with findings._event_lists_once(con), findings._paths_once(con):
+        assert paths() == walked
+    assert 0 < len(walked[1]) < len(walked["NULL"])
+
+
+@pytest.mark.slow
 def test_launch_overhead_counts_launches_onto_an_idle_stream(ingested):
     """Stream starvation in launch_overhead's evidence: the launches of each step whose stream had ended all its
     earlier work when the launch call began, counted again in pandas from the device events and their launches."""

@@ -893,8 +893,8 @@ def _without_gc(function, *args):
 
 #: The latest unchanged walks used (the unchanged replay, HTA's path), by a digest of their input, each as its
 #: Arrow row (a tenth of the memory of the segments as Python objects): a what-if whose change changes nothing
-#: walks its steps' unchanged replay, and the findings rules host_op and idle_bubbles walk HTA's path of the steps
-#: `findings` walked for all rules first (tracesql/findings.py). A changed walk is one what-if's and is not kept
+#: walks its steps' unchanged replay, and a step's HTA path asked again in a session is looked up (the findings
+#: rules host_op and idle_bubbles read theirs from one walk, findings_paths: tracesql/findings.py). A changed walk is one what-if's and is not kept
 #: (each rule's own N walked once: 1.2 MB each at 24x).
 _WALKED: dict[bytes, pa.Array] = {}
 WALKED_SIZE = 1024

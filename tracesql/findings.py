@@ -92,6 +92,14 @@ def _unchanged_once(con):
         "FROM findings_unchanged WHERE annotation IS NULL AND occurrence IS NULL")
 
 
+def _paths_once(con):
+    """HTA's critical path of each default window (step_critical_paths) once, for the rules that look for the host
+    work on it (host_op, idle_bubbles): each walked them again."""
+    return _computed_once(con, "findings_paths", "FROM step_critical_paths()", "step_critical_paths",
+                          "step_critical_paths(rank_filter := NULL) AS TABLE "
+                          "FROM findings_paths WHERE rank_filter IS NULL OR rank = rank_filter")
+
+
 def run(con, target: str, params: dict | None = None):
     """Every rule's rows on `con`, largest saving first, as a DuckDB relation on `con`. `target`: the run as the
     user named it, written into each row's `query` command; `params` (name -> value) go to the rules that take

@@ -344,6 +344,14 @@ CREATE OR REPLACE MACRO critical_path_cause(edge, kind, name, class) AS (
          ELSE 'host' END
 );
 
+-- HTA's critical path of each default window (each step) of each rank (rank_filter: of that rank's only), one row
+-- per segment (s: critical_path_walk's): where the findings rules host_op and idle_bubbles look for the host work
+-- the steps waited for. `tracesql findings` walks them once for its rules (tracesql/findings.py replaces this
+-- macro while they run).
+CREATE OR REPLACE MACRO step_critical_paths(rank_filter := NULL) AS TABLE
+SELECT run_id, rank, instance, unnest(critical_path_walk(events, NULL, NULL)) AS s
+FROM critical_path_events(rank_filter := rank_filter);
+
 -- What the what-if's windows measure and replay without a change (the what_if macro's columns but the predicted
 -- time and the saving), where its caller has them already: `tracesql findings` computes them once for all its
 -- rules (tracesql/findings.py replaces this macro while they run; each rule's what-if then walks its changed
@@ -394,11 +402,16 @@ WITH windows AS (
     WHERE replay = 1
     GROUP BY ALL
 ), replays AS (
-    SELECT run_id, window_name, joint, joint_ts,
-        CASE WHEN (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
-             THEN critical_path_walk(events, spans, NULL) END AS replayed,
-        critical_path_walk(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END) AS predicted
-    FROM joint
+    -- (without a change the predicted replay is the unchanged one: walked once)
+    SELECT run_id, window_name, joint, joint_ts, replayed,
+        CASE WHEN replayed IS NULL OR faster IS NOT NULL OR hide_communication = 1 OR no_launch_overhead = 1
+                  OR remove_syncs = 1 OR straggler_to_median = 1
+             THEN critical_path_walk(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END)
+             ELSE replayed END AS predicted
+    FROM (SELECT *,
+              CASE WHEN (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
+                   THEN critical_path_walk(events, spans, NULL) END AS replayed
+          FROM joint)
 ), replayed AS (
     -- each rank's path: its length from the earliest window start, the part on other ranks' work and whose
     SELECT run_id, window_name, joint, joint_ts, s.path_rank AS rank, sum(s.dur_ns) AS length_ns,
