@@ -176,10 +176,15 @@ def read_file(path: str, rel: str, staging: str, ranks: tuple, run_id: str, thre
         if e.path == path and shown != path:
             raise TraceError(shown, e.problem) from None
         raise
-    except duckdb.OutOfMemoryException as e:  # what DuckDB could not spill: the file and the limit, in one line
-        raise TraceError(shown, f"needs more memory than --memory-limit {lim.memory} gives DuckDB "
-                                f"({str(e).strip().splitlines()[0]}): ingest it with a larger --memory-limit") \
-            from None
+    except duckdb.OutOfMemoryException as e:
+        raise _out_of_memory(shown, "needs", lim, e) from None
+
+
+def _out_of_memory(shown, needs: str, lim: limits.Limits, error: duckdb.OutOfMemoryException) -> TraceError:
+    """What DuckDB could not spill (a file's ingest: `needs`; the run's steps: 'the run-wide steps need'), in one
+    line: the file or run, and the limit."""
+    return TraceError(shown, f"{needs} more memory than --memory-limit {lim.memory} gives DuckDB "
+                             f"({str(error).strip().splitlines()[0]}): ingest it with a larger --memory-limit")
 
 
 @contextlib.contextmanager
@@ -503,10 +508,8 @@ def _ingest_locked(out: Path, wanted: dict, scratch: Path, rank, run_id, jobs, s
             _write_run_checks(staging, parts, lim)
             _write_run_labels(staging, parts, run_id, given or {}, lim)
             _write_op_costs(staging, parts, lim)
-        except duckdb.OutOfMemoryException as e:  # as a file's (read_file): the run and the limit, in one line
-            raise TraceError(str(out), f"the run-wide steps need more memory than --memory-limit {lim.memory} "
-                                       f"gives DuckDB ({str(e).strip().splitlines()[0]}): ingest it with a larger "
-                                       "--memory-limit") from None
+        except duckdb.OutOfMemoryException as e:
+            raise _out_of_memory(str(out), "the run-wide steps need", lim, e) from None
         manifest = {"run_id": run_id, "sources": {rel: entries[rel] for rel in sorted(entries)},
                     "warnings": result.warnings, "labels": given_labels}
         store.publish(staging, out, manifest, views.init_sql, known_files=(old or {}).get("files"))

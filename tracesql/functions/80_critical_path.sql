@@ -402,16 +402,13 @@ WITH windows AS (
     WHERE replay = 1
     GROUP BY ALL
 ), replays AS (
-    -- (without a change the predicted replay is the unchanged one: walked once)
-    SELECT run_id, window_name, joint, joint_ts, replayed,
-        CASE WHEN replayed IS NULL OR faster IS NOT NULL OR hide_communication = 1 OR no_launch_overhead = 1
-                  OR remove_syncs = 1 OR straggler_to_median = 1
-             THEN critical_path_walk(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END)
-             ELSE replayed END AS predicted
-    FROM (SELECT *,
-              CASE WHEN (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
-                   THEN critical_path_walk(events, spans, NULL) END AS replayed
-          FROM joint)
+    -- (without a change the predicted replay is the unchanged one: the walk returns the one it kept,
+    -- critical_path._WALKED)
+    SELECT run_id, window_name, joint, joint_ts,
+        CASE WHEN (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
+             THEN critical_path_walk(events, spans, NULL) END AS replayed,
+        critical_path_walk(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END) AS predicted
+    FROM joint
 ), replayed AS (
     -- each rank's path: its length from the earliest window start, the part on other ranks' work and whose
     SELECT run_id, window_name, joint, joint_ts, s.path_rank AS rank, sum(s.dur_ns) AS length_ns,
