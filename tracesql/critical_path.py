@@ -553,7 +553,7 @@ class Plan:
         self.node_count = len(g.ts)
         node_ts = np.array(g.ts, dtype=np.int64)
         self.src, self.dst = g.src, g.dst
-        self.nodes, self.order = _order(node_ts, self.src, self.dst)
+        self.nodes, order = _order(node_ts, self.src, self.dst)
         self.time = node_ts[self.dst] - node_ts[self.src]
         self.kind, self.owner, self.weighs = g.kind, g.owner, g.weighs
         self.src_ts = node_ts[self.src]
@@ -565,9 +565,20 @@ class Plan:
         self.event_rank = ev["rank"]
         self.event_bound = np.where(ev["role"] <= BLOCKED_LAUNCH, 0,
                                     np.where(ev["role"] == COMMUNICATION, 1, 2)).astype(np.int8)
-        # (kept for every step's replay: node and edge numbers in 32 bits, 120 plans at 24x ~150 MB less)
-        self.src, self.dst, self.owner, self.nodes, self.order = (
-            a.astype(np.int32) for a in (self.src, self.dst, self.owner, self.nodes, self.order))
+        # the edges renumbered in the walk's order (those it never relaxes, on a cycle, left out); kept for every
+        # step's replay: node and edge numbers in 32 bits (120 plans at 24x ~150 MB less)
+        self.src, self.dst, self.time, self.kind, self.owner, self.weighs, self.src_ts = (
+            a[order] for a in (self.src, self.dst, self.time, self.kind, self.owner, self.weighs, self.src_ts))
+        if self.replay:
+            self.held = self.held[order]
+        self.src, self.dst, self.owner, self.nodes = (a.astype(np.int32) for a in (self.src, self.dst, self.owner,
+                                                                                 self.nodes))
+        # for _whole_distances: per node, the edge that alone leads to it (-1: none or several), and the edges
+        # into the nodes several lead to
+        single = np.bincount(self.dst, minlength=self.node_count)[self.dst] == 1
+        self.single_in = np.full(self.node_count, -1, dtype=np.int32)
+        self.single_in[self.dst[single]] = np.flatnonzero(single)
+        self.joins = np.flatnonzero(~single).astype(np.int32)
 
     def weights(self, scales, gaps_scale: float | None) -> np.ndarray:
         """HTA's weights (not a replay), or the replay's: every edge weighs its time, changed by the what-if,
@@ -617,21 +628,13 @@ class Plan:
     def _longest(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The edges of each path (HTA's: the longest of all; the replay's: each rank's) with these weights, in
         order, those that weigh 0 left out (HTA's keeps those whose time is 0), and the rank whose path each is."""
-        # the longest path: each node's distance and the edge it came by, of equal paths the first found
-        dist = [0.0] * self.node_count
-        via = [-1] * len(dist)
-        order = self.order
-        for a, b, w, e in zip(self.src[order].tolist(), self.dst[order].tolist(), weight[order].tolist(),
-                              order.tolist()):
-            d = dist[a] + w
-            if via[b] < 0 or d > dist[b]:
-                dist[b], via[b] = d, e
+        dist, via = self.distances(weight)
         if self.end_nodes is None:  # the longest path of all: of the nodes as long, the first taken
-            reached = np.array(dist)[self.nodes]
+            reached = dist[self.nodes]
             ends = [int(self.nodes[int(np.argmax(reached))])] if len(reached) else []
         else:
             ends = self.end_nodes
-        src = self.src.tolist()
+        src, via = self.src.tolist(), via.tolist()
         paths, ranks = [], []
         for path_rank, v in zip(self.ends, ends):
             edges = []
@@ -644,6 +647,61 @@ class Plan:
         if not paths:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return np.concatenate(paths), np.concatenate(ranks)
+
+    def distances(self, weight: np.ndarray, whole: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, the length of the longest path to it (a node nothing leads to: 0; one something leads to: the
+        longest, even if negative) and the edge it came by (-1: none): of the edges as long, the first in the
+        walk's order. Whole-number weights (HTA's path, the unchanged replay, a what-if that scales by 0 or 1) are
+        summed in arrays (_whole_distances: exact, as any sum of whole numbers below 2**53), others one edge at a
+        time in the walk's order (_distances_in_order), whose float sums the arrays would round otherwise. whole:
+        force one way (a test compares them)."""
+        if whole is None:
+            whole = bool((weight == np.rint(weight)).all()) and float(np.abs(weight).sum()) < EXACT_SUM
+        return self._whole_distances(weight.astype(np.int64)) if whole else self._distances_in_order(weight)
+
+    def _distances_in_order(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """distances, one relaxation per edge in the walk's order: each node's distance and the edge it came by,
+        of equal paths the first found."""
+        dist = [0.0] * self.node_count
+        via = [-1] * len(dist)
+        for a, b, w, e in zip(self.src.tolist(), self.dst.tolist(), weight.tolist(), range(len(weight))):
+            d = dist[a] + w
+            if via[b] < 0 or d > dist[b]:
+                dist[b], via[b] = d, e
+        return np.array(dist), np.array(via, dtype=np.int64)
+
+    def _whole_distances(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """distances of whole-number weights (int64), in arrays but for the few nodes several edges lead to. A node
+        one edge leads to (~80 % of a replay's, every node of HTA's path) lies at a fixed offset from its anchor:
+        the first node up its line of such edges that several edges or none lead to; anchors and offsets by
+        pointer jumping (a pass per doubling of the lines' length). Then the edges into the nodes several edges
+        lead to are relaxed in the walk's order, each from its source's anchor (a node taken before the source,
+        its distance known by then), the first of the longest kept; every node's distance is its anchor's plus
+        its offset."""
+        src, dst, single_in, joins = self.src, self.dst, self.single_in, self.joins
+        count = self.node_count
+        alone = single_in >= 0
+        anchor = np.where(alone, src[single_in], np.arange(count))
+        offset = np.where(alone, weight[single_in], 0)
+        while True:
+            up = anchor[anchor]
+            if (up == anchor).all():
+                break
+            offset += offset[anchor]
+            anchor = up
+        joined = np.zeros(count, dtype=bool)
+        joined[dst[joins]] = True
+        top = np.where(joined, UNREACHED, 0).tolist()
+        came = {}
+        for a, d, b, e in zip(anchor[src[joins]].tolist(), (offset[src[joins]] + weight[joins]).tolist(),
+                              dst[joins].tolist(), joins.tolist()):
+            d += top[a]
+            if d > top[b]:
+                top[b], came[b] = d, e
+        via = single_in.astype(np.int64)
+        if came:
+            via[np.fromiter(came.keys(), np.int64, len(came))] = np.fromiter(came.values(), np.int64, len(came))
+        return np.array(top, dtype=np.int64)[anchor] + offset, via
 
     def segments(self, scales, gaps_scale: float | None) -> list[dict]:
         """The segments of the critical path with these scales (per event) and gaps_scale, in order."""
@@ -667,6 +725,12 @@ class Plan:
             fields=[fields.field(i) for i in range(fields.num_fields)])
         return pa.ListArray.from_arrays(pa.array([0, len(segments)], pa.int32()), segments, type=SEGMENT_TYPE)
 
+
+#: whole-number weights are walked in arrays while every path is shorter than this (sums of whole numbers are exact
+#: in any order below 2**53, the loop's float sums as the arrays' int64 ones)
+EXACT_SUM = 2.0 ** 52
+#: the distance of a node several edges lead to before the first is relaxed (below any path's length)
+UNREACHED = -(2 ** 62)
 
 #: a segment's bound_by: its event's class (EVENT_BOUND), else its edge's (BOUND_BY)
 SEGMENT_BOUND = EVENT_BOUND + (BOUND_BY["launch"], BOUND_BY["kernel_gap"])
