@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tracesql
@@ -240,6 +241,46 @@ def test_a_what_if_walks_the_graph_of_the_unchanged_replay(ingested):
             walked = plan.segments(changed["scale"], gaps)
             assert walked == critical_path.path(changed, spans, gaps)
             assert walked != critical_path.path(unchanged, spans, None)
+
+
+@pytest.mark.parametrize("dataset", ["hta_trace_filter", "torch_gloo_4rank_straggler"])
+def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypatch):
+    """Plan.distances walks whole-number weights in arrays (_whole_distances) and others one edge at a time in the
+    walk's order (_distances_in_order): on every walk the critical_path and what_if queries make of real steps
+    (HTA's path; the replay unchanged, with ops or communication free or no launch overhead: whole numbers; ops
+    40 % faster, the straggler at the median: fractions) both ways give the same distance and the same edge
+    (of equal paths, the first in the walk's order) at every node, and fractional weights are walked in order.
+    HTA's sampled two-rank GPU trace and the four gloo CPU ranks with a straggler (collectives across ranks)."""
+    from tracesql import critical_path
+
+    walks = []
+    distances = critical_path.Plan.distances
+
+    def recorded(plan, weight, whole=None):
+        walks.append((plan, weight))
+        return distances(plan, weight, whole)
+
+    monkeypatch.setattr(critical_path.Plan, "distances", recorded)
+    critical_path._WALKED.clear()
+    critical_path._PLANS.clear()
+    run = ingested(DATASETS / dataset)
+    tracesql.query("critical_path", run)
+    for changes in ({}, {"faster": "^aten::", "faster_pct": 100}, {"hide_communication": 1},
+                    {"no_launch_overhead": 1}, {"faster": "^aten::", "faster_pct": 40}, {"straggler_to_median": 1}):
+        tracesql.query("what_if", run, **changes)
+    whole = fractional = 0
+    for plan, weight in walks:
+        dist, via = plan._distances_in_order(weight)
+        is_whole = bool((weight == np.rint(weight)).all())
+        if is_whole:
+            in_arrays = plan._whole_distances(weight.astype(np.int64))
+            assert (in_arrays[0] == dist).all() and (in_arrays[1] == via).all()
+            assert (via >= 0).sum() > len(via) // 2
+        walked = distances(plan, weight)
+        assert (walked[0] == dist).all() and (walked[1] == via).all()
+        assert walked[0].dtype == (np.int64 if is_whole else np.float64)
+        whole, fractional = whole + is_whole, fractional + (not is_whole)
+    assert whole >= 10 and fractional >= 2, (whole, fractional)
 
 
 def test_the_unchanged_replay_of_a_what_if_ignores_its_changes(ingested):

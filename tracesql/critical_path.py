@@ -47,21 +47,26 @@ the events and their times, not on the weights) and walked for each what-if's sc
 every step, each with its own change, on one graph. The unchanged walks (every rule walks them again) and the
 plans of unchanged graphs are kept by a digest of their input; a changed walk is one what-if's, not kept.
 The graph is built in numpy arrays, not node by node: a step has ~23 k events and ~50 k edges, and the
-per-node Python of the first version took ~0.18 CPU-s a step. What stays a loop of Python: the longest path itself
-(one relaxation per edge, in the walk's order), the few stretches of Kahn's order where an edge leads to an
-earlier node (_taken), a thread whose events do not nest (_host_stack), and the syncs.
+per-node Python of the first version took ~0.18 CPU-s a step. The longest path too, where the weights are whole
+numbers (HTA's path, the unchanged replay, a what-if that scales by 0 or 1: Plan.distances): ~80 % of a replay's
+nodes have one edge leading to them and lie at a fixed offset from the last node up their line that has several
+(pointer jumping), and only the edges into those (~9 k of ~50 k) are relaxed one by one; whole numbers sum exactly
+in any order, so the result is the one-by-one walk's, bit for bit. What stays a loop of Python: the longest path
+of fractional weights (one relaxation per edge, in the walk's order: float sums in another order round
+otherwise), the edges into nodes several edges lead to, the few stretches of Kahn's order where an edge leads to
+an earlier node (_taken), a thread whose events do not nest (_host_stack), and the syncs.
 """
 
 from __future__ import annotations
 
 import bisect
 import gc
-import hashlib
 import heapq
 import pickle
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 #: One event of the window. role: 'range' (a host range that holds ops but is no node: annotations, Python
 #: functions), 'op', 'blocking_op' (an op whose end waits for the device), 'blocked_launch' (a launch call that
@@ -532,8 +537,8 @@ def _taken(nodes: np.ndarray, position: np.ndarray, src: np.ndarray, dst: np.nda
 
 
 class Plan:
-    """A window's graph as its walks need it, in arrays: its edges, their order, and what the replay's weights
-    start from. Built once per graph (build), walked for each what-if's scales (segments): the replays of one
+    """A window's graph as its walks need it, in arrays: its edges (numbered in the order the walk relaxes
+    them), and what the replay's weights start from. Built once per graph (build), walked for each what-if's scales (segments): the replays of one
     window by the findings rules differ in their scales only, unless a change removes synchronisations."""
 
     def __init__(self, ev, windows: list[dict] | None, changed: bool):
@@ -553,7 +558,7 @@ class Plan:
         self.node_count = len(g.ts)
         node_ts = np.array(g.ts, dtype=np.int64)
         self.src, self.dst = g.src, g.dst
-        self.nodes, self.order = _order(node_ts, self.src, self.dst)
+        self.nodes, order = _order(node_ts, self.src, self.dst)
         self.time = node_ts[self.dst] - node_ts[self.src]
         self.kind, self.owner, self.weighs = g.kind, g.owner, g.weighs
         self.src_ts = node_ts[self.src]
@@ -565,9 +570,20 @@ class Plan:
         self.event_rank = ev["rank"]
         self.event_bound = np.where(ev["role"] <= BLOCKED_LAUNCH, 0,
                                     np.where(ev["role"] == COMMUNICATION, 1, 2)).astype(np.int8)
-        # (kept for every step's replay: node and edge numbers in 32 bits, 120 plans at 24x ~150 MB less)
-        self.src, self.dst, self.owner, self.nodes, self.order = (
-            a.astype(np.int32) for a in (self.src, self.dst, self.owner, self.nodes, self.order))
+        # the edges renumbered in the walk's order (those it never relaxes, on a cycle, left out); kept for every
+        # step's replay: node and edge numbers in 32 bits (120 plans at 24x ~150 MB less)
+        self.src, self.dst, self.time, self.kind, self.owner, self.weighs, self.src_ts = (
+            a[order] for a in (self.src, self.dst, self.time, self.kind, self.owner, self.weighs, self.src_ts))
+        if self.replay:
+            self.held = self.held[order]
+        self.src, self.dst, self.owner, self.nodes = (a.astype(np.int32) for a in (self.src, self.dst, self.owner,
+                                                                                 self.nodes))
+        # for _whole_distances: per node, the edge that alone leads to it (-1: none or several), and the edges
+        # into the nodes several lead to
+        single = np.bincount(self.dst, minlength=self.node_count)[self.dst] == 1
+        self.single_in = np.full(self.node_count, -1, dtype=np.int32)
+        self.single_in[self.dst[single]] = np.flatnonzero(single)
+        self.joins = np.flatnonzero(~single).astype(np.int32)
 
     def weights(self, scales, gaps_scale: float | None) -> np.ndarray:
         """HTA's weights (not a replay), or the replay's: every edge weighs its time, changed by the what-if,
@@ -617,33 +633,92 @@ class Plan:
     def _longest(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The edges of each path (HTA's: the longest of all; the replay's: each rank's) with these weights, in
         order, those that weigh 0 left out (HTA's keeps those whose time is 0), and the rank whose path each is."""
-        # the longest path: each node's distance and the edge it came by, of equal paths the first found
-        dist = [0.0] * self.node_count
-        via = [-1] * len(dist)
-        order = self.order
-        for a, b, w, e in zip(self.src[order].tolist(), self.dst[order].tolist(), weight[order].tolist(),
-                              order.tolist()):
-            d = dist[a] + w
-            if via[b] < 0 or d > dist[b]:
-                dist[b], via[b] = d, e
+        dist, via = self.distances(weight)
         if self.end_nodes is None:  # the longest path of all: of the nodes as long, the first taken
-            reached = np.array(dist)[self.nodes]
+            reached = dist[self.nodes]
             ends = [int(self.nodes[int(np.argmax(reached))])] if len(reached) else []
         else:
             ends = self.end_nodes
-        src = self.src.tolist()
         paths, ranks = [], []
-        for path_rank, v in zip(self.ends, ends):
-            edges = []
-            while via[v] >= 0:
-                edges.append(via[v])
-                v = src[via[v]]
-            edges = np.array(edges[::-1], dtype=np.int64)
+        for path_rank, edges in zip(self.ends, self._ways(via, ends)):
             paths.append(edges[(weight[edges] != 0) | (self.weighs[edges] & (not self.replay))])
             ranks.append(np.full(len(paths[-1]), path_rank, dtype=np.int64))
         if not paths:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return np.concatenate(paths), np.concatenate(ranks)
+
+    def _ways(self, via: np.ndarray, ends: list[int]) -> list[np.ndarray]:
+        """The edges of the path to each of `ends`, by `via` (each node's edge to it), in order: each end's
+        ancestors, listed by doubling (each round adds those 2**k to 2**(k+1) - 1 edges up, by the ancestors
+        2**k up of every node, itself a round of the one before), in one pass of arrays per round (following the
+        edges back one node at a time in Python took 3 ms a step of ~25 k edges). The edges are numbered in the
+        walk's order, in which each edge of a path comes after the one before it: sorted, they are in order."""
+        node = np.arange(self.node_count)
+        up = np.where(via >= 0, self.src[np.maximum(via, 0)], node)  # (a node nothing leads to: itself)
+        found = [[np.array([v])] if via[v] >= 0 else [] for v in ends]
+        latest = [part[0] if part else node[:0] for part in found]
+        while any(len(nodes) for nodes in latest):
+            for k, nodes in enumerate(latest):
+                nodes = up[np.concatenate(found[k])] if len(nodes) else nodes
+                latest[k] = nodes[via[nodes] >= 0]
+                found[k].append(latest[k])
+            up = up[up]
+        return [np.sort(via[np.concatenate(nodes)]) if nodes else node[:0] for nodes in found]
+
+    def distances(self, weight: np.ndarray, whole: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, the length of the longest path to it (a node nothing leads to: 0; one something leads to: the
+        longest, even if negative) and the edge it came by (-1: none): of the edges as long, the first in the
+        walk's order. Whole-number weights (HTA's path, the unchanged replay, a what-if that scales by 0 or 1) are
+        summed in arrays (_whole_distances: exact, as any sum of whole numbers below 2**53), others one edge at a
+        time in the walk's order (_distances_in_order), whose float sums the arrays would round otherwise. whole:
+        force one way (a test compares them)."""
+        if whole is None:
+            whole = bool((weight == np.rint(weight)).all()) and float(np.abs(weight).sum()) < EXACT_SUM
+        return self._whole_distances(weight.astype(np.int64)) if whole else self._distances_in_order(weight)
+
+    def _distances_in_order(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """distances, one relaxation per edge in the walk's order: each node's distance and the edge it came by,
+        of equal paths the first found."""
+        dist = [0.0] * self.node_count
+        via = [-1] * len(dist)
+        for a, b, w, e in zip(self.src.tolist(), self.dst.tolist(), weight.tolist(), range(len(weight))):
+            d = dist[a] + w
+            if via[b] < 0 or d > dist[b]:
+                dist[b], via[b] = d, e
+        return np.array(dist), np.array(via, dtype=np.int64)
+
+    def _whole_distances(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """distances of whole-number weights (int64), in arrays but for the few nodes several edges lead to. A node
+        one edge leads to (~80 % of a replay's, every node of HTA's path) lies at a fixed offset from its anchor:
+        the first node up its line of such edges that several edges or none lead to; anchors and offsets by
+        pointer jumping (a pass per doubling of the lines' length). Then the edges into the nodes several edges
+        lead to are relaxed in the walk's order, each from its source's anchor (a node taken before the source,
+        its distance known by then), the first of the longest kept; every node's distance is its anchor's plus
+        its offset."""
+        src, dst, single_in, joins = self.src, self.dst, self.single_in, self.joins
+        count = self.node_count
+        alone = single_in >= 0
+        anchor = np.where(alone, src[single_in], np.arange(count))
+        offset = np.where(alone, weight[single_in], 0)
+        while True:
+            up = anchor[anchor]
+            if (up == anchor).all():
+                break
+            offset += offset[anchor]
+            anchor = up
+        joined = np.zeros(count, dtype=bool)
+        joined[dst[joins]] = True
+        top = np.where(joined, UNREACHED, 0).tolist()
+        came = {}
+        for a, d, b, e in zip(anchor[src[joins]].tolist(), (offset[src[joins]] + weight[joins]).tolist(),
+                              dst[joins].tolist(), joins.tolist()):
+            d += top[a]
+            if d > top[b]:
+                top[b], came[b] = d, e
+        via = single_in.astype(np.int64)
+        if came:
+            via[np.fromiter(came.keys(), np.int64, len(came))] = np.fromiter(came.values(), np.int64, len(came))
+        return np.array(top, dtype=np.int64)[anchor] + offset, via
 
     def segments(self, scales, gaps_scale: float | None) -> list[dict]:
         """The segments of the critical path with these scales (per event) and gaps_scale, in order."""
@@ -667,6 +742,12 @@ class Plan:
             fields=[fields.field(i) for i in range(fields.num_fields)])
         return pa.ListArray.from_arrays(pa.array([0, len(segments)], pa.int32()), segments, type=SEGMENT_TYPE)
 
+
+#: whole-number weights are walked in arrays while every path is shorter than this (sums of whole numbers are exact
+#: in any order below 2**53, the loop's float sums as the arrays' int64 ones)
+EXACT_SUM = 2.0 ** 52
+#: the distance of a node several edges lead to before the first is relaxed (below any path's length)
+UNREACHED = -(2 ** 62)
 
 #: a segment's bound_by: its event's class (EVENT_BOUND), else its edge's (BOUND_BY)
 SEGMENT_BOUND = EVENT_BOUND + (BOUND_BY["launch"], BOUND_BY["kernel_gap"])
@@ -845,9 +926,11 @@ def _in_order(ev: dict) -> dict:
     """The events by rank, then id: the order the walk breaks ties between equal paths by, whatever order the
     list came in (SQL's list aggregates keep none unless told, at a cost; a replay's lists of several ranks come
     in any order of the ranks)."""
-    order = np.lexsort((ev["id"], ev["rank"]))
-    if (order[1:] > order[:-1]).all():
-        return ev
+    rank, event_id = ev["rank"], ev["id"]
+    later_rank = rank[1:] > rank[:-1]
+    if (later_rank | ((rank[1:] == rank[:-1]) & (event_id[1:] >= event_id[:-1]))).all():
+        return ev  # (in order already, as the lists nearly always come: no sort)
+    order = np.lexsort((event_id, rank))
     return {name: values[order] for name, values in ev.items()}
 
 
@@ -870,12 +953,13 @@ def _walk_row(ev: dict, spans: list | None, gaps: float | None, graph) -> pa.Arr
 
 
 def _digest(spans: list | None, ev: dict):
-    """A digest (hashlib's, to be continued) of a window's windows and events but their scales, from the graph's
-    arrays (reading them into Python lists first took 3 times the walk's own time at 24×, 50 ms a window)."""
-    digest = hashlib.blake2b(pickle.dumps((spans, len(ev["id"]))), digest_size=16)
+    """A digest (XXH3-128, to be continued) of a window's windows and events but their scales, from the graph's
+    arrays (reading them into Python lists first took 3 times the walk's own time at 24×, 50 ms a window; BLAKE2b
+    of the arrays took 2.5 ms a window, 0.5–0.75 CPU-s a findings rule)."""
+    digest = xxhash.xxh3_128(pickle.dumps((spans, len(ev["id"]))))
     for name, _ in EVENT_FIELDS:
         if name != "scale":
-            digest.update(ev[name].tobytes())
+            digest.update(np.ascontiguousarray(ev[name]).data)
     return digest
 
 
