@@ -75,7 +75,7 @@ WITH cutoff AS (
 ), roots AS (
     SELECT l.run_id, l.rank, l.root_id, any_value(l.root) AS root, any_value(l.root_dur) AS root_dur,
            list(n.name_no ORDER BY l.kernel_ts, l.kernel_id) AS sequence, sum(l.kernel_dur) AS kernel_dur
-    FROM launched l JOIN names n ON n.name = l.kernel
+    FROM launched l JOIN names n ON n.name IS NOT DISTINCT FROM l.kernel
     GROUP BY l.run_id, l.rank, l.root_id
     HAVING count(*) >= COALESCE(getvariable('min_pattern_len'), 3)
 ), patterns AS (
