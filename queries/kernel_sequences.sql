@@ -34,13 +34,13 @@ WITH cutoff AS (
     GROUP BY run_id, rank HAVING count(*) >= 2
 ), candidates AS NOT MATERIALIZED (
     -- read twice, not materialized: first a few columns of every host event for the shallowest depth (no name
-    -- when operator is ''), then the roots' other columns, for the rows of that depth only (DuckDB filters the
+    -- when operator is '', no start when analysis_window is 'all'), then the roots' other columns, for the rows of that depth only (DuckDB filters the
     -- scan by the depth the join found)
     SELECT s.run_id, s.rank, s.slice_id, s.name, s.ts, s.dur, s.pid, s.tid, s.depth, c.last_start
     FROM slices s LEFT JOIN cutoff c ON c.run_id = s.run_id AND c.rank = s.rank
     WHERE s.device_id IS NULL AND s.dur > 0
       AND (COALESCE(getvariable('operator'), '') = '' OR contains(s.name, COALESCE(getvariable('operator'), '')))
-      AND (c.last_start IS NULL OR s.ts < c.last_start)
+      AND (COALESCE(getvariable('analysis_window'), 'all') <> 'hta' OR c.last_start IS NULL OR s.ts < c.last_start)
 ), shallowest AS (
     -- the roots: the candidates at the shallowest depth any of them has
     SELECT c.* FROM candidates c
@@ -60,26 +60,46 @@ WITH cutoff AS (
            d.name AS kernel, d.ts AS kernel_ts, d.slice_id AS kernel_id, d.dur AS kernel_dur
     FROM (SELECT d.*, d.launch_ts // x.width AS bucket
           FROM slices d CROSS JOIN (SELECT max(width) AS width FROM buckets) x
-          WHERE d.device_id IS NOT NULL AND d.launch_id IS NOT NULL) d
+          WHERE d.device_id IS NOT NULL AND d.launch_ts IS NOT NULL) d
     JOIN buckets c ON c.run_id = d.run_id AND c.rank = d.rank AND c.pid = d.launch_pid AND c.tid = d.launch_tid
                   AND c.bucket = d.bucket AND d.launch_ts >= c.ts AND d.launch_ts <= c.ts + c.dur
                   AND (c.last_start IS NULL OR d.launch_ts < c.last_start)
+), names AS (
+    -- the launched device events' names, numbered in name order: the roots' sequences are lists of these numbers
+    -- (listing, grouping and ranking the names themselves cost more than half of the query), and the names are
+    -- put back in the patterns' rows only
+    SELECT name, row_number() OVER (ORDER BY name) AS name_no
+    FROM (SELECT DISTINCT name FROM slices WHERE device_id IS NOT NULL AND launch_ts IS NOT NULL)
+), dictionary AS (
+    SELECT list(name ORDER BY name_no) AS names FROM names
 ), roots AS (
     SELECT l.run_id, l.rank, l.root_id, any_value(l.root) AS root, any_value(l.root_dur) AS root_dur,
-           list(l.kernel ORDER BY l.kernel_ts, l.kernel_id) AS kernel_names, sum(l.kernel_dur) AS kernel_dur
-    FROM launched l
+           list(n.name_no ORDER BY l.kernel_ts, l.kernel_id) AS sequence, sum(l.kernel_dur) AS kernel_dur
+    FROM launched l JOIN names n ON n.name IS NOT DISTINCT FROM l.kernel
     GROUP BY l.run_id, l.rank, l.root_id
     HAVING count(*) >= COALESCE(getvariable('min_pattern_len'), 3)
 ), patterns AS (
-    SELECT run_id, rank, root, kernel_names, count(*) AS occurrences, len(kernel_names) AS kernels,
-           CAST(sum(kernel_dur) AS BIGINT) AS kernel_ns, CAST(sum(root_dur) AS BIGINT) AS root_ns,
-           root || '|' || array_to_string(kernel_names, '|') AS pattern
-    FROM roots GROUP BY run_id, rank, root, kernel_names
+    -- head: the pattern's first 200 characters
+    SELECT p.*, left(p.root || '|' || array_to_string(list_transform(p.sequence[1:200], lambda k: d.names[k]), '|'),
+                     200) AS head
+    FROM (SELECT run_id, rank, root, sequence, count(*) AS occurrences, len(sequence) AS kernels,
+                 CAST(sum(kernel_dur) AS BIGINT) AS kernel_ns, CAST(sum(root_dur) AS BIGINT) AS root_ns
+          FROM roots GROUP BY run_id, rank, root, sequence) p
+    CROSS JOIN dictionary d
 ), ranked AS (
-    SELECT *, row_number() OVER (PARTITION BY run_id, rank ORDER BY occurrences DESC, pattern) AS pattern_rank
-    FROM patterns
+    -- by occurrences, then pattern: patterns of different heads are in their heads' order, and the whole pattern
+    -- string is made only for those of equal heads (the wide strings, 47 MB at df_index_resolver x24, are not
+    -- sorted)
+    SELECT *, row_number() OVER (PARTITION BY run_id, rank ORDER BY occurrences DESC, head, tied) AS pattern_rank
+    FROM (SELECT p.run_id, p.rank, p.root, p.sequence, p.occurrences, p.kernels, p.kernel_ns, p.root_ns, p.head,
+                 CASE WHEN p.ties > 1 THEN
+                     p.root || '|' || array_to_string(list_transform(p.sequence, lambda k: d.names[k]), '|') END AS tied
+          FROM (SELECT *, count(*) OVER (PARTITION BY run_id, rank, occurrences, head) AS ties FROM patterns) p
+          CROSS JOIN dictionary d)
 )
-SELECT run_id, rank, pattern_rank, root, occurrences, kernels, kernel_ns, root_ns, pattern, kernel_names
-FROM ranked
-WHERE COALESCE(getvariable('top'), 0) = 0 OR pattern_rank <= COALESCE(getvariable('top'), 0)
+SELECT run_id, rank, pattern_rank, root, occurrences, kernels, kernel_ns, root_ns,
+       root || '|' || array_to_string(kernel_names, '|') AS pattern, kernel_names
+FROM (SELECT r.*, list_transform(r.sequence, lambda k: d.names[k]) AS kernel_names
+      FROM ranked r CROSS JOIN dictionary d
+      WHERE COALESCE(getvariable('top'), 0) = 0 OR r.pattern_rank <= COALESCE(getvariable('top'), 0))
 ORDER BY run_id, rank, pattern_rank

@@ -43,13 +43,18 @@ WITH segments AS (
 ), lanes(lane, bit) AS (
     VALUES ('compute', 1), ('communication', 2), ('memory', 4), ('idle', 0)
 ), in_lane AS (
-    SELECT w.dev, l.bit, s.ts, s.te, w.resolution_ns
+    -- each lane's segments summed per stretch of resolution_ns (its bucket): two segments of a lane in one bucket
+    -- are less than resolution_ns apart, so only a bucket's first segment can start an interval, and the merge
+    -- below sorts the buckets (a few thousand per lane and device) rather than every segment
+    SELECT w.dev, l.bit, min(s.ts) AS ts, max(s.te) AS te, sum(s.te - s.ts) AS busy,
+        any_value(w.resolution_ns) AS resolution_ns
     FROM segments s
     JOIN lanes l ON CASE WHEN l.bit = 0 THEN s.classes = 0 ELSE (s.classes & l.bit) <> 0 END
     JOIN windows w ON w.run_id = s.run_id AND w.rank = s.rank AND w.device_id = s.device_id
+    GROUP BY w.dev, l.bit, (s.ts - w.t0) // greatest(w.resolution_ns, 1)
 ), ordered AS (
-    -- every lane in one pass, sorted by (device, lane, start): a lane's segments are disjoint, so the one before
-    -- ends last of all before. A segment starts an interval when it is its lane's first or the gap before it is
+    -- every lane in one pass, sorted by (device, lane, start): a lane's buckets are disjoint, so the one before
+    -- ends last of all before. A bucket starts an interval when it is its lane's first or the gap before it is
     -- longer than resolution_ns; busy_before: the lane's segment time before it (a running sum over all lanes:
     -- only differences within a lane are used)
     SELECT dev, bit, ts, te,
@@ -57,16 +62,16 @@ WITH segments AS (
         COALESCE(lag(dev) OVER o <> dev OR lag(bit) OVER o <> bit OR ts - lag(te) OVER o > resolution_ns, true)
             AS starts,
         COALESCE(lead(dev) OVER o <> dev OR lead(bit) OVER o <> bit, true) AS last,
-        sum(te - ts) OVER (o ROWS UNBOUNDED PRECEDING) - (te - ts) AS busy_before
+        sum(busy) OVER (o ROWS UNBOUNDED PRECEDING) - busy AS busy_before, busy
     FROM in_lane
     WINDOW o AS (ORDER BY dev, bit, ts)
 ), intervals AS (
-    -- the starts and each lane's last segment only: an interval runs from its start to the segment before the
-    -- next start (which ends at that start's prev_te) or to its lane's last segment
+    -- the starts and each lane's last bucket only: an interval runs from its start to the bucket before the
+    -- next start (which ends at that start's prev_te) or to its lane's last bucket
     SELECT dev, bit, ts,
         CASE WHEN last THEN te WHEN lead(starts) OVER k THEN lead(prev_te) OVER k ELSE lead(te) OVER k END AS te,
-        CASE WHEN last THEN busy_before + te - ts WHEN lead(starts) OVER k THEN lead(busy_before) OVER k
-             ELSE lead(busy_before) OVER k + lead(te) OVER k - lead(ts) OVER k END - busy_before AS busy_ns,
+        CASE WHEN last THEN busy_before + busy WHEN lead(starts) OVER k THEN lead(busy_before) OVER k
+             ELSE lead(busy_before) OVER k + lead(busy) OVER k END - busy_before AS busy_ns,
         starts
     FROM ordered
     WHERE starts OR last
