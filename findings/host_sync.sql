@@ -23,8 +23,8 @@ WITH priced AS (
     SELECT * FROM what_if(remove_syncs := 1)
 ), calls AS (
     SELECT w.run_id, w.rank, w.instance,
-        count(*) FILTER (WHERE critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync') AS syncs,
-        COALESCE(sum(h.dur) FILTER (WHERE critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync'), 0) AS sync_ns,
+        count(*) FILTER (WHERE is_sync_call(h.kind, h.name)) AS syncs,
+        COALESCE(sum(h.dur) FILTER (WHERE is_sync_call(h.kind, h.name)), 0) AS sync_ns,
         count(*) FILTER (WHERE h.kind = 'memcpy' AND contains(h.name, 'DtoH')) AS copies_to_host
     FROM critical_path_windows() w
     JOIN slices l ON l.run_id = w.run_id AND l.rank = w.rank AND l.ts BETWEEN w.ts AND w.te AND l.device_id IS NULL

@@ -219,7 +219,7 @@ WITH windows AS (
         h.ts, h.dur, h.pid, h.tid, NULL::BIGINT AS stream, NULL::BIGINT AS launch, NULL::BIGINT AS queue_at_launch,
         NULL::BIGINT AS queue_at_start, NULL::BIGINT AS waits_on,
         wt.stream_free,
-        critical_path_cause(NULL, h.kind, h.name, NULL) = 'sync' AS sync_call,
+        is_sync_call(h.kind, h.name) AS sync_call,
         h.kind = 'cpu_op' AND NOT is_communication_call(h.name) AS straggles,
         NULL::BIGINT AS collective
     FROM windows w
@@ -327,6 +327,12 @@ SELECT l.run_id, l.rank, l.window_name, l.instance, l.step, l.window_ts, l.windo
 FROM lists l
 LEFT JOIN stragglers st ON st.run_id = l.run_id AND st.window_name = l.window_name AND st.joint = l.joint;
 
+-- The host calls that wait for the device: critical_path_cause's 'sync' of a host call
+CREATE OR REPLACE MACRO is_sync_call_name(name) AS (
+    name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventQuery', 'cudaEventSynchronize',
+             'hipDeviceSynchronize', 'hipStreamSynchronize', 'hipEventSynchronize')
+);
+
 -- What a critical-path segment is (queries/critical_path.sql's cause), from its edge and the event it belongs to
 -- (kind, name, device class): a launch delay, a gap between kernels, a sync wait, a communication kernel, a
 -- device copy or memset (or a host cudaMemcpy), a compute kernel, a host call that waits for the device, a
@@ -336,12 +342,19 @@ CREATE OR REPLACE MACRO critical_path_cause(edge, kind, name, class) AS (
          WHEN class = 'communication' THEN 'communication'
          WHEN kind IN ('memcpy', 'memset') OR class = 'memory' THEN 'memory_copy'
          WHEN kind = 'kernel' THEN 'compute'
-         WHEN name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventQuery', 'cudaEventSynchronize',
-                       'hipDeviceSynchronize', 'hipStreamSynchronize', 'hipEventSynchronize') THEN 'sync'
+         WHEN is_sync_call_name(name) THEN 'sync'
          WHEN regexp_matches(name, '^(cuda|hip|cu)Memcpy') THEN 'memory_copy'
          WHEN kind IN ('runtime', 'driver') AND contains(name, 'Launch') OR is_queued_launch(name) THEN 'launch'
          WHEN range_phase(name) = 'data_loading' THEN 'input'
          ELSE 'host' END
+);
+
+-- Whether a host event (kind, name) is a call that waits for the device (critical_path_cause's 'sync'): asked of
+-- every host event of the steps (critical_path_event_lists, findings/host_sync.sql), whose cause matched each
+-- name against the cause's patterns, 0.7 CPU-s over the 24× tile's 3 M host events; the CASE asks the few with a
+-- synchronising name only.
+CREATE OR REPLACE MACRO is_sync_call(kind, name) AS (
+    CASE WHEN is_sync_call_name(name) THEN critical_path_cause(NULL, kind, name, NULL) = 'sync' ELSE false END
 );
 
 -- HTA's critical path of each default window (each step) of each rank (rank_filter: of that rank's only), one row
@@ -393,13 +406,22 @@ WITH windows AS (
      AND k.instance = w.instance
     GROUP BY ALL
     HAVING bool_or(w.reroled OR k.run_id IS NULL)
+), shared AS (
+    -- the steps (else annotation instances) of several ranks
+    SELECT run_id, window_name, joint FROM windows WHERE replay = 1 GROUP BY ALL HAVING count(*) > 1
 ), joint AS (
-    -- (the ranks' lists and windows in any order: critical_path_walk takes the events by rank, then id, and the
-    -- windows by rank)
+    -- each step's windows and their events together: one rank's list as it is (a copy of it, made by a list of
+    -- one, took 4 of a what-if's 8 CPU-s on the 24× tile, most in critical_path_walk reading it), several
+    -- ranks' joined (in any order: critical_path_walk takes the events by rank, then id, and the windows by rank)
+    SELECT run_id, window_name, joint, window_ts AS joint_ts, events,
+        [struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)] AS spans
+    FROM windows
+    WHERE replay = 1 AND (run_id, window_name, joint) NOT IN (SELECT (run_id, window_name, joint) FROM shared)
+    UNION ALL
     SELECT run_id, window_name, joint, min(window_ts) AS joint_ts, flatten(list(events)) AS events,
         list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)) AS spans
     FROM windows
-    WHERE replay = 1
+    WHERE replay = 1 AND (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM shared)
     GROUP BY ALL
 ), replays AS (
     -- (without a change the predicted replay is the unchanged one: the walk returns the one it kept,
@@ -437,14 +459,19 @@ WITH windows AS (
     WHERE (rank_filter IS NULL OR w.rank = rank_filter)
       AND (w.run_id, w.window_name, w.joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
 ), causes AS (
-    SELECT w.run_id, w.rank, w.window_name, w.instance,
-        CASE critical_path_cause(w.s.edge, e.kind, e.name, d.class)
+    -- (the segments summed by edge and event kind, name and class first: critical_path_cause on each of the 24×
+    -- tile's 2.8 M segments took 1.7 CPU-s, on these sums a few hundred rows a window)
+    SELECT run_id, rank, window_name, instance,
+        CASE critical_path_cause(edge, kind, name, class)
             WHEN 'compute' THEN 'compute' WHEN 'communication' THEN 'communication' WHEN 'input' THEN 'input'
             WHEN 'sync' THEN 'sync' WHEN 'memory_copy' THEN 'memory_copy' ELSE 'host_launch' END AS cause,
-        sum(w.s.dur_ns) AS dur_ns
-    FROM (SELECT run_id, rank, window_name, instance, unnest(path) AS s FROM walked) w
-    LEFT JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.s.event_id
-    LEFT JOIN device_activity() d ON d.run_id = w.run_id AND d.rank = w.rank AND d.slice_id = w.s.event_id
+        sum(dur_ns) AS dur_ns
+    FROM (SELECT w.run_id, w.rank, w.window_name, w.instance, w.s.edge, e.kind, e.name, d.class,
+              sum(w.s.dur_ns) AS dur_ns
+          FROM (SELECT run_id, rank, window_name, instance, unnest(path) AS s FROM walked) w
+          LEFT JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.s.event_id
+          LEFT JOIN device_activity() d ON d.run_id = w.run_id AND d.rank = w.rank AND d.slice_id = w.s.event_id
+          GROUP BY ALL)
     GROUP BY ALL
 ), shares AS (
     SELECT run_id, rank, window_name, instance, sum(dur_ns) AS path_ns, arg_max(cause, dur_ns) AS bound,
