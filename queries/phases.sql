@@ -44,16 +44,22 @@
 WITH ranges AS (
     SELECT * FROM host_ranges(ranges := 'phases')
 ), range_threads AS (
-    -- one number per thread with phase ranges: the sorts below are by it, several times faster than by the run's
-    -- name
-    SELECT run_id, rank, pid, tid, row_number() OVER (ORDER BY run_id, rank, pid, tid) AS thid
-    FROM (SELECT DISTINCT run_id, rank, pid, tid FROM ranges)
+    -- one number per thread with phase ranges, and the thread's stretch of the sort key of `held` below: an instant
+    -- t of the thread is `off` + t - lo, where lo and hi are one before its first range start and one after its last
+    -- range end (a launch outside them, held by none of its ranges, is sorted at lo or hi); the threads' stretches
+    -- follow one another in the order of (run, rank, pid, tid). One BIGINT key sorts several times faster than
+    -- (thread, time), let alone (run name, ..., time)
+    SELECT run_id, rank, pid, tid, row_number() OVER (ORDER BY run_id, rank, pid, tid) AS thid, lo, hi,
+        CAST(sum(hi - lo + 1) OVER (ORDER BY run_id, rank, pid, tid ROWS UNBOUNDED PRECEDING) - (hi - lo + 1)
+            AS BIGINT) AS off
+    FROM (SELECT run_id, rank, pid, tid, min(ts) - 1 AS lo, max(te) + 1 AS hi FROM ranges
+          GROUP BY run_id, rank, pid, tid)
 ), phase_ranges AS (
     -- the phase ranges (host_ranges' 'phases'), each from its start to where it stops holding launches: its end, or
     -- the start of the next range of its thread and depth if that is earlier. At each nesting depth a launch is held
     -- by the latest range of that depth to start at or before it (of two starting together, the longer), if it has
     -- not ended (range_launches' rule)
-    SELECT t.thid, r.name, r.ts,
+    SELECT t.thid, t.off - t.lo AS base, r.name, r.ts,
         least(r.te, COALESCE(lead(r.ts) OVER (PARTITION BY t.thid, r.depth ORDER BY r.ts, r.te, r.slice_id), r.te))
             AS te
     FROM ranges r
@@ -103,11 +109,11 @@ WITH ranges AS (
 ), device AS (
     -- each device event with its rank's number (`rk`; NULL: a rank without windows), the phase of rules 1, 3, 4
     -- and 5 (`ruled`: 1 communication, 2 backward, 3 forward, 4 other; rule 2 is looked up below, for the events
-    -- that rule 1 leaves) and the number of its launching thread when that thread has phase ranges (else 0):
-    -- numbers only, as they ride through the sort below. The launching call's thread, start and step (a launched
-    -- event's step is its launch's)
-    SELECT k.rk, d.ts, d.ts + d.dur AS te, d.launch_ts,
-        CASE WHEN d.launch_id IS NOT NULL THEN COALESCE(t.thid, 0) ELSE 0 END AS thid,
+    -- that rule 1 leaves) and its launch's key in the sort below when the launching thread has phase ranges (else
+    -- NULL, held by none): numbers only, as they ride through that sort. The launching call's thread, start and
+    -- step (a launched event's step is its launch's)
+    SELECT k.rk, d.ts, d.ts + d.dur AS te,
+        CASE WHEN d.launch_id IS NOT NULL THEN t.off + least(greatest(d.launch_ts, t.lo), t.hi) - t.lo END AS key,
         CASE WHEN d.class = 'communication' THEN 1 WHEN bt.tid IS NOT NULL THEN 2 WHEN fs.tid IS NOT NULL THEN 3
              ELSE 4 END AS ruled
     FROM device_activity() d
@@ -123,11 +129,11 @@ WITH ranges AS (
     -- one sorted stream per thread of its ranges' starts (+count) and ends (-count) and the device events it
     -- launched: the running sum at a launch counts, per phase, the ranges that hold it (the RANGE frame takes in
     -- every edge at the launch's instant: a range holds the launches from its start up to, not at, its end).
-    -- One running sum over all threads in order: a thread's edges sum to 0 (and thread 0's events have none).
-    -- The events ride along in the sort, rather than being joined back to it by id
-    SELECT *, CAST(sum(count) OVER (ORDER BY thid, t RANGE UNBOUNDED PRECEDING) AS BIGINT) AS counts
+    -- One running sum over all threads in order of the key (range_threads): a thread's edges sum to 0 (and the
+    -- events without a key have none). The events ride along in the sort, rather than being joined back to it by id
+    SELECT *, CAST(sum(count) OVER (ORDER BY key RANGE UNBOUNDED PRECEDING) AS BIGINT) AS counts
     FROM (
-        SELECT r.thid, CASE e.edge WHEN 1 THEN r.ts ELSE r.te END AS t, e.edge * n.count AS count,
+        SELECT r.base + CASE e.edge WHEN 1 THEN r.ts ELSE r.te END AS key, e.edge * n.count AS count,
             CAST(NULL AS BIGINT) AS rk, CAST(NULL AS BIGINT) AS ts, CAST(NULL AS BIGINT) AS te,
             CAST(NULL AS INTEGER) AS ruled
         FROM phase_ranges r
@@ -135,7 +141,7 @@ WITH ranges AS (
         CROSS JOIN (VALUES (1), (-1)) e(edge)
         WHERE r.te > r.ts
         UNION ALL
-        SELECT thid, launch_ts, 0, rk, ts, te, ruled
+        SELECT key, 0, rk, ts, te, ruled
         FROM device)
 ), events AS (
     -- rule 2 before rules 3-5: the first phase (backward, optimizer, data_loading, forward) of the ranges that hold
@@ -155,10 +161,18 @@ WITH ranges AS (
         CAST(greatest(sum(w.te - w.ts) OVER () // NULLIF(2 * count(CASE WHEN w.te > w.ts THEN 1 END) OVER (), 0), 1)
              AS BIGINT) AS width
     FROM windows w JOIN rank_ids k ON k.run_id = w.run_id AND k.rank = w.rank
+), window_keys AS (
+    -- each window's stretch of the sweep's sort key: an instant t of the window is its `base` + t; the windows'
+    -- stretches follow one another in the order of wid, one apart. One BIGINT key sorts several times faster than
+    -- (wid, t)
+    SELECT wid, CAST(sum(te - ts + 1) OVER (ORDER BY wid ROWS UNBOUNDED PRECEDING) - (te - ts + 1) - ts AS BIGINT)
+        AS base
+    FROM (SELECT wid, min(ts) AS ts, max(te) AS te FROM window_ids GROUP BY wid)
 ), window_buckets AS (
     -- each window once per bucket of that width it touches
-    SELECT wid, rk, ts, te, width, unnest(range(ts // width, greatest(te - 1, ts) // width + 1)) AS bucket
-    FROM window_ids
+    SELECT w.wid, k.base, w.rk, w.ts, w.te, w.width,
+        unnest(range(w.ts // w.width, greatest(w.te - 1, w.ts) // w.width + 1)) AS bucket
+    FROM window_ids w JOIN window_keys k ON k.wid = w.wid
 ), event_buckets AS (
     SELECT v.*, unnest(range(v.ts // x.width, greatest(v.te - 1, v.ts) // x.width + 1)) AS bucket
     FROM events v CROSS JOIN (SELECT max(width) AS width FROM window_ids) x
@@ -166,7 +180,7 @@ WITH ranges AS (
     -- each event with each window it overlaps, found by an equi-join on the buckets both touch, each pair once: in
     -- the first bucket of their overlap (that of the later start), rather than a range join of every event with
     -- every window of its rank
-    SELECT w.wid, w.ts AS window_ts, w.te AS window_te, v.ts, v.te, v.phase
+    SELECT w.wid, w.base, w.ts AS window_ts, w.te AS window_te, v.ts, v.te, v.phase
     FROM event_buckets v
     JOIN window_buckets w ON w.rk = v.rk AND w.bucket = v.bucket
      AND (v.bucket = v.ts // w.width OR v.bucket = w.ts // w.width) AND v.ts < w.te AND v.te > w.ts
@@ -178,7 +192,8 @@ WITH ranges AS (
     -- (1 forward, 2 backward, 4 optimizer), summed per window.
     -- A row per edge, not per instant: the sweep below gives every row of an instant the state after all of them
     -- (its frame takes in its peers) and all but one of them no duration, so no GROUP BY makes instants unique
-    SELECT v.wid, CASE e.edge WHEN 1 THEN greatest(v.ts, v.window_ts) ELSE least(v.te, v.window_te) END AS t,
+    SELECT v.wid, v.base + CASE e.edge WHEN 1 THEN greatest(v.ts, v.window_ts) ELSE least(v.te, v.window_te) END
+            AS key,
         e.edge * CASE v.phase WHEN 'forward' THEN 1 WHEN 'backward' THEN 2097152 WHEN 'optimizer' THEN 4398046511104
                               ELSE 0 END AS early,
         e.edge * CASE v.phase WHEN 'data_loading' THEN 1 WHEN 'other' THEN 2097152
@@ -191,25 +206,26 @@ WITH ranges AS (
     UNION ALL
     -- the window's own bounds, edges that change nothing (so that the segments cover the whole window; a window
     -- that no event overlaps has no row below)
-    SELECT wid, CASE b.edge WHEN 0 THEN ts ELSE te END, 0, 0, 0
-    FROM window_ids CROSS JOIN (VALUES (0), (2)) b(edge)
+    SELECT w.wid, k.base + CASE b.edge WHEN 0 THEN w.ts ELSE w.te END, 0, 0, 0
+    FROM window_ids w JOIN window_keys k ON k.wid = w.wid CROSS JOIN (VALUES (0), (2)) b(edge)
 ), sweep AS (
-    SELECT wid, t, CASE WHEN lead(wid) OVER o = wid THEN lead(t) OVER o - t END AS dur,
+    SELECT wid, key, lead(key) OVER o - key AS dur,
         CAST(sum(early) OVER o AS BIGINT) AS early, CAST(sum(late) OVER o AS BIGINT) AS late, counted
     FROM edges
     -- every event adds +1 and -1 inside one window, so each window's running sums start from 0 and one running
     -- sum over all windows in order equals the per-window one (DuckDB runs it ~10x faster than one partitioned
-    -- by window when one partition is much larger than the others)
-    WINDOW o AS (ORDER BY wid, t)
+    -- by window when one partition is much larger than the others). A window's last edge lasts until the next
+    -- window's first (1 ns, nothing running), so idle_ns below is what the other phases leave of the window
+    WINDOW o AS (ORDER BY key)
 ), segments AS (
-    SELECT wid, t, dur, early & 2097151 AS fwd, (early >> 21) & 2097151 AS bwd, early >> 42 AS opt,
+    SELECT wid, key, dur, early & 2097151 AS fwd, (early >> 21) & 2097151 AS bwd, early >> 42 AS opt,
         late & 2097151 AS data, (late >> 21) & 2097151 AS oth, late >> 42 AS comm, counted & 1 AS fwd_n,
         (counted >> 1) & 1 AS bwd_n, (counted >> 2) & 1 AS opt_n, counted >> 3 AS events
     FROM sweep
 ), per_window AS (
     SELECT i.run_id, i.rank, i.step, s.*
     FROM (
-        SELECT wid, max(t) - min(t) AS window_ns,
+        SELECT wid, max(key) - min(key) AS window_ns,
             COALESCE(sum(dur) FILTER (WHERE fwd > 0), 0) AS forward_ns,
             COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd > 0), 0) AS backward_ns,
             COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt > 0), 0) AS optimizer_ns,
@@ -217,7 +233,8 @@ WITH ranges AS (
             COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth = 0 AND comm > 0), 0)
                 AS exposed_communication_ns,
             COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt = 0 AND data = 0 AND oth > 0), 0) AS other_ns,
-            COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth + comm = 0), 0) AS idle_ns,
+            max(key) - min(key) - COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth + comm > 0), 0)
+                AS idle_ns,
             COALESCE(sum(dur) FILTER (WHERE comm > 0), 0) AS communication_ns,
             sum(fwd_n) AS forward_kernels, sum(bwd_n) AS backward_kernels, sum(opt_n) AS optimizer_kernels
         FROM segments
@@ -226,9 +243,11 @@ WITH ranges AS (
     ) s
     JOIN (SELECT DISTINCT wid, run_id, rank, step FROM window_ids) i ON i.wid = s.wid
 ), data_host AS (
+    -- (every annotation's name but ProfilerStep#N's, which names no phase, is a phase range's, whose phase
+    -- named_phases has: no regex per annotation)
     SELECT run_id, rank, step, sum(dur) AS data_loading_host_ns
     FROM slices
-    WHERE kind = 'user_annotation' AND range_phase(name) = 'data_loading'
+    WHERE kind = 'user_annotation' AND name IN (SELECT name FROM named_phases WHERE count = 1073741824)
     GROUP BY run_id, rank, step
 )
 SELECT p.run_id, p.rank, p.step, CAST(p.window_ns AS BIGINT) AS window_ns,
