@@ -34,8 +34,8 @@ WITH cutoff AS (
     GROUP BY run_id, rank HAVING count(*) >= 2
 ), candidates AS NOT MATERIALIZED (
     -- read twice, not materialized: first a few columns of every host event for the shallowest depth (no name
-    -- when operator is '', no start when analysis_window is 'all'), then the roots' other columns, for the rows of that depth only (DuckDB filters the
-    -- scan by the depth the join found)
+    -- when operator is '', no start when analysis_window is 'all'), then the roots' other columns, for the rows
+    -- of that depth only (DuckDB filters the scan by the depth the join found)
     SELECT s.run_id, s.rank, s.slice_id, s.name, s.ts, s.dur, s.pid, s.tid, s.depth, c.last_start
     FROM slices s LEFT JOIN cutoff c ON c.run_id = s.run_id AND c.rank = s.rank
     WHERE s.device_id IS NULL AND s.dur > 0
@@ -79,12 +79,18 @@ WITH cutoff AS (
     GROUP BY l.run_id, l.rank, l.root_id
     HAVING count(*) >= COALESCE(getvariable('min_pattern_len'), 3)
 ), patterns AS (
-    -- head: the pattern's first 200 characters
-    SELECT p.*, left(p.root || '|' || array_to_string(list_transform(p.sequence[1:200], lambda k: d.names[k]), '|'),
-                     200) AS head
-    FROM (SELECT run_id, rank, root, sequence, count(*) AS occurrences, len(sequence) AS kernels,
-                 CAST(sum(kernel_dur) AS BIGINT) AS kernel_ns, CAST(sum(root_dur) AS BIGINT) AS root_ns
-          FROM roots GROUP BY run_id, rank, root, sequence) p
+    -- head: the pattern's first 200 characters, from its first 200 names (from all of them where those make
+    -- fewer characters, which only names that are NULL or empty can do)
+    SELECT g.*,
+        CASE WHEN len(g.start) >= 200 OR g.kernels <= 200 THEN left(g.start, 200)
+             ELSE left(g.root || '|' || array_to_string(list_transform(g.sequence, lambda k: d.names[k]), '|'), 200)
+        END AS head
+    FROM (SELECT s.*, s.root || '|' || array_to_string(list_transform(s.sequence[1:200], lambda k: d.names[k]),
+                                                        '|') AS start
+          FROM (SELECT run_id, rank, root, sequence, count(*) AS occurrences, len(sequence) AS kernels,
+                       CAST(sum(kernel_dur) AS BIGINT) AS kernel_ns, CAST(sum(root_dur) AS BIGINT) AS root_ns
+                FROM roots GROUP BY run_id, rank, root, sequence) s
+          CROSS JOIN dictionary d) g
     CROSS JOIN dictionary d
 ), ranked AS (
     -- by occurrences, then pattern: patterns of different heads are in their heads' order, and the whole pattern
