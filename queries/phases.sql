@@ -244,7 +244,7 @@ WITH ranges AS (
     JOIN (SELECT DISTINCT wid, run_id, rank, step FROM window_ids) i ON i.wid = s.wid
 ), data_host AS (
     -- (every annotation's name but ProfilerStep#N's, which names no phase, is a phase range's, whose phase
-    -- named_phases has: no regex per annotation)
+    -- named_phases has, data_loading as the count 2^30: no regex per annotation)
     SELECT run_id, rank, step, sum(dur) AS data_loading_host_ns
     FROM slices
     WHERE kind = 'user_annotation' AND name IN (SELECT name FROM named_phases WHERE count = 1073741824)
