@@ -824,18 +824,21 @@ def _waits(g: Graph, ev: dict, end: np.ndarray, changed: bool) -> None:
 def _collectives(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray) -> None:
     """For the replay: each rank's completion of a collective instance waits for every other rank's arrival (its
     first kernel's start); the edge is the completing kernel's (a slower rank's arrival lengthens it)."""
-    calls: dict[int, dict[int, tuple[int, int]]] = {}  # instance -> rank -> (arrival node, completion node)
+    # instance -> rank -> (arrival, completion): each a (time, node) of its earliest start and latest end
+    calls: dict[int, dict[int, tuple[tuple[int, int], tuple[int, int]]]] = {}
     rows = np.flatnonzero((ev["role"] == COMMUNICATION) & (ev["collective"] != NULL))
-    node_ts = g.ts.tolist() if len(rows) else []
-    for key, rank, first, last in zip(ev["collective"][rows].tolist(), ev["rank"][rows].tolist(),
-                                      start[rows].tolist(), end[rows].tolist()):
-        arrival, completion = calls.setdefault(key, {}).get(rank, (first, last))
-        calls[key][rank] = (min(arrival, first, key=node_ts.__getitem__), max(completion, last, key=node_ts.__getitem__))
+    for key, rank, first, first_ts, last, last_ts in zip(
+            ev["collective"][rows].tolist(), ev["rank"][rows].tolist(), start[rows].tolist(),
+            g.ts[start[rows]].tolist(), end[rows].tolist(), g.ts[end[rows]].tolist()):
+        arrival, completion = calls.setdefault(key, {}).get(rank, ((first_ts, first), (last_ts, last)))
+        # (of as early or as late, the one before)
+        calls[key][rank] = (arrival if arrival[0] <= first_ts else (first_ts, first),
+                            completion if completion[0] >= last_ts else (last_ts, last))
     for ranks in calls.values():
-        for rank, (_, completion) in ranks.items():
-            for other, (arrival, _) in ranks.items():
+        for rank, (_, (completion_ts, completion)) in ranks.items():
+            for other, ((arrival_ts, arrival), _) in ranks.items():
                 # clocks of other hosts may be off: an arrival after the completion tells nothing
-                if other != rank and node_ts[arrival] <= node_ts[completion]:
+                if other != rank and arrival_ts <= completion_ts:
                     g.edge(arrival, completion, COLLECTIVE, int(g.event[completion]))
                     g.completions.add(completion)
 
