@@ -250,8 +250,9 @@ def _host(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, thread: np.nda
     index = np.arange(n)
     left_at = np.maximum(left_at, index + 1)
     # the entries and exits in order: by the event entered next, exits first, the inner (later entered) first
-    visits = np.lexsort((np.concatenate([np.zeros(n, np.int64), -index]), np.repeat([1, 0], n),
-                         np.concatenate([index, left_at])))
+    # (one key of the three: each below n + 1; all differ)
+    visits = np.argsort((np.concatenate([index, left_at]) * 2 + np.repeat([1, 0], n)) * (n + 1)
+                        + np.concatenate([np.full(n, n), n - index]))
     entered = visits < n
     visited = np.where(entered, visits, visits - n)
     depth = np.cumsum(np.where(entered, 1, -1))  # after each visit
@@ -264,8 +265,9 @@ def _host(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, thread: np.nda
     stacked = np.zeros(len(first), dtype=bool)
     stacked[np.searchsorted(first, index[(depth[leave_at] + 1 != level) | (deepest < level)], "right") - 1] = True
     # each event's parent: the last event entered before it one level up
-    by_level = np.lexsort((enter_at, level))
-    key = level[by_level] * (2 * n + 1) + enter_at[by_level]
+    key = level * (2 * n + 1) + enter_at  # (enter_at below 2 * n: all differ)
+    by_level = np.argsort(key)
+    key = key[by_level]
     above = by_level[np.maximum(np.searchsorted(key, (level - 1) * (2 * n + 1) + enter_at) - 1, 0)]
     parent = np.where(level > 1, host[above], -1)
     # the ops' entries and exits; between one and the next of its thread, an edge
@@ -341,18 +343,20 @@ def _host_stack(g: Graph, rows: list, ts: list, ends: list, is_op: list, waits: 
         last, last_event, last_started, enclosing = start[i], i, True, parent[i]
 
 
-def _index(ev: dict, ids: np.ndarray) -> np.ndarray:
-    """Per event, the index of the event of its rank with the id in `ids` (of several, the last), else -1."""
+def _index(ev: dict, *ids: np.ndarray) -> list[np.ndarray]:
+    """For each of `ids`, per event, the index of the event of its rank with that id (of several, the last),
+    else -1."""
     rank, event_id = ev["rank"], ev["id"]
-    found = np.full(len(ids), -1, dtype=np.int64)
+    found = [np.full(len(rank), -1, dtype=np.int64) for _ in ids]
     order = np.lexsort((np.arange(len(rank)), event_id, rank))
     sorted_rank, sorted_id = rank[order], event_id[order]
     for r in np.unique(rank):
         lo, hi = np.searchsorted(sorted_rank, r, "left"), np.searchsorted(sorted_rank, r, "right")
-        asked = np.flatnonzero((rank == r) & (ids != NULL))
-        at = np.searchsorted(sorted_id[lo:hi], ids[asked], "right") - 1
-        hit = (at >= 0) & (sorted_id[lo:hi][np.maximum(at, 0)] == ids[asked])
-        found[asked[hit]] = order[lo:hi][at[hit]]
+        for wanted, out in zip(ids, found):
+            asked = np.flatnonzero((rank == r) & (wanted != NULL))
+            at = np.searchsorted(sorted_id[lo:hi], wanted[asked], "right") - 1
+            hit = (at >= 0) & (sorted_id[lo:hi][np.maximum(at, 0)] == wanted[asked])
+            out[asked[hit]] = order[lo:hi][at[hit]]
     return found
 
 
@@ -365,7 +369,7 @@ def _device(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, replay: bool
     rows = np.flatnonzero((role >= DEVICE) & (role <= EVENT_SYNC))
     at = ev["ts"][rows] + np.where(role[rows] >= STREAM_SYNC, ev["dur"][rows], 0)
     rows = rows[np.lexsort((ev["id"][rows], at))]
-    caller, waited = _index(ev, ev["launch"])[rows], _index(ev, ev["waits_on"])[rows]
+    caller, waited = (found[rows] for found in _index(ev, ev["launch"], ev["waits_on"]))
     node_ts = g.ts
     kernel = role[rows] < STREAM_SYNC
     # each kernel's previous one on its stream: streams numbered in the order they first ran a kernel
@@ -476,7 +480,7 @@ def _order(ts: np.ndarray, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray
     time and number (the earliest node not taken has all its sources taken), a sort; _taken walks the few
     stretches where one does."""
     n = len(ts)
-    nodes = np.lexsort((np.arange(n), ts))
+    nodes = np.argsort(ts, kind="stable")
     position = np.empty(n, dtype=np.int64)
     position[nodes] = np.arange(n)
     back = position[src] >= position[dst]
@@ -484,7 +488,7 @@ def _order(ts: np.ndarray, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray
         nodes = _taken(nodes, position, src, dst, back)
         position = np.full(n, n, dtype=np.int64)  # (nodes on a cycle are never taken, nor their edges)
         position[nodes] = np.arange(len(nodes))
-    edges = np.lexsort((np.arange(len(src)), position[src]))
+    edges = np.argsort(position[src], kind="stable")
     return nodes, edges[position[src][edges] < n]
 
 
