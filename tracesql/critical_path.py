@@ -117,8 +117,6 @@ WAITING_CODES, SYNC_CODES = [ROLE_CODES[role] for role in WAITING], [ROLE_CODES[
 #: edge kinds as the graph's arrays number them
 KINDS = ("op", "launch", "kernel_gap", "dependency", "sync", "window", "collective")
 OP_EDGE, LAUNCH, KERNEL_GAP, DEPENDENCY, SYNC, WINDOW, COLLECTIVE = range(len(KINDS))
-GAPS = (LAUNCH, KERNEL_GAP)
-SCALED = (OP_EDGE, COLLECTIVE)
 BOUND_BY = {"launch": "gpu_kernel_launch_overhead", "kernel_gap": "gpu_kernel_kernel_overhead"}
 #: the class of the other edges, by their event's role: host (ranges and ops), communication, other device work
 EVENT_BOUND = ("cpu_bound", "gpu_communication_bound", "gpu_compute_bound")
@@ -606,8 +604,9 @@ class Plan:
         if self.keep is not None:
             scale = scale[self.keep]
         scale = np.where(np.isnan(scale), 1.0, scale)
-        changed = np.where(np.isin(self.kind, GAPS), time * gaps_scale,
-                           np.where(np.isin(self.kind, SCALED), time * scale[self.owner], time))
+        kind = self.kind  # gaps scale by gaps_scale, an event's pieces and its collectives' edges by its scale
+        changed = np.where((kind == LAUNCH) | (kind == KERNEL_GAP), time * gaps_scale,
+                           np.where((kind == OP_EDGE) | (kind == COLLECTIVE), time * scale[self.owner], time))
         return np.where(self.held, changed, 0.0)
 
     def columns(self, scales, gaps_scale: float | None) -> dict[str, np.ndarray]:
@@ -714,17 +713,20 @@ class Plan:
             anchor = up
         joined = np.zeros(count, dtype=bool)
         joined[dst[joins]] = True
-        top = np.where(joined, UNREACHED, 0).tolist()
+        # the nodes several edges lead to numbered from 1, the distances of their anchors (0: any other anchor's)
+        number = np.cumsum(joined) * joined
+        top = [0] + [UNREACHED] * int(joined.sum())
         came = {}
-        for a, d, b, e in zip(anchor[src[joins]].tolist(), (offset[src[joins]] + weight[joins]).tolist(),
-                              dst[joins].tolist(), joins.tolist()):
+        for a, d, b, e in zip(number[anchor[src[joins]]].tolist(), (offset[src[joins]] + weight[joins]).tolist(),
+                              number[dst[joins]].tolist(), joins.tolist()):
             d += top[a]
             if d > top[b]:
                 top[b], came[b] = d, e
         via = single_in.astype(np.int64)
         if came:
-            via[np.fromiter(came.keys(), np.int64, len(came))] = np.fromiter(came.values(), np.int64, len(came))
-        return np.array(top, dtype=np.int64)[anchor] + offset, via
+            via[np.flatnonzero(joined)[np.fromiter(came.keys(), np.int64, len(came)) - 1]] = np.fromiter(
+                came.values(), np.int64, len(came))
+        return np.array(top, dtype=np.int64)[number[anchor]] + offset, via
 
     def segments(self, scales, gaps_scale: float | None) -> list[dict]:
         """The segments of the critical path with these scales (per event) and gaps_scale, in order."""
