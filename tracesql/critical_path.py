@@ -117,8 +117,6 @@ WAITING_CODES, SYNC_CODES = [ROLE_CODES[role] for role in WAITING], [ROLE_CODES[
 #: edge kinds as the graph's arrays number them
 KINDS = ("op", "launch", "kernel_gap", "dependency", "sync", "window", "collective")
 OP_EDGE, LAUNCH, KERNEL_GAP, DEPENDENCY, SYNC, WINDOW, COLLECTIVE = range(len(KINDS))
-GAPS = (LAUNCH, KERNEL_GAP)
-SCALED = (OP_EDGE, COLLECTIVE)
 BOUND_BY = {"launch": "gpu_kernel_launch_overhead", "kernel_gap": "gpu_kernel_kernel_overhead"}
 #: the class of the other edges, by their event's role: host (ranges and ops), communication, other device work
 EVENT_BOUND = ("cpu_bound", "gpu_communication_bound", "gpu_compute_bound")
@@ -150,14 +148,12 @@ def _arrays(ev) -> dict[str, np.ndarray]:
 
 
 class Graph:
-    """Nodes (an event's start or end) and edges, each piece owned by the event it belongs to. Nodes are plain
-    lists while built; edges come one at a time (edge, into `pending`'s lists) or many at once (edges: arrays),
-    and are read as arrays (src, dst, kind, owner, weighs)."""
+    """Nodes (an event's start or end) and edges, each piece owned by the event it belongs to. Nodes are arrays
+    (ts, event, is_start), added many at once (nodes); edges come one at a time (edge, into `pending`'s lists) or
+    many at once (edges: arrays), and are read as arrays (src, dst, kind, owner, weighs)."""
 
-    def __init__(self):
-        self.ts: list[int] = []  # per node
-        self.event: list[int] = []  # per node: index of its event (-1: none)
-        self.is_start: list[bool] = []
+    def __init__(self, ts: np.ndarray, event: np.ndarray, is_start: np.ndarray):
+        self.ts, self.event, self.is_start = ts, event, is_start  # per node; event: index of its event (-1: none)
         #: the edges added one at a time since the last arrays: src, dst, kind (KINDS), owner (index of the event
         #: the piece belongs to, -1: none), weighs (HTA's weight is the time between its nodes, else 0)
         self.pending: tuple[list, list, list, list, list] = ([], [], [], [], [])
@@ -165,11 +161,17 @@ class Graph:
         self.completions: set[int] = set()  # nodes where a collective completes (they wait for every rank)
         self.rank_ends: set[int] = set()  # the replay's end node of each rank's window
 
+    def nodes(self, ts, event, is_start: bool) -> np.ndarray:
+        """New nodes (ts: an array; event: an array or one for all): their numbers."""
+        first = len(self.ts)
+        ts = np.asarray(ts, dtype=np.int64)
+        self.ts = np.concatenate([self.ts, ts])
+        self.event = np.concatenate([self.event, np.broadcast_to(np.asarray(event, dtype=np.int64), ts.shape)])
+        self.is_start = np.concatenate([self.is_start, np.full(len(ts), is_start)])
+        return np.arange(first, len(self.ts))
+
     def node(self, ts: int, event: int, is_start: bool) -> int:
-        self.ts.append(ts)
-        self.event.append(event)
-        self.is_start.append(is_start)
-        return len(self.ts) - 1
+        return int(self.nodes([ts], event, is_start)[0])
 
     def edge(self, src: int, dst: int, kind: int, owner: int = -1, weighs: bool = True) -> None:
         for column, value in zip(self.pending, (src, dst, kind, owner, weighs)):
@@ -246,8 +248,9 @@ def _host(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, thread: np.nda
     index = np.arange(n)
     left_at = np.maximum(left_at, index + 1)
     # the entries and exits in order: by the event entered next, exits first, the inner (later entered) first
-    visits = np.lexsort((np.concatenate([np.zeros(n, np.int64), -index]), np.repeat([1, 0], n),
-                         np.concatenate([index, left_at])))
+    # (one key of the three: each below n + 1; all differ)
+    visits = np.argsort((np.concatenate([index, left_at]) * 2 + np.repeat([1, 0], n)) * (n + 1)
+                        + np.concatenate([np.full(n, n), n - index]))
     entered = visits < n
     visited = np.where(entered, visits, visits - n)
     depth = np.cumsum(np.where(entered, 1, -1))  # after each visit
@@ -260,8 +263,9 @@ def _host(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, thread: np.nda
     stacked = np.zeros(len(first), dtype=bool)
     stacked[np.searchsorted(first, index[(depth[leave_at] + 1 != level) | (deepest < level)], "right") - 1] = True
     # each event's parent: the last event entered before it one level up
-    by_level = np.lexsort((enter_at, level))
-    key = level[by_level] * (2 * n + 1) + enter_at[by_level]
+    key = level * (2 * n + 1) + enter_at  # (enter_at below 2 * n: all differ)
+    by_level = np.argsort(key)
+    key = key[by_level]
     above = by_level[np.maximum(np.searchsorted(key, (level - 1) * (2 * n + 1) + enter_at) - 1, 0)]
     parent = np.where(level > 1, host[above], -1)
     # the ops' entries and exits; between one and the next of its thread, an edge
@@ -337,18 +341,20 @@ def _host_stack(g: Graph, rows: list, ts: list, ends: list, is_op: list, waits: 
         last, last_event, last_started, enclosing = start[i], i, True, parent[i]
 
 
-def _index(ev: dict, ids: np.ndarray) -> np.ndarray:
-    """Per event, the index of the event of its rank with the id in `ids` (of several, the last), else -1."""
+def _index(ev: dict, *ids: np.ndarray) -> list[np.ndarray]:
+    """For each of `ids`, per event, the index of the event of its rank with that id (of several, the last),
+    else -1."""
     rank, event_id = ev["rank"], ev["id"]
-    found = np.full(len(ids), -1, dtype=np.int64)
+    found = [np.full(len(rank), -1, dtype=np.int64) for _ in ids]
     order = np.lexsort((np.arange(len(rank)), event_id, rank))
     sorted_rank, sorted_id = rank[order], event_id[order]
     for r in np.unique(rank):
         lo, hi = np.searchsorted(sorted_rank, r, "left"), np.searchsorted(sorted_rank, r, "right")
-        asked = np.flatnonzero((rank == r) & (ids != NULL))
-        at = np.searchsorted(sorted_id[lo:hi], ids[asked], "right") - 1
-        hit = (at >= 0) & (sorted_id[lo:hi][np.maximum(at, 0)] == ids[asked])
-        found[asked[hit]] = order[lo:hi][at[hit]]
+        for wanted, out in zip(ids, found):
+            asked = np.flatnonzero((rank == r) & (wanted != NULL))
+            at = np.searchsorted(sorted_id[lo:hi], wanted[asked], "right") - 1
+            hit = (at >= 0) & (sorted_id[lo:hi][np.maximum(at, 0)] == wanted[asked])
+            out[asked[hit]] = order[lo:hi][at[hit]]
     return found
 
 
@@ -361,8 +367,8 @@ def _device(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, replay: bool
     rows = np.flatnonzero((role >= DEVICE) & (role <= EVENT_SYNC))
     at = ev["ts"][rows] + np.where(role[rows] >= STREAM_SYNC, ev["dur"][rows], 0)
     rows = rows[np.lexsort((ev["id"][rows], at))]
-    caller, waited = _index(ev, ev["launch"])[rows], _index(ev, ev["waits_on"])[rows]
-    node_ts = np.array(g.ts, dtype=np.int64)
+    caller, waited = (found[rows] for found in _index(ev, ev["launch"], ev["waits_on"]))
+    node_ts = g.ts
     kernel = role[rows] < STREAM_SYNC
     # each kernel's previous one on its stream: streams numbered in the order they first ran a kernel
     kernels = np.flatnonzero(kernel)
@@ -393,9 +399,7 @@ def _device(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, replay: bool
         queued = ((free != NULL) & (launched >= 0) & (ts_of(launched) < free)
                   & ((previous < 0) | (ts_of(previous) < free)))
         free_nodes = np.full(len(kernels), -1, dtype=np.int64)
-        free_nodes[queued] = len(g.ts) + np.arange(int(queued.sum()))
-        g.ts.extend(free[queued].tolist()), g.event.extend(i[queued].tolist())
-        g.is_start.extend([False] * int(queued.sum()))
+        free_nodes[queued] = g.nodes(free[queued], i[queued], False)
         edges += [(kernels, 2, launched, start[i], LAUNCH, i, True, launched >= 0),
                   (kernels, 3, previous, start[i], KERNEL_GAP, previous_event, True, previous >= 0),
                   (kernels, 4, free_nodes, start[i], KERNEL_GAP, -1, True, queued)]
@@ -452,7 +456,7 @@ def _binding(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     """Per edge, whether its node waits for several things (contested); per node, the edge that held it up (-1:
     none): of its contested edges, the one whose source came last (of those as late, the first)."""
     kind, dst, src = g.kind, g.dst, g.src
-    ts = np.array(g.ts, dtype=np.int64)
+    ts = g.ts
     contested = (np.isin(kind, (LAUNCH, KERNEL_GAP, SYNC, COLLECTIVE))
                  | ((kind == OP_EDGE) & (~g.weighs | np.isin(dst, list(g.completions))))
                  | ((kind == WINDOW) & np.isin(dst, list(g.rank_ends))))
@@ -474,7 +478,7 @@ def _order(ts: np.ndarray, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray
     time and number (the earliest node not taken has all its sources taken), a sort; _taken walks the few
     stretches where one does."""
     n = len(ts)
-    nodes = np.lexsort((np.arange(n), ts))
+    nodes = np.argsort(ts, kind="stable")
     position = np.empty(n, dtype=np.int64)
     position[nodes] = np.arange(n)
     back = position[src] >= position[dst]
@@ -482,7 +486,7 @@ def _order(ts: np.ndarray, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray
         nodes = _taken(nodes, position, src, dst, back)
         position = np.full(n, n, dtype=np.int64)  # (nodes on a cycle are never taken, nor their edges)
         position[nodes] = np.arange(len(nodes))
-    edges = np.lexsort((np.arange(len(src)), position[src]))
+    edges = np.argsort(position[src], kind="stable")
     return nodes, edges[position[src][edges] < n]
 
 
@@ -556,7 +560,7 @@ class Plan:
         self.ends = [int(ev["rank"][0])] if ends is None else list(ends)
         self.end_nodes = None if ends is None else list(ends.values())
         self.node_count = len(g.ts)
-        node_ts = np.array(g.ts, dtype=np.int64)
+        node_ts = g.ts
         self.src, self.dst = g.src, g.dst
         self.nodes, order = _order(node_ts, self.src, self.dst)
         self.time = node_ts[self.dst] - node_ts[self.src]
@@ -600,8 +604,9 @@ class Plan:
         if self.keep is not None:
             scale = scale[self.keep]
         scale = np.where(np.isnan(scale), 1.0, scale)
-        changed = np.where(np.isin(self.kind, GAPS), time * gaps_scale,
-                           np.where(np.isin(self.kind, SCALED), time * scale[self.owner], time))
+        kind = self.kind  # gaps scale by gaps_scale, an event's pieces and its collectives' edges by its scale
+        changed = np.where((kind == LAUNCH) | (kind == KERNEL_GAP), time * gaps_scale,
+                           np.where((kind == OP_EDGE) | (kind == COLLECTIVE), time * scale[self.owner], time))
         return np.where(self.held, changed, 0.0)
 
     def columns(self, scales, gaps_scale: float | None) -> dict[str, np.ndarray]:
@@ -708,17 +713,20 @@ class Plan:
             anchor = up
         joined = np.zeros(count, dtype=bool)
         joined[dst[joins]] = True
-        top = np.where(joined, UNREACHED, 0).tolist()
+        # the nodes several edges lead to numbered from 1, the distances of their anchors (0: any other anchor's)
+        number = np.cumsum(joined) * joined
+        top = [0] + [UNREACHED] * int(joined.sum())
         came = {}
-        for a, d, b, e in zip(anchor[src[joins]].tolist(), (offset[src[joins]] + weight[joins]).tolist(),
-                              dst[joins].tolist(), joins.tolist()):
+        for a, d, b, e in zip(number[anchor[src[joins]]].tolist(), (offset[src[joins]] + weight[joins]).tolist(),
+                              number[dst[joins]].tolist(), joins.tolist()):
             d += top[a]
             if d > top[b]:
                 top[b], came[b] = d, e
         via = single_in.astype(np.int64)
         if came:
-            via[np.fromiter(came.keys(), np.int64, len(came))] = np.fromiter(came.values(), np.int64, len(came))
-        return np.array(top, dtype=np.int64)[anchor] + offset, via
+            via[np.flatnonzero(joined)[np.fromiter(came.keys(), np.int64, len(came)) - 1]] = np.fromiter(
+                came.values(), np.int64, len(came))
+        return np.array(top, dtype=np.int64)[number[anchor]] + offset, via
 
     def segments(self, scales, gaps_scale: float | None) -> list[dict]:
         """The segments of the critical path with these scales (per event) and gaps_scale, in order."""
@@ -753,64 +761,91 @@ UNREACHED = -(2 ** 62)
 SEGMENT_BOUND = EVENT_BOUND + (BOUND_BY["launch"], BOUND_BY["kernel_gap"])
 
 
-def _wakers(g: Graph, ev: dict, thread: np.ndarray, unanchored: np.ndarray, count: int) -> dict[int, int]:
+def _wakers(g: Graph, ev: dict, thread: np.ndarray, unanchored: np.ndarray, count: int) -> np.ndarray:
     """For the replay: the host node that each first op of a thread (nothing leads to it) hangs off, the latest
     one of another thread of its rank before it: the work that woke it, as far as the trace tells (the autograd thread
     starts when the main thread calls backward). Unchanged, the edge lasts the time between them, as the
-    window's start would; with earlier work made faster, the thread starts earlier."""
-    node_ts, node_event = np.array(g.ts[:count], dtype=np.int64), np.array(g.event[:count], dtype=np.int64)
+    window's start would; with earlier work made faster, the thread starts earlier. Per node of `unanchored`, its
+    waker (-1: none, or not a host op's)."""
+    node_ts, node_event = g.ts[:count], g.event[:count]
     role = ev["role"][node_event]
     host = np.flatnonzero((node_event >= 0) & (role >= OP) & (role <= BLOCKED_LAUNCH))
-    host = host[np.lexsort((host, node_ts[host]))]
+    host = host[np.lexsort((host, node_ts[host], ev["rank"][node_event[host]]))]  # by rank, then time and number
     times, host_thread, host_rank = node_ts[host], thread[node_event[host]], ev["rank"][node_event[host]]
     is_host = np.zeros(count, dtype=bool)
     is_host[host] = True
-    woken = {}
-    for v in unanchored[is_host[unanchored]].tolist():
-        before = np.searchsorted(times, node_ts[v], "right")
-        v_event = node_event[v]
-        other = np.flatnonzero((host_thread[:before] != thread[v_event]) & (host_rank[:before] == ev["rank"][v_event]))
-        if len(other):
-            woken[v] = int(host[other[-1]])
+    # the host nodes in runs of one thread of a rank: the latest before a node of another thread is the one
+    # before it, unless that is of the node's thread: then the one before the start of its run
+    new_run = np.ones(len(host), dtype=bool)
+    new_run[1:] = (host_rank[1:] != host_rank[:-1]) | (host_thread[1:] != host_thread[:-1])
+    run_start = np.maximum.accumulate(np.where(new_run, np.arange(len(host)), 0))
+    woken = np.full(len(unanchored), -1, dtype=np.int64)
+    asked = np.flatnonzero(is_host[unanchored])
+    v_event = node_event[unanchored[asked]]
+    v_rank, v_thread = ev["rank"][v_event], thread[v_event]
+    for rank in np.unique(v_rank).tolist():
+        lo, hi = np.searchsorted(host_rank, rank, "left"), np.searchsorted(host_rank, rank, "right")
+        of_rank = asked[v_rank == rank]
+        before = lo + np.searchsorted(times[lo:hi], node_ts[unanchored[of_rank]], "right") - 1
+        other = np.where(host_thread[before] != v_thread[v_rank == rank], before, run_start[before] - 1)
+        woken[of_rank[other >= lo]] = host[other[other >= lo]]
     return woken
 
 
-def _waits(g: Graph, ev: dict, end: list, changed: bool) -> None:
+def _waits(g: Graph, ev: dict, end: np.ndarray, changed: bool) -> None:
     """For the replay: a blocking call (or a launch blocked on a full queue) ends no earlier than the last device
     work that ended while it ran (stream_free): the window's, an edge from its end (so that a blocking call the
     trace recorded without a `cuda_sync` event still waits for the device, and a blocked launch for the queue to
     drain), or work launched before the window, a fixed time no change inside the window moves; unless the
     changed replay removes the call's time (scale 0)."""
     role, free = ev["role"], ev["stream_free"]
-    kernels = np.flatnonzero((role == DEVICE) | (role == COMMUNICATION))
-    kernels = kernels[np.array(end, dtype=np.int64)[kernels] >= 0]
-    ends = dict(zip(zip(ev["rank"][kernels].tolist(), (ev["ts"] + ev["dur"])[kernels].tolist()),
-                    [end[i] for i in kernels.tolist()]))
     waiting = ((role == BLOCKING_OP) | (role == BLOCKED_LAUNCH)) & (free != NULL)
     if changed:
         waiting &= ev["scale"] != 0
-    for i in np.flatnonzero(waiting).tolist():
-        # -1: a fixed time hangs off the window's start
-        waited = ends.get((int(ev["rank"][i]), int(free[i])))
-        waited = g.node(int(free[i]), -1, False) if waited is None else waited
-        g.edge(waited, end[i], SYNC, i, weighs=False)
+    waiting = np.flatnonzero(waiting)
+    if not len(waiting):
+        return
+    # the kernels by rank and end (of those that end together, the last one)
+    kernels = np.flatnonzero((role == DEVICE) | (role == COMMUNICATION))
+    kernels = kernels[end[kernels] >= 0]
+    kernel_rank, kernel_end = ev["rank"][kernels], (ev["ts"] + ev["dur"])[kernels]
+    order = np.lexsort((kernels, kernel_end, kernel_rank))
+    kernels, kernel_rank, kernel_end = kernels[order], kernel_rank[order], kernel_end[order]
+    waited = np.full(len(waiting), -1, dtype=np.int64)
+    waiting_rank = ev["rank"][waiting]
+    for rank in np.unique(waiting_rank).tolist():
+        lo, hi = np.searchsorted(kernel_rank, rank, "left"), np.searchsorted(kernel_rank, rank, "right")
+        if lo == hi:
+            continue
+        asked = np.flatnonzero(waiting_rank == rank)
+        at = lo + np.searchsorted(kernel_end[lo:hi], free[waiting[asked]], "right") - 1
+        hit = (at >= lo) & (kernel_end[np.maximum(at, 0)] == free[waiting[asked]])
+        waited[asked[hit]] = end[kernels[at[hit]]]
+    # the others: a fixed time, which hangs off the window's start
+    missing = waited < 0
+    waited[missing] = g.nodes(free[waiting[missing]], -1, False)
+    g.edges(waited, end[waiting], SYNC, waiting, False)
 
 
-def _collectives(g: Graph, ev: dict, start: list, end: list) -> None:
+def _collectives(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray) -> None:
     """For the replay: each rank's completion of a collective instance waits for every other rank's arrival (its
     first kernel's start); the edge is the completing kernel's (a slower rank's arrival lengthens it)."""
-    calls: dict[int, dict[int, tuple[int, int]]] = {}  # instance -> rank -> (arrival node, completion node)
+    # instance -> rank -> (arrival, completion): each a (time, node) of its earliest start and latest end
+    calls: dict[int, dict[int, tuple[tuple[int, int], tuple[int, int]]]] = {}
     rows = np.flatnonzero((ev["role"] == COMMUNICATION) & (ev["collective"] != NULL))
-    for i, key, rank in zip(rows.tolist(), ev["collective"][rows].tolist(), ev["rank"][rows].tolist()):
-        arrival, completion = calls.setdefault(key, {}).get(rank, (start[i], end[i]))
-        calls[key][rank] = (min(arrival, start[i], key=g.ts.__getitem__),
-                            max(completion, end[i], key=g.ts.__getitem__))
+    for key, rank, first, first_ts, last, last_ts in zip(
+            ev["collective"][rows].tolist(), ev["rank"][rows].tolist(), start[rows].tolist(),
+            g.ts[start[rows]].tolist(), end[rows].tolist(), g.ts[end[rows]].tolist()):
+        arrival, completion = calls.setdefault(key, {}).get(rank, ((first_ts, first), (last_ts, last)))
+        # (of as early or as late, the one before)
+        calls[key][rank] = (arrival if arrival[0] <= first_ts else (first_ts, first),
+                            completion if completion[0] >= last_ts else (last_ts, last))
     for ranks in calls.values():
-        for rank, (_, completion) in ranks.items():
-            for other, (arrival, _) in ranks.items():
+        for rank, (_, (completion_ts, completion)) in ranks.items():
+            for other, ((arrival_ts, arrival), _) in ranks.items():
                 # clocks of other hosts may be off: an arrival after the completion tells nothing
-                if other != rank and g.ts[arrival] <= g.ts[completion]:
-                    g.edge(arrival, completion, COLLECTIVE, g.event[completion])
+                if other != rank and arrival_ts <= completion_ts:
+                    g.edge(arrival, completion, COLLECTIVE, int(g.event[completion]))
                     g.completions.add(completion)
 
 
@@ -828,7 +863,6 @@ def build(ev, windows: list[dict] | None = None, changed: bool = False) -> tuple
     doc), and with windows (the replay's) each rank's end node; changed: the replay's host calls with scale 0 wait
     for nothing (else the scales are ignored)."""
     ev = _arrays(ev)
-    g = Graph()
     role, count = ev["role"], len(ev["role"])
     # each op's and device event's start and end, by time (an end after a start at the same time), then event
     rows = np.flatnonzero((role >= OP) & (role <= COMMUNICATION))
@@ -836,7 +870,7 @@ def build(ev, windows: list[dict] | None = None, changed: bool = False) -> tuple
     at_end = np.repeat(np.array([False, True]), len(rows))
     events = np.concatenate([rows, rows])
     order = np.lexsort((events, at_end, times))
-    g.ts, g.event, g.is_start = times[order].tolist(), events[order].tolist(), (~at_end[order]).tolist()
+    g = Graph(times[order], events[order], ~at_end[order])
     start, end = np.full(count, -1, dtype=np.int64), np.full(count, -1, dtype=np.int64)
     nodes = np.arange(len(order))
     start[events[order][~at_end[order]]] = nodes[~at_end[order]]
@@ -844,7 +878,6 @@ def build(ev, windows: list[dict] | None = None, changed: bool = False) -> tuple
     thread = _threads(ev)
     _host(g, ev, start, end, thread, replay=windows is not None)
     _device(g, ev, start, end, replay=windows is not None)
-    start, end = start.tolist(), end.tolist()
     ends = None
     if windows is not None:
         _waits(g, ev, end, changed)
@@ -856,13 +889,14 @@ def build(ev, windows: list[dict] | None = None, changed: bool = False) -> tuple
         count = len(g.ts)
         has_in, has_out = np.zeros(count, dtype=bool), np.zeros(count, dtype=bool)
         has_in[g.dst], has_out[g.src] = True, True
-        node_ts, node_event = np.array(g.ts, dtype=np.int64), np.array(g.event, dtype=np.int64)
+        node_ts, node_event = g.ts, g.event
         first = g.node(min(w["ts"] for w in windows), -1, True)
         range_end = {w["rank"]: w["te"] for w in windows}
         last_ts = dict(range_end)
+        of_event = node_ts[node_event >= 0]
         node_rank = ev["rank"][node_event[node_event >= 0]]
         for rank in last_ts:
-            of_rank = node_ts[node_event >= 0][node_rank == rank]
+            of_rank = of_event[node_rank == rank]
             if len(of_rank):
                 last_ts[rank] = max(last_ts[rank], int(of_rank.max()))
         ends = {rank: g.node(ts, -1, False) for rank, ts in last_ts.items()}
@@ -870,15 +904,19 @@ def build(ev, windows: list[dict] | None = None, changed: bool = False) -> tuple
         range_nodes = {rank: g.node(te, -1, False) for rank, te in range_end.items()}
         for rank, node in range_nodes.items():
             g.edge(node, ends[rank], WINDOW)
-        woken = _wakers(g, ev, thread, np.flatnonzero(~has_in), count)
-        ranks = ev["rank"].tolist()
-        for v, entered, left in zip(np.flatnonzero(~has_in | ~has_out).tolist(), has_in[~has_in | ~has_out].tolist(),
-                                    has_out[~has_in | ~has_out].tolist()):
-            if not entered:
-                g.edge(woken.get(v, first), v, WINDOW)
-            if not left:
-                rank = ranks[g.event[v]]
-                g.edge(v, range_nodes[rank] if g.ts[v] <= range_end[rank] else ends[rank], WINDOW)
+        # each node's edges in turn: from what leads to it (its waker, else the window's start), then to its end
+        unanchored = np.flatnonzero(~has_in)
+        woken = _wakers(g, ev, thread, unanchored, count)
+        loose = np.flatnonzero(~has_out)
+        window_rank = np.array(list(range_end), dtype=np.int64)
+        rank_at = np.argsort(window_rank, kind="stable")
+        at = rank_at[np.searchsorted(window_rank, ev["rank"][node_event[loose]], sorter=rank_at)]
+        to = np.where(node_ts[loose] <= np.array(list(range_end.values()), dtype=np.int64)[at],
+                      np.array(list(range_nodes.values()), dtype=np.int64)[at],
+                      np.array([ends[rank] for rank in range_end], dtype=np.int64)[at])
+        by_node = np.argsort(np.concatenate([unanchored, loose]), kind="stable")
+        g.edges(np.concatenate([np.where(woken >= 0, woken, first), loose])[by_node],
+                np.concatenate([unanchored, to])[by_node], WINDOW, -1, True)
     return g, ends
 
 
