@@ -89,17 +89,22 @@ SEGMENT_FIELDS = (
     ("seq", pa.int32()), ("event_id", pa.int64()), ("ts", pa.int64()), ("dur_ns", pa.int64()),
     ("edge", pa.string()), ("bound_by", pa.string()), ("path_rank", pa.int64()), ("rank", pa.int64()),
 )
+#: The events as critical_path_event_lists lists them (what replay_lengths takes): EVENT_FIELDS (roles unchanged,
+#: no scale) and what the what-if's changes look at.
+LISTED_FIELDS = EVENT_FIELDS + (("name", pa.string()), ("op_role", pa.string()), ("sync_call", pa.bool_()),
+                                ("straggles", pa.bool_()))
 #: replay_lengths' result per step: per change (its number in the list of changes), each rank's path length
 LENGTH_FIELDS = (("change", pa.int32()), ("path_rank", pa.int64()), ("length_ns", pa.int64()))
-SQL_TYPES = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR"}
+SQL_TYPES = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR",
+             pa.bool_(): "BOOLEAN"}
 
 
 def _struct_sql(fields) -> str:
     return "STRUCT(" + ", ".join(f"{n} {SQL_TYPES[t]}" for n, t in fields) + ")[]"
 
 
-EVENT_SQL, WINDOW_SQL, SEGMENT_SQL, LENGTH_SQL = (_struct_sql(f) for f in (EVENT_FIELDS, WINDOW_FIELDS, SEGMENT_FIELDS,
-                                                                         LENGTH_FIELDS))
+EVENT_SQL, LISTED_SQL, WINDOW_SQL, SEGMENT_SQL, LENGTH_SQL = (
+    _struct_sql(f) for f in (EVENT_FIELDS, LISTED_FIELDS, WINDOW_FIELDS, SEGMENT_FIELDS, LENGTH_FIELDS))
 SEGMENT_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in SEGMENT_FIELDS]))
 LENGTHS_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in LENGTH_FIELDS]))
 
@@ -902,13 +907,13 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
 
 def replay_lengths(events: pa.Array, windows: pa.Array, scales: pa.Array, gaps_scales: pa.Array) -> pa.Array:
     """The DuckDB function (Arrow) that replays one step with several what-ifs at once (`tracesql findings`: every
-    rule's change), per row: a step's events (their scales ignored) and windows, and per change the events' scales
-    (a list in the events' order) and its gaps_scale -> per change, the length of each rank's path (the sum of its
-    segments' dur_ns: what the what_if macro's predicted time is). The events are read and the graph planned once
-    for all the changes; each change is walked as critical_path_walk walks it."""
+    rule's change), per row: a step's events as critical_path_event_lists lists them (LISTED_FIELDS; no change made
+    a range an op) and windows, and per change the events' scales (a list in the events' order) and its gaps_scale
+    -> per change, the length of each rank's path (the sum of its segments' dur_ns: what the what_if macro's
+    predicted time is). The events are read and the graph planned once for all the changes; each change is walked
+    as critical_path_walk walks it."""
     out = []
-    for ev, spans, change_scales, gaps_list in zip(_rows(events, scales), windows.to_pylist(), scales.to_pylist(),
-                                                   gaps_scales.to_pylist()):
+    for ev, spans, gaps_list in zip(_rows(events, scales), windows.to_pylist(), gaps_scales.to_pylist()):
         spans = _by_rank(spans)
         graph = _digest(spans, ev)
         rows = []
@@ -1043,4 +1048,4 @@ def register(con) -> None:
     con.create_function("critical_path_walk", walk, [EVENT_SQL, WINDOW_SQL, "DOUBLE"], SEGMENT_SQL,
                         type="arrow", side_effects=False, null_handling="special")
     con.create_function("critical_path_replay_lengths", replay_lengths,
-                        [EVENT_SQL, WINDOW_SQL, "DOUBLE[][]", "DOUBLE[]"], LENGTH_SQL, type="arrow", side_effects=False)
+                        [LISTED_SQL, WINDOW_SQL, "DOUBLE[][]", "DOUBLE[]"], LENGTH_SQL, type="arrow", side_effects=False)

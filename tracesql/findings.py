@@ -163,7 +163,7 @@ def _priced_once(con, changes: list[dict]):
     con.execute(f"""CREATE OR REPLACE TEMP TABLE findings_predicted AS
         WITH windows AS (
             SELECT e.*, COALESCE(e.step, e.instance) AS joint, s.scales
-            FROM critical_path_events() e
+            FROM critical_path_event_source() e
             JOIN (SELECT run_id, rank, window_name, instance,
                       [by_scaling[n + 1] FOR n IN {_literal(scalings)}::INTEGER[]] AS scales
                   FROM (SELECT run_id, rank, window_name, instance, list(scales ORDER BY scaling) AS by_scaling
