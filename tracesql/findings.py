@@ -4,7 +4,10 @@ Each rule is a plain `.sql` file of `findings/` (packaged as `tracesql/rules`) w
 (tracesql/queries.py: what it detects, its thresholds as parameters with defaults, its columns), returning one row
 per (run, rank, step) where it fires, with the columns of FINDING_COLUMNS. Every rule prices its cause with the
 what-if replay (the what_if table macro): saving_ns is the step time the replay says the fix saves. `findings`
-runs them all and ranks their rows by saving_ns, largest first.
+runs them all and ranks their rows by saving_ns, largest first. It prices the rules' what-ifs together first:
+each rule's statements before its last (what it prices) run, the change of each what_if call of its last
+statement is read (what_if_change), and every step is replayed once with all the changes (_priced_once); the
+rules' what_if calls then read their predicted times.
 """
 
 from __future__ import annotations
