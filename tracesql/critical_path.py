@@ -89,15 +89,24 @@ SEGMENT_FIELDS = (
     ("seq", pa.int32()), ("event_id", pa.int64()), ("ts", pa.int64()), ("dur_ns", pa.int64()),
     ("edge", pa.string()), ("bound_by", pa.string()), ("path_rank", pa.int64()), ("rank", pa.int64()),
 )
-SQL_TYPES = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR"}
+#: The events as critical_path_event_lists lists them (what replay_lengths takes): EVENT_FIELDS (roles unchanged,
+#: no scale) and what the what-if's changes look at.
+LISTED_FIELDS = EVENT_FIELDS + (("name", pa.string()), ("op_role", pa.string()), ("sync_call", pa.bool_()),
+                                ("straggles", pa.bool_()))
+#: replay_lengths' result per step: per change (its number in the list of changes), each rank's path length
+LENGTH_FIELDS = (("change", pa.int32()), ("path_rank", pa.int64()), ("length_ns", pa.int64()))
+SQL_TYPES = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR",
+             pa.bool_(): "BOOLEAN"}
 
 
 def _struct_sql(fields) -> str:
     return "STRUCT(" + ", ".join(f"{n} {SQL_TYPES[t]}" for n, t in fields) + ")[]"
 
 
-EVENT_SQL, WINDOW_SQL, SEGMENT_SQL = (_struct_sql(f) for f in (EVENT_FIELDS, WINDOW_FIELDS, SEGMENT_FIELDS))
+EVENT_SQL, LISTED_SQL, WINDOW_SQL, SEGMENT_SQL, LENGTH_SQL = (
+    _struct_sql(f) for f in (EVENT_FIELDS, LISTED_FIELDS, WINDOW_FIELDS, SEGMENT_FIELDS, LENGTH_FIELDS))
 SEGMENT_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in SEGMENT_FIELDS]))
+LENGTHS_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in LENGTH_FIELDS]))
 
 OPS = ("op", "blocking_op", "blocked_launch")
 #: the replay's host calls that wait for the device: their end is held by it (HTA's path: a blocked launch is host time)
@@ -929,35 +938,78 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
         if ev is None:
             out.append(pa.nulls(1, SEGMENT_TYPE))
             continue
-        if spans is not None:  # ties between equal paths follow the windows' order too: by rank, as the events
-            spans = sorted(spans, key=lambda w: w["rank"])
-        if gaps == 1 and (np.nan_to_num(ev["scale"], nan=1.0) == 1).all():
-            gaps = None  # no change: the unchanged replay (one walk for both)
-        graph = _digest(spans, ev)
-        if gaps is not None:  # one what-if's own walk (each findings rule's): walked, not kept
-            out.append(_without_gc(_walk_row, ev, spans, gaps, graph))
-            continue
-        # the unchanged replay and HTA's path ignore the scales: every what-if's (each rule's) are one walk
-        key = graph.digest()
-        walked = _WALKED.pop(key, None)
-        if walked is None:
-            walked = _without_gc(_walk_row, ev, spans, gaps, graph)
-            if len(_WALKED) >= WALKED_SIZE:
-                del _WALKED[next(iter(_WALKED))]
-        _WALKED[key] = walked  # the latest used last
-        out.append(walked)
+        spans = _by_rank(spans)
+        out.append(_walk_one(ev, spans, gaps, _digest(spans, ev)))
     return pa.concat_arrays(out) if out else pa.array([], type=SEGMENT_TYPE)
 
 
-def _rows(events: pa.Array | pa.ChunkedArray):
+def replay_lengths(events: pa.Array, windows: pa.Array, scales: pa.Array, gaps_scales: pa.Array) -> pa.Array:
+    """The DuckDB function (Arrow) that replays one step with several what-ifs at once (`tracesql findings`: every
+    rule's change), per row: a step's events as critical_path_event_lists lists them (LISTED_FIELDS; no change made
+    a range an op) and windows, and per change the events' scales (a list in the events' order) and its gaps_scale
+    -> per change, the length of each rank's path (the sum of its segments' dur_ns: what the what_if macro's
+    predicted time is). The events are read and the graph planned once for all the changes; each change is walked
+    as critical_path_walk walks it."""
+    out = []
+    for ev, spans, gaps_list in zip(_rows(events, scales), windows.to_pylist(), gaps_scales.to_pylist()):
+        spans = _by_rank(spans)
+        graph = _digest(spans, ev)
+        rows = []
+        for change, gaps in enumerate(gaps_list):
+            changed = {name: values for name, values in ev.items() if name != "change_scales"}
+            changed["scale"] = ev["change_scales"][:, change]
+            segments = _walk_one(changed, spans, gaps, graph).values
+            path_rank, dur = (segments.field(name).to_numpy() for name in ("path_rank", "dur_ns"))
+            for rank in dict.fromkeys(path_rank.tolist()):  # (ranks without a segment have no length, as in SQL)
+                rows.append({"change": change, "path_rank": rank, "length_ns": int(dur[path_rank == rank].sum())})
+        out.append(rows)
+    return pa.array(out, type=LENGTHS_TYPE)
+
+
+def _by_rank(spans: list | None) -> list | None:
+    """The windows by rank: ties between equal paths follow the windows' order too, as the events'."""
+    return None if spans is None else sorted(spans, key=lambda w: w["rank"])
+
+
+def _walk_one(ev: dict, spans: list | None, gaps: float | None, graph) -> pa.Array:
+    """One row of walk: its path's segments (a list of one row), kept when unchanged (_WALKED)."""
+    if gaps == 1 and (np.nan_to_num(ev["scale"], nan=1.0) == 1).all():
+        gaps = None  # no change: the unchanged replay (one walk for both)
+    if gaps is not None:  # one what-if's own walk (each findings rule's): walked, not kept
+        return _without_gc(_walk_row, ev, spans, gaps, graph)
+    # the unchanged replay and HTA's path ignore the scales: every what-if's (each rule's) are one walk
+    key = graph.digest()
+    walked = _WALKED.pop(key, None)
+    if walked is None:
+        walked = _without_gc(_walk_row, ev, spans, gaps, graph)
+        if len(_WALKED) >= WALKED_SIZE:
+            del _WALKED[next(iter(_WALKED))]
+    _WALKED[key] = walked  # the latest used last
+    return walked
+
+
+def _rows(events: pa.Array | pa.ChunkedArray, scales: pa.Array | pa.ChunkedArray | None = None):
     """Each row's events (None where NULL) as the graph's arrays (_arrays), chunk by chunk, each from a slice of
     its chunk's events (offsets index them): one column at a time, far quicker than dicts, and a run's every
     window is never in Python objects at once. (Combining the chunks first copied every event of the call: 14 % of
-    findings' time at 24×.)"""
+    findings' time at 24×.) scales (replay_lengths'): per row, a list per change of the events' scales, added as
+    change_scales, one column per change (NaN: none), in the events' order."""
+    if scales is not None:
+        scales = pa.concat_arrays(scales.chunks) if isinstance(scales, pa.ChunkedArray) else scales
+    row = 0
     for chunk in events.chunks if isinstance(events, pa.ChunkedArray) else [events]:
         flat, offsets, valid = chunk.values, chunk.offsets.to_pylist(), chunk.is_valid().to_pylist()
-        for row, is_valid in enumerate(valid):
-            yield _in_order(_arrays(flat.slice(offsets[row], offsets[row + 1] - offsets[row]))) if is_valid else None
+        for i, is_valid in enumerate(valid):
+            if not is_valid:
+                yield None
+            else:
+                ev = _arrays(flat.slice(offsets[i], offsets[i + 1] - offsets[i]))
+                if scales is not None:
+                    changes = scales[row].values
+                    ev["change_scales"] = (changes.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
+                                           .reshape(len(changes), len(ev["id"])).T)
+                yield _in_order(ev)
+            row += 1
 
 
 def _in_order(ev: dict) -> dict:
@@ -1029,6 +1081,9 @@ PLANS_SIZE = 256
 
 
 def register(con) -> None:
-    """Create `critical_path_walk(events, windows, gaps_scale)` on `con`."""
+    """Create `critical_path_walk(events, windows, gaps_scale)` and `critical_path_replay_lengths(events, windows,
+    scales, gaps_scales)` on `con`."""
     con.create_function("critical_path_walk", walk, [EVENT_SQL, WINDOW_SQL, "DOUBLE"], SEGMENT_SQL,
                         type="arrow", side_effects=False, null_handling="special")
+    con.create_function("critical_path_replay_lengths", replay_lengths,
+                        [LISTED_SQL, WINDOW_SQL, "DOUBLE[][]", "DOUBLE[]"], LENGTH_SQL, type="arrow", side_effects=False)

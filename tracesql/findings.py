@@ -4,13 +4,19 @@ Each rule is a plain `.sql` file of `findings/` (packaged as `tracesql/rules`) w
 (tracesql/queries.py: what it detects, its thresholds as parameters with defaults, its columns), returning one row
 per (run, rank, step) where it fires, with the columns of FINDING_COLUMNS. Every rule prices its cause with the
 what-if replay (the what_if table macro): saving_ns is the step time the replay says the fix saves. `findings`
-runs them all and ranks their rows by saving_ns, largest first.
+runs them all and ranks their rows by saving_ns, largest first. It prices the rules' what-ifs together first:
+each rule's statements before its last (what it prices) run, the change of each what_if call of its last
+statement is read (what_if_change), and every step is replayed once with all the changes (_priced_once); the
+rules' what_if calls then read their predicted times.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
+
+import duckdb
 
 from . import queries
 from .errors import TraceError
@@ -39,8 +45,9 @@ def catalogue() -> list[queries.Query]:
 
 
 def names_used() -> set[str]:
-    """The identifiers the rules use: what `engine.connect(names=...)` must create for them."""
-    return set().union(*(queries.names_used(rule) for rule in catalogue()))
+    """The identifiers the rules use, and `run` to price their what-ifs: what `engine.connect(names=...)` must
+    create for them."""
+    return set().union(*(queries.names_used(rule) for rule in catalogue())) | {"what_if_change"}
 
 
 def check(params: dict) -> dict:
@@ -100,17 +107,143 @@ def _paths_once(con):
                           "FROM findings_paths WHERE rank_filter IS NULL OR rank = rank_filter")
 
 
+def _what_if_calls(sql: str) -> list[str]:
+    """The arguments of each call of the what_if macro in `sql` (comments left out), as written."""
+    calls, i, depth, start = [], 0, 0, -1
+    code = re.sub(r"--[^\n]*|'(?:[^']|'')*'", lambda m: m[0] if m[0].startswith("'") else " " * len(m[0]), sql)
+    for call in re.finditer(r"(?<![\w.])what_if\s*\(", code):
+        depth, i = 1, call.end()
+        while depth and i < len(code):
+            if code[i] == "'":
+                i = code.index("'", i + 1)
+                while code.startswith("''", i):
+                    i = code.index("'", i + 2)
+            depth += {"(": 1, ")": -1}.get(code[i], 0)
+            i += 1
+        calls.append(code[call.end():i - 1])
+    return calls
+
+
+def _changes(con, sql: str) -> list[dict]:
+    """The change of each call of what_if in `sql` that replays the default windows (what_if_change), evaluated on
+    `con` as the rule's statement will (its variables set): those `findings` can price before its rules run."""
+    changes = []
+    for arguments in _what_if_calls(sql):
+        try:
+            row = con.execute(f"FROM what_if_change({arguments})").fetchone()
+        except duckdb.BinderException:
+            continue  # (an argument of the rule's own rows: priced as the rule runs)
+        names = [d[0] for d in con.description]
+        change = dict(zip(names, row))
+        if change.pop("default_windows"):
+            changes.append(change)
+    return changes
+
+
+@contextlib.contextmanager
+def _priced_once(con, changes: list[dict]):
+    """Each change's predicted time of every default window (each step), for what_if to read while the rules run
+    (what_if_priced, what_if_predicted): the events of each step read and its graph planned once for all the
+    changes, each change's scales (critical_path_events') a list beside them, each change walked on the one plan
+    (critical_path_replay_lengths). A change that makes a range an op in some step (its graph is not the
+    unchanged one) is left to what_if."""
+    changes = list({c["key"]: c for c in changes}.values())
+    # the scales of each change of critical_path_scales' parameters (changes that differ in no_launch_overhead
+    # only share them)
+    scaled = {tuple(c[name] for name in SCALE_PARAMETERS): None for c in changes}
+    con.execute("CREATE OR REPLACE TEMP TABLE findings_scales (scaling INTEGER, run_id VARCHAR, rank INTEGER, "
+                "window_name VARCHAR, instance INTEGER, scales DOUBLE[], reroled BOOLEAN)")
+    for number, values in enumerate(scaled):
+        scaled[values] = number
+        arguments = ", ".join(f"{name} := {_literal(value)}" for name, value in zip(SCALE_PARAMETERS, values))
+        con.execute(f"INSERT INTO findings_scales SELECT {number}, run_id, rank, window_name, instance, scales, "
+                    f"reroled FROM critical_path_scales({arguments})")
+    reroled = {n for (n,) in con.execute("SELECT DISTINCT scaling FROM findings_scales WHERE reroled").fetchall()}
+    priced = [c for c in changes if scaled[tuple(c[name] for name in SCALE_PARAMETERS)] not in reroled]
+    keys = [c["key"] for c in priced]
+    gaps = [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in priced]
+    scalings = [scaled[tuple(c[name] for name in SCALE_PARAMETERS)] for c in priced]
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE findings_predicted AS
+        WITH windows AS (
+            SELECT e.*, COALESCE(e.step, e.instance) AS joint, s.scales
+            FROM critical_path_event_source() e
+            JOIN (SELECT run_id, rank, window_name, instance,
+                      [by_scaling[n + 1] FOR n IN {_literal(scalings)}::INTEGER[]] AS scales
+                  FROM (SELECT run_id, rank, window_name, instance, list(scales ORDER BY scaling) AS by_scaling
+                        FROM findings_scales GROUP BY ALL)) s
+              ON s.run_id = e.run_id AND s.rank = e.rank AND s.window_name = e.window_name
+             AND s.instance = e.instance
+        ), shared AS (
+            SELECT run_id, window_name, joint FROM windows GROUP BY ALL HAVING count(*) > 1
+        ), joint AS (
+            -- (as what_if's: one rank's list as it is, several ranks' joined, here in rank order, as their scales)
+            SELECT run_id, window_name, joint, window_ts AS joint_ts, events, scales,
+                [struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)] AS spans
+            FROM windows
+            WHERE (run_id, window_name, joint) NOT IN (SELECT (run_id, window_name, joint) FROM shared)
+            UNION ALL
+            SELECT run_id, window_name, joint, min(window_ts), flatten(list(events ORDER BY rank)),
+                [flatten([s[k] FOR s IN list(scales ORDER BY rank)]) FOR k IN range(1, {len(priced) + 1})],
+                list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te))
+            FROM windows
+            WHERE (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM shared)
+            GROUP BY ALL
+        ), lengths AS (
+            SELECT run_id, window_name, joint, joint_ts,
+                unnest(critical_path_replay_lengths(events, spans, scales, {_literal(gaps)}::DOUBLE[])) AS l
+            FROM joint
+        )
+        SELECT [{", ".join(map(_literal, keys)) or "NULL"}][l.l.change + 1] AS key, w.run_id, w.rank,
+            w.window_name, w.instance, l.l.length_ns - (w.window_ts - l.joint_ts) AS predicted_ns
+        FROM windows w
+        JOIN lengths l ON l.run_id = w.run_id AND l.window_name = w.window_name AND l.joint = w.joint
+         AND l.l.path_rank = w.rank""")
+    con.execute("DROP TABLE temp.findings_scales")
+    parameters = "faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs, straggler_to_median"
+    con.execute(f"CREATE OR REPLACE TEMP MACRO what_if_priced({parameters}) AS "
+                f"what_if_change_key({parameters}) IN ({', '.join(map(_literal, keys)) or 'NULL'})")
+    con.execute(f"CREATE OR REPLACE TEMP MACRO what_if_predicted({parameters}) AS TABLE "
+                f"SELECT run_id, rank, window_name, instance, predicted_ns FROM findings_predicted "
+                f"WHERE key = what_if_change_key({parameters})")
+    try:
+        yield
+    finally:
+        con.execute("DROP MACRO temp.what_if_priced")
+        con.execute("DROP MACRO TABLE temp.what_if_predicted")
+        con.execute("DROP TABLE temp.findings_predicted")
+
+
+#: critical_path_scales' parameters of a change (what_if_change's columns)
+SCALE_PARAMETERS = ("faster", "faster_pct", "hide_communication", "remove_syncs", "straggler_to_median")
+
+
+def _literal(value) -> str:
+    """A SQL literal of a change's value (a DOUBLE cast as one: a decimal literal would be a DECIMAL)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, float):
+        return f"CAST('{value!r}' AS DOUBLE)"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_literal, value)) + "]"
+    return str(value)
+
+
 def run(con, target: str, params: dict | None = None):
     """Every rule's rows on `con`, largest saving first, as a DuckDB relation on `con`. `target`: the run as the
     user named it, written into each row's `query` command; `params` (name -> value) go to the rules that take
-    them (e.g. min_saving_pct, every rule's threshold)."""
+    them (e.g. min_saving_pct, every rule's threshold). The rules' statements before their last (what each
+    prices) run first, then their what-ifs are priced together (_priced_once), then their last statements."""
     import pyarrow as pa
 
     params = check(dict(params or {}))
+    rules = catalogue()
+    given = {rule.name: {"run": target} | {k: v for k, v in params.items() if k in rule.params} for rule in rules}
     with _event_lists_once(con), _unchanged_once(con):
-        found = pa.concat_tables([
-            queries.run(con, rule, {"run": target} | {k: v for k, v in params.items() if k in rule.params})
-            .to_arrow_table() for rule in catalogue()])
+        changes = [change for rule in rules for change in _changes(con, queries.prepare(con, rule, given[rule.name]))]
+        with _priced_once(con, changes):
+            found = pa.concat_tables([queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table()
+                                      for rule in rules])
     order = [("saving_ns", "descending")] + [(c, "ascending") for c in ("run_id", "rank", "step", "finding")]
     return con.from_arrow(found.sort_by(order))
-

@@ -222,24 +222,38 @@ def variables(query: Query, params: dict | None = None) -> dict[str, str]:
     return {name: literal(params[name]) if name in params else p.default for name, p in query.params.items()}
 
 
-def run(con, query: Query, params: dict | None = None):
+def run(con, query: Query, params: dict | None = None, prepared: bool = False):
     """Run `query` on `con` with `params` (name -> value). Returns a DuckDB relation of the last statement, readable
-    until the next `run` on `con` (or `drop_results`)."""
-    for name, value in variables(query, params).items():
-        con.execute(f"SET VARIABLE {name} = {value}").fetchall()
-    statements = con.extract_statements(query.sql)
-    if not statements:
-        raise TraceError(query.label, "the file has no SQL statement")
-    for st in statements[:-1]:
-        con.execute(st.query).fetchall()
+    until the next `run` on `con` (or `drop_results`). prepared: its statements before the last have run on `con`
+    already (prepare)."""
+    last = _statements(con, query, params)[-1].query if prepared else prepare(con, query, params)
     # computed once into a temporary table: a relation over the query itself binds it twice (to make the relation,
     # then to run it), and binding the cost model's formulas (mfu, roofline) takes longer than running them.
     # The previous result's table on this connection goes first: a report runs dozens of queries on one connection,
     # and each result would otherwise stay in memory until it closes (so a result is read before the next `run`).
     drop_results(con)
     table = f"tracesql_result_{next(_RESULTS)}"
-    con.execute(f"CREATE TEMP TABLE {table} AS {statements[-1].query}")
+    con.execute(f"CREATE TEMP TABLE {table} AS {last}")
     return con.table(table)
+
+
+def prepare(con, query: Query, params: dict | None = None) -> str:
+    """Set `query`'s parameters on `con` and run its statements before the last (e.g. a findings rule's SET VARIABLE
+    of what it prices); returns the last one, which `run(..., prepared=True)` runs."""
+    statements = _statements(con, query, params)
+    for st in statements[:-1]:
+        con.execute(st.query).fetchall()
+    return statements[-1].query
+
+
+def _statements(con, query: Query, params: dict | None) -> list:
+    """`query`'s statements, its parameters set on `con` first."""
+    for name, value in variables(query, params).items():
+        con.execute(f"SET VARIABLE {name} = {value}").fetchall()
+    statements = con.extract_statements(query.sql)
+    if not statements:
+        raise TraceError(query.label, "the file has no SQL statement")
+    return statements
 
 
 def drop_results(con) -> None:

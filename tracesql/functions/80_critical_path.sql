@@ -263,16 +263,17 @@ GROUP BY run_id, rank, window_name, instance, step, window_ts, window_te;
 CREATE OR REPLACE MACRO critical_path_event_source(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE
 FROM critical_path_event_lists(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter);
 
--- Per window, the list of its events as critical_path_walk takes them (tracesql/critical_path.py EVENT_FIELDS),
--- with the what-if's changes: `faster` (a regex of kernel, op or host range names) takes faster_pct % off their
--- time; hide_communication = 1 makes communication kernels weigh 0; remove_syncs = 1 removes the synchronisations
--- and the host calls that wait for them (scale 0: the host no longer waits for the device); straggler_to_median =
--- 1: in each step (annotation instance) of several ranks, the rank whose device work other than communication
--- took the longest (the straggler) does it as fast as the median of the other ranks (its kernels and copies scaled
--- by that median ÷ its time); in a step without device work (CPU ranks), the rank whose host ops other than
--- communication calls took the longest own time. The changes take effect when critical_path_walk is given a
--- gaps_scale. reroled: whether `faster` made a range of the window an op (its graph is not the unchanged one).
-CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
+-- Per window, the scale of each of its events (a list in the order of the events' list) under the what-if's
+-- changes, which critical_path_events gives its events: `faster` (a regex of kernel, op or host range names) takes
+-- faster_pct % off their time; hide_communication = 1 makes communication kernels weigh 0; remove_syncs = 1
+-- removes the synchronisations and the host calls that wait for them (scale 0: the host no longer waits for the
+-- device); straggler_to_median = 1: in each step (annotation instance) of several ranks, the rank whose device work
+-- other than communication took the longest (the straggler) does it as fast as the median of the other ranks (its
+-- kernels and copies scaled by that median ÷ its time); in a step without device work (CPU ranks), the rank whose
+-- host ops other than communication calls took the longest own time. reroled: whether `faster` made a range of the
+-- window an op (its graph is not the unchanged one). With the event source's columns (`tracesql findings` reads
+-- the scales of every rule's change alone, without the events).
+CREATE OR REPLACE MACRO critical_path_scales(annotation := NULL, occurrence := NULL, rank_filter := NULL,
         faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0, straggler_to_median := 0) AS TABLE
 WITH lists AS (
     SELECT *, COALESCE(step, instance) AS joint
@@ -304,28 +305,37 @@ WITH lists AS (
     WHERE s.n = 1 AND straggler_to_median = 1
     GROUP BY s.run_id, s.window_name, s.joint, s.rank, s.on_host, s.busy_ns
 )
-SELECT l.run_id, l.rank, l.window_name, l.instance, l.step, l.window_ts, l.window_te,
+SELECT l.*,
+    [CAST(CASE WHEN e.role IN ('stream_sync', 'context_sync', 'event_sync') THEN CASE WHEN remove_syncs = 1 THEN 0 END
+               WHEN e.role = 'communication' AND hide_communication = 1 THEN 0
+               WHEN e.role NOT IN ('device', 'communication') AND remove_syncs = 1 AND e.sync_call THEN 0
+               WHEN regexp_matches(e.name, faster) THEN 1 - faster_pct / 100
+               WHEN e.straggles AND l.rank = st.rank AND st.on_host = (e.role NOT IN ('device', 'communication'))
+                   THEN st.scale
+          END AS DOUBLE)
+     FOR e IN l.events] AS scales,
+    faster IS NOT NULL AND COALESCE(list_bool_or([regexp_matches(e.name, faster) FOR e IN l.events IF e.role = 'range']),
+                                    false) AS reroled
+FROM lists l
+LEFT JOIN stragglers st ON st.run_id = l.run_id AND st.window_name = l.window_name AND st.joint = l.joint;
+
+-- Per window, the list of its events as critical_path_walk takes them (tracesql/critical_path.py EVENT_FIELDS),
+-- with the what-if's changes (critical_path_scales: each event's scale; a range that `faster` names is an op of
+-- its own). The changes take effect when critical_path_walk is given a gaps_scale.
+CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
+        faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0, straggler_to_median := 0) AS TABLE
+SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
     [struct_pack(id := e.id,
                  role := CASE WHEN e.role = 'range' AND COALESCE(regexp_matches(e.name, faster), false) THEN e.op_role
                               ELSE e.role END,
                  ts := e.ts, dur := e.dur, pid := e.pid, tid := e.tid, stream := e.stream, launch := e.launch,
                  queue_at_launch := e.queue_at_launch, queue_at_start := e.queue_at_start, waits_on := e.waits_on,
-                 stream_free := e.stream_free,
-                 scale := CAST(CASE WHEN e.role IN ('stream_sync', 'context_sync', 'event_sync')
-                                        THEN CASE WHEN remove_syncs = 1 THEN 0 END
-                                    WHEN e.role = 'communication' AND hide_communication = 1 THEN 0
-                                    WHEN e.role NOT IN ('device', 'communication') AND remove_syncs = 1 AND e.sync_call
-                                        THEN 0
-                                    WHEN regexp_matches(e.name, faster) THEN 1 - faster_pct / 100
-                                    WHEN e.straggles AND l.rank = st.rank
-                                     AND st.on_host = (e.role NOT IN ('device', 'communication')) THEN st.scale
-                               END AS DOUBLE),
-                 rank := e.rank, collective := e.collective)
-     FOR e IN l.events] AS events,
-    faster IS NOT NULL AND COALESCE(list_bool_or([regexp_matches(e.name, faster) FOR e IN l.events IF e.role = 'range']),
-                                    false) AS reroled
-FROM lists l
-LEFT JOIN stragglers st ON st.run_id = l.run_id AND st.window_name = l.window_name AND st.joint = l.joint;
+                 stream_free := e.stream_free, scale := scales[i], rank := e.rank, collective := e.collective)
+     FOR e, i IN events] AS events,
+    reroled
+FROM critical_path_scales(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter,
+    faster := faster, faster_pct := faster_pct, hide_communication := hide_communication, remove_syncs := remove_syncs,
+    straggler_to_median := straggler_to_median);
 
 -- The host calls that wait for the device: critical_path_cause's 'sync' of a host call
 CREATE OR REPLACE MACRO is_sync_call_name(name) AS (
@@ -378,6 +388,41 @@ SELECT NULL::VARCHAR AS run_id, NULL::INTEGER AS rank, NULL::VARCHAR AS window_n
     NULL::INTEGER AS remote_rank
 WHERE false;
 
+-- A what-if's change (the what_if macro's parameters that change the replay) as one string, the same for equal
+-- changes (faster_pct as a DOUBLE): how `tracesql findings` names the changes it prices together.
+CREATE OR REPLACE MACRO what_if_change_key(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs,
+        straggler_to_median) AS (
+    concat_ws(chr(31), COALESCE(CAST(faster AS VARCHAR), chr(0)), COALESCE(CAST(CAST(faster_pct AS DOUBLE) AS VARCHAR), chr(0)),
+              COALESCE(CAST(hide_communication AS VARCHAR), chr(0)), COALESCE(CAST(no_launch_overhead AS VARCHAR), chr(0)),
+              COALESCE(CAST(remove_syncs AS VARCHAR), chr(0)), COALESCE(CAST(straggler_to_median AS VARCHAR), chr(0)))
+);
+
+-- The change of a call of the what_if macro (its parameters and their defaults): whether it replays the default
+-- windows (each step), the values of its change and their key (what_if_change_key). `tracesql findings` asks it
+-- of each rule's call of what_if with the call's own arguments, to price every rule's change at once.
+CREATE OR REPLACE MACRO what_if_change(annotation := NULL, occurrence := NULL, rank_filter := NULL, faster := NULL,
+        faster_pct := 0, hide_communication := 0, no_launch_overhead := 0, remove_syncs := 0,
+        straggler_to_median := 0, replay := 1) AS TABLE
+SELECT annotation IS NULL AND occurrence IS NULL AND replay = 1 AS default_windows, CAST(faster AS VARCHAR) AS faster,
+    CAST(faster_pct AS DOUBLE) AS faster_pct, CAST(hide_communication AS INTEGER) AS hide_communication,
+    CAST(no_launch_overhead AS INTEGER) AS no_launch_overhead, CAST(remove_syncs AS INTEGER) AS remove_syncs,
+    CAST(straggler_to_median AS INTEGER) AS straggler_to_median,
+    what_if_change_key(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs, straggler_to_median)
+        AS key;
+
+-- Whether the predicted time of each default window (each step) with this change is known (what_if_predicted):
+-- while `tracesql findings` runs its rules, of the changes it priced together (tracesql/findings.py replaces
+-- these two macros: what_if then walks nothing; an expression of constants, so that what_if's own walk is
+-- planned away). Else none.
+CREATE OR REPLACE MACRO what_if_priced(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs,
+        straggler_to_median) AS false;
+
+CREATE OR REPLACE MACRO what_if_predicted(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs,
+        straggler_to_median) AS TABLE
+SELECT NULL::VARCHAR AS run_id, NULL::INTEGER AS rank, NULL::VARCHAR AS window_name, NULL::INTEGER AS instance,
+    NULL::BIGINT AS predicted_ns
+WHERE false;
+
 -- The what_if query's rows (see queries/what_if.sql, which documents the parameters and columns): each window
 -- replayed unchanged and with the changes, its measured, replayed and predicted time, and what bounds its
 -- critical path. A table macro so that the findings rules (findings/*.sql) price their causes with it. The
@@ -388,10 +433,14 @@ CREATE OR REPLACE MACRO what_if(annotation := NULL, occurrence := NULL, rank_fil
         faster_pct := 0, hide_communication := 0, no_launch_overhead := 0, remove_syncs := 0,
         straggler_to_median := 0, replay := 1) AS TABLE
 WITH windows AS (
+    -- (none where the change's predicted times are known: the unchanged rows are then the caller's, `known`)
     SELECT *, COALESCE(step, instance) AS joint
     FROM critical_path_events(annotation := annotation, occurrence := occurrence,
         faster := faster, faster_pct := faster_pct, hide_communication := hide_communication,
         remove_syncs := remove_syncs, straggler_to_median := straggler_to_median)
+    WHERE NOT (annotation IS NULL AND occurrence IS NULL AND replay = 1
+               AND what_if_priced(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs,
+                                  straggler_to_median))
 ), known AS (
     -- the windows' unchanged rows the caller has (what_if_unchanged)
     SELECT *, COALESCE(step, instance) AS joint
@@ -445,6 +494,12 @@ WITH windows AS (
           FROM (SELECT run_id, window_name, joint, joint_ts, unnest(predicted) AS s FROM replays)
           GROUP BY ALL) p
       ON p.run_id = w.run_id AND p.window_name = w.window_name AND p.joint = w.joint AND p.rank = w.rank
+    UNION ALL
+    SELECT run_id, rank, window_name, instance, predicted_ns
+    FROM what_if_predicted(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs,
+                           straggler_to_median)
+    WHERE annotation IS NULL AND occurrence IS NULL AND replay = 1
+      AND what_if_priced(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs, straggler_to_median)
 ), walked AS (
     -- the fresh steps' windows: the end of their last node (op or device work; ranges and syncs are none), HTA's
     -- path, the replayed time
