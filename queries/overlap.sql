@@ -41,11 +41,11 @@ WITH timeline AS (
         class_scheme := COALESCE(getvariable('class_scheme'), 'default'),
         analysis_window := COALESCE(getvariable('analysis_window'), 'all'),
         time_unit_ns := COALESCE(getvariable('time_unit_ns'), 1)) k
-    LEFT JOIN slices op ON op.run_id = k.run_id AND op.rank = k.rank AND op.slice_id = k.op_id
+    LEFT JOIN ops op ON op.run_id = k.run_id AND op.rank = k.rank AND op.op_id = k.op_id
     -- the three candidate ids, each joined on equality (an IN list would join every kernel with every collective)
     CROSS JOIN (VALUES (1), (2), (3)) candidate(n)
     LEFT JOIN collectives c ON c.run_id = k.run_id AND c.rank = k.rank
-     AND c.collective_id = CASE candidate.n WHEN 1 THEN k.op_id WHEN 2 THEN op.op_id ELSE k.slice_id END
+     AND c.collective_id = CASE candidate.n WHEN 1 THEN k.op_id WHEN 2 THEN op.parent_op_id ELSE k.slice_id END
     WHERE k.class = 'communication' AND COALESCE(getvariable('per'), 'rank') = 'process_group'
     GROUP BY ALL
 ), groups AS (
