@@ -227,16 +227,12 @@ WITH ranges AS (
         count(*) FILTER (WHERE early = 4398046511104) AS optimizer_kernels
     FROM sweep
     GROUP BY ALL
-), states AS (
+), per_window AS (
     -- the time each window spends in each state: the sum over its edges of the key where the state ends less the
     -- key where it begins (each stretch between two edges, k1 to k2, adds k2 - k1, and the window starts and ends
-    -- with nothing running). No lead(key) over the sorted rows, and no peers: an instant's edges cancel out
-    SELECT wid, state, sum(ns) AS ns
-    FROM (SELECT wid, before AS state, keys AS ns FROM changes UNION ALL SELECT wid, after, -keys FROM changes)
-    GROUP BY wid, state
-), per_window AS (
-    SELECT i.run_id, i.rank, i.step, i.te - i.ts AS window_ns, s.*, k.forward_kernels, k.backward_kernels,
-        k.optimizer_kernels
+    -- with nothing running). No lead(key) over the sorted rows, and no peers: an instant's edges cancel out.
+    -- (`changes` read once: Spark inlines a CTE at each reference, the sweeps with it)
+    SELECT i.run_id, i.rank, i.step, i.te - i.ts AS window_ns, s.*
     FROM (
         SELECT wid,
             COALESCE(sum(ns) FILTER (WHERE state // 2 = 1), 0) AS forward_ns,
@@ -246,13 +242,19 @@ WITH ranges AS (
             COALESCE(sum(ns) FILTER (WHERE state = 1), 0) AS exposed_communication_ns,
             COALESCE(sum(ns) FILTER (WHERE state // 2 = 5), 0) AS other_ns,
             COALESCE(sum(ns) FILTER (WHERE state > 0), 0) AS busy_ns,
-            COALESCE(sum(ns) FILTER (WHERE state % 2 = 1), 0) AS communication_ns
-        FROM states
+            COALESCE(sum(ns) FILTER (WHERE state % 2 = 1), 0) AS communication_ns,
+            sum(forward_kernels) AS forward_kernels, sum(backward_kernels) AS backward_kernels,
+            sum(optimizer_kernels) AS optimizer_kernels
+        FROM (
+            SELECT c.wid, CASE e.side WHEN 1 THEN c.before ELSE c.after END AS state, sum(e.side * c.keys) AS ns,
+                sum(CASE e.side WHEN 1 THEN c.forward_kernels ELSE 0 END) AS forward_kernels,
+                sum(CASE e.side WHEN 1 THEN c.backward_kernels ELSE 0 END) AS backward_kernels,
+                sum(CASE e.side WHEN 1 THEN c.optimizer_kernels ELSE 0 END) AS optimizer_kernels
+            FROM changes c
+            CROSS JOIN (VALUES (1), (-1)) e(side)
+            GROUP BY c.wid, state)
         GROUP BY wid
     ) s
-    JOIN (SELECT wid, sum(forward_kernels) AS forward_kernels, sum(backward_kernels) AS backward_kernels,
-              sum(optimizer_kernels) AS optimizer_kernels
-          FROM changes GROUP BY wid) k ON k.wid = s.wid
     JOIN (SELECT wid, run_id, rank, step, min(ts) AS ts, max(te) AS te FROM window_ids GROUP BY ALL) i
       ON i.wid = s.wid
 ), data_host AS (
