@@ -188,60 +188,75 @@ WITH ranges AS (
     -- each event clipped to each window it overlaps: +1 at its start and -1 at its end, in its phase's count.
     -- The six counts share two integers, 21 bits each (early: forward + backward * 2^21 + optimizer * 2^42; late:
     -- data_loading, other, communication), so that two running sums keep all six (exact while fewer than 2^21
-    -- events of a phase run at once in a window); `counted` flags an event's start edge (8) and its phase
-    -- (1 forward, 2 backward, 4 optimizer), summed per window.
-    -- A row per edge, not per instant: the sweep below gives every row of an instant the state after all of them
-    -- (its frame takes in its peers) and all but one of them no duration, so no GROUP BY makes instants unique
+    -- events of a phase run at once in a window). A start edge of a forward, backward or optimizer event has early
+    -- 1, 2^21 or 2^42: the kernel counts below
     SELECT v.wid, v.base + CASE e.edge WHEN 1 THEN greatest(v.ts, v.window_ts) ELSE least(v.te, v.window_te) END
             AS key,
         e.edge * CASE v.phase WHEN 'forward' THEN 1 WHEN 'backward' THEN 2097152 WHEN 'optimizer' THEN 4398046511104
                               ELSE 0 END AS early,
         e.edge * CASE v.phase WHEN 'data_loading' THEN 1 WHEN 'other' THEN 2097152
-                              WHEN 'communication' THEN 4398046511104 ELSE 0 END AS late,
-        CASE WHEN e.edge = 1 THEN 8 + CASE v.phase WHEN 'forward' THEN 1 WHEN 'backward' THEN 2 WHEN 'optimizer' THEN 4
-                                                   ELSE 0 END
-             ELSE 0 END AS counted
+                              WHEN 'communication' THEN 4398046511104 ELSE 0 END AS late
     FROM placed v
     CROSS JOIN (VALUES (1), (-1)) e(edge)
-    UNION ALL
-    -- the window's own bounds, edges that change nothing (so that the segments cover the whole window; a window
-    -- that no event overlaps has no row below)
-    SELECT w.wid, k.base + CASE b.edge WHEN 0 THEN w.ts ELSE w.te END, 0, 0, 0
-    FROM window_ids w JOIN window_keys k ON k.wid = w.wid CROSS JOIN (VALUES (0), (2)) b(edge)
 ), sweep AS (
-    SELECT wid, key, lead(key) OVER o - key AS dur,
-        CAST(sum(early) OVER o AS BIGINT) AS early, CAST(sum(late) OVER o AS BIGINT) AS late, counted
-    FROM edges
-    -- every event adds +1 and -1 inside one window, so each window's running sums start from 0 and one running
-    -- sum over all windows in order equals the per-window one (DuckDB runs it ~10x faster than one partitioned
-    -- by window when one partition is much larger than the others). A window's last edge lasts until the next
-    -- window's first (1 ns, nothing running), so idle_ns below is what the other phases leave of the window
-    WINDOW o AS (ORDER BY key)
-), segments AS (
-    SELECT wid, key, dur, early & 2097151 AS fwd, (early >> 21) & 2097151 AS bwd, early >> 42 AS opt,
-        late & 2097151 AS data, (late >> 21) & 2097151 AS oth, late >> 42 AS comm, counted & 1 AS fwd_n,
-        (counted >> 1) & 1 AS bwd_n, (counted >> 2) & 1 AS opt_n, counted >> 3 AS events
-    FROM sweep
-), per_window AS (
-    SELECT i.run_id, i.rank, i.step, s.*
+    -- the counts after each edge (a running sum over the rows in order, an instant's edges one by one) and before
+    -- it (the same less the edge's own). Every event adds +1 and -1 inside one window, so each window's running
+    -- sums start from 0 and one running sum over all windows in order equals the per-window one (DuckDB runs it
+    -- ~10x faster than one partitioned by window when one partition is much larger than the others)
+    SELECT wid, key, early, early_after - early AS early_before, early_after, late_after - late AS late_before,
+        late_after
     FROM (
-        SELECT wid, max(key) - min(key) AS window_ns,
-            COALESCE(sum(dur) FILTER (WHERE fwd > 0), 0) AS forward_ns,
-            COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd > 0), 0) AS backward_ns,
-            COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt > 0), 0) AS optimizer_ns,
-            COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt = 0 AND data > 0), 0) AS data_loading_ns,
-            COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth = 0 AND comm > 0), 0)
-                AS exposed_communication_ns,
-            COALESCE(sum(dur) FILTER (WHERE fwd = 0 AND bwd = 0 AND opt = 0 AND data = 0 AND oth > 0), 0) AS other_ns,
-            max(key) - min(key) - COALESCE(sum(dur) FILTER (WHERE fwd + bwd + opt + data + oth + comm > 0), 0)
-                AS idle_ns,
-            COALESCE(sum(dur) FILTER (WHERE comm > 0), 0) AS communication_ns,
-            sum(fwd_n) AS forward_kernels, sum(bwd_n) AS backward_kernels, sum(opt_n) AS optimizer_kernels
-        FROM segments
+        SELECT *, CAST(sum(early) OVER o AS BIGINT) AS early_after, CAST(sum(late) OVER o AS BIGINT) AS late_after
+        FROM edges
+        WINDOW o AS (ORDER BY key ROWS UNBOUNDED PRECEDING))
+), changes AS (
+    -- what runs before and after each edge, as a number: 2 * the first phase with a count (1 forward, 2 backward,
+    -- 3 optimizer, 4 data_loading, 5 other; 0 none) + 1 when communication runs; per window and pair of numbers,
+    -- the sum of the edges' keys
+    SELECT wid,
+        2 * CASE WHEN early_before & 2097151 > 0 THEN 1 WHEN early_before & 4398046511103 > 0 THEN 2
+                 WHEN early_before > 0 THEN 3 WHEN late_before & 2097151 > 0 THEN 4
+                 WHEN late_before & 4398046511103 > 0 THEN 5 ELSE 0 END
+            + CAST(late_before >> 42 > 0 AS INTEGER) AS before,
+        2 * CASE WHEN early_after & 2097151 > 0 THEN 1 WHEN early_after & 4398046511103 > 0 THEN 2
+                 WHEN early_after > 0 THEN 3 WHEN late_after & 2097151 > 0 THEN 4
+                 WHEN late_after & 4398046511103 > 0 THEN 5 ELSE 0 END
+            + CAST(late_after >> 42 > 0 AS INTEGER) AS after,
+        sum(key) AS keys, count(*) FILTER (WHERE early = 1) AS forward_kernels,
+        count(*) FILTER (WHERE early = 2097152) AS backward_kernels,
+        count(*) FILTER (WHERE early = 4398046511104) AS optimizer_kernels
+    FROM sweep
+    GROUP BY ALL
+), per_window AS (
+    -- the time each window spends in each state: the sum over its edges of the key where the state ends less the
+    -- key where it begins (each stretch between two edges, k1 to k2, adds k2 - k1, and the window starts and ends
+    -- with nothing running). No lead(key) over the sorted rows, and no peers: an instant's edges cancel out.
+    -- (`changes` read once: Spark inlines a CTE at each reference, the sweeps with it)
+    SELECT i.run_id, i.rank, i.step, i.te - i.ts AS window_ns, s.*
+    FROM (
+        SELECT wid,
+            COALESCE(sum(ns) FILTER (WHERE state // 2 = 1), 0) AS forward_ns,
+            COALESCE(sum(ns) FILTER (WHERE state // 2 = 2), 0) AS backward_ns,
+            COALESCE(sum(ns) FILTER (WHERE state // 2 = 3), 0) AS optimizer_ns,
+            COALESCE(sum(ns) FILTER (WHERE state // 2 = 4), 0) AS data_loading_ns,
+            COALESCE(sum(ns) FILTER (WHERE state = 1), 0) AS exposed_communication_ns,
+            COALESCE(sum(ns) FILTER (WHERE state // 2 = 5), 0) AS other_ns,
+            COALESCE(sum(ns) FILTER (WHERE state > 0), 0) AS busy_ns,
+            COALESCE(sum(ns) FILTER (WHERE state % 2 = 1), 0) AS communication_ns,
+            sum(forward_kernels) AS forward_kernels, sum(backward_kernels) AS backward_kernels,
+            sum(optimizer_kernels) AS optimizer_kernels
+        FROM (
+            SELECT c.wid, CASE e.side WHEN 1 THEN c.before ELSE c.after END AS state, sum(e.side * c.keys) AS ns,
+                sum(CASE e.side WHEN 1 THEN c.forward_kernels ELSE 0 END) AS forward_kernels,
+                sum(CASE e.side WHEN 1 THEN c.backward_kernels ELSE 0 END) AS backward_kernels,
+                sum(CASE e.side WHEN 1 THEN c.optimizer_kernels ELSE 0 END) AS optimizer_kernels
+            FROM changes c
+            CROSS JOIN (VALUES (1), (-1)) e(side)
+            GROUP BY c.wid, state)
         GROUP BY wid
-        HAVING sum(events) > 0
     ) s
-    JOIN (SELECT DISTINCT wid, run_id, rank, step FROM window_ids) i ON i.wid = s.wid
+    JOIN (SELECT wid, run_id, rank, step, min(ts) AS ts, max(te) AS te FROM window_ids GROUP BY ALL) i
+      ON i.wid = s.wid
 ), data_host AS (
     -- (every annotation's name but ProfilerStep#N's, which names no phase, is a phase range's, whose phase
     -- named_phases has, data_loading as the count 2^30: no regex per annotation)
@@ -254,11 +269,11 @@ SELECT p.run_id, p.rank, p.step, CAST(p.window_ns AS BIGINT) AS window_ns,
     CAST(p.forward_ns AS BIGINT) AS forward_ns, CAST(p.backward_ns AS BIGINT) AS backward_ns,
     CAST(p.optimizer_ns AS BIGINT) AS optimizer_ns, CAST(p.data_loading_ns AS BIGINT) AS data_loading_ns,
     CAST(p.exposed_communication_ns AS BIGINT) AS exposed_communication_ns, CAST(p.other_ns AS BIGINT) AS other_ns,
-    CAST(p.idle_ns AS BIGINT) AS idle_ns, CAST(p.communication_ns AS BIGINT) AS communication_ns,
+    CAST(p.window_ns - p.busy_ns AS BIGINT) AS idle_ns, CAST(p.communication_ns AS BIGINT) AS communication_ns,
     CAST(COALESCE(d.data_loading_host_ns, 0) AS BIGINT) AS data_loading_host_ns,
     CAST(p.forward_kernels AS BIGINT) AS forward_kernels, CAST(p.backward_kernels AS BIGINT) AS backward_kernels,
     CAST(p.optimizer_kernels AS BIGINT) AS optimizer_kernels,
-    CASE WHEN p.window_ns > 0 THEN 1 - p.idle_ns / p.window_ns END AS busy_share
+    CASE WHEN p.window_ns > 0 THEN 1 - (p.window_ns - p.busy_ns) / p.window_ns END AS busy_share
 FROM per_window p
 LEFT JOIN data_host d ON d.run_id = p.run_id AND d.rank = p.rank AND d.step IS NOT DISTINCT FROM p.step
 ORDER BY p.run_id, p.rank, p.step NULLS FIRST;
