@@ -64,48 +64,43 @@ WITH cutoff AS (
     JOIN buckets c ON c.run_id = d.run_id AND c.rank = d.rank AND c.pid = d.launch_pid AND c.tid = d.launch_tid
                   AND c.bucket = d.bucket AND d.launch_ts >= c.ts AND d.launch_ts <= c.ts + c.dur
                   AND (c.last_start IS NULL OR d.launch_ts < c.last_start)
-), names AS (
-    -- the launched device events' names, numbered in name order: the roots' sequences are lists of these numbers
-    -- (listing, grouping and ranking the names themselves cost more than half of the query), and the names are
-    -- put back in the patterns' rows only
-    SELECT name, row_number() OVER (ORDER BY name) AS name_no
-    FROM (SELECT DISTINCT name FROM slices WHERE device_id IS NOT NULL AND launch_ts IS NOT NULL)
 ), dictionary AS (
-    SELECT list(name ORDER BY name_no) AS names FROM names
+    -- the launched device events' names by their hashes: the roots' sequences are lists of these hashes (listing,
+    -- grouping and ranking the names themselves cost more than half of the query), and the names are put back
+    -- once per distinct sequence (a map fails on two names of one hash)
+    SELECT map(list(hash(name)), list(name)) AS names
+    FROM (SELECT DISTINCT name FROM slices WHERE device_id IS NOT NULL AND launch_ts IS NOT NULL)
 ), roots AS (
-    SELECT l.run_id, l.rank, l.root_id, any_value(l.root) AS root, any_value(l.root_dur) AS root_dur,
-           list(n.name_no ORDER BY l.kernel_ts, l.kernel_id) AS sequence, sum(l.kernel_dur) AS kernel_dur
-    FROM launched l JOIN names n ON n.name IS NOT DISTINCT FROM l.kernel
-    GROUP BY l.run_id, l.rank, l.root_id
+    SELECT run_id, rank, root_id, any_value(root) AS root, any_value(root_dur) AS root_dur,
+           list(hash(kernel) ORDER BY kernel_ts, kernel_id) AS sequence, sum(kernel_dur) AS kernel_dur
+    FROM launched
+    GROUP BY run_id, rank, root_id
     HAVING count(*) >= COALESCE(getvariable('min_pattern_len'), 3)
 ), patterns AS (
-    -- head: the pattern's first 200 characters, from its first 200 names (from all of them where those make
-    -- fewer characters, which only names that are NULL or empty can do)
-    SELECT g.*,
-        CASE WHEN len(g.start) >= 200 OR g.kernels <= 200 THEN left(g.start, 200)
-             ELSE left(g.root || '|' || array_to_string(list_transform(g.sequence, lambda k: d.names[k]), '|'), 200)
-        END AS head
-    FROM (SELECT s.*, s.root || '|' || array_to_string(list_transform(s.sequence[1:200], lambda k: d.names[k]),
-                                                        '|') AS start
-          FROM (SELECT run_id, rank, root, sequence, count(*) AS occurrences, len(sequence) AS kernels,
-                       CAST(sum(kernel_dur) AS BIGINT) AS kernel_ns, CAST(sum(root_dur) AS BIGINT) AS root_ns
-                FROM roots GROUP BY run_id, rank, root, sequence) s
-          CROSS JOIN dictionary d) g
-    CROSS JOIN dictionary d
+    SELECT run_id, rank, root, sequence, count(*) AS occurrences, len(sequence) AS kernels,
+           CAST(sum(kernel_dur) AS BIGINT) AS kernel_ns, CAST(sum(root_dur) AS BIGINT) AS root_ns
+    FROM roots GROUP BY run_id, rank, root, sequence
+), sequences AS (
+    -- each distinct sequence's names once (many patterns share one: every ProfilerStep#N launches the same
+    -- kernels), as a list and joined with '|'
+    SELECT sequence, kernel_names, joined, left(joined, 200) AS lead
+    FROM (SELECT *, array_to_string(kernel_names, '|') AS joined
+          FROM (SELECT s.sequence, list_transform(s.sequence, lambda h: d.names[h]) AS kernel_names
+                FROM (SELECT DISTINCT sequence FROM patterns) s CROSS JOIN dictionary d))
 ), ranked AS (
-    -- by occurrences, then pattern: patterns of different heads are in their heads' order, and the whole pattern
-    -- string is made only for those of equal heads (the wide strings, 47 MB at df_index_resolver x24, are not
-    -- sorted)
-    SELECT *, row_number() OVER (PARTITION BY run_id, rank ORDER BY occurrences DESC, head, tied) AS pattern_rank
-    FROM (SELECT p.run_id, p.rank, p.root, p.sequence, p.occurrences, p.kernels, p.kernel_ns, p.root_ns, p.head,
-                 CASE WHEN p.ties > 1 THEN
-                     p.root || '|' || array_to_string(list_transform(p.sequence, lambda k: d.names[k]), '|') END AS tied
-          FROM (SELECT *, count(*) OVER (PARTITION BY run_id, rank, occurrences, head) AS ties FROM patterns) p
-          CROSS JOIN dictionary d)
+    -- by occurrences, then pattern: patterns of different heads (a pattern's first 200 characters) are in their
+    -- heads' order, and the whole pattern string is made only for those of equal heads (q joins only them: the
+    -- wide strings, 47 MB at df_index_resolver x24, are not sorted)
+    SELECT t.run_id, t.rank, t.root, t.sequence, t.occurrences, t.kernels, t.kernel_ns, t.root_ns,
+           row_number() OVER (PARTITION BY t.run_id, t.rank
+                              ORDER BY t.occurrences DESC, t.head, t.root || '|' || q.joined) AS pattern_rank
+    FROM (SELECT *, count(*) OVER (PARTITION BY run_id, rank, occurrences, head) AS ties
+          FROM (SELECT p.*, left(p.root || '|' || q.lead, 200) AS head
+                FROM patterns p JOIN sequences q ON q.sequence = p.sequence)) t
+    LEFT JOIN sequences q ON t.ties > 1 AND q.sequence = t.sequence
 )
-SELECT run_id, rank, pattern_rank, root, occurrences, kernels, kernel_ns, root_ns,
-       root || '|' || array_to_string(kernel_names, '|') AS pattern, kernel_names
-FROM (SELECT r.*, list_transform(r.sequence, lambda k: d.names[k]) AS kernel_names
-      FROM ranked r CROSS JOIN dictionary d
-      WHERE COALESCE(getvariable('top'), 0) = 0 OR r.pattern_rank <= COALESCE(getvariable('top'), 0))
-ORDER BY run_id, rank, pattern_rank
+SELECT r.run_id, r.rank, r.pattern_rank, r.root, r.occurrences, r.kernels, r.kernel_ns, r.root_ns,
+       r.root || '|' || q.joined AS pattern, q.kernel_names
+FROM ranked r JOIN sequences q ON q.sequence = r.sequence
+WHERE COALESCE(getvariable('top'), 0) = 0 OR r.pattern_rank <= COALESCE(getvariable('top'), 0)
+ORDER BY r.run_id, r.rank, r.pattern_rank
