@@ -240,7 +240,7 @@ def run(con, target: str, params: dict | None = None):
     params = check(dict(params or {}))
     rules = catalogue()
     given = {rule.name: {"run": target} | {k: v for k, v in params.items() if k in rule.params} for rule in rules}
-    with _event_lists_once(con), _unchanged_once(con):
+    with _event_lists_once(con), _unchanged_once(con), _paths_once(con):
         changes = [change for rule in rules for change in _changes(con, queries.prepare(con, rule, given[rule.name]))]
         with _priced_once(con, changes):
             found = pa.concat_tables([queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table()
