@@ -13,7 +13,6 @@ rules' what_if calls then read their predicted times.
 from __future__ import annotations
 
 import contextlib
-import re
 from pathlib import Path
 
 import duckdb
@@ -108,20 +107,13 @@ def _paths_once(con):
 
 
 def _what_if_calls(sql: str) -> list[str]:
-    """The arguments of each call of the what_if macro in `sql` (comments left out), as written."""
-    calls, i, depth, start = [], 0, 0, -1
-    code = re.sub(r"--[^\n]*|'(?:[^']|'')*'", lambda m: m[0] if m[0].startswith("'") else " " * len(m[0]), sql)
-    for call in re.finditer(r"(?<![\w.])what_if\s*\(", code):
-        depth, i = 1, call.end()
-        while depth and i < len(code):
-            if code[i] == "'":
-                i = code.index("'", i + 1)
-                while code.startswith("''", i):
-                    i = code.index("'", i + 2)
-            depth += {"(": 1, ")": -1}.get(code[i], 0)
-            i += 1
-        calls.append(code[call.end():i - 1])
-    return calls
+    """The arguments of each call of the what_if macro in `sql`, as DuckDB SQL (sqlglot's parse of it)."""
+    import sqlglot
+    from sqlglot import exp
+
+    return [", ".join(argument.sql("duckdb") for argument in call.expressions)
+            for statement in sqlglot.parse(sql, read="duckdb") if statement is not None
+            for call in statement.find_all(exp.Anonymous) if call.name.lower() == "what_if"]
 
 
 def _changes(con, sql: str) -> list[dict]:
