@@ -86,6 +86,25 @@ def test_findings_share_what_no_rule_changes(ingested):
     assert sorted(found, key=repr) == sorted(alone, key=repr)
 
 
+def test_what_ifs_priced_before_the_rules_are_those_their_arguments_allow(ingested):
+    """`findings` prices before its rules run the what_if calls whose arguments it can evaluate then (literals,
+    variables, macros); a call whose argument reads the rule's own rows or tables is left to what_if, not an
+    error."""
+    con = tracesql.connect(ingested(TRACE_FILTER))
+    con.execute("SET VARIABLE host_op_name = 'forward'")
+    sql = """WITH calls AS (SELECT 1 AS syncs)
+        SELECT * FROM what_if(remove_syncs := 1) JOIN calls ON true
+        UNION ALL SELECT * FROM what_if(faster := '^' || regexp_escape(getvariable('host_op_name')) || '$',
+                                        faster_pct := 100) JOIN calls ON true
+        UNION ALL SELECT * FROM what_if(remove_syncs := (SELECT syncs FROM calls)) JOIN calls ON true
+        UNION ALL SELECT * FROM what_if(faster := c.name) c
+        UNION ALL SELECT * FROM what_if(annotation := 'ProfilerStep', hide_communication := 1)"""
+    changes = findings._changes(con, sql)
+    assert [(c["faster"], c["faster_pct"], c["remove_syncs"]) for c in changes] == [
+        (None, 0.0, 1), ("^forward$", 100.0, 0)]
+    assert len({c["key"] for c in changes}) == 2
+
+
 @pytest.mark.slow
 def test_findings_walk_each_steps_path_once(ingested):
     """`findings` walks HTA's critical path of each step once for the rules that read it (step_critical_paths:

@@ -123,8 +123,8 @@ def _changes(con, sql: str) -> list[dict]:
     for arguments in _what_if_calls(sql):
         try:
             row = con.execute(f"FROM what_if_change({arguments})").fetchone()
-        except duckdb.BinderException:
-            continue  # (an argument of the rule's own rows: priced as the rule runs)
+        except (duckdb.BinderException, duckdb.CatalogException):
+            continue  # (an argument of the rule's own rows, or of a table of its own: priced as the rule runs)
         names = [d[0] for d in con.description]
         change = dict(zip(names, row))
         if change.pop("default_windows"):
