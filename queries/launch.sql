@@ -38,14 +38,15 @@ WITH launched AS (
 ), per_step AS (
     -- whole: 1 for the whole-rank row (GROUPING), 0 for a step's; launches outside any step have no step row
     SELECT run_id, rank, step, grouping(step) AS whole, count(*) AS launches,
-        -- (the quantiles of a column as one list: each quantile_cont of its own keeps and sorts its own copy)
-        avg(delay_ns) AS delay_mean_ns, quantile_cont(delay_ns, [0.5, 0.9, 0.99]) AS delay_q, max(delay_ns) AS delay_max_ns,
+        avg(delay_ns) AS delay_mean_ns, quantile_cont(delay_ns, 0.5) AS delay_p50_ns,
+        quantile_cont(delay_ns, 0.9) AS delay_p90_ns, quantile_cont(delay_ns, 0.99) AS delay_p99_ns,
+        max(delay_ns) AS delay_max_ns,
         count(*) FILTER (WHERE delay_ns > COALESCE(getvariable('outlier_delay_ns'), 1000000)) AS outliers,
         quantile_cont(dur, 0.5) AS kernel_p50_ns
     FROM launched GROUP BY GROUPING SETS ((run_id, rank), (run_id, rank, step))
 ), calls AS (
     SELECT run_id, rank, step, grouping(step) AS whole, count(*) AS calls, avg(call_ns) AS runtime_mean_ns,
-        quantile_cont(call_ns, [0.5, 0.99]) AS runtime_q
+        quantile_cont(call_ns, 0.5) AS runtime_p50_ns, quantile_cont(call_ns, 0.99) AS runtime_p99_ns
     FROM (SELECT DISTINCT run_id, rank, step, call_id, call_ns FROM launched)
     GROUP BY GROUPING SETS ((run_id, rank), (run_id, rank, step))
 ), idle AS (
@@ -54,12 +55,11 @@ WITH launched AS (
     FROM idle_gaps(scope := 'stream', kernel_wait_ns := COALESCE(getvariable('kernel_wait_ns'), 30000))
     GROUP BY GROUPING SETS ((run_id, rank), (run_id, rank, step))
 )
-SELECT p.run_id, p.rank, p.step, p.launches, p.delay_mean_ns, p.delay_q[1] AS delay_p50_ns,
-    p.delay_q[2] AS delay_p90_ns, p.delay_q[3] AS delay_p99_ns, p.delay_max_ns, p.outliers, c.calls,
-    c.runtime_mean_ns, c.runtime_q[1] AS runtime_p50_ns, c.runtime_q[2] AS runtime_p99_ns, p.kernel_p50_ns,
+SELECT p.run_id, p.rank, p.step, p.launches, p.delay_mean_ns, p.delay_p50_ns, p.delay_p90_ns, p.delay_p99_ns,
+    p.delay_max_ns, p.outliers, c.calls, c.runtime_mean_ns, c.runtime_p50_ns, c.runtime_p99_ns, p.kernel_p50_ns,
     COALESCE(i.host_wait_share, 0) AS host_wait_share,
     CASE WHEN i.host_wait_share IS NULL THEN NULL
-         WHEN i.host_wait_share >= 0.5 AND p.delay_q[1] < p.kernel_p50_ns THEN 'cpu_bound'
+         WHEN i.host_wait_share >= 0.5 AND p.delay_p50_ns < p.kernel_p50_ns THEN 'cpu_bound'
          ELSE 'not_cpu_bound' END AS verdict
 FROM per_step p
 JOIN calls c ON c.run_id = p.run_id AND c.rank = p.rank AND c.whole = p.whole AND c.step IS NOT DISTINCT FROM p.step
