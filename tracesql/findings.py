@@ -139,70 +139,71 @@ def _priced_once(con, changes: list[dict]):
     changes, each change's scales (critical_path_events') a list beside them, each change walked on the one plan
     (critical_path_replay_lengths). A change that makes a range an op in some step (its graph is not the
     unchanged one) is left to what_if."""
-    changes = list({c["key"]: c for c in changes}.values())
-    # the scales of each change of critical_path_scales' parameters (changes that differ in no_launch_overhead
-    # only share them)
-    scaled = {tuple(c[name] for name in SCALE_PARAMETERS): None for c in changes}
-    con.execute("CREATE OR REPLACE TEMP TABLE findings_scales (scaling INTEGER, run_id VARCHAR, rank INTEGER, "
-                "window_name VARCHAR, instance INTEGER, scales DOUBLE[], reroled BOOLEAN)")
-    for number, values in enumerate(scaled):
-        scaled[values] = number
-        arguments = ", ".join(f"{name} := {_literal(value)}" for name, value in zip(SCALE_PARAMETERS, values))
-        con.execute(f"INSERT INTO findings_scales SELECT {number}, run_id, rank, window_name, instance, scales, "
-                    f"reroled FROM critical_path_scales({arguments})")
-    reroled = {n for (n,) in con.execute("SELECT DISTINCT scaling FROM findings_scales WHERE reroled").fetchall()}
-    priced = [c for c in changes if scaled[tuple(c[name] for name in SCALE_PARAMETERS)] not in reroled]
-    keys = [c["key"] for c in priced]
-    gaps = [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in priced]
-    scalings = [scaled[tuple(c[name] for name in SCALE_PARAMETERS)] for c in priced]
-    con.execute(f"""CREATE OR REPLACE TEMP TABLE findings_predicted AS
-        WITH windows AS (
-            SELECT e.*, COALESCE(e.step, e.instance) AS joint, s.scales
-            FROM critical_path_event_source() e
-            JOIN (SELECT run_id, rank, window_name, instance,
-                      [by_scaling[n + 1] FOR n IN {_literal(scalings)}::INTEGER[]] AS scales
-                  FROM (SELECT run_id, rank, window_name, instance, list(scales ORDER BY scaling) AS by_scaling
-                        FROM findings_scales GROUP BY ALL)) s
-              ON s.run_id = e.run_id AND s.rank = e.rank AND s.window_name = e.window_name
-             AND s.instance = e.instance
-        ), shared AS (
-            SELECT run_id, window_name, joint FROM windows GROUP BY ALL HAVING count(*) > 1
-        ), joint AS (
-            -- (as what_if's: one rank's list as it is, several ranks' joined, here in rank order, as their scales)
-            SELECT run_id, window_name, joint, window_ts AS joint_ts, events, scales,
-                [struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)] AS spans
-            FROM windows
-            WHERE (run_id, window_name, joint) NOT IN (SELECT (run_id, window_name, joint) FROM shared)
-            UNION ALL
-            SELECT run_id, window_name, joint, min(window_ts), flatten(list(events ORDER BY rank)),
-                [flatten([s[k] FOR s IN list(scales ORDER BY rank)]) FOR k IN range(1, {len(priced) + 1})],
-                list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te))
-            FROM windows
-            WHERE (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM shared)
-            GROUP BY ALL
-        ), lengths AS (
-            SELECT run_id, window_name, joint, joint_ts,
-                unnest(critical_path_replay_lengths(events, spans, scales, {_literal(gaps)}::DOUBLE[])) AS l
-            FROM joint
-        )
-        SELECT [{", ".join(map(_literal, keys)) or "NULL"}][l.l.change + 1] AS key, w.run_id, w.rank,
-            w.window_name, w.instance, l.l.length_ns - (w.window_ts - l.joint_ts) AS predicted_ns
-        FROM windows w
-        JOIN lengths l ON l.run_id = w.run_id AND l.window_name = w.window_name AND l.joint = w.joint
-         AND l.l.path_rank = w.rank""")
-    con.execute("DROP TABLE temp.findings_scales")
-    parameters = "faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs, straggler_to_median"
-    con.execute(f"CREATE OR REPLACE TEMP MACRO what_if_priced({parameters}) AS "
-                f"what_if_change_key({parameters}) IN ({', '.join(map(_literal, keys)) or 'NULL'})")
-    con.execute(f"CREATE OR REPLACE TEMP MACRO what_if_predicted({parameters}) AS TABLE "
-                f"SELECT run_id, rank, window_name, instance, predicted_ns FROM findings_predicted "
-                f"WHERE key = what_if_change_key({parameters})")
-    try:
+    try:  # (what an error leaves half made is dropped too)
+        changes = list({c["key"]: c for c in changes}.values())
+        # the scales of each change of critical_path_scales' parameters (changes that differ in no_launch_overhead
+        # only share them)
+        scaled = {tuple(c[name] for name in SCALE_PARAMETERS): None for c in changes}
+        con.execute("CREATE OR REPLACE TEMP TABLE findings_scales (scaling INTEGER, run_id VARCHAR, rank INTEGER, "
+                    "window_name VARCHAR, instance INTEGER, scales DOUBLE[], reroled BOOLEAN)")
+        for number, values in enumerate(scaled):
+            scaled[values] = number
+            arguments = ", ".join(f"{name} := {_literal(value)}" for name, value in zip(SCALE_PARAMETERS, values))
+            con.execute(f"INSERT INTO findings_scales SELECT {number}, run_id, rank, window_name, instance, scales, "
+                        f"reroled FROM critical_path_scales({arguments})")
+        reroled = {n for (n,) in con.execute("SELECT DISTINCT scaling FROM findings_scales WHERE reroled").fetchall()}
+        priced = [c for c in changes if scaled[tuple(c[name] for name in SCALE_PARAMETERS)] not in reroled]
+        keys = [c["key"] for c in priced]
+        gaps = [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in priced]
+        scalings = [scaled[tuple(c[name] for name in SCALE_PARAMETERS)] for c in priced]
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE findings_predicted AS
+            WITH windows AS (
+                SELECT e.*, COALESCE(e.step, e.instance) AS joint, s.scales
+                FROM critical_path_event_source() e
+                JOIN (SELECT run_id, rank, window_name, instance,
+                          [by_scaling[n + 1] FOR n IN {_literal(scalings)}::INTEGER[]] AS scales
+                      FROM (SELECT run_id, rank, window_name, instance, list(scales ORDER BY scaling) AS by_scaling
+                            FROM findings_scales GROUP BY ALL)) s
+                  ON s.run_id = e.run_id AND s.rank = e.rank AND s.window_name = e.window_name
+                 AND s.instance = e.instance
+            ), shared AS (
+                SELECT run_id, window_name, joint FROM windows GROUP BY ALL HAVING count(*) > 1
+            ), joint AS (
+                -- (as what_if's: one rank's list as it is, several ranks' joined, here in rank order, as their scales)
+                SELECT run_id, window_name, joint, window_ts AS joint_ts, events, scales,
+                    [struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)] AS spans
+                FROM windows
+                WHERE (run_id, window_name, joint) NOT IN (SELECT (run_id, window_name, joint) FROM shared)
+                UNION ALL
+                SELECT run_id, window_name, joint, min(window_ts), flatten(list(events ORDER BY rank)),
+                    [flatten([s[k] FOR s IN list(scales ORDER BY rank)]) FOR k IN range(1, {len(priced) + 1})],
+                    list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te))
+                FROM windows
+                WHERE (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM shared)
+                GROUP BY ALL
+            ), lengths AS (
+                SELECT run_id, window_name, joint, joint_ts,
+                    unnest(critical_path_replay_lengths(events, spans, scales, {_literal(gaps)}::DOUBLE[])) AS l
+                FROM joint
+            )
+            SELECT [{", ".join(map(_literal, keys)) or "NULL"}][l.l.change + 1] AS key, w.run_id, w.rank,
+                w.window_name, w.instance, l.l.length_ns - (w.window_ts - l.joint_ts) AS predicted_ns
+            FROM windows w
+            JOIN lengths l ON l.run_id = w.run_id AND l.window_name = w.window_name AND l.joint = w.joint
+             AND l.l.path_rank = w.rank""")
+        con.execute("DROP TABLE temp.findings_scales")
+        parameters = "faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs, straggler_to_median"
+        con.execute(f"CREATE OR REPLACE TEMP MACRO what_if_priced({parameters}) AS "
+                    f"what_if_change_key({parameters}) IN ({', '.join(map(_literal, keys)) or 'NULL'})")
+        con.execute(f"CREATE OR REPLACE TEMP MACRO what_if_predicted({parameters}) AS TABLE "
+                    f"SELECT run_id, rank, window_name, instance, predicted_ns FROM findings_predicted "
+                    f"WHERE key = what_if_change_key({parameters})")
         yield
     finally:
-        con.execute("DROP MACRO temp.what_if_priced")
-        con.execute("DROP MACRO TABLE temp.what_if_predicted")
-        con.execute("DROP TABLE temp.findings_predicted")
+        con.execute("DROP MACRO IF EXISTS temp.what_if_priced")
+        con.execute("DROP MACRO TABLE IF EXISTS temp.what_if_predicted")
+        con.execute("DROP TABLE IF EXISTS temp.findings_predicted")
+        con.execute("DROP TABLE IF EXISTS temp.findings_scales")
 
 
 #: critical_path_scales' parameters of a change (what_if_change's columns)
