@@ -67,6 +67,15 @@ MISSING = "missing: the run's manifest lists it (a damaged run: re-ingest the tr
 #: How every Parquet file of a run is written: page checksums let any reader (pyarrow, Spark, `tracesql verify`)
 #: notice a flipped bit.
 PARQUET_OPTIONS = {"compression": "zstd", "write_page_checksum": True}
+ROW_GROUP_ROWS = 1 << 20
+#: The slices file of a source with more rows than one of its row groups (SLICES_ROW_GROUP_ROWS) is written kind
+#: by kind (kinds in name order, each kind's rows in the order they came, in row groups of their own), with a
+#: Bloom filter of the kinds: nearly every query reads some kinds only (device work, ops, annotations, launch
+#: calls), and DuckDB then skips the row groups of the others (by their min/max kind, or by the Bloom filter
+#: where that range holds the kind asked for, as 'memory' lies between 'kernel' and 'memset') instead of decoding
+#: every row's columns. On the 24x tile the curated queries took 10-35 % less CPU; writing the file took 2 CPU-s
+#: more (of the ingest's ~45).
+SLICES_ROW_GROUP_ROWS = 1 << 16
 
 
 def _dictionary_columns(arrow_schema) -> list[str]:
@@ -311,14 +320,11 @@ class PartWriter:
     def write(self, name: str, rows) -> int:
         """Write `rows` (an Arrow table or a DuckDB relation) as table `name`; returns the number of rows."""
         import pyarrow as pa  # here, not at the top: reading a run (every query) needs no Arrow
-        import pyarrow.parquet as pq
 
         path = self._dir / name / self._part
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(rows, pa.Table):
-            self._writes.append(self._pool.submit(pq.write_table, rows, path, row_group_size=1 << 20,
-                                                  use_dictionary=_dictionary_columns(rows.schema),
-                                                  **PARQUET_OPTIONS))
+            self._writes.append(self._pool.submit(write_table, name, rows, path))
             return rows.num_rows
         return write_relation(rows, path)
 
@@ -359,7 +365,6 @@ class BatchWriter:
 
     def __exit__(self, exc_type, *_) -> None:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         if exc_type is not None:
             return
@@ -368,8 +373,38 @@ class BatchWriter:
                                                          promote_options="permissive"))
             path = self._dir / name / self.part
             path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(rows, path, row_group_size=1 << 20, use_dictionary=_dictionary_columns(rows.schema),
-                           **PARQUET_OPTIONS)
+            write_table(name, rows, path)
+
+
+def write_table(name: str, rows, path: Path) -> None:
+    """The Arrow table `rows` of table `name` written to the Parquet file `path` (the slices of a large source
+    kind by kind: SLICES_ROW_GROUP_ROWS)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if name != "slices" or rows.num_rows <= SLICES_ROW_GROUP_ROWS:
+        pq.write_table(rows, path, row_group_size=ROW_GROUP_ROWS, use_dictionary=_dictionary_columns(rows.schema),
+                       **PARQUET_OPTIONS)
+        return
+    kinds = sorted(k for k in pc.unique(rows["kind"]).to_pylist() if k is not None)
+    with pq.ParquetWriter(path, rows.schema, use_dictionary=_dictionary_columns(rows.schema),
+                          bloom_filter_options={"kind": {"ndv": max(len(kinds), 1), "fpp": 0.01}},
+                          **PARQUET_OPTIONS) as writer:
+        # a kind at a time, a batch at a time: a row group's rows are held, not a sorted copy of the slices (the
+        # 1 GB tile's overran the ingest's memory limit)
+        for kind in kinds + [None]:
+            held = []
+            for batch in rows.to_batches(max_chunksize=SLICES_ROW_GROUP_ROWS // 2):
+                held.append(batch.filter(pc.is_null(batch["kind"]) if kind is None else
+                                         pc.equal(batch["kind"], kind)))
+                whole = sum(b.num_rows for b in held) // SLICES_ROW_GROUP_ROWS * SLICES_ROW_GROUP_ROWS
+                if whole:
+                    pending = pa.Table.from_batches(held, rows.schema)
+                    writer.write_table(pending.slice(0, whole), row_group_size=SLICES_ROW_GROUP_ROWS)
+                    held = pending.slice(whole).to_batches()
+            if sum(b.num_rows for b in held):
+                writer.write_table(pa.Table.from_batches(held, rows.schema), row_group_size=SLICES_ROW_GROUP_ROWS)
 
 
 def write_relation(rel, path: Path, batch_rows: int = 1 << 17) -> int:
@@ -383,7 +418,7 @@ def write_relation(rel, path: Path, batch_rows: int = 1 << 17) -> int:
                           **PARQUET_OPTIONS) as writer:
         for batch in reader:
             if batch.num_rows:
-                writer.write_batch(batch, row_group_size=1 << 20)
+                writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
                 n += batch.num_rows
     return n
 
