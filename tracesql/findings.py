@@ -93,7 +93,8 @@ def _unchanged_once(con):
     without a change) once, for what_if_unchanged to read: each rule's what-if then walks its changed replay only
     (and the unchanged replay and paths of the steps whose change makes a range an op: their graphs change)."""
     return _computed_once(
-        con, "findings_unchanged", "SELECT * EXCLUDE (predicted_ns, saving_ns, saving_pct) FROM what_if()",
+        con, "findings_unchanged",
+        "SELECT * EXCLUDE (predicted_ns, saving_ns, saving_pct) FROM what_if(predict := 0)",
         "what_if_unchanged", "what_if_unchanged(annotation := NULL, occurrence := NULL) AS TABLE "
         "FROM findings_unchanged WHERE annotation IS NULL AND occurrence IS NULL")
 

@@ -428,10 +428,12 @@ WHERE false;
 -- critical path. A table macro so that the findings rules (findings/*.sql) price their causes with it. The
 -- replay takes the windows of one step (else annotation instance) of every rank together (the ranks wait for
 -- each other at collectives); rank_filter only picks the rows shown. replay := 0: no replay (replayed_ns,
--- predicted_ns and what follows from them NULL), only the critical path's verdict: the bound query's.
+-- predicted_ns and what follows from them NULL), only the critical path's verdict: the bound query's. predict
+-- := 0: the unchanged replay only (predicted_ns and saving NULL): what `tracesql findings` keeps of it for its
+-- rules (_unchanged_once), without walking (or looking up) each step's replay a second time, 1-2 s at 24x.
 CREATE OR REPLACE MACRO what_if(annotation := NULL, occurrence := NULL, rank_filter := NULL, faster := NULL,
         faster_pct := 0, hide_communication := 0, no_launch_overhead := 0, remove_syncs := 0,
-        straggler_to_median := 0, replay := 1) AS TABLE
+        straggler_to_median := 0, replay := 1, predict := 1) AS TABLE
 WITH windows AS (
     -- (none where the change's predicted times are known: the unchanged rows are then the caller's, `known`)
     SELECT *, COALESCE(step, instance) AS joint
@@ -478,7 +480,9 @@ WITH windows AS (
     SELECT run_id, window_name, joint, joint_ts,
         CASE WHEN (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
              THEN critical_path_walk(events, spans, NULL) END AS replayed,
-        critical_path_walk(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END) AS predicted
+        CASE WHEN predict = 1
+             THEN critical_path_walk(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END) END
+            AS predicted
     FROM joint
 ), replayed AS (
     -- each rank's path: its length from the earliest window start, the part on other ranks' work and whose
