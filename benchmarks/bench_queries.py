@@ -184,20 +184,23 @@ def growth_of(runs: list[tuple[int, Path, int]]) -> float:
 def measure(workers: list[Worker], runs: list[list[tuple[int, Path, int]]], catalogue, repeat: int):
     """(query, params, best) for every query and variant, best[w][tile] = (CPU s, wall s, rows) of worker w on its
     runs (runs[w]), the best of `repeat` (None where that worker's checkout lacks the query or parameter); the
-    workers alternate."""
-    for query in catalogue:
-        for params in variants(query):
-            best = [[None] * len(runs[0]) for _ in workers]
+    workers alternate. The repeats are passes over the whole catalogue, not runs back to back: a few seconds of
+    the machine's other load (this VM's neighbours) then slow one of a query's runs, not all of them (back to
+    back, one query of 41 at 24x came out ~50 % slower in two of three targets.py runs)."""
+    cases = [(query, params) for query in catalogue for params in variants(query)]
+    bests = [[[None] * len(runs[0]) for _ in workers] for _ in cases]
+    for _ in range(repeat):
+        for (query, params), best in zip(cases, bests):
             for i in range(len(runs[0])):
-                for _ in range(repeat):
-                    for w, worker in enumerate(workers):
-                        got = worker.time(runs[w][i][1], query.name, params)
-                        if "skip" in got:
-                            continue
-                        kept = best[w][i]
-                        best[w][i] = (min(got["cpu"], kept[0]) if kept else got["cpu"],
-                                      min(got["wall"], kept[1]) if kept else got["wall"], got["rows"])
-            yield query, params, best
+                for w, worker in enumerate(workers):
+                    got = worker.time(runs[w][i][1], query.name, params)
+                    if "skip" in got:
+                        continue
+                    kept = best[w][i]
+                    best[w][i] = (min(got["cpu"], kept[0]) if kept else got["cpu"],
+                                  min(got["wall"], kept[1]) if kept else got["wall"], got["rows"])
+    for (query, params), best in zip(cases, bests):
+        yield query, params, best
 
 
 def column(best: list[list], tile: int, field: int) -> str:
