@@ -184,9 +184,10 @@ def growth_of(runs: list[tuple[int, Path, int]]) -> float:
 def measure(workers: list[Worker], runs: list[list[tuple[int, Path, int]]], catalogue, repeat: int):
     """(query, params, best) for every query and variant, best[w][tile] = (CPU s, wall s, rows) of worker w on its
     runs (runs[w]), the best of `repeat` (None where that worker's checkout lacks the query or parameter); the
-    workers alternate. The repeats are passes over the whole catalogue, not runs back to back: a few seconds of
-    the machine's other load (this VM's neighbours) then slow one of a query's runs, not all of them (back to
-    back, one query of 41 at 24x came out ~50 % slower in two of three targets.py runs)."""
+    workers alternate. The repeats are passes over the whole catalogue, not runs back to back, so that a slow
+    spell of the machine (this VM's neighbours: tens of percent for minutes) slows one of a query's runs rather
+    than all of them (back to back, one query of 41 at 24x came out up to 50 % slower in two of three targets.py
+    runs)."""
     cases = [(query, params) for query in catalogue for params in variants(query)]
     bests = [[[None] * len(runs[0]) for _ in workers] for _ in cases]
     for _ in range(repeat):

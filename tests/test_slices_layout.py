@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tracesql
-from tracesql import queries, store
+from tracesql import db, queries, store
 
 from conftest import DATASETS
 
@@ -51,7 +51,7 @@ def test_rows_are_grouped_by_kind_in_row_groups_of_their_own(runs):
 
 
 def test_duckdb_reads_only_the_row_groups_of_the_kinds_asked_for(runs, tmp_path):
-    con = tracesql.db.connect()
+    con = db.connect()
     profile = tmp_path / "profile.json"
 
     def read(run, where: str) -> tuple[int, int, int]:

@@ -67,6 +67,7 @@ MISSING = "missing: the run's manifest lists it (a damaged run: re-ingest the tr
 #: How every Parquet file of a run is written: page checksums let any reader (pyarrow, Spark, `tracesql verify`)
 #: notice a flipped bit.
 PARQUET_OPTIONS = {"compression": "zstd", "write_page_checksum": True}
+#: Rows per row group of every Parquet file but a large source's slices (SLICES_ROW_GROUP_ROWS)
 ROW_GROUP_ROWS = 1 << 20
 #: The slices file of a source with more rows than one of its row groups (SLICES_ROW_GROUP_ROWS) is written kind
 #: by kind (kinds in name order, each kind's rows in the order they came, in row groups of their own), with a
