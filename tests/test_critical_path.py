@@ -244,6 +244,44 @@ def test_a_what_if_walks_the_graph_of_the_unchanged_replay(ingested):
 
 
 @pytest.mark.parametrize("dataset", ["hta_trace_filter", "torch_gloo_4rank_straggler"])
+def test_replay_lengths_of_a_change_off_the_path_are_the_unchanged_ones(dataset, ingested, monkeypatch):
+    """Plan.lengths (findings' priced what-ifs) gives a change the unchanged replay's lengths without a walk when
+    no weight grows and none changes on any rank's unchanged path. Each step of HTA's sampled two-rank trace and
+    of the four gloo ranks (collectives across ranks), with every event off the unchanged paths free (scale 0):
+    no walk, and the lengths a walk gives; with every event 40 % faster, or the path's events free: walked, as
+    long as a walk of those weights, and shorter."""
+    from tracesql import critical_path
+
+    walked = []
+    columns = critical_path.Plan._columns
+    monkeypatch.setattr(critical_path.Plan, "_columns", lambda plan, weight: walked.append(1) or columns(plan, weight))
+    con = tracesql.connect(ingested(DATASETS / dataset))
+    rows = con.sql("""SELECT flatten(list(events ORDER BY rank)), list(struct_pack(rank := CAST(rank AS BIGINT),
+                          ts := window_ts, te := window_te) ORDER BY rank)
+                      FROM critical_path_events() GROUP BY step ORDER BY step""").fetchall()
+    assert len(rows) >= 2
+    skipped = 0
+    for events, spans in rows:
+        ev = {name: [e[name] for e in events] for name, _ in critical_path.EVENT_FIELDS}
+        plan = critical_path.Plan(ev, spans, changed=False)
+        unchanged = critical_path._lengths(plan.columns(ev["scale"], None))
+        assert plan.unchanged is not None and plan.unchanged[1] == unchanged
+        on_path = set(plan.columns(ev["scale"], None)["event_id"].tolist())
+        off_path = [0.0 if event_id not in on_path else 1.0 for event_id in ev["id"]]
+        for scales, shorter in ((off_path, False), ([0.6] * len(events), True),
+                                ([1.0 - s for s in off_path], True)):
+            del walked[:]
+            got = plan.lengths(scales, 1.0)
+            assert got == critical_path._lengths(columns(plan, plan.weights(scales, 1.0)))
+            if shorter:
+                assert walked and all(got[rank] < unchanged[rank] for rank in got)
+            elif not walked:
+                skipped += 1
+                assert got == unchanged
+    assert skipped == len(rows)  # every step's off-path change was given its lengths without a walk
+
+
+@pytest.mark.parametrize("dataset", ["hta_trace_filter", "torch_gloo_4rank_straggler"])
 def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypatch):
     """Plan.distances walks whole-number weights in arrays (_whole_distances) and others one edge at a time in the
     walk's order (_distances_in_order): on every walk the critical_path and what_if queries make of real steps
