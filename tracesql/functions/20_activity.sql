@@ -158,7 +158,7 @@ WITH events AS (
     SELECT run_id, rank, device_id, row_number() OVER (ORDER BY run_id, rank, device_id) AS dev
     FROM (SELECT run_id, rank, device_id FROM events GROUP BY ALL HAVING count(*) > 0)
 ), keyed AS (
-    SELECT d.dev, e.ts, e.te, e.delta
+    SELECT d.dev, e.run_id, e.rank, e.device_id, e.ts, e.te, e.delta
     FROM events e
     LEFT JOIN devices d ON d.run_id = e.run_id AND d.rank = e.rank AND d.device_id IS NOT DISTINCT FROM e.device_id
 ), states AS (
@@ -166,20 +166,18 @@ WITH events AS (
     -- sweep's order has them all summed (whatever their order among themselves), and it alone is followed by a
     -- later instant. `lead` has a window of its own, as Spark takes no frame for it; it has the sum's order, so
     -- both engines compute the two over one sort. One sweep over all devices rather than a partition each: a
-    -- device's edges sum to 0, so each device starts from zero all the same. The sort carries the device's number
-    -- alone, and its run, rank and device_id are joined to the segments after (with them in the sort, the window
-    -- took 0.27 CPU-s at 24x; without, 0.17)
-    SELECT dev, t, sum(delta) OVER (w ROWS UNBOUNDED PRECEDING) AS running,
+    -- device's edges sum to 0, so each device starts from zero all the same.
+    SELECT run_id, rank, device_id, dev, t, sum(delta) OVER (w ROWS UNBOUNDED PRECEDING) AS running,
         lead(t) OVER w AS t_next, lead(dev) OVER w AS next_dev
-    FROM (SELECT dev, ts AS t, delta FROM keyed
+    FROM (SELECT dev, run_id, rank, device_id, ts AS t, delta FROM keyed
           UNION ALL
-          SELECT dev, te AS t, -delta AS delta FROM keyed)
+          SELECT dev, run_id, rank, device_id, te AS t, -delta AS delta FROM keyed)
     WINDOW w AS (ORDER BY dev, t)
 )
 -- a segment runs to the device's next instant; a class's bit is set while any of its events runs, so identical or
 -- nested events on several streams count once
-SELECT d.run_id, d.rank, d.device_id, s.t AS ts, s.t_next - s.t AS dur,
+SELECT run_id, rank, device_id, t AS ts, t_next - t AS dur,
     CAST(CASE WHEN running & 2097151 > 0 THEN 1 ELSE 0 END + CASE WHEN (running >> 21) & 2097151 > 0 THEN 2 ELSE 0 END
          + CASE WHEN running >> 42 > 0 THEN 4 ELSE 0 END AS INTEGER) AS classes
-FROM states s JOIN devices d ON d.dev = s.dev
-WHERE s.t_next > s.t AND s.next_dev = s.dev;
+FROM states
+WHERE t_next > t AND next_dev = dev;
