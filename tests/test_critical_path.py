@@ -264,9 +264,10 @@ def test_replay_lengths_of_a_change_off_the_path_are_the_unchanged_ones(dataset,
     for events, spans in rows:
         ev = {name: [e[name] for e in events] for name, _ in critical_path.EVENT_FIELDS}
         plan = critical_path.Plan(ev, spans, changed=False)
-        unchanged = critical_path._lengths(plan.columns(ev["scale"], None))
+        path = plan.columns(ev["scale"], None)
+        unchanged = critical_path._lengths(path)
         assert plan.unchanged is not None and plan.unchanged[1] == unchanged
-        on_path = set(plan.columns(ev["scale"], None)["event_id"].tolist())
+        on_path = set(path["event_id"].tolist())
         off_path = [0.0 if event_id not in on_path else 1.0 for event_id in ev["id"]]
         for scales, shorter in ((off_path, False), ([0.6] * len(events), True),
                                 ([1.0 - s for s in off_path], True)):

@@ -600,7 +600,7 @@ class Plan:
         self.single_in[self.dst[single]] = np.flatnonzero(single)
         self.joins = np.flatnonzero(~single).astype(np.int32)
         # the unchanged replay's path (its edges) and each rank's length, once walked: what lengths compares a
-        # change with (None: not walked, or some rank's path is of length 0)
+        # change with (None: not walked, or some rank's path has no segment or is of length 0)
         self.unchanged = None
 
     def weights(self, scales, gaps_scale: float | None) -> np.ndarray:
