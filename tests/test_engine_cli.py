@@ -184,3 +184,64 @@ def test_no_rows_says_why(events, args, note, tmp_path):
     trace = write_trace(tmp_path / "t.json", events)
     result = cli("query", "overlap", trace, *args)
     assert result.exit_code == 0 and f"Note: {note}" in result.output, result.output
+
+
+def _rows(con, names=("overlap", "roofline", "hotspots", "critical_path", "steps")):
+    from tracesql import queries
+
+    return {name: queries.run(con, queries.find(name)).fetchall() for name in names}
+
+
+def test_sessions_attach_the_macros_compiled_once(ingested, tmp_path, monkeypatch):
+    """tracesql.connect attaches the macros from one database file in the cache, made by the first session and
+    reused by the next; the queries (the cost model's formulas and the critical path's macro among them) give
+    the rows a session that creates every macro itself gives."""
+    from tracesql import engine, functions
+
+    run = ingested(TRACE_FILTER)
+    monkeypatch.setenv("TRACESQL_CACHE", str(tmp_path))
+    first = tracesql.connect(run)
+    made = list((tmp_path / "functions").iterdir())
+    assert len(made) == 1 and made[0].suffix == ".duckdb"
+    stamp = made[0].stat().st_mtime_ns
+    second = tracesql.connect(run)
+    assert list((tmp_path / "functions").iterdir()) == made and made[0].stat().st_mtime_ns == stamp
+    assert second.execute("SELECT current_setting('search_path')").fetchall()[0][0].endswith(
+        f",{functions.COMPILED}.main")
+    # the same session, its macros created in it (no cache): what tracesql did before
+    monkeypatch.setattr(engine, "cache_root", lambda: None)
+    plain = tracesql.connect(run)
+    assert plain.execute(f"SELECT count(*) FROM duckdb_databases() WHERE database_name = '{functions.COMPILED}'"
+                         ).fetchall()[0][0] == 0
+    assert _rows(second) == _rows(plain) and _rows(first)["overlap"] == _rows(plain)["overlap"]
+    for con in (first, second, plain):
+        con.close()
+
+
+def test_each_session_edits_its_own_data_tables(ingested, tmp_path, monkeypatch):
+    """The data tables (device peaks, kernel classes) are each session's, as before: a row one session adds is
+    not in another's; a temporary macro a session makes comes before the attached one (findings relies on it)."""
+    monkeypatch.setenv("TRACESQL_CACHE", str(tmp_path))
+    run = ingested(TRACE_FILTER)
+    one, two = tracesql.connect(run), tracesql.connect(run)
+    before = two.execute("SELECT count(*) FROM device_peaks").fetchall()[0][0]
+    one.execute("INSERT INTO device_peaks SELECT * FROM device_peaks LIMIT 1")
+    assert one.execute("SELECT count(*) FROM device_peaks").fetchall()[0][0] == before + 1
+    assert two.execute("SELECT count(*) FROM device_peaks").fetchall()[0][0] == before
+    one.execute("CREATE TEMP MACRO arithmetic_intensity(flops, bytes) AS -1")
+    assert one.execute("SELECT arithmetic_intensity(8, 2)").fetchall() == [(-1,)]
+    assert two.execute("SELECT arithmetic_intensity(8, 2)").fetchall() == [(4.0,)]
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_macros_in_the_session(ingested, tmp_path, monkeypatch):
+    """Where the cache folder cannot be made (here a file is in the way), each session creates the macros
+    itself: slower to open, the same answers."""
+    from tracesql import functions
+
+    (tmp_path / "functions").write_text("not a folder")
+    monkeypatch.setenv("TRACESQL_CACHE", str(tmp_path))
+    con = tracesql.connect(ingested(TRACE_FILTER))
+    assert con.execute(f"SELECT count(*) FROM duckdb_databases() WHERE database_name = '{functions.COMPILED}'"
+                       ).fetchall()[0][0] == 0
+    assert con.execute("SELECT count(*) FROM duckdb_functions() WHERE function_name = 'op_flops'").fetchall()[0][0] == 1
+    assert _rows(con, ("overlap",))["overlap"][0][5] == 396_199_000  # rank 0's communication ns, as the README says
