@@ -233,15 +233,23 @@ def test_each_session_edits_its_own_data_tables(ingested, tmp_path, monkeypatch)
     assert two.execute("SELECT arithmetic_intensity(8, 2)").fetchall() == [(4.0,)]
 
 
-def test_a_cache_that_cannot_be_written_leaves_the_macros_in_the_session(ingested, tmp_path, monkeypatch):
-    """Where the cache folder cannot be made (here a file is in the way), each session creates the macros
-    itself: slower to open, the same answers."""
+def test_a_cache_that_cannot_be_written_or_read_leaves_the_macros_in_the_session(ingested, tmp_path, monkeypatch):
+    """Where the cache folder cannot be made (a file is in the way), or its file cannot be attached (damaged),
+    each session creates the macros itself: slower to open, the same answers."""
     from tracesql import functions
 
-    (tmp_path / "functions").write_text("not a folder")
-    monkeypatch.setenv("TRACESQL_CACHE", str(tmp_path))
-    con = tracesql.connect(ingested(TRACE_FILTER))
-    assert con.execute(f"SELECT count(*) FROM duckdb_databases() WHERE database_name = '{functions.COMPILED}'"
-                       ).fetchall()[0][0] == 0
-    assert con.execute("SELECT count(*) FROM duckdb_functions() WHERE function_name = 'op_flops'").fetchall()[0][0] == 1
-    assert _rows(con, ("overlap",))["overlap"][0][5] == 396_199_000  # rank 0's communication ns, as the README says
+    run = ingested(TRACE_FILTER)
+    blocked, damaged = tmp_path / "blocked", tmp_path / "damaged"
+    blocked.mkdir()
+    (blocked / "functions").write_text("not a folder")
+    # a file of the right name that is not a DuckDB database (a disk's damage): refused, and made in the session
+    functions.compiled(damaged).write_bytes(b"not a database" * 100)
+    for cache in (blocked, damaged):
+        monkeypatch.setenv("TRACESQL_CACHE", str(cache))
+        con = tracesql.connect(run)
+        assert con.execute(f"SELECT count(*) FROM duckdb_databases() WHERE database_name = '{functions.COMPILED}'"
+                           ).fetchall()[0][0] == 0
+        assert con.execute("SELECT count(*) FROM duckdb_functions() WHERE function_name = 'op_flops'"
+                           ).fetchall()[0][0] == 1
+        assert _rows(con, ("overlap",))["overlap"][0][5] == 396_199_000  # rank 0's communication ns (README)
+        con.close()

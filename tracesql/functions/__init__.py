@@ -243,20 +243,27 @@ def install(con, files: tuple[str, ...] | None = None, names: set[str] | None = 
     (those not made on `con` already: `once`; a connection `db.for_trace` keeps gets each once). All of them with
     a `cache` folder: the data tables in the session (a user may edit them), the macros from the database file
     `compiled` keeps there, attached read-only and put on the session's search path after its own schema (its
-    views, its data tables and its temporary macros come first). Creating the 186 macros took 0.36 CPU-s a
-    session, as DuckDB binds each one it creates (the cost model's op_flops and op_bytes 80 ms); attaching them,
-    0.05; 467 sessions of the default test suite made them, a third of its time."""
+    views, its data tables and its temporary macros come first); where the file cannot be made or attached, the
+    session creates them. Creating the 186 macros took 0.36 CPU-s a session, as DuckDB binds each one it creates
+    (the cost model's op_flops and op_bytes 80 ms); attaching them, 0.05; 467 sessions of the default test suite
+    made them, a third of its time."""
     if names is not None:
         once(con, needed(names)[0])
         return
     database = compiled(cache) if cache is not None and files is None else None
-    if database is None:
-        con.execute(sql(files)).fetchall()
-        return
-    con.execute(tables_sql()).fetchall()
-    con.execute(f"ATTACH '{_quoted(database)}' AS {COMPILED} (READ_ONLY)").fetchall()
-    own = con.execute("SELECT current_database()").fetchall()[0][0]
-    con.execute(f"SET search_path = '{_quoted(own)}.main,{COMPILED}.main'").fetchall()
+    if database is not None:
+        import duckdb
+
+        con.execute(tables_sql()).fetchall()
+        try:
+            con.execute(f"ATTACH '{_quoted(database)}' AS {COMPILED} (READ_ONLY)").fetchall()
+        except duckdb.Error:  # a damaged or unreadable file: the session creates its own, below
+            pass
+        else:
+            own = con.execute("SELECT current_database()").fetchall()[0][0]
+            con.execute(f"SET search_path = '{_quoted(own)}.main,{COMPILED}.main'").fetchall()
+            return
+    con.execute(sql(files)).fetchall()
 
 
 #: The name a session attaches the compiled macros' database by
