@@ -277,7 +277,7 @@ def tables_sql() -> str:
 
 def compiled(cache: Path) -> Path | None:
     """A DuckDB database file in `cache` holding every macro, made once per version of their SQL (and of DuckDB),
-    or None where it cannot be written (then each session creates them). The macros are bound as they are
+    or None where it cannot be made (then each session creates them). The macros are bound as they are
     created, against empty tables of the run's columns and the data tables, dropped after: a session binds
     them again, on its own views, when it calls them. Written under a temporary name and renamed into place."""
     import contextlib
@@ -308,7 +308,7 @@ def compiled(cache: Path) -> Path | None:
         finally:
             con.close()
         os.replace(scratch, path)
-    except (OSError, duckdb.IOException):
+    except (OSError, duckdb.Error):  # (a folder not writable, a disk full, a macro this DuckDB cannot bind)
         for leftover in (scratch, scratch.with_name(scratch.name + ".wal")):
             with contextlib.suppress(OSError):
                 leftover.unlink(missing_ok=True)
