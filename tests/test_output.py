@@ -314,8 +314,7 @@ def test_names_needed_are_closed_under_use():
 
 @pytest.fixture(scope="module")
 def full_session(ingested):
-    """A session of the trace-filter run with all views and functions (opening one: 0.07 s, its macros
-    attached from the cache)."""
+    """A session of the trace-filter run with all views and functions (opening one: 0.07 s, the macros attached from the cache)."""
     return engine.connect(ingested(TRACE_FILTER))
 
 
