@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import tracesql
 from conftest import DATASETS, REPO, raw_events, write_trace
-from tracesql import schema
+from tracesql import queries, schema
 from tracesql.cli import main
 
 TRACE_FILTER = DATASETS / "hta_trace_filter"
@@ -61,7 +61,7 @@ def test_plain_duckdb_client_sees_tables_and_macros(ingested, tmp_path):
         "print(con.execute(open(sys.argv[1]).read()).fetchall()[0][-1])\n"
         "print('tracesql' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", script, str(tracesql.queries.find("overlap").path)],
+    out = subprocess.run([sys.executable, "-c", script, str(queries.find("overlap").path)],
                          capture_output=True, text=True, cwd=tmp_path, check=True).stdout.split("\n")
     kernels = sum(1 for f in TRACE_FILTER.glob("*.json.gz") for e in raw_events(f) if e.get("cat") == "kernel")
     assert out[0] == str(kernels) == "2258"
@@ -133,7 +133,7 @@ def test_cli_errors_are_one_line(tmp_path):
 
 def test_cli_catalogue_schema_and_shell(ingested):
     listing = cli("queries").output.splitlines()
-    assert any(line.startswith("overlap ") for line in listing) and len(listing) == len(tracesql.queries.catalogue())
+    assert any(line.startswith("overlap ") for line in listing) and len(listing) == len(queries.catalogue())
     assert "slices: Every timed event" in cli("schema").output
     assert "| `launch_id` | BIGINT |" in cli("schema", "--format", "markdown").output
     shell = cli("shell", ingested(TRACE_FILTER), input="SELECT count(*) AS n\nFROM ranks;\n.tables\n")
@@ -187,8 +187,6 @@ def test_no_rows_says_why(events, args, note, tmp_path):
 
 
 def _rows(con, names=("overlap", "roofline", "hotspots", "critical_path", "steps")):
-    from tracesql import queries
-
     return {name: queries.run(con, queries.find(name)).fetchall() for name in names}
 
 

@@ -23,6 +23,7 @@ import pyarrow as pa
 from .arrays import array, texts, to_numpy
 from .db import sql_list
 from .errors import TraceError
+from .functions import quote
 
 #: Host kinds a step range can be (built-in rules say which of them they look at)
 HOST_KINDS = ("user_annotation", "cpu_op", "python_function")
@@ -167,21 +168,17 @@ def user_rule(pattern: str | None) -> StepRule | None:
     import duckdb
 
     try:
-        duckdb.sql(f"SELECT regexp_matches('', {_quote(pattern)})").fetchall()
+        duckdb.sql(f"SELECT regexp_matches('', {quote(pattern)})").fetchall()
     except duckdb.Error as e:
         raise TraceError("--step-pattern", f"{pattern!r}: DuckDB's regular expressions (RE2) reject it: "
                                            f"{str(e).splitlines()[0]}") from None
     return StepRule("user", pattern, HOST_KINDS, "the --step-pattern given at ingest")
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def candidates_sql(table: str, rules: tuple[StepRule, ...]) -> str:
     """The ranges of `table` that any rule matches (few: the rules are checked in Python on them)."""
     clauses = " OR ".join(f"(kind IN ({sql_list(r.kinds)}) AND {r.quick or 'true'} "
-                          f"AND regexp_matches(name, {_quote(r.pattern)}))" for r in rules)
+                          f"AND regexp_matches(name, {quote(r.pattern)}))" for r in rules)
     return f"SELECT rank, slice_id, ts, dur, name, kind FROM {table} WHERE name IS NOT NULL AND ({clauses}) " \
            "ORDER BY rank, ts, slice_id"
 

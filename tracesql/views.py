@@ -7,11 +7,7 @@ Text only (no connection, no DuckDB import): ingestion writes `init_sql()` into 
 from __future__ import annotations
 
 from . import functions, schema
-
-
-def quote(s: str) -> str:
-    """A SQL string literal."""
-    return "'" + s.replace("'", "''") + "'"
+from .functions import quote
 
 
 def escape_path(path: str) -> str:

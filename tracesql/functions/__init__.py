@@ -254,14 +254,14 @@ def install(con, files: tuple[str, ...] | None = None, names: set[str] | None = 
     if database is not None:
         import duckdb
 
-        con.execute(tables_sql()).fetchall()
+        con.execute(_compilable()[1]).fetchall()
         try:
-            con.execute(f"ATTACH '{_quoted(database)}' AS {COMPILED} (READ_ONLY)").fetchall()
+            con.execute(f"ATTACH {quote(str(database))} AS {COMPILED} (READ_ONLY)").fetchall()
         except duckdb.Error:  # a damaged or unreadable file: the session creates its own, below
             pass
         else:
             own = con.execute("SELECT current_database()").fetchall()[0][0]
-            con.execute(f"SET search_path = '{_quoted(own)}.main,{COMPILED}.main'").fetchall()
+            con.execute(f"SET search_path = {quote(f'{own}.main,{COMPILED}.main')}").fetchall()
             return
     con.execute(sql(files)).fetchall()
 
@@ -270,9 +270,21 @@ def install(con, files: tuple[str, ...] | None = None, names: set[str] | None = 
 COMPILED = "tracesql_functions"
 
 
-def tables_sql() -> str:
-    """The data tables (`*.csv`) as SQL."""
-    return "\n".join(csv_table_sql(p) for p in sorted(HERE.glob("*.csv")))
+@functools.cache
+def _compilable() -> tuple[str, str, str, str]:
+    """(key, data tables' SQL, empty tables of the schema's columns, macros' SQL) of `compiled`, read and
+    generated once a process: every session asks for them. The key: XXH3-128 of them and of DuckDB's version."""
+    import duckdb
+    import xxhash
+
+    from .. import schema
+
+    tables = "\n".join(csv_table_sql(p) for p in sorted(HERE.glob("*.csv")))
+    placeholders = "".join(f"CREATE TABLE {t.name} ({', '.join(f'{c.name} {c.type}' for c in t.columns)});\n"
+                           for t in schema.TABLES.values())
+    macros = "\n".join(text for _, text in sql_files())
+    key = xxhash.xxh3_128_hexdigest("\0".join((duckdb.__version__, placeholders, tables, macros)).encode())
+    return key, tables, placeholders, macros
 
 
 def compiled(cache: Path) -> Path | None:
@@ -285,14 +297,10 @@ def compiled(cache: Path) -> Path | None:
     import uuid
 
     import duckdb
-    import xxhash
 
     from .. import schema
 
-    placeholders = "".join(f"CREATE TABLE {t.name} ({', '.join(f'{c.name} {c.type}' for c in t.columns)});\n"
-                           for t in schema.TABLES.values())
-    macros = "\n".join(text for _, text in sql_files())
-    key = xxhash.xxh3_128_hexdigest("\0".join((duckdb.__version__, placeholders, tables_sql(), macros)).encode())
+    key, tables, placeholders, macros = _compilable()
     path = Path(cache) / "functions" / f"{key}.duckdb"
     if path.is_file():
         return path
@@ -301,7 +309,7 @@ def compiled(cache: Path) -> Path | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         con = duckdb.connect(str(scratch))
         try:
-            con.execute(placeholders + tables_sql()).fetchall()
+            con.execute(placeholders + tables).fetchall()
             con.execute("SET VARIABLE tracesql_classes_stored = true").fetchall()
             con.execute(macros).fetchall()
             con.execute("".join(f"DROP TABLE {t};" for t in [*schema.TABLES, *table_names()])).fetchall()
@@ -316,5 +324,6 @@ def compiled(cache: Path) -> Path | None:
     return path
 
 
-def _quoted(text) -> str:
-    return str(text).replace("'", "''")
+def quote(text: str) -> str:
+    """A SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
