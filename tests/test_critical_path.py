@@ -249,12 +249,16 @@ def test_replay_lengths_of_a_change_off_the_path_are_the_unchanged_ones(dataset,
     no weight grows and none changes on any rank's unchanged path. Each step of HTA's sampled two-rank trace and
     of the four gloo ranks (collectives across ranks), with every event off the unchanged paths free (scale 0):
     no walk, and the lengths a walk gives; with every event 40 % faster, or the path's events free: walked, as
-    long as a walk of those weights, and shorter."""
+    long as a walk of those weights, and shorter (the path's events free: whole weights, whose lengths are the
+    distances to the ends, without listing the paths' edges)."""
     from tracesql import critical_path
 
-    walked = []
+    walked = []  # (a walk: its longest-path sums, in arrays or in order)
     columns = critical_path.Plan._columns
-    monkeypatch.setattr(critical_path.Plan, "_columns", lambda plan, weight: walked.append(1) or columns(plan, weight))
+    for name in ("_whole_distances", "_distances_in_order"):
+        sums = getattr(critical_path.Plan, name)
+        monkeypatch.setattr(critical_path.Plan, name,
+                            lambda plan, weight, sums=sums: walked.append(1) or sums(plan, weight))
     con = tracesql.connect(ingested(DATASETS / dataset))
     rows = con.sql("""SELECT flatten(list(events ORDER BY rank)), list(struct_pack(rank := CAST(rank AS BIGINT),
                           ts := window_ts, te := window_te) ORDER BY rank)
@@ -273,10 +277,11 @@ def test_replay_lengths_of_a_change_off_the_path_are_the_unchanged_ones(dataset,
                                 ([1.0 - s for s in off_path], True)):
             del walked[:]
             got = plan.lengths(scales, 1.0)
+            was_walked = bool(walked)
             assert got == critical_path._lengths(columns(plan, plan.weights(scales, 1.0)))
             if shorter:
-                assert walked and all(got[rank] < unchanged[rank] for rank in got)
-            elif not walked:
+                assert was_walked and all(got[rank] < unchanged[rank] for rank in got)
+            elif not was_walked:
                 skipped += 1
                 assert got == unchanged
     assert skipped == len(rows)  # every step's off-path change was given its lengths without a walk

@@ -139,12 +139,15 @@ def _priced_once(con, changes: list[dict]):
     (what_if_priced, what_if_predicted): the events of each step read and its graph planned once for all the
     changes, each change's scales (critical_path_events') a list beside them, each change walked on the one plan
     (critical_path_replay_lengths). A change that makes a range an op in some step (its graph is not the
-    unchanged one) is left to what_if."""
+    unchanged one) is left to what_if. A change that changes nothing (a rule that found nothing to price) predicts
+    the unchanged replay's time (what_if_unchanged's): no scales, no walk."""
     try:  # (what an error leaves half made is dropped too)
         changes = list({c["key"]: c for c in changes}.values())
+        idle = [c["key"] for c in changes if _changes_nothing(c)]
+        changes = [c for c in changes if not _changes_nothing(c)]
         # the scales of each change of critical_path_scales' parameters (changes that differ in no_launch_overhead
         # only share them)
-        scaled = {tuple(c[name] for name in SCALE_PARAMETERS): None for c in changes}
+        scaled = {_scaling(c): None for c in changes}
         con.execute("CREATE OR REPLACE TEMP TABLE findings_scales (scaling INTEGER, run_id VARCHAR, rank INTEGER, "
                     "window_name VARCHAR, instance INTEGER, scales DOUBLE[], reroled BOOLEAN)")
         for number, values in enumerate(scaled):
@@ -153,10 +156,10 @@ def _priced_once(con, changes: list[dict]):
             con.execute(f"INSERT INTO findings_scales SELECT {number}, run_id, rank, window_name, instance, scales, "
                         f"reroled FROM critical_path_scales({arguments})")
         reroled = {n for (n,) in con.execute("SELECT DISTINCT scaling FROM findings_scales WHERE reroled").fetchall()}
-        priced = [c for c in changes if scaled[tuple(c[name] for name in SCALE_PARAMETERS)] not in reroled]
+        priced = [c for c in changes if scaled[_scaling(c)] not in reroled]
         keys = [c["key"] for c in priced]
         gaps = [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in priced]
-        scalings = [scaled[tuple(c[name] for name in SCALE_PARAMETERS)] for c in priced]
+        scalings = [scaled[_scaling(c)] for c in priced]
         con.execute(f"""CREATE OR REPLACE TEMP TABLE findings_predicted AS
             WITH windows AS (
                 SELECT e.*, COALESCE(e.step, e.instance) AS joint, s.scales
@@ -167,6 +170,7 @@ def _priced_once(con, changes: list[dict]):
                             FROM findings_scales GROUP BY ALL)) s
                   ON s.run_id = e.run_id AND s.rank = e.rank AND s.window_name = e.window_name
                  AND s.instance = e.instance
+                WHERE {len(priced)} > 0
             ), shared AS (
                 SELECT run_id, window_name, joint FROM windows GROUP BY ALL HAVING count(*) > 1
             ), joint AS (
@@ -191,11 +195,16 @@ def _priced_once(con, changes: list[dict]):
                 w.window_name, w.instance, l.l.length_ns - (w.window_ts - l.joint_ts) AS predicted_ns
             FROM windows w
             JOIN lengths l ON l.run_id = w.run_id AND l.window_name = w.window_name AND l.joint = w.joint
-             AND l.l.path_rank = w.rank""")
+             AND l.l.path_rank = w.rank
+            UNION ALL
+            SELECT k.key, u.run_id, u.rank, u.window_name, u.instance, u.replayed_ns
+            FROM what_if_unchanged() u, unnest({_literal(idle)}::VARCHAR[]) k(key)
+            WHERE u.replayed_ns IS NOT NULL""")
         con.execute("DROP TABLE temp.findings_scales")
+        keys = ", ".join(map(_literal, keys + idle)) or "NULL"
         parameters = "faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs, straggler_to_median"
         con.execute(f"CREATE OR REPLACE TEMP MACRO what_if_priced({parameters}) AS "
-                    f"what_if_change_key({parameters}) IN ({', '.join(map(_literal, keys)) or 'NULL'})")
+                    f"what_if_change_key({parameters}) IN ({keys})")
         con.execute(f"CREATE OR REPLACE TEMP MACRO what_if_predicted({parameters}) AS TABLE "
                     f"SELECT run_id, rank, window_name, instance, predicted_ns FROM findings_predicted "
                     f"WHERE key = what_if_change_key({parameters})")
@@ -205,6 +214,18 @@ def _priced_once(con, changes: list[dict]):
         con.execute("DROP MACRO TABLE IF EXISTS temp.what_if_predicted")
         con.execute("DROP TABLE IF EXISTS temp.findings_predicted")
         con.execute("DROP TABLE IF EXISTS temp.findings_scales")
+
+
+def _changes_nothing(change: dict) -> bool:
+    """Whether the change changes no event and no gap: its predicted time is the unchanged replay's."""
+    return change["faster"] is None and not any(change[name] for name in (
+        "hide_communication", "no_launch_overhead", "remove_syncs", "straggler_to_median"))
+
+
+def _scaling(change: dict) -> tuple:
+    """The change's parameters of critical_path_scales (faster_pct 0 without a `faster`: it scales nothing)."""
+    values = dict(change, faster_pct=change["faster_pct"] if change["faster"] is not None else 0.0)
+    return tuple(values[name] for name in SCALE_PARAMETERS)
 
 
 #: critical_path_scales' parameters of a change (what_if_change's columns)
