@@ -86,6 +86,17 @@ def test_findings_share_what_no_rule_changes(ingested):
     assert sorted(found, key=repr) == sorted(alone, key=repr)
 
 
+def test_findings_of_a_run_without_steps(ingested):
+    """A run without a step or range to replay (a GPU-only trace: no host, no ProfilerStep) has changes to price
+    (its kernels) but no window: no finding, as each rule alone, and no error (the priced walks' inputs empty)."""
+    run = ingested(DATASETS / "tracelens_mi210_gpu_only")
+    con = tracesql.connect(run)
+    assert con.sql("SELECT count(*) FROM critical_path_windows()").fetchall() == [(0,)]
+    assert findings.run(con, "RUN", {"min_saving_pct": 0}).fetchall() == []
+    assert [row for rule in RULES if "min_saving_pct" in rule.params
+            for row in queries.run(con, rule, {"run": "RUN", "min_saving_pct": 0}).fetchall()] == []
+
+
 def test_what_ifs_priced_before_the_rules_are_those_their_arguments_allow(ingested):
     """`findings` prices before its rules run the what_if calls whose arguments it can evaluate then (literals,
     variables, macros); a call whose argument reads the rule's own rows or tables is left to what_if, not an

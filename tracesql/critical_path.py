@@ -65,6 +65,7 @@ import bisect
 import gc
 import heapq
 import pickle
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -91,12 +92,6 @@ SEGMENT_FIELDS = (
     ("seq", pa.int32()), ("event_id", pa.int64()), ("ts", pa.int64()), ("dur_ns", pa.int64()),
     ("edge", pa.string()), ("bound_by", pa.string()), ("path_rank", pa.int64()), ("rank", pa.int64()),
 )
-#: The events as critical_path_event_lists lists them (what replay_lengths takes): EVENT_FIELDS (roles unchanged,
-#: no scale) and what the what-if's changes look at.
-LISTED_FIELDS = EVENT_FIELDS + (("name", pa.string()), ("op_role", pa.string()), ("sync_call", pa.bool_()),
-                                ("straggles", pa.bool_()))
-#: replay_lengths' result per step: per change (its number in the list of changes), each rank's path length
-LENGTH_FIELDS = (("change", pa.int32()), ("path_rank", pa.int64()), ("length_ns", pa.int64()))
 SQL_TYPES = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR",
              pa.bool_(): "BOOLEAN"}
 
@@ -105,10 +100,8 @@ def _struct_sql(fields) -> str:
     return "STRUCT(" + ", ".join(f"{n} {SQL_TYPES[t]}" for n, t in fields) + ")[]"
 
 
-EVENT_SQL, LISTED_SQL, WINDOW_SQL, SEGMENT_SQL, LENGTH_SQL = (
-    _struct_sql(f) for f in (EVENT_FIELDS, LISTED_FIELDS, WINDOW_FIELDS, SEGMENT_FIELDS, LENGTH_FIELDS))
+EVENT_SQL, WINDOW_SQL, SEGMENT_SQL = (_struct_sql(f) for f in (EVENT_FIELDS, WINDOW_FIELDS, SEGMENT_FIELDS))
 SEGMENT_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in SEGMENT_FIELDS]))
-LENGTHS_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in LENGTH_FIELDS]))
 
 OPS = ("op", "blocking_op", "blocked_launch")
 #: the replay's host calls that wait for the device: their end is held by it (HTA's path: a blocked launch is host time)
@@ -992,25 +985,63 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
     return pa.concat_arrays(out) if out else pa.array([], type=SEGMENT_TYPE)
 
 
-def replay_lengths(events: pa.Array, windows: pa.Array, scales: pa.Array, gaps_scales: pa.Array) -> pa.Array:
-    """The DuckDB function (Arrow) that replays one step with several what-ifs at once (`tracesql findings`: every
-    rule's change), per row: a step's events as critical_path_event_lists lists them (LISTED_FIELDS; no change made
-    a range an op) and windows, and per change the events' scales (a list in the events' order) and its gaps_scale
-    -> per change, the length of each rank's path (the sum of its segments' dur_ns: what the what_if macro's
-    predicted time is). The events are read and the graph planned once for all the changes; each change is walked
-    as critical_path_walk walks it, unless it cannot change a length (Plan.lengths)."""
-    out = []
-    for ev, spans, gaps_list in zip(_rows(events, scales), windows.to_pylist(), gaps_scales.to_pylist()):
-        spans = _by_rank(spans)
+def replay_lengths(lists: pa.Table, gaps_scales: list[float]) -> pa.Table:
+    """Each change's predicted time of every window of `lists` (`tracesql findings`: its rules' changes priced at
+    once): critical_path_event_lists' rows (no change made a range an op) with `scales`, per change a list of the
+    events' scales in the events' order; gaps_scales: each change's. Each step is replayed as the what_if macro
+    replays it (one rank's window, or a step's ranks' together: _steps), its graph planned once for all the
+    changes, each change walked as critical_path_walk walks it unless it cannot change a length (Plan.lengths).
+    Returns per change (its number in gaps_scales) and window with a path: run_id, rank, window_name, instance
+    and predicted_ns, the rank's path length from the step's earliest window start less its own start's offset."""
+    rows = []
+    for windows, _, ev, spans in _steps(lists, with_scales=True):
         graph = _digest(spans, ev)
-        rows = []
-        for change, gaps in enumerate(gaps_list):
+        start = min(row["window_ts"] for row in windows)
+        for change, gaps in enumerate(gaps_scales):
             changed = {name: values for name, values in ev.items() if name != "change_scales"}
             changed["scale"] = ev["change_scales"][:, change]
             lengths = _without_gc(lambda: _plan(changed, spans, gaps, graph).lengths(changed["scale"], gaps))
-            rows += [{"change": change, "path_rank": rank, "length_ns": length} for rank, length in lengths.items()]
-        out.append(rows)
-    return pa.array(out, type=LENGTHS_TYPE)
+            rows += [{"change": change, "run_id": row["run_id"], "rank": row["rank"],
+                      "window_name": row["window_name"], "instance": row["instance"],
+                      "predicted_ns": lengths[row["rank"]] - (row["window_ts"] - start)}
+                     for row in windows if row["rank"] in lengths]
+    return pa.Table.from_pylist(rows, schema=PREDICTED_SCHEMA)
+
+
+#: replay_lengths' rows
+PREDICTED_SCHEMA = pa.schema([("change", pa.int32()), ("run_id", pa.string()), ("rank", pa.int32()),
+                              ("window_name", pa.string()), ("instance", pa.int32()), ("predicted_ns", pa.int64())])
+
+
+def walk_ahead(lists: pa.Table) -> None:
+    """Walk each window's HTA path and each step's unchanged replay of critical_path_event_lists' rows (`lists`)
+    into the walks kept (_WALKED, with the replays' plans, _PLANS), each as the what_if macro's
+    critical_path_walk call of it will ask (_steps). `tracesql findings` runs this in a thread while DuckDB runs
+    the rules' first statements: the walks (Python, on one core) then overlap that SQL (on the other), and
+    what_if finds them walked."""
+    for _, window_events, ev, spans in _steps(lists):
+        for one in window_events:
+            _walk_one(one, None, None, _digest(None, one))
+        _walk_one(ev, spans, None, _digest(spans, ev))
+
+
+def _steps(lists: pa.Table, with_scales: bool = False):
+    """Per step of critical_path_event_lists' rows (`lists`: run_id, rank, window_name, instance, step, window_ts,
+    window_te, events, and with_scales a column `scales`: _rows' change_scales), as the what_if macro replays it:
+    its windows' rows (dicts but events), their events (_rows' arrays), the events of the replay (one rank's, or
+    the step's ranks' together, in (rank, id) order) and its windows by rank (spans)."""
+    steps: dict[tuple, list] = {}
+    rows = lists.select(["run_id", "rank", "window_name", "instance", "step", "window_ts", "window_te"]).to_pylist()
+    events = _rows(lists.column("events"), lists.column("scales") if with_scales else None)
+    for row, ev in zip(rows, events):
+        if ev is not None:
+            step = row["instance"] if row["step"] is None else row["step"]
+            steps.setdefault((row["run_id"], row["window_name"], step), []).append((row, ev))
+    for windows in steps.values():
+        spans = _by_rank([{"rank": row["rank"], "ts": row["window_ts"], "te": row["window_te"]} for row, _ in windows])
+        ev = windows[0][1] if len(windows) == 1 else _in_order(
+            {name: np.concatenate([e[name] for _, e in windows]) for name in windows[0][1]})
+        yield [row for row, _ in windows], [e for _, e in windows], ev, spans
 
 
 def _by_rank(spans: list | None) -> list | None:
@@ -1025,14 +1056,7 @@ def _walk_one(ev: dict, spans: list | None, gaps: float | None, graph) -> pa.Arr
     if gaps is not None:  # one what-if's own walk (each findings rule's): walked, not kept
         return _without_gc(_walk_row, ev, spans, gaps, graph)
     # the unchanged replay and HTA's path ignore the scales: every what-if's (each rule's) are one walk
-    key = graph.digest()
-    walked = _WALKED.pop(key, None)
-    if walked is None:
-        walked = _without_gc(_walk_row, ev, spans, gaps, graph)
-        if len(_WALKED) >= WALKED_SIZE:
-            del _WALKED[next(iter(_WALKED))]
-    _WALKED[key] = walked  # the latest used last
-    return walked
+    return _kept(_WALKED, WALKED_SIZE, graph.digest(), lambda: _without_gc(_walk_row, ev, spans, gaps, graph))
 
 
 def _rows(events: pa.Array | pa.ChunkedArray, scales: pa.Array | pa.ChunkedArray | None = None):
@@ -1084,14 +1108,23 @@ def _plan(ev: dict, spans: list, gaps: float | None, graph) -> Plan:
     graph itself (synchronisations removed, host calls that wait no more): then a graph of its own, walked once."""
     if gaps is not None and ((ev["scale"] == 0) & np.isin(ev["role"], WAITING_CODES + SYNC_CODES)).any():
         return Plan(ev, spans, True)
-    key = graph.digest()
-    plan = _PLANS.pop(key, None)
-    if plan is None:
-        plan = Plan(ev, spans, gaps is not None)
-        if len(_PLANS) >= PLANS_SIZE:
-            del _PLANS[next(iter(_PLANS))]
-    _PLANS[key] = plan  # the latest used last
-    return plan
+    return _kept(_PLANS, PLANS_SIZE, graph.digest(), lambda: Plan(ev, spans, gaps is not None))
+
+
+def _kept(cache: dict, size: int, key: bytes, make):
+    """cache[key], made (make()) and kept if missing, the latest used last, the least recently used dropped
+    beyond `size`. `tracesql findings` walks in a thread while DuckDB's calls walk too: the cache is changed
+    under a lock (two threads may make one value; the later one's is kept)."""
+    with _KEEPING:
+        value = cache.pop(key, None)
+    if value is None:
+        value = make()
+    with _KEEPING:
+        cache.pop(key, None)
+        while len(cache) >= size:
+            del cache[next(iter(cache))]
+        cache[key] = value
+    return value
 
 
 def _digest(spans: list | None, ev: dict):
@@ -1117,6 +1150,8 @@ def _without_gc(function, *args):
             gc.enable()
 
 
+#: Held while the kept walks and plans change (_kept)
+_KEEPING = threading.Lock()
 #: The latest unchanged walks used (the unchanged replay, HTA's path), by a digest of their input, each as its
 #: Arrow row (a tenth of the memory of the segments as Python objects): a what-if whose change changes nothing
 #: walks its steps' unchanged replay, and a step's HTA path asked again in a session is looked up (the findings
@@ -1133,9 +1168,6 @@ PLANS_SIZE = 256
 
 
 def register(con) -> None:
-    """Create `critical_path_walk(events, windows, gaps_scale)` and `critical_path_replay_lengths(events, windows,
-    scales, gaps_scales)` on `con`."""
+    """Create `critical_path_walk(events, windows, gaps_scale)` on `con`."""
     con.create_function("critical_path_walk", walk, [EVENT_SQL, WINDOW_SQL, "DOUBLE"], SEGMENT_SQL,
                         type="arrow", side_effects=False, null_handling="special")
-    con.create_function("critical_path_replay_lengths", replay_lengths,
-                        [LISTED_SQL, WINDOW_SQL, "DOUBLE[][]", "DOUBLE[]"], LENGTH_SQL, type="arrow", side_effects=False)

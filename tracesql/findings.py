@@ -6,8 +6,9 @@ per (run, rank, step) where it fires, with the columns of FINDING_COLUMNS. Every
 what-if replay (the what_if table macro): saving_ns is the step time the replay says the fix saves. `findings`
 runs them all and ranks their rows by saving_ns, largest first. It prices the rules' what-ifs together first:
 each rule's statements before its last (what it prices) run, the change of each what_if call of its last
-statement is read (what_if_change), and every step is replayed once with all the changes (_priced_once); the
-rules' what_if calls then read their predicted times.
+statement is read (what_if_change), and every step's graph is planned once and walked with each change
+(critical_path.replay_lengths, _priced_once); the rules' what_if calls then read their predicted times. The walks
+(Python) run in a thread while DuckDB runs the SQL they do not wait for (run).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 
-from . import queries
+from . import critical_path, queries
 from .errors import TraceError
 
 #: The columns every rule returns, in this order (a test checks each rule's header and result against them).
@@ -133,78 +134,130 @@ def _changes(con, sql: str) -> list[dict]:
     return changes
 
 
-@contextlib.contextmanager
-def _priced_once(con, changes: list[dict]):
-    """Each change's predicted time of every default window (each step), for what_if to read while the rules run
-    (what_if_priced, what_if_predicted): the events of each step read and its graph planned once for all the
-    changes, each change's scales (critical_path_events') a list beside them, each change walked on the one plan
-    (critical_path_replay_lengths). A change that makes a range an op in some step (its graph is not the
-    unchanged one) is left to what_if. A change that changes nothing (a rule that found nothing to price) predicts
-    the unchanged replay's time (what_if_unchanged's): no scales, no walk."""
-    try:  # (what an error leaves half made is dropped too)
-        changes = list({c["key"]: c for c in changes}.values())
-        idle = [c["key"] for c in changes if _changes_nothing(c)]
-        changes = [c for c in changes if not _changes_nothing(c)]
-        # the scales of each change of critical_path_scales' parameters (changes that differ in no_launch_overhead
-        # only share them)
-        scaled = {_scaling(c): None for c in changes}
+class _Scales:
+    """The table findings_scales: the events' scales of each change (critical_path_scales'), numbered by the
+    change's parameters of critical_path_scales (changes that differ in no_launch_overhead only share them),
+    added as the rules' changes become known (add); what _priced_once walks."""
+
+    def __init__(self, con):
+        self.con = con
+        self.numbers: dict[tuple, int] = {}
         con.execute("CREATE OR REPLACE TEMP TABLE findings_scales (scaling INTEGER, run_id VARCHAR, rank INTEGER, "
                     "window_name VARCHAR, instance INTEGER, scales DOUBLE[], reroled BOOLEAN)")
-        for number, values in enumerate(scaled):
-            scaled[values] = number
+
+    def add(self, changes: list[dict]) -> None:
+        for change in changes:
+            values = _scaling(change)
+            if _changes_nothing(change) or values in self.numbers:
+                continue
+            number = self.numbers[values] = len(self.numbers)
             arguments = ", ".join(f"{name} := {_literal(value)}" for name, value in zip(SCALE_PARAMETERS, values))
-            con.execute(f"INSERT INTO findings_scales SELECT {number}, run_id, rank, window_name, instance, scales, "
-                        f"reroled FROM critical_path_scales({arguments})")
-        reroled = {n for (n,) in con.execute("SELECT DISTINCT scaling FROM findings_scales WHERE reroled").fetchall()}
-        priced = [c for c in changes if scaled[_scaling(c)] not in reroled]
-        keys = [c["key"] for c in priced]
-        gaps = [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in priced]
-        scalings = [scaled[_scaling(c)] for c in priced]
+            self.con.execute(f"INSERT INTO findings_scales SELECT {number}, run_id, rank, window_name, instance, "
+                             f"scales, reroled FROM critical_path_scales({arguments})")
+
+    def number(self, change: dict) -> int:
+        return self.numbers[_scaling(change)]
+
+
+@contextlib.contextmanager
+def _scaled_once(con):
+    """While the rules run, the scales of their changes (_Scales), dropped after."""
+    try:
+        yield _Scales(con)
+    finally:
+        con.execute("DROP TABLE IF EXISTS temp.findings_scales")
+
+
+@contextlib.contextmanager
+def _in_thread(function, *args):
+    """function(*args) in a thread while the block runs (its Python on one core, the block's DuckDB SQL on the
+    other); the block gets a function that waits for its result (raising its error). Joined when the block
+    ends, however it ends."""
+    import threading
+
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as e:  # (raised in the caller's thread, by result)
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, name="tracesql-findings", daemon=True)
+    thread.start()
+
+    def result():
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
+
+    try:
+        yield result
+    finally:
+        thread.join()
+
+
+def _lengths_input(con, lists, changes: list[dict], scales: _Scales) -> tuple[list[str], pa.Table, list[float]]:
+    """The changes of `changes` to walk (not one that changes nothing, nor one that makes a range an op in some
+    step: its graph is not the unchanged one, what_if walks it), for critical_path.replay_lengths: their keys,
+    the default windows' event lists (`lists`, findings_event_lists' rows) with each one's scales, and each one's
+    gaps scale."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    reroled = {n for (n,) in con.execute("SELECT DISTINCT scaling FROM findings_scales WHERE reroled").fetchall()}
+    walked = list({c["key"]: c for c in changes if not _changes_nothing(c)
+                   and scales.number(c) not in reroled}.values())
+    if not walked:
+        return [], lists, []
+    # (the scales only, in the lists' order: reading the events again took 1-1.5 s at 24x)
+    by_window = con.sql(f"""
+        SELECT run_id, rank, window_name, instance,
+            [by_scaling[n + 1] FOR n IN {_literal([scales.number(c) for c in walked])}::INTEGER[]] AS scales
+        FROM (SELECT run_id, rank, window_name, instance, list(scales ORDER BY scaling) AS by_scaling
+              FROM findings_scales GROUP BY ALL)""").to_arrow_table()
+    window = ["run_id", "rank", "window_name", "instance"]
+    position = {key: i for i, key in enumerate(zip(*(by_window.column(c).to_pylist() for c in window)))}
+    order = pa.array([position[key] for key in zip(*(lists.column(c).to_pylist() for c in window))], pa.int64())
+    return ([c["key"] for c in walked], lists.append_column("scales", pc.take(by_window.column("scales"), order)),
+            [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in walked])
+
+
+def _replay_lengths(keys: list[str], lists, gaps: list[float]):
+    """critical_path.replay_lengths of _lengths_input's, with each change's key: (keys, lengths) or None."""
+
+    return (keys, critical_path.replay_lengths(lists, gaps)) if keys else None
+
+
+@contextlib.contextmanager
+def _priced_once(con, changes: list[dict], lengths: list):
+    """Each change's predicted time of every default window (each step), for what_if to read while the rules run
+    (what_if_priced, what_if_predicted): those walked (`lengths`: _replay_lengths' of each batch of changes), and
+    those of the changes that change nothing (a rule that found nothing to price): the unchanged replay's time
+    (what_if_unchanged's, which _unchanged_once keeps)."""
+    import pyarrow as pa
+
+
+    idle = list({c["key"] for c in changes if _changes_nothing(c)})
+    batches = [batch for batch in lengths if batch is not None]
+    keys = [key for batch_keys, _ in batches for key in batch_keys]
+    try:  # (what an error leaves half made is dropped too)
+        con.register("findings_lengths", pa.concat_tables(
+            [table.append_column("key", pa.array(batch_keys, pa.string()).take(table.column("change")))
+             for batch_keys, table in batches]
+            or [critical_path.PREDICTED_SCHEMA.empty_table().append_column("key", pa.array([], pa.string()))]))
         con.execute(f"""CREATE OR REPLACE TEMP TABLE findings_predicted AS
-            WITH windows AS (
-                SELECT e.*, COALESCE(e.step, e.instance) AS joint, s.scales
-                FROM critical_path_event_source() e
-                JOIN (SELECT run_id, rank, window_name, instance,
-                          [by_scaling[n + 1] FOR n IN {_literal(scalings)}::INTEGER[]] AS scales
-                      FROM (SELECT run_id, rank, window_name, instance, list(scales ORDER BY scaling) AS by_scaling
-                            FROM findings_scales GROUP BY ALL)) s
-                  ON s.run_id = e.run_id AND s.rank = e.rank AND s.window_name = e.window_name
-                 AND s.instance = e.instance
-                WHERE {len(priced)} > 0
-            ), shared AS (
-                SELECT run_id, window_name, joint FROM windows GROUP BY ALL HAVING count(*) > 1
-            ), joint AS (
-                -- (as what_if's: one rank's list as it is, several ranks' joined, here in rank order, as their scales)
-                SELECT run_id, window_name, joint, window_ts AS joint_ts, events, scales,
-                    [struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)] AS spans
-                FROM windows
-                WHERE (run_id, window_name, joint) NOT IN (SELECT (run_id, window_name, joint) FROM shared)
-                UNION ALL
-                SELECT run_id, window_name, joint, min(window_ts), flatten(list(events ORDER BY rank)),
-                    [flatten([s[k] FOR s IN list(scales ORDER BY rank)]) FOR k IN range(1, {len(priced) + 1})],
-                    list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te))
-                FROM windows
-                WHERE (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM shared)
-                GROUP BY ALL
-            ), lengths AS (
-                SELECT run_id, window_name, joint, joint_ts,
-                    unnest(critical_path_replay_lengths(events, spans, scales, {_literal(gaps)}::DOUBLE[])) AS l
-                FROM joint
-            )
-            SELECT [{", ".join(map(_literal, keys)) or "NULL"}][l.l.change + 1] AS key, w.run_id, w.rank,
-                w.window_name, w.instance, l.l.length_ns - (w.window_ts - l.joint_ts) AS predicted_ns
-            FROM windows w
-            JOIN lengths l ON l.run_id = w.run_id AND l.window_name = w.window_name AND l.joint = w.joint
-             AND l.l.path_rank = w.rank
+            SELECT key, run_id, rank, window_name, instance, predicted_ns FROM findings_lengths
             UNION ALL
             SELECT k.key, u.run_id, u.rank, u.window_name, u.instance, u.replayed_ns
             FROM what_if_unchanged() u, unnest({_literal(idle)}::VARCHAR[]) k(key)
             WHERE u.replayed_ns IS NOT NULL""")
-        con.execute("DROP TABLE temp.findings_scales")
-        keys = ", ".join(map(_literal, keys + idle)) or "NULL"
+        con.unregister("findings_lengths")
+        known = ", ".join(map(_literal, keys + idle)) or "NULL"
         parameters = "faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs, straggler_to_median"
         con.execute(f"CREATE OR REPLACE TEMP MACRO what_if_priced({parameters}) AS "
-                    f"what_if_change_key({parameters}) IN ({keys})")
+                    f"what_if_change_key({parameters}) IN ({known})")
         con.execute(f"CREATE OR REPLACE TEMP MACRO what_if_predicted({parameters}) AS TABLE "
                     f"SELECT run_id, rank, window_name, instance, predicted_ns FROM findings_predicted "
                     f"WHERE key = what_if_change_key({parameters})")
@@ -213,7 +266,6 @@ def _priced_once(con, changes: list[dict]):
         con.execute("DROP MACRO IF EXISTS temp.what_if_priced")
         con.execute("DROP MACRO TABLE IF EXISTS temp.what_if_predicted")
         con.execute("DROP TABLE IF EXISTS temp.findings_predicted")
-        con.execute("DROP TABLE IF EXISTS temp.findings_scales")
 
 
 def _changes_nothing(change: dict) -> bool:
@@ -248,17 +300,64 @@ def _literal(value) -> str:
 def run(con, target: str, params: dict | None = None):
     """Every rule's rows on `con`, largest saving first, as a DuckDB relation on `con`. `target`: the run as the
     user named it, written into each row's `query` command; `params` (name -> value) go to the rules that take
-    them (e.g. min_saving_pct, every rule's threshold). The rules' statements before their last (what each
-    prices) run first, then their what-ifs are priced together (_priced_once), then their last statements."""
+    them (e.g. min_saving_pct, every rule's threshold).
+
+    The rules' statements before their last (what each prices) run first, and the scales of their changes are
+    computed (_Scales), then their changes are priced together (_priced_once), then the rules' last statements
+    run. The walks (Python) run in a thread while DuckDB runs SQL (_in_thread), in two rounds: the rules whose
+    first statements walk no path run those first, while each step's unchanged replay and HTA path are walked
+    (critical_path.walk_ahead); their changes are walked (critical_path.replay_lengths) while the unchanged
+    replays' rows (_unchanged_once), the paths (_paths_once) and the other rules' first statements are computed;
+    the other rules' changes while the first rules' last statements run."""
     import pyarrow as pa
 
     params = check(dict(params or {}))
     rules = catalogue()
     given = {rule.name: {"run": target} | {k: v for k, v in params.items() if k in rule.params} for rule in rules}
-    with _event_lists_once(con), _unchanged_once(con), _paths_once(con):
-        changes = [change for rule in rules for change in _changes(con, queries.prepare(con, rule, given[rule.name]))]
-        with _priced_once(con, changes):
-            found = pa.concat_tables([queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table()
-                                      for rule in rules])
+    walking = [rule for rule in rules if _walks(" ".join(s.query for s in con.extract_statements(rule.sql)[:-1]))]
+    first_rules = [rule for rule in rules if rule not in walking]
+    changes: list[dict] = []
+
+    def prepare(some: list) -> list[dict]:
+        found = [c for rule in some for c in _changes(con, queries.prepare(con, rule, given[rule.name]))]
+        scales.add(found)
+        changes.extend(found)
+        return found
+
+    def last(some: list) -> list:
+        return [queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table() for rule in some]
+
+    with _event_lists_once(con), _scaled_once(con) as scales:
+        lists = con.sql("FROM findings_event_lists").to_arrow_table()
+        with _in_thread(critical_path.walk_ahead, lists) as walked:
+            first = prepare(first_rules)
+            first_input = _lengths_input(con, lists, first, scales)
+            walked()
+        with _in_thread(_replay_lengths, *first_input) as first_lengths:
+            with _unchanged_once(con), _paths_once(con):
+                later = [c for c in prepare(walking) if c["key"] not in {f["key"] for f in first}]
+                later_input = _lengths_input(con, lists, later, scales)
+                del lists, first_input
+                con.execute("DROP TABLE temp.findings_scales")  # (what the walks read, no longer needed)
+                lengths = [first_lengths()]
+                with _in_thread(_replay_lengths, *later_input) as later_lengths:
+                    with _priced_once(con, first, lengths):
+                        found = last(first_rules)
+                    lengths.append(later_lengths())
+                with _priced_once(con, changes, lengths):
+                    found += last(walking)
     order = [("saving_ns", "descending")] + [(c, "ascending") for c in ("run_id", "rank", "step", "finding")]
-    return con.from_arrow(found.sort_by(order))
+    return con.from_arrow(pa.concat_tables(found).sort_by(order))
+
+
+def _walks(sql: str) -> bool:
+    """Whether `sql` walks a critical path: calls critical_path_walk, or a macro that does (what_if,
+    step_critical_paths, ...)."""
+    from . import functions
+
+    names = functions.words(sql)
+    return WALK in names or any(WALK in functions.words(text) for text in functions.needed(names)[0])
+
+
+#: The Python function that walks a critical path (tracesql/critical_path.py)
+WALK = "critical_path_walk"
