@@ -117,10 +117,13 @@ def test_what_ifs_priced_before_the_rules_are_those_their_arguments_allow(ingest
 
 
 @pytest.mark.slow
-def test_findings_walk_each_steps_path_once(ingested):
-    """`findings` walks HTA's critical path of each step once for the rules that read it (step_critical_paths:
-    host_op, idle_bubbles); inside its sharing the macro's rows, of every rank and of one, are those it walks
-    outside."""
+def test_findings_walk_each_steps_path_once(ingested, monkeypatch):
+    """`findings` walks HTA's critical path of each step and each step's unchanged replay once, ahead
+    (critical_path.walk_ahead, in a thread), for the rules that read them (step_critical_paths: host_op,
+    idle_bubbles; what_if); inside its sharing the macro's rows, of every rank and of one, are those it walks
+    outside, and the what_if macro's unchanged replays and paths build no graph of their own."""
+    from tracesql import critical_path
+
     run = ingested(TRACE_FILTER)
     con = tracesql.connect(run)
 
@@ -129,8 +132,18 @@ def test_findings_walk_each_steps_path_once(ingested):
                 for rank in ("NULL", 1)}
 
     walked = paths()
-    with findings._event_lists_once(con), findings._paths_once(con):
-        assert paths() == walked
+    unchanged = sorted(con.sql("FROM what_if(predict := 0)").fetchall(), key=repr)
+    monkeypatch.setattr(critical_path, "_WALKED", {})
+    monkeypatch.setattr(critical_path, "_PLANS", {})
+    with findings._event_lists_once(con):
+        ahead = critical_path.walk_ahead(con.sql("FROM findings_event_lists").to_arrow_table())
+        built = []
+        plan = critical_path.Plan.__init__
+        monkeypatch.setattr(critical_path.Plan, "__init__", lambda *a: built.append(1) or plan(*a))
+        with findings._paths_once(con, ahead):
+            assert paths() == walked
+        assert sorted(con.sql("FROM what_if(predict := 0)").fetchall(), key=repr) == unchanged
+    assert built == []
     assert 0 < len(walked[1]) < len(walked["NULL"])
 
 

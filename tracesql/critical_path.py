@@ -1013,16 +1013,24 @@ PREDICTED_SCHEMA = pa.schema([("change", pa.int32()), ("run_id", pa.string()), (
                               ("window_name", pa.string()), ("instance", pa.int32()), ("predicted_ns", pa.int64())])
 
 
-def walk_ahead(lists: pa.Table) -> None:
+def walk_ahead(lists: pa.Table) -> pa.Table:
     """Walk each window's HTA path and each step's unchanged replay of critical_path_event_lists' rows (`lists`)
     into the walks kept (_WALKED, with the replays' plans, _PLANS), each as the what_if macro's
     critical_path_walk call of it will ask (_steps). `tracesql findings` runs this in a thread while DuckDB runs
     the rules' first statements: the walks (Python, on one core) then overlap that SQL (on the other), and
-    what_if finds them walked."""
-    for _, window_events, ev, spans in _steps(lists):
-        for one in window_events:
-            _walk_one(one, None, None, _digest(None, one))
+    what_if finds them walked. Returns the HTA paths as step_critical_paths' rows (run_id, rank, instance, s)."""
+    paths = []
+    for windows, window_events, ev, spans in _steps(lists):
+        for row, one in zip(windows, window_events):
+            segments = _walk_one(one, None, None, _digest(None, one)).flatten()
+            paths.append(pa.table({"run_id": pa.array([row["run_id"]] * len(segments), pa.string()),
+                                   "rank": pa.array([row["rank"]] * len(segments), pa.int32()),
+                                   "instance": pa.array([row["instance"]] * len(segments), pa.int32()),
+                                   "s": segments}))
         _walk_one(ev, spans, None, _digest(spans, ev))
+    empty = pa.table({"run_id": pa.array([], pa.string()), "rank": pa.array([], pa.int32()),
+                      "instance": pa.array([], pa.int32()), "s": pa.array([], SEGMENT_TYPE.value_type)})
+    return pa.concat_tables([empty, *paths])
 
 
 def _steps(lists: pa.Table, with_scales: bool = False):

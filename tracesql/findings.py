@@ -100,12 +100,20 @@ def _unchanged_once(con):
         "FROM findings_unchanged WHERE annotation IS NULL AND occurrence IS NULL")
 
 
-def _paths_once(con):
-    """HTA's critical path of each default window (step_critical_paths) once, for the rules that look for the host
-    work on it (host_op, idle_bubbles): each walked them again."""
-    return _computed_once(con, "findings_paths", "FROM step_critical_paths()", "step_critical_paths",
-                          "step_critical_paths(rank_filter := NULL) AS TABLE "
-                          "FROM findings_paths WHERE rank_filter IS NULL OR rank = rank_filter")
+@contextlib.contextmanager
+def _paths_once(con, paths):
+    """HTA's critical path of each default window (step_critical_paths' rows, `paths`: those walk_ahead walked)
+    as a table, for the rules that look for the host work on it (host_op, idle_bubbles): each walked them again,
+    and reading them back through critical_path_walk took 2 s at 24x."""
+    con.register("findings_walked_paths", paths)
+    try:
+        with _computed_once(con, "findings_paths", "FROM findings_walked_paths", "step_critical_paths",
+                            "step_critical_paths(rank_filter := NULL) AS TABLE "
+                            "FROM findings_paths WHERE rank_filter IS NULL OR rank = rank_filter"):
+            con.unregister("findings_walked_paths")
+            yield
+    finally:
+        con.unregister("findings_walked_paths")
 
 
 def _what_if_calls(sql: str) -> list[str]:
@@ -332,12 +340,12 @@ def run(con, target: str, params: dict | None = None):
         with _in_thread(critical_path.walk_ahead, lists) as walked:
             first = prepare(first_rules)
             first_input = _lengths_input(con, lists, first, scales)
-            walked()
+            paths = walked()
         with _in_thread(_replay_lengths, *first_input) as first_lengths:
-            with _unchanged_once(con), _paths_once(con):
+            with _unchanged_once(con), _paths_once(con, paths):
                 later = [c for c in prepare(walking) if c["key"] not in {f["key"] for f in first}]
                 later_input = _lengths_input(con, lists, later, scales)
-                del lists, first_input
+                del lists, first_input, paths
                 con.execute("DROP TABLE temp.findings_scales")  # (what the walks read, no longer needed)
                 lengths = [first_lengths()]
                 with _in_thread(_replay_lengths, *later_input) as later_lengths:
