@@ -18,8 +18,9 @@ from pathlib import Path
 
 import duckdb
 
-from . import critical_path, queries
+from . import critical_path, functions, queries
 from .errors import TraceError
+from .functions import quote
 
 #: The columns every rule returns, in this order (a test checks each rule's header and result against them).
 FINDING_COLUMNS = (
@@ -64,10 +65,18 @@ def check(params: dict) -> dict:
 
 
 @contextlib.contextmanager
-def _computed_once(con, table: str, query: str, macro: str, macro_sql: str):
-    """While the rules run, `query` computed once into the temporary `table`, and the table macro `macro` (which
-    the rules' SQL calls) replaced by `macro_sql`, which reads it; both dropped after."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {query}")
+def _computed_once(con, table: str, query, macro: str, macro_sql: str):
+    """While the rules run, `query` (SQL, or an Arrow table: its rows) computed once into the temporary `table`,
+    and the table macro `macro` (which the rules' SQL calls) replaced by `macro_sql`, which reads it; both dropped
+    after."""
+    if isinstance(query, str):
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {query}")
+    else:
+        con.register(f"{table}_rows", query)
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS FROM {table}_rows")
+        finally:
+            con.unregister(f"{table}_rows")
     con.execute(f"CREATE OR REPLACE TEMP MACRO {macro_sql}")
     try:
         yield
@@ -100,20 +109,13 @@ def _unchanged_once(con):
         "FROM findings_unchanged WHERE annotation IS NULL AND occurrence IS NULL")
 
 
-@contextlib.contextmanager
 def _paths_once(con, paths):
     """HTA's critical path of each default window (step_critical_paths' rows, `paths`: those walk_ahead walked)
     as a table, for the rules that look for the host work on it (host_op, idle_bubbles): each walked them again,
     and reading them back through critical_path_walk took 2 s at 24x."""
-    con.register("findings_walked_paths", paths)
-    try:
-        with _computed_once(con, "findings_paths", "FROM findings_walked_paths", "step_critical_paths",
-                            "step_critical_paths(rank_filter := NULL) AS TABLE "
-                            "FROM findings_paths WHERE rank_filter IS NULL OR rank = rank_filter"):
-            con.unregister("findings_walked_paths")
-            yield
-    finally:
-        con.unregister("findings_walked_paths")
+    return _computed_once(con, "findings_paths", paths, "step_critical_paths",
+                          "step_critical_paths(rank_filter := NULL) AS TABLE "
+                          "FROM findings_paths WHERE rank_filter IS NULL OR rank = rank_filter")
 
 
 def _what_if_calls(sql: str) -> list[str]:
@@ -234,7 +236,6 @@ def _lengths_input(con, lists, changes: list[dict], scales: _Scales) -> tuple[li
 
 def _replay_lengths(keys: list[str], lists, gaps: list[float]):
     """critical_path.replay_lengths of _lengths_input's, with each change's key: (keys, lengths) or None."""
-
     return (keys, critical_path.replay_lengths(lists, gaps)) if keys else None
 
 
@@ -245,7 +246,6 @@ def _priced_once(con, changes: list[dict], lengths: list):
     those of the changes that change nothing (a rule that found nothing to price): the unchanged replay's time
     (what_if_unchanged's, which _unchanged_once keeps)."""
     import pyarrow as pa
-
 
     idle = list({c["key"] for c in changes if _changes_nothing(c)})
     batches = [batch for batch in lengths if batch is not None]
@@ -297,7 +297,7 @@ def _literal(value) -> str:
     if value is None:
         return "NULL"
     if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
+        return quote(value)
     if isinstance(value, float):
         return f"CAST('{value!r}' AS DOUBLE)"
     if isinstance(value, list):
@@ -343,7 +343,8 @@ def run(con, target: str, params: dict | None = None):
             paths = walked()
         with _in_thread(_replay_lengths, *first_input) as first_lengths:
             with _unchanged_once(con), _paths_once(con, paths):
-                later = [c for c in prepare(walking) if c["key"] not in {f["key"] for f in first}]
+                priced = {c["key"] for c in first}
+                later = [c for c in prepare(walking) if c["key"] not in priced]
                 later_input = _lengths_input(con, lists, later, scales)
                 del lists, first_input, paths
                 con.execute("DROP TABLE temp.findings_scales")  # (what the walks read, no longer needed)
@@ -361,8 +362,6 @@ def run(con, target: str, params: dict | None = None):
 def _walks(sql: str) -> bool:
     """Whether `sql` walks a critical path: calls critical_path_walk, or a macro that does (what_if,
     step_critical_paths, ...)."""
-    from . import functions
-
     names = functions.words(sql)
     return WALK in names or any(WALK in functions.words(text) for text in functions.needed(names)[0])
 

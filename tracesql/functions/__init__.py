@@ -28,7 +28,7 @@ _NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 def _literal(value: str, sql_type: str) -> str:
     if value == "":
         return "NULL"
-    return value if sql_type != "VARCHAR" else "'" + value.replace("'", "''") + "'"
+    return value if sql_type != "VARCHAR" else quote(value)
 
 
 def csv_table_sql(path: Path) -> str:
