@@ -985,16 +985,17 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
     return pa.concat_arrays(out) if out else pa.array([], type=SEGMENT_TYPE)
 
 
-def replay_lengths(lists: pa.Table, gaps_scales: list[float]) -> pa.Table:
+def replay_lengths(lists: pa.Table, scales: list[list[pa.Array]], gaps_scales: list[float]) -> pa.Table:
     """Each change's predicted time of every window of `lists` (`tracesql findings`: its rules' changes priced at
-    once): critical_path_event_lists' rows (no change made a range an op) with `scales`, per change a list of the
-    events' scales in the events' order; gaps_scales: each change's. Each step is replayed as the what_if macro
-    replays it (one rank's window, or a step's ranks' together: _steps), its graph planned once for all the
-    changes, each change walked as critical_path_walk walks it unless it cannot change a length (Plan.lengths).
-    Returns per change (its number in gaps_scales) and window with a path: run_id, rank, window_name, instance
-    and predicted_ns, the rank's path length from the step's earliest window start less its own start's offset."""
+    once): critical_path_event_lists' rows (no change made a range an op); scales: per row of `lists`, each
+    change's scales of its events (critical_path_scales': in the events' order); gaps_scales: each change's. Each
+    step is replayed as the what_if macro replays it (one rank's window, or a step's ranks' together: _steps), its
+    graph planned once for all the changes, each change walked as critical_path_walk walks it unless it cannot
+    change a length (Plan.lengths). Returns per change (its number in gaps_scales) and window with a path:
+    run_id, rank, window_name, instance and predicted_ns, the rank's path length from the step's earliest window
+    start less its own start's offset."""
     rows = []
-    for windows, _, ev, spans in _steps(lists, with_scales=True):
+    for windows, _, ev, spans in _steps(lists, scales):
         graph = _digest(spans, ev)
         start = min(row["window_ts"] for row in windows)
         for change, gaps in enumerate(gaps_scales):
@@ -1033,14 +1034,14 @@ def walk_ahead(lists: pa.Table) -> pa.Table:
     return pa.concat_tables([empty, *paths])
 
 
-def _steps(lists: pa.Table, with_scales: bool = False):
+def _steps(lists: pa.Table, scales: list[list[pa.Array]] | None = None):
     """Per step of critical_path_event_lists' rows (`lists`: run_id, rank, window_name, instance, step, window_ts,
-    window_te, events, and with_scales a column `scales`: _rows' change_scales), as the what_if macro replays it:
+    window_te, events; scales: replay_lengths', _rows' change_scales), as the what_if macro replays it:
     its windows' rows (dicts but events), their events (_rows' arrays), the events of the replay (one rank's, or
     the step's ranks' together, in (rank, id) order) and its windows by rank (spans)."""
     steps: dict[tuple, list] = {}
     rows = lists.select(["run_id", "rank", "window_name", "instance", "step", "window_ts", "window_te"]).to_pylist()
-    events = _rows(lists.column("events"), lists.column("scales") if with_scales else None)
+    events = _rows(lists.column("events"), scales)
     for row, ev in zip(rows, events):
         if ev is not None:
             step = row["instance"] if row["step"] is None else row["step"]
@@ -1067,14 +1068,12 @@ def _walk_one(ev: dict, spans: list | None, gaps: float | None, graph) -> pa.Arr
     return _kept(_WALKED, WALKED_SIZE, graph.digest(), lambda: _without_gc(_walk_row, ev, spans, gaps, graph))
 
 
-def _rows(events: pa.Array | pa.ChunkedArray, scales: pa.Array | pa.ChunkedArray | None = None):
+def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[pa.Array]] | None = None):
     """Each row's events (None where NULL) as the graph's arrays (_arrays), chunk by chunk, each from a slice of
     its chunk's events (offsets index them): one column at a time, far quicker than dicts, and a run's every
     window is never in Python objects at once. (Combining the chunks first copied every event of the call: 14 % of
-    findings' time at 24×.) scales (replay_lengths'): per row, a list per change of the events' scales, added as
+    findings' time at 24×.) scales (replay_lengths'): per row, each change's scales of its events, added as
     change_scales, one column per change (NaN: none), in the events' order."""
-    if scales is not None:
-        scales = pa.concat_arrays(scales.chunks) if isinstance(scales, pa.ChunkedArray) else scales
     row = 0
     for chunk in events.chunks if isinstance(events, pa.ChunkedArray) else [events]:
         flat, offsets, valid = chunk.values, chunk.offsets.to_pylist(), chunk.is_valid().to_pylist()
@@ -1084,9 +1083,8 @@ def _rows(events: pa.Array | pa.ChunkedArray, scales: pa.Array | pa.ChunkedArray
             else:
                 ev = _arrays(flat.slice(offsets[i], offsets[i + 1] - offsets[i]))
                 if scales is not None:
-                    changes = scales[row].values
-                    ev["change_scales"] = (changes.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
-                                           .reshape(len(changes), len(ev["id"])).T)
+                    ev["change_scales"] = np.column_stack(
+                        [change.to_numpy(zero_copy_only=False) for change in scales[row]]).astype(np.float64)
                 yield _in_order(ev)
             row += 1
 

@@ -134,7 +134,7 @@ def _changes(con, sql: str) -> list[dict]:
     changes = []
     for arguments in _what_if_calls(sql):
         try:
-            row = con.execute(f"FROM what_if_change({arguments})").fetchone()
+            (row,) = con.execute(f"FROM what_if_change({arguments})").fetchall()
         except (duckdb.BinderException, duckdb.CatalogException):
             continue  # (an argument of the rule's own rows, or of a table of its own: priced as the rule runs)
         names = [d[0] for d in con.description]
@@ -145,37 +145,29 @@ def _changes(con, sql: str) -> list[dict]:
 
 
 class _Scales:
-    """The table findings_scales: the events' scales of each change (critical_path_scales'), numbered by the
-    change's parameters of critical_path_scales (changes that differ in no_launch_overhead only share them),
-    added as the rules' changes become known (add); what _priced_once walks."""
+    """The events' scales of each change (critical_path_scales' rows, as Arrow), numbered by the change's
+    parameters of critical_path_scales (changes that differ in no_launch_overhead only share them), added as the
+    rules' changes become known (add); what _lengths_input gives the walks. (Kept in a DuckDB table and read back
+    as one list per window, they took 1.6 s at 24x.)"""
 
     def __init__(self, con):
         self.con = con
         self.numbers: dict[tuple, int] = {}
-        con.execute("CREATE OR REPLACE TEMP TABLE findings_scales (scaling INTEGER, run_id VARCHAR, rank INTEGER, "
-                    "window_name VARCHAR, instance INTEGER, scales DOUBLE[], reroled BOOLEAN)")
+        self.tables: list = []
 
     def add(self, changes: list[dict]) -> None:
         for change in changes:
             values = _scaling(change)
             if _changes_nothing(change) or values in self.numbers:
                 continue
-            number = self.numbers[values] = len(self.numbers)
+            self.numbers[values] = len(self.numbers)
             arguments = ", ".join(f"{name} := {_literal(value)}" for name, value in zip(SCALE_PARAMETERS, values))
-            self.con.execute(f"INSERT INTO findings_scales SELECT {number}, run_id, rank, window_name, instance, "
-                             f"scales, reroled FROM critical_path_scales({arguments})")
+            self.tables.append(self.con.sql(f"SELECT run_id, rank, window_name, instance, scales, reroled "
+                                            f"FROM critical_path_scales({arguments})").to_arrow_table())
 
-    def number(self, change: dict) -> int:
-        return self.numbers[_scaling(change)]
-
-
-@contextlib.contextmanager
-def _scaled_once(con):
-    """While the rules run, the scales of their changes (_Scales), dropped after."""
-    try:
-        yield _Scales(con)
-    finally:
-        con.execute("DROP TABLE IF EXISTS temp.findings_scales")
+    def of(self, change: dict):
+        """The change's rows."""
+        return self.tables[self.numbers[_scaling(change)]]
 
 
 @contextlib.contextmanager
@@ -208,35 +200,37 @@ def _in_thread(function, *args):
         thread.join()
 
 
-def _lengths_input(con, lists, changes: list[dict], scales: _Scales) -> tuple[list[str], pa.Table, list[float]]:
+def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple[list[str], pa.Table, list, list[float]]:
     """The changes of `changes` to walk (not one that changes nothing, nor one that makes a range an op in some
     step: its graph is not the unchanged one, what_if walks it), for critical_path.replay_lengths: their keys,
-    the default windows' event lists (`lists`, findings_event_lists' rows) with each one's scales, and each one's
-    gaps scale."""
-    import pyarrow as pa
+    the default windows' event lists (`lists`, findings_event_lists' rows), each window's scales of each one (in
+    the lists' order, without a copy: 0.7-1.4 s at 24x), and each one's gaps scale."""
     import pyarrow.compute as pc
 
-    reroled = {n for (n,) in con.execute("SELECT DISTINCT scaling FROM findings_scales WHERE reroled").fetchall()}
     walked = list({c["key"]: c for c in changes if not _changes_nothing(c)
-                   and scales.number(c) not in reroled}.values())
+                   and not pc.any(scales.of(c).column("reroled")).as_py()}.values())
     if not walked:
-        return [], lists, []
-    # (the scales only, in the lists' order: reading the events again took 1-1.5 s at 24x)
-    by_window = con.sql(f"""
-        SELECT run_id, rank, window_name, instance,
-            [by_scaling[n + 1] FOR n IN {_literal([scales.number(c) for c in walked])}::INTEGER[]] AS scales
-        FROM (SELECT run_id, rank, window_name, instance, list(scales ORDER BY scaling) AS by_scaling
-              FROM findings_scales GROUP BY ALL)""").to_arrow_table()
+        return [], lists, [], []
     window = ["run_id", "rank", "window_name", "instance"]
-    position = {key: i for i, key in enumerate(zip(*(by_window.column(c).to_pylist() for c in window)))}
-    order = pa.array([position[key] for key in zip(*(lists.column(c).to_pylist() for c in window))], pa.int64())
-    return ([c["key"] for c in walked], lists.append_column("scales", pc.take(by_window.column("scales"), order)),
+
+    def keys(table) -> list[tuple]:
+        return list(zip(*(table.column(c).to_pylist() for c in window)))
+
+    wanted = keys(lists)
+    by_window = [[] for _ in wanted]  # (each window's scales of each change, in the lists' order)
+    for change in walked:
+        table = scales.of(change)
+        position = {key: i for i, key in enumerate(keys(table))}
+        column = table.column("scales")
+        for its_scales, key in zip(by_window, wanted):
+            its_scales.append(column[position[key]].values)
+    return ([c["key"] for c in walked], lists, by_window,
             [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in walked])
 
 
-def _replay_lengths(keys: list[str], lists, gaps: list[float]):
+def _replay_lengths(keys: list[str], lists, scales: list, gaps: list[float]):
     """critical_path.replay_lengths of _lengths_input's, with each change's key: (keys, lengths) or None."""
-    return (keys, critical_path.replay_lengths(lists, gaps)) if keys else None
+    return (keys, critical_path.replay_lengths(lists, scales, gaps)) if keys else None
 
 
 @contextlib.contextmanager
@@ -313,10 +307,11 @@ def run(con, target: str, params: dict | None = None):
     The rules' statements before their last (what each prices) run first, and the scales of their changes are
     computed (_Scales), then their changes are priced together (_priced_once), then the rules' last statements
     run. The walks (Python) run in a thread while DuckDB runs SQL (_in_thread), in two rounds: the rules whose
-    first statements walk no path run those first, while each step's unchanged replay and HTA path are walked
-    (critical_path.walk_ahead); their changes are walked (critical_path.replay_lengths) while the unchanged
-    replays' rows (_unchanged_once), the paths (_paths_once) and the other rules' first statements are computed;
-    the other rules' changes while the first rules' last statements run."""
+    first statements walk no path run those first, and the rules that price nothing (call no what_if) run whole,
+    while each step's unchanged replay and HTA path are walked (critical_path.walk_ahead); the changes of the
+    first are walked (critical_path.replay_lengths) while the unchanged replays' rows (_unchanged_once), the
+    paths (_paths_once) and the other rules' first statements are computed; the other rules' changes while the
+    first rules' last statements run."""
     import pyarrow as pa
 
     params = check(dict(params or {}))
@@ -324,6 +319,8 @@ def run(con, target: str, params: dict | None = None):
     given = {rule.name: {"run": target} | {k: v for k, v in params.items() if k in rule.params} for rule in rules}
     walking = [rule for rule in rules if _walks(" ".join(s.query for s in con.extract_statements(rule.sql)[:-1]))]
     first_rules = [rule for rule in rules if rule not in walking]
+    unpriced = [rule for rule in first_rules if not _what_if_calls(rule.sql)]
+    first_rules = [rule for rule in first_rules if rule not in unpriced]
     changes: list[dict] = []
 
     def prepare(some: list) -> list[dict]:
@@ -335,23 +332,25 @@ def run(con, target: str, params: dict | None = None):
     def last(some: list) -> list:
         return [queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table() for rule in some]
 
-    with _event_lists_once(con), _scaled_once(con) as scales:
+    scales = _Scales(con)
+    with _event_lists_once(con):
         lists = con.sql("FROM findings_event_lists").to_arrow_table()
         with _in_thread(critical_path.walk_ahead, lists) as walked:
             first = prepare(first_rules)
-            first_input = _lengths_input(con, lists, first, scales)
+            first_input = _lengths_input(lists, first, scales)
+            prepare(unpriced)
+            found = last(unpriced)
             paths = walked()
         with _in_thread(_replay_lengths, *first_input) as first_lengths:
             with _unchanged_once(con), _paths_once(con, paths):
                 priced = {c["key"] for c in first}
                 later = [c for c in prepare(walking) if c["key"] not in priced]
-                later_input = _lengths_input(con, lists, later, scales)
-                del lists, first_input, paths
-                con.execute("DROP TABLE temp.findings_scales")  # (what the walks read, no longer needed)
+                later_input = _lengths_input(lists, later, scales)
+                del lists, first_input, paths, scales  # (what the walks read, no longer needed)
                 lengths = [first_lengths()]
                 with _in_thread(_replay_lengths, *later_input) as later_lengths:
                     with _priced_once(con, first, lengths):
-                        found = last(first_rules)
+                        found += last(first_rules)
                     lengths.append(later_lengths())
                 with _priced_once(con, changes, lengths):
                     found += last(walking)
