@@ -97,6 +97,28 @@ def test_findings_of_a_run_without_steps(ingested):
             for row in queries.run(con, rule, {"run": "RUN", "min_saving_pct": 0}).fetchall()] == []
 
 
+def test_changes_that_walk_alike_are_walked_once(ingested):
+    """Two what-ifs whose changes differ in a parameter that changes nothing (faster_pct without `faster`) are one
+    walk of the lengths `findings` prices before its rules run, and each is priced as what_if alone predicts it."""
+    run = ingested(TRACE_FILTER)
+    con = tracesql.connect(run)
+    calls = [f"what_if(no_launch_overhead := 1, faster_pct := {pct})" for pct in (0, 100)]
+    changes = findings._changes(con, " UNION ALL ".join(f"SELECT * FROM {call}" for call in calls))
+    assert len({c["key"] for c in changes}) == 2
+    scales = findings._Scales(con)
+    with findings._event_lists_once(con):
+        scales.add(changes)
+        keys, *walks = findings._lengths_input(con.sql("FROM findings_event_lists").to_arrow_table(), changes, scales)
+        assert keys == [[c["key"] for c in changes]]
+        lengths = [findings._replay_lengths(keys, *walks)]
+        with findings._unchanged_once(con), findings._priced_once(con, changes, lengths):
+            assert con.sql("SELECT what_if_priced(NULL, 100, 0, 1, 0, 0), what_if_priced(NULL, 0, 0, 1, 0, 0)"
+                           ).fetchall() == [(True, True)]
+            priced = [sorted(con.sql(f"SELECT rank, instance, predicted_ns FROM {call}").fetchall()) for call in calls]
+    alone = sorted(tracesql.connect(run).sql(f"SELECT rank, instance, predicted_ns FROM {calls[0]}").fetchall())
+    assert len(alone) == 4 and priced == [alone, alone]
+
+
 def test_what_ifs_priced_before_the_rules_are_those_their_arguments_allow(ingested):
     """`findings` prices before its rules run the what_if calls whose arguments it can evaluate then (literals,
     variables, macros); a call whose argument reads the rule's own rows or tables is left to what_if, not an

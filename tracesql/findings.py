@@ -200,15 +200,20 @@ def _in_thread(function, *args):
         thread.join()
 
 
-def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple[list[str], pa.Table, list, list[float]]:
+def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple[list[list[str]], pa.Table, list, list[float]]:
     """The changes of `changes` to walk (not one that changes nothing, nor one that makes a range an op in some
-    step: its graph is not the unchanged one, what_if walks it), for critical_path.replay_lengths: their keys,
-    the default windows' event lists (`lists`, findings_event_lists' rows), each window's scales of each one (in
-    the lists' order, without a copy: 0.7-1.4 s at 24x), and each one's gaps scale."""
+    step: its graph is not the unchanged one, what_if walks it), for critical_path.replay_lengths, each walk once
+    (changes that differ in a parameter that changes nothing, as faster_pct without `faster`, are one walk): the
+    keys of each walk's changes, the default windows' event lists (`lists`, findings_event_lists' rows), each
+    window's scales of each walk (in the lists' order, without a copy: 0.7-1.4 s at 24x), and each walk's gaps
+    scale."""
     import pyarrow.compute as pc
 
-    walked = list({c["key"]: c for c in changes if not _changes_nothing(c)
-                   and not pc.any(scales.of(c).column("reroled")).as_py()}.values())
+    walks: dict[tuple, list[dict]] = {}
+    for c in changes:
+        if not _changes_nothing(c) and not pc.any(scales.of(c).column("reroled")).as_py():
+            walks.setdefault((_scaling(c), _gaps_scale(c)), []).append(c)
+    walked = [same[0] for same in walks.values()]
     if not walked:
         return [], lists, [], []
     window = ["run_id", "rank", "window_name", "instance"]
@@ -224,12 +229,17 @@ def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple[list[st
         column = table.column("scales")
         for its_scales, key in zip(by_window, wanted):
             its_scales.append(column[position[key]].values)
-    return ([c["key"] for c in walked], lists, by_window,
-            [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in walked])
+    return ([list(dict.fromkeys(c["key"] for c in same)) for same in walks.values()], lists, by_window,
+            [_gaps_scale(c) for c in walked])
 
 
-def _replay_lengths(keys: list[str], lists, scales: list, gaps: list[float]):
-    """critical_path.replay_lengths of _lengths_input's, with each change's key: (keys, lengths) or None."""
+def _gaps_scale(change: dict) -> float:
+    """The change's scale of the gaps between kernels and their launches (the walk's gaps_scale)."""
+    return 0.0 if change["no_launch_overhead"] == 1 else 1.0
+
+
+def _replay_lengths(keys: list[list[str]], lists, scales: list, gaps: list[float]):
+    """critical_path.replay_lengths of _lengths_input's, with each walk's keys: (keys, lengths) or None."""
     return (keys, critical_path.replay_lengths(lists, scales, gaps)) if keys else None
 
 
@@ -243,11 +253,10 @@ def _priced_once(con, changes: list[dict], lengths: list):
 
     idle = list({c["key"] for c in changes if _changes_nothing(c)})
     batches = [batch for batch in lengths if batch is not None]
-    keys = [key for batch_keys, _ in batches for key in batch_keys]
+    keys = [key for batch_keys, _ in batches for walk_keys in batch_keys for key in walk_keys]
     try:  # (what an error leaves half made is dropped too)
         con.register("findings_lengths", pa.concat_tables(
-            [table.append_column("key", pa.array(batch_keys, pa.string()).take(table.column("change")))
-             for batch_keys, table in batches]
+            [_keyed(batch_keys, table) for batch_keys, table in batches]
             or [critical_path.PREDICTED_SCHEMA.empty_table().append_column("key", pa.array([], pa.string()))]))
         con.execute(f"""CREATE OR REPLACE TEMP TABLE findings_predicted AS
             SELECT key, run_id, rank, window_name, instance, predicted_ns FROM findings_lengths
@@ -268,6 +277,18 @@ def _priced_once(con, changes: list[dict], lengths: list):
         con.execute("DROP MACRO IF EXISTS temp.what_if_priced")
         con.execute("DROP MACRO TABLE IF EXISTS temp.what_if_predicted")
         con.execute("DROP TABLE IF EXISTS temp.findings_predicted")
+
+
+def _keyed(keys: list[list[str]], lengths):
+    """replay_lengths' rows (`lengths`) of each walk, once for each of its changes' keys (`keys`), with the key."""
+    import numpy as np
+    import pyarrow as pa
+
+    walk = lengths.column("change").to_numpy()
+    pairs = [(rows, key) for number, walk_keys in enumerate(keys) for rows in [np.flatnonzero(walk == number)]
+             for key in walk_keys]
+    taken = lengths.take(pa.array(np.concatenate([rows for rows, _ in pairs]) if pairs else [], pa.int64()))
+    return taken.append_column("key", pa.array([key for rows, key in pairs for _ in rows], pa.string()))
 
 
 def _changes_nothing(change: dict) -> bool:
