@@ -1083,8 +1083,8 @@ def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[pa.Array]] | Non
             else:
                 ev = _arrays(flat.slice(offsets[i], offsets[i + 1] - offsets[i]))
                 if scales is not None:
-                    ev["change_scales"] = np.column_stack(
-                        [change.to_numpy(zero_copy_only=False) for change in scales[row]]).astype(np.float64)
+                    ev["change_scales"] = np.column_stack([change.to_numpy(zero_copy_only=False)
+                                                           for change in scales[row]]).astype(np.float64, copy=False)
                 yield _in_order(ev)
             row += 1
 

@@ -145,29 +145,27 @@ def _changes(con, sql: str) -> list[dict]:
 
 
 class _Scales:
-    """The events' scales of each change (critical_path_scales' rows, as Arrow), numbered by the change's
-    parameters of critical_path_scales (changes that differ in no_launch_overhead only share them), added as the
-    rules' changes become known (add); what _lengths_input gives the walks. (Kept in a DuckDB table and read back
-    as one list per window, they took 1.6 s at 24x.)"""
+    """The events' scales of each change (critical_path_scales' rows, as Arrow), by the change's parameters of
+    critical_path_scales (changes that differ in no_launch_overhead only share them), added as the rules' changes
+    become known (add); what _lengths_input gives the walks. (Kept in a DuckDB table and read back as one list per
+    window, they took 1.6 s at 24x.)"""
 
     def __init__(self, con):
         self.con = con
-        self.numbers: dict[tuple, int] = {}
-        self.tables: list = []
+        self.tables: dict[tuple, pa.Table] = {}
 
     def add(self, changes: list[dict]) -> None:
         for change in changes:
             values = _scaling(change)
-            if _changes_nothing(change) or values in self.numbers:
+            if _changes_nothing(change) or values in self.tables:
                 continue
-            self.numbers[values] = len(self.numbers)
             arguments = ", ".join(f"{name} := {_literal(value)}" for name, value in zip(SCALE_PARAMETERS, values))
-            self.tables.append(self.con.sql(f"SELECT run_id, rank, window_name, instance, scales, reroled "
-                                            f"FROM critical_path_scales({arguments})").to_arrow_table())
+            self.tables[values] = self.con.sql(f"SELECT run_id, rank, window_name, instance, scales, reroled "
+                                               f"FROM critical_path_scales({arguments})").to_arrow_table()
 
-    def of(self, change: dict):
+    def of(self, change: dict) -> pa.Table:
         """The change's rows."""
-        return self.tables[self.numbers[_scaling(change)]]
+        return self.tables[_scaling(change)]
 
 
 @contextlib.contextmanager
@@ -200,20 +198,15 @@ def _in_thread(function, *args):
         thread.join()
 
 
-def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple[list[list[str]], pa.Table, list, list[float]]:
-    """The changes of `changes` to walk (not one that changes nothing, nor one that makes a range an op in some
-    step: its graph is not the unchanged one, what_if walks it), for critical_path.replay_lengths, each walk once
-    (changes that differ in a parameter that changes nothing, as faster_pct without `faster`, are one walk): the
-    keys of each walk's changes, the default windows' event lists (`lists`, findings_event_lists' rows), each
-    window's scales of each walk (in the lists' order, without a copy: 0.7-1.4 s at 24x), and each walk's gaps
-    scale."""
+def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple[list[str], pa.Table, list, list[float]]:
+    """The changes of `changes` to walk, each key once (not one that changes nothing, nor one that makes a range an
+    op in some step: its graph is not the unchanged one, what_if walks it), for critical_path.replay_lengths: their
+    keys, the default windows' event lists (`lists`, findings_event_lists' rows), each window's scales of each one
+    (in the lists' order, without a copy: 0.7-1.4 s at 24x), and each one's gaps scale."""
     import pyarrow.compute as pc
 
-    walks: dict[tuple, list[dict]] = {}
-    for c in changes:
-        if not _changes_nothing(c) and not pc.any(scales.of(c).column("reroled")).as_py():
-            walks.setdefault((_scaling(c), _gaps_scale(c)), []).append(c)
-    walked = [same[0] for same in walks.values()]
+    walked = list({c["key"]: c for c in changes if not _changes_nothing(c)
+                   and not pc.any(scales.of(c).column("reroled")).as_py()}.values())
     if not walked:
         return [], lists, [], []
     window = ["run_id", "rank", "window_name", "instance"]
@@ -229,17 +222,12 @@ def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple[list[li
         column = table.column("scales")
         for its_scales, key in zip(by_window, wanted):
             its_scales.append(column[position[key]].values)
-    return ([list(dict.fromkeys(c["key"] for c in same)) for same in walks.values()], lists, by_window,
-            [_gaps_scale(c) for c in walked])
+    return ([c["key"] for c in walked], lists, by_window,
+            [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in walked])
 
 
-def _gaps_scale(change: dict) -> float:
-    """The change's scale of the gaps between kernels and their launches (the walk's gaps_scale)."""
-    return 0.0 if change["no_launch_overhead"] == 1 else 1.0
-
-
-def _replay_lengths(keys: list[list[str]], lists, scales: list, gaps: list[float]):
-    """critical_path.replay_lengths of _lengths_input's, with each walk's keys: (keys, lengths) or None."""
+def _replay_lengths(keys: list[str], lists, scales: list, gaps: list[float]):
+    """critical_path.replay_lengths of _lengths_input's, with each change's key: (keys, lengths) or None."""
     return (keys, critical_path.replay_lengths(lists, scales, gaps)) if keys else None
 
 
@@ -253,10 +241,11 @@ def _priced_once(con, changes: list[dict], lengths: list):
 
     idle = list({c["key"] for c in changes if _changes_nothing(c)})
     batches = [batch for batch in lengths if batch is not None]
-    keys = [key for batch_keys, _ in batches for walk_keys in batch_keys for key in walk_keys]
+    keys = [key for batch_keys, _ in batches for key in batch_keys]
     try:  # (what an error leaves half made is dropped too)
         con.register("findings_lengths", pa.concat_tables(
-            [_keyed(batch_keys, table) for batch_keys, table in batches]
+            [table.append_column("key", pa.array(batch_keys, pa.string()).take(table.column("change")))
+             for batch_keys, table in batches]
             or [critical_path.PREDICTED_SCHEMA.empty_table().append_column("key", pa.array([], pa.string()))]))
         con.execute(f"""CREATE OR REPLACE TEMP TABLE findings_predicted AS
             SELECT key, run_id, rank, window_name, instance, predicted_ns FROM findings_lengths
@@ -279,18 +268,6 @@ def _priced_once(con, changes: list[dict], lengths: list):
         con.execute("DROP TABLE IF EXISTS temp.findings_predicted")
 
 
-def _keyed(keys: list[list[str]], lengths):
-    """replay_lengths' rows (`lengths`) of each walk, once for each of its changes' keys (`keys`), with the key."""
-    import numpy as np
-    import pyarrow as pa
-
-    walk = lengths.column("change").to_numpy()
-    pairs = [(rows, key) for number, walk_keys in enumerate(keys) for rows in [np.flatnonzero(walk == number)]
-             for key in walk_keys]
-    taken = lengths.take(pa.array(np.concatenate([rows for rows, _ in pairs]) if pairs else [], pa.int64()))
-    return taken.append_column("key", pa.array([key for rows, key in pairs for _ in rows], pa.string()))
-
-
 def _changes_nothing(change: dict) -> bool:
     """Whether the change changes no event and no gap: its predicted time is the unchanged replay's."""
     return change["faster"] is None and not any(change[name] for name in (
@@ -298,9 +275,8 @@ def _changes_nothing(change: dict) -> bool:
 
 
 def _scaling(change: dict) -> tuple:
-    """The change's parameters of critical_path_scales (faster_pct 0 without a `faster`: it scales nothing)."""
-    values = dict(change, faster_pct=change["faster_pct"] if change["faster"] is not None else 0.0)
-    return tuple(values[name] for name in SCALE_PARAMETERS)
+    """The change's parameters of critical_path_scales."""
+    return tuple(change[name] for name in SCALE_PARAMETERS)
 
 
 #: critical_path_scales' parameters of a change (what_if_change's columns)
@@ -340,7 +316,7 @@ def run(con, target: str, params: dict | None = None):
     given = {rule.name: {"run": target} | {k: v for k, v in params.items() if k in rule.params} for rule in rules}
     walking = [rule for rule in rules if _walks(" ".join(s.query for s in con.extract_statements(rule.sql)[:-1]))]
     first_rules = [rule for rule in rules if rule not in walking]
-    unpriced = [rule for rule in first_rules if not _what_if_calls(rule.sql)]
+    unpriced = [rule for rule in first_rules if "what_if" not in functions.words(rule.sql)]
     first_rules = [rule for rule in first_rules if rule not in unpriced]
     changes: list[dict] = []
 

@@ -389,22 +389,26 @@ SELECT NULL::VARCHAR AS run_id, NULL::INTEGER AS rank, NULL::VARCHAR AS window_n
 WHERE false;
 
 -- A what-if's change (the what_if macro's parameters that change the replay) as one string, the same for equal
--- changes (faster_pct as a DOUBLE): how `tracesql findings` names the changes it prices together.
+-- changes (faster_pct as a DOUBLE; without `faster` it changes nothing, and is left out): how `tracesql findings`
+-- names the changes it prices together, each walked once.
 CREATE OR REPLACE MACRO what_if_change_key(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs,
         straggler_to_median) AS (
-    concat_ws(chr(31), COALESCE(CAST(faster AS VARCHAR), chr(0)), COALESCE(CAST(CAST(faster_pct AS DOUBLE) AS VARCHAR), chr(0)),
+    concat_ws(chr(31), COALESCE(CAST(faster AS VARCHAR), chr(0)),
+              CASE WHEN faster IS NULL THEN chr(0) ELSE COALESCE(CAST(CAST(faster_pct AS DOUBLE) AS VARCHAR), chr(0)) END,
               COALESCE(CAST(hide_communication AS VARCHAR), chr(0)), COALESCE(CAST(no_launch_overhead AS VARCHAR), chr(0)),
               COALESCE(CAST(remove_syncs AS VARCHAR), chr(0)), COALESCE(CAST(straggler_to_median AS VARCHAR), chr(0)))
 );
 
 -- The change of a call of the what_if macro (its parameters and their defaults): whether it replays the default
--- windows (each step), the values of its change and their key (what_if_change_key). `tracesql findings` asks it
--- of each rule's call of what_if with the call's own arguments, to price every rule's change at once.
+-- windows (each step), the values of its change (faster_pct 0 without `faster`: it changes nothing) and their key
+-- (what_if_change_key). `tracesql findings` asks it of each rule's call of what_if with the call's own arguments,
+-- to price every rule's change at once.
 CREATE OR REPLACE MACRO what_if_change(annotation := NULL, occurrence := NULL, rank_filter := NULL, faster := NULL,
         faster_pct := 0, hide_communication := 0, no_launch_overhead := 0, remove_syncs := 0,
         straggler_to_median := 0, replay := 1) AS TABLE
 SELECT annotation IS NULL AND occurrence IS NULL AND replay = 1 AS default_windows, CAST(faster AS VARCHAR) AS faster,
-    CAST(faster_pct AS DOUBLE) AS faster_pct, CAST(hide_communication AS INTEGER) AS hide_communication,
+    CAST(CASE WHEN faster IS NULL THEN 0 ELSE faster_pct END AS DOUBLE) AS faster_pct,
+    CAST(hide_communication AS INTEGER) AS hide_communication,
     CAST(no_launch_overhead AS INTEGER) AS no_launch_overhead, CAST(remove_syncs AS INTEGER) AS remove_syncs,
     CAST(straggler_to_median AS INTEGER) AS straggler_to_median,
     what_if_change_key(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs, straggler_to_median)
