@@ -144,7 +144,8 @@ def test_findings_walk_each_steps_path_once(ingested, monkeypatch):
     """`findings` walks HTA's critical path of each step and each step's unchanged replay once, ahead
     (critical_path.walk_ahead, in a thread), for the rules that read them (step_critical_paths: host_op,
     idle_bubbles; what_if); inside its sharing the macro's rows, of every rank and of one, are those it walks
-    outside, and the what_if macro's unchanged replays and paths build no graph of their own."""
+    outside, and the what_if macro's unchanged replays and paths build no graph of their own and read no events:
+    it finds each walk by its events' key (critical_path_walked)."""
     from tracesql import critical_path
 
     run = ingested(TRACE_FILTER)
@@ -160,13 +161,14 @@ def test_findings_walk_each_steps_path_once(ingested, monkeypatch):
     monkeypatch.setattr(critical_path, "_PLANS", {})
     with findings._event_lists_once(con):
         ahead = critical_path.walk_ahead(con.sql("FROM findings_event_lists").to_arrow_table())
-        built = []
-        plan = critical_path.Plan.__init__
+        built, read = [], []
+        plan, rows = critical_path.Plan.__init__, critical_path._rows
         monkeypatch.setattr(critical_path.Plan, "__init__", lambda *a: built.append(1) or plan(*a))
+        monkeypatch.setattr(critical_path, "_rows", lambda *a: read.append(1) or rows(*a))
         with findings._paths_once(con, ahead):
             assert paths() == walked
         assert sorted(con.sql("FROM what_if(predict := 0)").fetchall(), key=repr) == unchanged
-    assert built == []
+    assert built == [] and read == []
     assert 0 < len(walked[1]) < len(walked["NULL"])
 
 

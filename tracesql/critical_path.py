@@ -985,6 +985,34 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
     return pa.concat_arrays(out) if out else pa.array([], type=SEGMENT_TYPE)
 
 
+def walked(keys: pa.Array, windows: pa.Array) -> pa.Array:
+    """The DuckDB function (Arrow), per row: the unchanged walk kept of the events whose keys (their windows'
+    walk_key, in the order of the ranks) are `keys` with these windows (NULL: HTA's path), else NULL; without
+    reading the events (what the walk does first, to find a kept walk by their digest: 3 CPU-s at 24x). The
+    keys are known where `tracesql findings` walked ahead (walk_ahead)."""
+    out = []
+    for its_keys, spans in zip(keys.to_pylist(), windows.to_pylist()):
+        with _KEEPING:
+            digest = _BY_KEY.get(_walk_key(its_keys, _by_rank(spans)))
+            found = None if digest is None else _WALKED.get(digest)
+        out.append(pa.nulls(1, SEGMENT_TYPE) if found is None else found)
+    return pa.concat_arrays(out) if out else pa.array([], type=SEGMENT_TYPE)
+
+
+def _walk_key(keys: list | None, spans: list | None) -> tuple | None:
+    """What _BY_KEY holds an unchanged walk's digest by: its events' keys and its windows (None: no key)."""
+    if keys is None or None in keys:
+        return None
+    return tuple(keys), None if spans is None else tuple((w["rank"], w["ts"], w["te"]) for w in spans)
+
+
+def _keep_key(keys: list | None, spans: list | None, digest: bytes) -> None:
+    """Find the walk of `digest` by these keys and windows (walked)."""
+    key = _walk_key(keys, spans)
+    if key is not None:
+        _keep(_BY_KEY, WALKED_SIZE, key, digest)
+
+
 def replay_lengths(lists: pa.Table, scales: list[list[pa.Array]], gaps_scales: list[float]) -> pa.Table:
     """Each change's predicted time of every window of `lists` (`tracesql findings`: its rules' changes priced at
     once): critical_path_event_lists' rows (no change made a range an op); scales: per row of `lists`, each
@@ -1020,18 +1048,22 @@ def walk_ahead(lists: pa.Table) -> pa.Table:
     critical_path_walk call of it will ask (_steps). `tracesql findings` runs this in a thread while DuckDB runs
     the rules' first statements: the walks (Python, on one core) then overlap that SQL (on the other), and
     what_if finds them walked. Returns the HTA paths as step_critical_paths' rows (run_id, rank, instance, s)."""
-    paths = []
+    rows, paths = [], []
     for windows, window_events, ev, spans in _steps(lists):
         for row, one in zip(windows, window_events):
-            segments = _walk_one(one, None, None, _digest(None, one)).flatten()
-            paths.append(pa.table({"run_id": pa.array([row["run_id"]] * len(segments), pa.string()),
-                                   "rank": pa.array([row["rank"]] * len(segments), pa.int32()),
-                                   "instance": pa.array([row["instance"]] * len(segments), pa.int32()),
-                                   "s": segments}))
-        _walk_one(ev, spans, None, _digest(spans, ev))
-    empty = pa.table({"run_id": pa.array([], pa.string()), "rank": pa.array([], pa.int32()),
-                      "instance": pa.array([], pa.int32()), "s": pa.array([], SEGMENT_TYPE.value_type)})
-    return pa.concat_tables([empty, *paths])
+            digest = _digest(None, one)
+            paths.append(_walk_one(one, None, None, digest).flatten())
+            rows.append(row)
+            _keep_key([row.get("walk_key")], None, digest.digest())
+        digest = _digest(spans, ev)
+        _walk_one(ev, spans, None, digest)
+        _keep_key([row.get("walk_key") for row in sorted(windows, key=lambda row: row["rank"])], spans, digest.digest())
+    # (each window's columns repeated for its segments: one take each, not a list of Python values per segment)
+    of_row = pa.array(np.repeat(np.arange(len(rows)), [len(segments) for segments in paths]))
+    return pa.table({"run_id": pa.array([row["run_id"] for row in rows], pa.string()).take(of_row),
+                     "rank": pa.array([row["rank"] for row in rows], pa.int32()).take(of_row),
+                     "instance": pa.array([row["instance"] for row in rows], pa.int32()).take(of_row),
+                     "s": pa.concat_arrays(paths) if paths else pa.array([], SEGMENT_TYPE.value_type)})
 
 
 def _steps(lists: pa.Table, scales: list[list[pa.Array]] | None = None):
@@ -1040,7 +1072,8 @@ def _steps(lists: pa.Table, scales: list[list[pa.Array]] | None = None):
     its windows' rows (dicts but events), their events (_rows' arrays), the events of the replay (one rank's, or
     the step's ranks' together, in (rank, id) order) and its windows by rank (spans)."""
     steps: dict[tuple, list] = {}
-    rows = lists.select(["run_id", "rank", "window_name", "instance", "step", "window_ts", "window_te"]).to_pylist()
+    columns = ["run_id", "rank", "window_name", "instance", "step", "window_ts", "window_te", "walk_key"]
+    rows = lists.select([c for c in columns if c in lists.column_names]).to_pylist()
     events = _rows(lists.column("events"), scales)
     for row, ev in zip(rows, events):
         if ev is not None:
@@ -1125,12 +1158,17 @@ def _kept(cache: dict, size: int, key: bytes, make):
         value = cache.pop(key, None)
     if value is None:
         value = make()
+    _keep(cache, size, key, value)
+    return value
+
+
+def _keep(cache: dict, size: int, key, value) -> None:
+    """cache[key] = value, the latest used last, the least recently used dropped beyond `size` (under the lock)."""
     with _KEEPING:
         cache.pop(key, None)
         while len(cache) >= size:
             del cache[next(iter(cache))]
         cache[key] = value
-    return value
 
 
 def _digest(spans: list | None, ev: dict):
@@ -1171,9 +1209,16 @@ WALKED_SIZE = 1024
 #: walks a graph of its own, once, not kept.
 _PLANS: dict[bytes, Plan] = {}
 PLANS_SIZE = 256
+#: The digests of the unchanged walks walked ahead (walk_ahead), by the keys of their events and their windows
+#: (_walk_key): what critical_path_walked finds them by (as many as _WALKED holds)
+_BY_KEY: dict[tuple, bytes] = {}
 
 
 def register(con) -> None:
-    """Create `critical_path_walk(events, windows, gaps_scale)` on `con`."""
+    """Create `critical_path_walk(events, windows, gaps_scale)` and `critical_path_walked(keys, windows)` on
+    `con`."""
     con.create_function("critical_path_walk", walk, [EVENT_SQL, WINDOW_SQL, "DOUBLE"], SEGMENT_SQL,
                         type="arrow", side_effects=False, null_handling="special")
+    # (side effects: what it finds changes as the walks are kept)
+    con.create_function("critical_path_walked", walked, ["UBIGINT[]", WINDOW_SQL], SEGMENT_SQL,
+                        type="arrow", side_effects=True, null_handling="special")

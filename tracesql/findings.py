@@ -91,7 +91,9 @@ def _event_lists_once(con):
     CPU-s a rule. Other windows are computed as before."""
     defaults = "annotation IS NULL AND occurrence IS NULL AND rank_filter IS NULL"
     return _computed_once(
-        con, "findings_event_lists", "FROM critical_path_event_lists()", "critical_path_event_source",
+        con, "findings_event_lists", "SELECT * REPLACE (hash(run_id, rank, window_name, instance, events) AS walk_key) "
+        "FROM critical_path_event_lists()",
+        "critical_path_event_source",
         "critical_path_event_source(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE "
         f"FROM findings_event_lists WHERE {defaults} UNION ALL "
         "FROM critical_path_event_lists(annotation := annotation, occurrence := occurrence, "

@@ -254,7 +254,13 @@ SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
     -- (rank, slice_id) order, by which it breaks ties between equal paths, the same on every run
     list(struct_pack(id, role, ts, dur, pid, tid, stream, launch, queue_at_launch, queue_at_start, waits_on,
                      stream_free, scale := NULL::DOUBLE, rank := CAST(rank AS BIGINT), collective, name, op_role,
-                     sync_call, straggles)) AS events
+                     sync_call, straggles)) AS events,
+    -- the end of its last node (op or device work; ranges and syncs are none): the what-if's measured time ends
+    -- no earlier (a list_max over the list took 1 CPU-s at 24x)
+    max(ts + dur) FILTER (WHERE role NOT IN ('range', 'stream_sync', 'context_sync', 'event_sync')) AS work_end,
+    -- a key of the events (none here): where `tracesql findings` has walked them ahead, critical_path_walked finds
+    -- their walks by it without reading the events again (tracesql/findings.py sets it)
+    NULL::UBIGINT AS walk_key
 FROM events
 GROUP BY run_id, rank, window_name, instance, step, window_ts, window_te;
 
@@ -321,7 +327,8 @@ LEFT JOIN stragglers st ON st.run_id = l.run_id AND st.window_name = l.window_na
 
 -- Per window, the list of its events as critical_path_walk takes them (tracesql/critical_path.py EVENT_FIELDS),
 -- with the what-if's changes (critical_path_scales: each event's scale; a range that `faster` names is an op of
--- its own). The changes take effect when critical_path_walk is given a gaps_scale.
+-- its own), and the end of its last node (work_end). The changes take effect when critical_path_walk is given a
+-- gaps_scale.
 CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := NULL, rank_filter := NULL,
         faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0, straggler_to_median := 0) AS TABLE
 SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
@@ -332,7 +339,13 @@ SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
                  queue_at_launch := e.queue_at_launch, queue_at_start := e.queue_at_start, waits_on := e.waits_on,
                  stream_free := e.stream_free, scale := scales[i], rank := e.rank, collective := e.collective)
      FOR e, i IN events] AS events,
-    reroled
+    reroled,
+    -- (a range `faster` makes an op is a node: its end counts)
+    CASE WHEN reroled THEN greatest(work_end, list_max([e.ts + e.dur FOR e IN events
+                                                        IF e.role = 'range' AND regexp_matches(e.name, faster)]))
+         ELSE work_end END AS work_end,
+    -- (the walk of a graph the change made anew is no unchanged one's)
+    CASE WHEN NOT reroled THEN walk_key END AS walk_key
 FROM critical_path_scales(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter,
     faster := faster, faster_pct := faster_pct, hide_communication := hide_communication, remove_syncs := remove_syncs,
     straggler_to_median := straggler_to_median);
@@ -469,21 +482,24 @@ WITH windows AS (
     -- one, took 4 of a what-if's 8 CPU-s on the 24× tile, most in critical_path_walk reading it), several
     -- ranks' joined (in any order: critical_path_walk takes the events by rank, then id, and the windows by rank)
     SELECT run_id, window_name, joint, window_ts AS joint_ts, events,
-        [struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)] AS spans
+        [struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)] AS spans, [walk_key] AS walk_keys
     FROM windows
     WHERE replay = 1 AND (run_id, window_name, joint) NOT IN (SELECT (run_id, window_name, joint) FROM shared)
     UNION ALL
     SELECT run_id, window_name, joint, min(window_ts) AS joint_ts, flatten(list(events)) AS events,
-        list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)) AS spans
+        list(struct_pack(rank := CAST(rank AS BIGINT), ts := window_ts, te := window_te)) AS spans,
+        list(walk_key ORDER BY rank) AS walk_keys
     FROM windows
     WHERE replay = 1 AND (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM shared)
     GROUP BY ALL
 ), replays AS (
     -- (without a change the predicted replay is the unchanged one: the walk returns the one it kept,
-    -- critical_path._WALKED)
+    -- critical_path._WALKED; one walked ahead is found by its key, its events not read: COALESCE calls the walk
+    -- on the others only)
     SELECT run_id, window_name, joint, joint_ts,
         CASE WHEN (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
-             THEN critical_path_walk(events, spans, NULL) END AS replayed,
+             THEN COALESCE(critical_path_walked(walk_keys, spans), critical_path_walk(events, spans, NULL))
+             END AS replayed,
         CASE WHEN predict = 1
              THEN critical_path_walk(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END) END
             AS predicted
@@ -511,10 +527,8 @@ WITH windows AS (
 ), walked AS (
     -- the fresh steps' windows: the end of their last node (op or device work; ranges and syncs are none), HTA's
     -- path, the replayed time
-    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.window_ts, w.window_te,
-        list_max([e.ts + e.dur FOR e IN w.events
-                  IF e.role NOT IN ('range', 'stream_sync', 'context_sync', 'event_sync')]) AS work_end,
-        critical_path_walk(w.events, NULL, NULL) AS path,
+    SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.window_ts, w.window_te, w.work_end,
+        COALESCE(critical_path_walked([w.walk_key], NULL), critical_path_walk(w.events, NULL, NULL)) AS path,
         r.length_ns - (w.window_ts - r.joint_ts) AS replayed_ns, r.remote_ns, r.remote_rank
     FROM windows w
     -- (a window with nothing to replay keeps its row: measured, with no replay)
