@@ -25,8 +25,8 @@
 WITH priced AS (
     SELECT * FROM what_if(no_launch_overhead := 1)
 ), fired AS MATERIALIZED (
-    -- the steps where it fires: the evidence is gathered of those only (of every step it took 0.3-0.7 s
-    -- at 24x, where it fires on none)
+    -- the steps where it fires: the evidence is gathered of those only (of every step it took 0.3-1.3 s
+    -- a rule at 24x, where none fires)
     SELECT * FROM priced WHERE saving_pct >= COALESCE(getvariable('min_saving_pct'), 5)
 ), windows AS (
     SELECT w.* FROM critical_path_windows() w

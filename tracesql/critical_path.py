@@ -1054,10 +1054,10 @@ def walk_ahead(lists: pa.Table) -> pa.Table:
             digest = _digest(None, one)
             paths.append(_walk_one(one, None, None, digest).flatten())
             rows.append(row)
-            _keep_key([row.get("walk_key")], None, digest.digest())
+            _keep_key([row["walk_key"]], None, digest.digest())
         digest = _digest(spans, ev)
         _walk_one(ev, spans, None, digest)
-        _keep_key([row.get("walk_key") for row in sorted(windows, key=lambda row: row["rank"])], spans, digest.digest())
+        _keep_key([row["walk_key"] for row in sorted(windows, key=lambda row: row["rank"])], spans, digest.digest())
     # (each window's columns repeated for its segments: one take each, not a list of Python values per segment)
     of_row = pa.array(np.repeat(np.arange(len(rows)), [len(segments) for segments in paths]))
     return pa.table({"run_id": pa.array([row["run_id"] for row in rows], pa.string()).take(of_row),
@@ -1068,12 +1068,12 @@ def walk_ahead(lists: pa.Table) -> pa.Table:
 
 def _steps(lists: pa.Table, scales: list[list[pa.Array]] | None = None):
     """Per step of critical_path_event_lists' rows (`lists`: run_id, rank, window_name, instance, step, window_ts,
-    window_te, events; scales: replay_lengths', _rows' change_scales), as the what_if macro replays it:
+    window_te, events, walk_key; scales: replay_lengths', _rows' change_scales), as the what_if macro replays it:
     its windows' rows (dicts but events), their events (_rows' arrays), the events of the replay (one rank's, or
     the step's ranks' together, in (rank, id) order) and its windows by rank (spans)."""
     steps: dict[tuple, list] = {}
-    columns = ["run_id", "rank", "window_name", "instance", "step", "window_ts", "window_te", "walk_key"]
-    rows = lists.select([c for c in columns if c in lists.column_names]).to_pylist()
+    rows = lists.select(["run_id", "rank", "window_name", "instance", "step", "window_ts", "window_te",
+                         "walk_key"]).to_pylist()
     events = _rows(lists.column("events"), scales)
     for row, ev in zip(rows, events):
         if ev is not None:

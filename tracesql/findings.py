@@ -88,7 +88,8 @@ def _computed_once(con, table: str, query, macro: str, macro_sql: str):
 def _event_lists_once(con):
     """The events of every rank's steps (critical_path_event_lists with its defaults, what each rule's what-if and
     critical path read) once, for critical_path_event_source to read in their place: on the 24× tile they took 12
-    CPU-s a rule. Other windows are computed as before."""
+    CPU-s a rule. Each with a key of its events (walk_key), by which what_if finds the walks walk_ahead walked
+    (critical_path_walked). Other windows are computed as before."""
     defaults = "annotation IS NULL AND occurrence IS NULL AND rank_filter IS NULL"
     return _computed_once(
         con, "findings_event_lists", "SELECT * REPLACE (hash(run_id, rank, window_name, instance, events) AS walk_key) "
