@@ -243,6 +243,52 @@ def test_a_what_if_walks_the_graph_of_the_unchanged_replay(ingested):
             assert walked != critical_path.path(unchanged, spans, None)
 
 
+# Each event's scale as a CASE per event in SQL, with DuckDB's regular expressions: how critical_path_scales
+# computed it before change_scales (the second method)
+SCALES_IN_SQL = """
+SELECT l.run_id, l.rank, l.instance, [e.id FOR e IN l.events] AS ids,
+    [CAST(CASE WHEN e.role IN ('stream_sync', 'context_sync', 'event_sync') THEN CASE WHEN $remove_syncs = 1 THEN 0 END
+               WHEN e.role = 'communication' AND $hide_communication = 1 THEN 0
+               WHEN e.role NOT IN ('device', 'communication') AND $remove_syncs = 1 AND e.sync_call THEN 0
+               WHEN regexp_matches(e.name, $faster) THEN 1 - $faster_pct / 100
+               WHEN e.straggles AND l.rank = st.rank AND st.on_host = (e.role NOT IN ('device', 'communication'))
+                   THEN st.scale
+          END AS DOUBLE) FOR e IN l.events] AS scales,
+    $faster IS NOT NULL AND COALESCE(list_bool_or([regexp_matches(e.name, $faster) FOR e IN l.events
+                                                   IF e.role = 'range']), false) AS reroled
+FROM critical_path_event_lists() l
+LEFT JOIN (FROM critical_path_stragglers() WHERE $straggler_to_median = 1) st
+  ON st.run_id = l.run_id AND st.window_name = l.window_name AND st.joint = COALESCE(l.step, l.instance)
+"""
+
+
+@pytest.mark.parametrize("dataset", ["hta_trace_filter", "torch_gloo_4rank_straggler", "hta_nccl_parser_config"])
+def test_the_scales_of_a_change_are_those_of_a_case_per_event(dataset, ingested):
+    """critical_path_scales' scales (change_scales: arrays, each name matched once with Arrow's RE2) are those of
+    a CASE per event in SQL (DuckDB's RE2), for every kind of change and the findings rules' patterns: a data
+    loader's ranges (HTA's sampled trace: reroled), a straggler (four gloo ranks, one slow), the synchronisations
+    and communication kernels of two NCCL ranks; a change of nothing has none."""
+    con = tracesql.connect(ingested(DATASETS / dataset))
+    changes = [{"faster": pattern, "faster_pct": pct} for pattern, pct in (
+        (con.sql("SELECT data_loading_pattern()").fetchall()[0][0], 100.0), ("^Mem(cpy|set) ", 100.0),
+        ("(?i)AtEn::(mm|addmm)$", 30.0), ("^(CompiledFunctionBackward|aten\\:\\:copy_)$", 50.0), ("nccl", None))]
+    changes += [{"hide_communication": 1}, {"remove_syncs": 1}, {"straggler_to_median": 1}]
+    changed = 0
+    for change in changes:
+        values = {"faster": None, "faster_pct": 0.0, "hide_communication": 0, "remove_syncs": 0,
+                  "straggler_to_median": 0} | change
+        arguments = ", ".join(f"{name} := ${name}" for name in values)
+        got, expected = ({(run_id, rank, instance): (dict(zip(ids, scales or [None] * len(ids))), reroled)
+                          for run_id, rank, instance, ids, scales, reroled in con.execute(sql, values).fetchall()}
+                         for sql in (f"SELECT run_id, rank, instance, [e.id FOR e IN events], scales, reroled "
+                                     f"FROM critical_path_scales({arguments})", SCALES_IN_SQL))
+        # (each list's events in no order: by their ids)
+        assert got == expected and got, change
+        changed += any(s is not None for scales, _ in got.values() for s in scales.values())
+    assert changed >= 2
+    assert con.sql("SELECT DISTINCT scales IS NULL, reroled FROM critical_path_scales()").fetchall() == [(True, False)]
+
+
 @pytest.mark.parametrize("dataset", ["hta_trace_filter", "torch_gloo_4rank_straggler"])
 def test_replay_lengths_of_a_change_off_the_path_are_the_unchanged_ones(dataset, ingested, monkeypatch):
     """Plan.lengths (findings' priced what-ifs) gives a change the unchanged replay's lengths without a walk when

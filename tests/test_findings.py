@@ -106,10 +106,11 @@ def test_changes_that_walk_alike_are_walked_once(ingested):
     calls = [f"what_if(no_launch_overhead := 1, faster_pct := {pct})" for pct in (0, 100)]
     changes = findings._changes(con, " UNION ALL ".join(f"SELECT * FROM {call}" for call in calls))
     assert len(changes) == 2 and len({c["key"] for c in changes}) == 1
-    scales = findings._Scales(con)
     with findings._event_lists_once(con):
+        lists = con.sql("FROM findings_event_lists").to_arrow_table()
+        scales = findings._Scales(con, lists)
         scales.add(changes)
-        keys, *walks = findings._lengths_input(con.sql("FROM findings_event_lists").to_arrow_table(), changes, scales)
+        keys, *walks = findings._lengths_input(lists, changes, scales)
         assert keys == [changes[0]["key"]]
         lengths = [findings._replay_lengths(keys, *walks)]
         with findings._unchanged_once(con), findings._priced_once(con, changes, lengths):

@@ -69,6 +69,7 @@ import threading
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 #: One event of the window. role: 'range' (a host range that holds ops but is no node: annotations, Python
@@ -136,9 +137,7 @@ def _arrays(ev) -> dict[str, np.ndarray]:
         column = ev.field(name) if isinstance(ev, pa.StructArray) else ev[name]
         if name == "role":
             if isinstance(column, pa.Array):
-                column = column.dictionary_encode()
-                codes = np.array([ROLE_CODES.get(r, -1) for r in column.dictionary.to_pylist()] + [-1], np.int8)
-                arrays[name] = codes[column.indices.fill_null(len(codes) - 1).to_numpy()]
+                arrays[name] = _role_codes(column)
             else:
                 arrays[name] = np.array([ROLE_CODES.get(r, -1) for r in column], dtype=np.int8)
         elif type_ == pa.float64():
@@ -149,6 +148,13 @@ def _arrays(ev) -> dict[str, np.ndarray]:
         else:
             arrays[name] = np.array([NULL if v is None else v for v in column], dtype=np.int64)
     return arrays
+
+
+def _role_codes(roles: pa.Array) -> np.ndarray:
+    """The roles (strings) as codes (ROLES; -1: none of them)."""
+    roles = roles.dictionary_encode()
+    codes = np.array([ROLE_CODES.get(r, -1) for r in roles.dictionary.to_pylist()] + [-1], np.int8)
+    return codes[roles.indices.fill_null(len(codes) - 1).to_numpy()]
 
 
 class Graph:
@@ -1013,10 +1019,105 @@ def _keep_key(keys: list | None, spans: list | None, digest: bytes) -> None:
         _keep(_BY_KEY, WALKED_SIZE, key, digest)
 
 
-def replay_lengths(lists: pa.Table, scales: list[list[pa.Array]], gaps_scales: list[float]) -> pa.Table:
+#: critical_path_event_lists' events: the walk's fields, and what the what-if's changes look at (change_scales)
+LISTED_FIELDS = EVENT_FIELDS + (("name", pa.string()), ("op_role", pa.string()), ("sync_call", pa.bool_()),
+                                ("straggles", pa.bool_()))
+SCALES_SQL = "STRUCT(scales DOUBLE[], reroled BOOLEAN)"
+
+
+def change_scales(events: pa.Array | pa.ChunkedArray, faster: str | None, faster_pct: float | None,
+                  hide_communication: int, remove_syncs: int, straggler_scale: np.ndarray | None = None,
+                  straggler_on_host: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per row of `events` (lists of critical_path_event_lists' events), the scale of each of its events under a
+    what-if's change (NaN: none) and whether `faster` names a range of it (reroled: the change makes it an op).
+    An event's scale is the first of these that holds:
+    - a synchronisation: 0 if remove_syncs = 1, else none;
+    - a communication kernel, with hide_communication = 1: 0;
+    - a host call that waits for the device (sync_call), with remove_syncs = 1: 0;
+    - its name matches `faster` (a regular expression, RE2 as DuckDB's): 1 - faster_pct / 100 (NULL: none);
+    - the row's straggler_scale (NaN: none) if the event straggles, on the host if the row's straggler_on_host,
+      else on the device.
+    What critical_path_scales gives (by critical_path_event_scales) and `tracesql findings` computes of its event
+    lists for each of its rules' changes. In arrays, each distinct name matched once: a CASE per event in SQL
+    took 0.3-1.2 CPU-s a change over the 24x tile's 2.75 M events."""
+    scales, reroled, first = [], [], 0
+    for chunk in events.chunks if isinstance(events, pa.ChunkedArray) else [events]:
+        offsets = chunk.offsets.to_numpy().astype(np.int64)
+        flat = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
+        offsets = offsets - offsets[0]
+        role = _role_codes(flat.field("role"))
+        scale = np.full(len(flat), np.nan)
+        decided = np.isin(role, SYNC_CODES)
+        if remove_syncs == 1:
+            scale[decided] = 0
+        kernel = np.isin(role, [DEVICE, COMMUNICATION])
+        if hide_communication == 1:
+            _decide(scale, decided, role == COMMUNICATION, 0)
+        if remove_syncs == 1:
+            _decide(scale, decided, ~kernel & _true(flat.field("sync_call")), 0)
+        rows = len(offsets) - 1
+        if faster is not None:
+            names = flat.field("name").dictionary_encode()
+            matched = np.append(_true(pc.match_substring_regex(names.dictionary, faster)), False)
+            hit = matched[names.indices.fill_null(len(matched) - 1).to_numpy()]
+            _decide(scale, decided, hit, np.nan if faster_pct is None else 1 - faster_pct / 100)
+            reroled.append(np.add.reduceat(np.append(hit & (role == RANGE), False), offsets[:-1]) > 0
+                           if rows else np.zeros(0, bool))
+            reroled[-1][offsets[:-1] == offsets[1:]] = False  # (an empty list's reduceat reads the next row's)
+        else:
+            reroled.append(np.zeros(rows, bool))
+        if straggler_scale is not None and rows:
+            row_of = np.repeat(np.arange(first, first + rows), np.diff(offsets))
+            its = straggler_scale[row_of]
+            _decide(scale, decided, _true(flat.field("straggles")) & ~np.isnan(its)
+                    & (straggler_on_host[row_of] == ~kernel), its)
+        scales += [scale[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        first += rows
+    return scales, np.concatenate(reroled) if reroled else np.zeros(0, bool)
+
+
+def _decide(scale: np.ndarray, decided: np.ndarray, holds: np.ndarray, value) -> None:
+    """The scale of the events not decided yet where `holds`: value (a number, or per event)."""
+    chosen = holds & ~decided
+    scale[chosen] = value[chosen] if isinstance(value, np.ndarray) else value
+    decided |= chosen
+
+
+def _true(values: pa.Array) -> np.ndarray:
+    """Booleans as numpy, NULL false (as a SQL condition takes it)."""
+    return values.fill_null(False).to_numpy(zero_copy_only=False)
+
+
+def event_scales(events, faster, faster_pct, hide_communication, remove_syncs, straggler_scale,
+                 straggler_on_host) -> pa.Array:
+    """The SQL function critical_path_event_scales: change_scales of each row, as (scales, reroled); the
+    change's arguments per row (critical_path_scales gives every row the same; rows whose differ are computed
+    apart). A NULL list of events has NULL scales."""
+    events = events.combine_chunks() if isinstance(events, pa.ChunkedArray) else events
+    changes = list(zip(*(a.to_pylist() for a in (faster, faster_pct, hide_communication, remove_syncs))))
+    straggler_scale = straggler_scale.to_numpy(zero_copy_only=False).astype(np.float64)
+    straggler_on_host = _true(straggler_on_host)
+    scales, reroled = [None] * len(events), np.zeros(len(events), bool)
+    for change in dict.fromkeys(changes):
+        rows = [i for i, c in enumerate(changes) if c == change]
+        some = events if len(rows) == len(events) else events.take(pa.array(rows, pa.int64()))
+        its_scales, its_reroled = change_scales(some, *change,
+                                                straggler_scale[rows], straggler_on_host[rows])
+        for i, row in enumerate(rows):
+            scales[row] = its_scales[i]
+        reroled[rows] = its_reroled
+    valid = events.is_valid().to_numpy(zero_copy_only=False)
+    values = np.concatenate(scales) if scales else np.zeros(0)
+    lists = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum([len(s) for s in scales])]), pa.int32()),
+                                     pa.array(values, pa.float64(), mask=np.isnan(values)), mask=pa.array(~valid))
+    return pa.StructArray.from_arrays([lists, pa.array(reroled)], names=["scales", "reroled"],
+                                      mask=pa.array(~valid))
+
+
+def replay_lengths(lists: pa.Table, scales: list[list[np.ndarray]], gaps_scales: list[float]) -> pa.Table:
     """Each change's predicted time of every window of `lists` (`tracesql findings`: its rules' changes priced at
     once): critical_path_event_lists' rows (no change made a range an op); scales: per row of `lists`, each
-    change's scales of its events (critical_path_scales': in the events' order); gaps_scales: each change's. Each
+    change's scales of its events (change_scales', NaN: none); gaps_scales: each change's. Each
     step is replayed as the what_if macro replays it (one rank's window, or a step's ranks' together: _steps), its
     graph planned once for all the changes, each change walked as critical_path_walk walks it unless it cannot
     change a length (Plan.lengths). Returns per change (its number in gaps_scales) and window with a path:
@@ -1066,7 +1167,7 @@ def walk_ahead(lists: pa.Table) -> pa.Table:
                      "s": pa.concat_arrays(paths) if paths else pa.array([], SEGMENT_TYPE.value_type)})
 
 
-def _steps(lists: pa.Table, scales: list[list[pa.Array]] | None = None):
+def _steps(lists: pa.Table, scales: list[list[np.ndarray]] | None = None):
     """Per step of critical_path_event_lists' rows (`lists`: run_id, rank, window_name, instance, step, window_ts,
     window_te, events, walk_key; scales: replay_lengths', _rows' change_scales), as the what_if macro replays it:
     its windows' rows (dicts but events), their events (_rows' arrays), the events of the replay (one rank's, or
@@ -1101,7 +1202,7 @@ def _walk_one(ev: dict, spans: list | None, gaps: float | None, graph) -> pa.Arr
     return _kept(_WALKED, WALKED_SIZE, graph.digest(), lambda: _without_gc(_walk_row, ev, spans, gaps, graph))
 
 
-def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[pa.Array]] | None = None):
+def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[np.ndarray]] | None = None):
     """Each row's events (None where NULL) as the graph's arrays (_arrays), chunk by chunk, each from a slice of
     its chunk's events (offsets index them): one column at a time, far quicker than dicts, and a run's every
     window is never in Python objects at once. (Combining the chunks first copied every event of the call: 14 % of
@@ -1116,8 +1217,7 @@ def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[pa.Array]] | Non
             else:
                 ev = _arrays(flat.slice(offsets[i], offsets[i + 1] - offsets[i]))
                 if scales is not None:
-                    ev["change_scales"] = np.column_stack([change.to_numpy(zero_copy_only=False)
-                                                           for change in scales[row]]).astype(np.float64, copy=False)
+                    ev["change_scales"] = np.column_stack(scales[row])
                 yield _in_order(ev)
             row += 1
 
@@ -1217,6 +1317,9 @@ _BY_KEY: dict[tuple, bytes] = {}
 def register(con) -> None:
     """Create `critical_path_walk(events, windows, gaps_scale)` and `critical_path_walked(keys, windows)` on
     `con`."""
+    con.create_function("critical_path_event_scales", event_scales,
+                        [_struct_sql(LISTED_FIELDS), "VARCHAR", "DOUBLE", "INTEGER", "INTEGER", "DOUBLE", "BOOLEAN"],
+                        SCALES_SQL, type="arrow", side_effects=False, null_handling="special")
     con.create_function("critical_path_walk", walk, [EVENT_SQL, WINDOW_SQL, "DOUBLE"], SEGMENT_SQL,
                         type="arrow", side_effects=False, null_handling="special")
     # (side effects: what it finds changes as the walks are kept)

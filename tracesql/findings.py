@@ -17,6 +17,7 @@ import contextlib
 from pathlib import Path
 
 import duckdb
+import numpy as np
 
 from . import critical_path, functions, queries
 from .errors import TraceError
@@ -89,16 +90,20 @@ def _event_lists_once(con):
     """The events of every rank's steps (critical_path_event_lists with its defaults, what each rule's what-if and
     critical path read) once, for critical_path_event_source to read in their place: on the 24× tile they took 12
     CPU-s a rule. Each with a key of its events (walk_key), by which what_if finds the walks walk_ahead walked
-    (critical_path_walked). Other windows are computed as before."""
-    defaults = "annotation IS NULL AND occurrence IS NULL AND rank_filter IS NULL"
+    (critical_path_walked). Other windows are computed as before: the source is the query its arguments name
+    (`query` of a string DuckDB folds as it binds), so that a call with the defaults binds the table alone
+    (binding critical_path_event_lists too took 0.11 of the 0.15 s each what_if of the rules took to plan at 24x)."""
+    literal = "CASE WHEN annotation IS NULL THEN 'NULL' ELSE '''' || replace(annotation, '''', '''''') || '''' END"
     return _computed_once(
         con, "findings_event_lists", "SELECT * REPLACE (hash(run_id, rank, window_name, instance, events) AS walk_key) "
         "FROM critical_path_event_lists()",
         "critical_path_event_source",
         "critical_path_event_source(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE "
-        f"FROM findings_event_lists WHERE {defaults} UNION ALL "
-        "FROM critical_path_event_lists(annotation := annotation, occurrence := occurrence, "
-        f"rank_filter := rank_filter) WHERE NOT ({defaults})")
+        "FROM query(CASE WHEN annotation IS NULL AND occurrence IS NULL AND rank_filter IS NULL "
+        "THEN 'FROM findings_event_lists' "
+        "ELSE printf('FROM critical_path_event_lists(annotation := %s, occurrence := %s, rank_filter := %s)', "
+        f"{literal}, COALESCE(CAST(occurrence AS VARCHAR), 'NULL'), COALESCE(CAST(rank_filter AS VARCHAR), 'NULL')) "
+        "END)")
 
 
 def _unchanged_once(con):
@@ -148,27 +153,40 @@ def _changes(con, sql: str) -> list[dict]:
 
 
 class _Scales:
-    """The events' scales of each change (critical_path_scales' rows, as Arrow), by the change's parameters of
-    critical_path_scales (changes that differ in no_launch_overhead only share them), added as the rules' changes
-    become known (add); what _lengths_input gives the walks. (Kept in a DuckDB table and read back as one list per
-    window, they took 1.6 s at 24x.)"""
+    """The events' scales of each change (critical_path.change_scales of the default windows' event lists,
+    `lists`), by the change's parameters of critical_path_scales (changes that differ in no_launch_overhead only
+    share them), added as the rules' changes become known (add): per row of the lists, its events' scales, and
+    whether the change makes a range an op there (reroled). (critical_path_scales' rows, a CASE per event in SQL
+    read back as lists, took 5 of findings' 42 CPU-s at 24x.)"""
 
-    def __init__(self, con):
-        self.con = con
-        self.tables: dict[tuple, pa.Table] = {}
+    def __init__(self, con, lists):
+        self.con, self.lists = con, lists
+        self.changes: dict[tuple, tuple[list, np.ndarray]] = {}
 
     def add(self, changes: list[dict]) -> None:
         for change in changes:
             values = _scaling(change)
-            if _changes_nothing(change) or values in self.tables:
+            if _changes_nothing(change) or values in self.changes:
                 continue
-            arguments = ", ".join(f"{name} := {_literal(value)}" for name, value in zip(SCALE_PARAMETERS, values))
-            self.tables[values] = self.con.sql(f"SELECT run_id, rank, window_name, instance, scales, reroled "
-                                               f"FROM critical_path_scales({arguments})").to_arrow_table()
+            *arguments, straggler_to_median = values
+            self.changes[values] = critical_path.change_scales(
+                self.lists.column("events"), *arguments, *(self._stragglers() if straggler_to_median == 1 else ()))
 
-    def of(self, change: dict) -> pa.Table:
-        """The change's rows."""
-        return self.tables[_scaling(change)]
+    def _stragglers(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of the lists, the scale of the straggler's work (NaN: not the straggler's window) and whether
+        it is on the host (critical_path_stragglers')."""
+        found = {(run_id, window_name, joint, rank): (scale, on_host) for run_id, window_name, joint, rank, on_host,
+                 scale in self.con.execute("SELECT run_id, window_name, joint, rank, on_host, scale "
+                                           "FROM critical_path_stragglers()").fetchall()}
+        rows = self.lists.select(["run_id", "window_name", "step", "instance", "rank"]).to_pylist()
+        its = [found.get((r["run_id"], r["window_name"], r["instance"] if r["step"] is None else r["step"],
+                          r["rank"]), (None, False)) for r in rows]
+        return (np.array([np.nan if scale is None else scale for scale, _ in its], np.float64),
+                np.array([on_host for _, on_host in its], bool))
+
+    def of(self, change: dict) -> tuple[list, np.ndarray]:
+        """The change's scales (per row of the lists) and reroled."""
+        return self.changes[_scaling(change)]
 
 
 @contextlib.contextmanager
@@ -204,28 +222,14 @@ def _in_thread(function, *args):
 def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple[list[str], pa.Table, list, list[float]]:
     """The changes of `changes` to walk, each key once (not one that changes nothing, nor one that makes a range an
     op in some step: its graph is not the unchanged one, what_if walks it), for critical_path.replay_lengths: their
-    keys, the default windows' event lists (`lists`, findings_event_lists' rows), each window's scales of each one
-    (in the lists' order, without a copy: 0.7-1.4 s at 24x), and each one's gaps scale."""
-    import pyarrow.compute as pc
-
-    walked = list({c["key"]: c for c in changes if not _changes_nothing(c)
-                   and not pc.any(scales.of(c).column("reroled")).as_py()}.values())
+    keys, the default windows' event lists (`lists`, findings_event_lists' rows), each window's scales of each one,
+    and each one's gaps scale."""
+    walked = list({c["key"]: c for c in changes
+                   if not _changes_nothing(c) and not scales.of(c)[1].any()}.values())
     if not walked:
         return [], lists, [], []
-    window = ["run_id", "rank", "window_name", "instance"]
-
-    def keys(table) -> list[tuple]:
-        return list(zip(*(table.column(c).to_pylist() for c in window)))
-
-    wanted = keys(lists)
-    by_window = [[] for _ in wanted]  # (each window's scales of each change, in the lists' order)
-    for change in walked:
-        table = scales.of(change)
-        position = {key: i for i, key in enumerate(keys(table))}
-        column = table.column("scales")
-        for its_scales, key in zip(by_window, wanted):
-            its_scales.append(column[position[key]].values)
-    return ([c["key"] for c in walked], lists, by_window,
+    of_change = [scales.of(change)[0] for change in walked]
+    return ([c["key"] for c in walked], lists, [list(its) for its in zip(*of_change)],
             [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in walked])
 
 
@@ -332,9 +336,9 @@ def run(con, target: str, params: dict | None = None):
     def last(some: list) -> list:
         return [queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table() for rule in some]
 
-    scales = _Scales(con)
     with _event_lists_once(con):
         lists = con.sql("FROM findings_event_lists").to_arrow_table()
+        scales = _Scales(con, lists)
         with _in_thread(critical_path.walk_ahead, lists) as walked:
             first = prepare(first_rules)
             first_input = _lengths_input(lists, first, scales)
