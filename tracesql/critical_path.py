@@ -232,21 +232,83 @@ def _threads(ev: dict) -> np.ndarray:
     return thread
 
 
-def _host(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, thread: np.ndarray, replay: bool) -> None:
-    """The host's edges, thread by thread (in the order they show). The events of a thread, ops and ranges, in
-    nesting order (by start, the longer first; an event that starts as another ends follows it) are entered and
-    left as a stack does: before an event is entered, those on top of the stack that ended by its start are left.
+class _Shape:
+    """What every graph of one list of events shares (walk_ahead builds HTA's and the unchanged replay's of each
+    one-rank step: 0.5 of the 2 CPU-s of its builds at 24x): the ops' and device events' nodes in time order (an
+    end after a start at the same time, then by event: Graph's arguments), each event's start and end node (-1:
+    none), each host event's thread (_threads), and the host's edges (_nesting) but their weights."""
+
+    def __init__(self, ev: dict):
+        role, count = ev["role"], len(ev["role"])
+        rows = np.flatnonzero((role >= OP) & (role <= COMMUNICATION))
+        times = np.concatenate([ev["ts"][rows], ev["ts"][rows] + ev["dur"][rows]])
+        at_end = np.repeat(np.array([False, True]), len(rows))
+        events = np.concatenate([rows, rows])
+        order = np.lexsort((events, at_end, times))
+        self.nodes = (times[order], events[order], ~at_end[order])
+        self.start, self.end = np.full(count, -1, dtype=np.int64), np.full(count, -1, dtype=np.int64)
+        nodes = np.arange(len(order))
+        self.start[events[order][~at_end[order]]] = nodes[~at_end[order]]
+        self.end[events[order][at_end[order]]] = nodes[at_end[order]]
+        self.thread = _threads(ev)
+        self.host = _nesting(ev, self.start, self.end, self.thread)
+
+
+def _shape(ev: dict) -> _Shape:
+    """The _Shape of the events (_arrays'), kept for the latest events walked (by identity: a build of the same
+    events again, HTA's path after the replay or the other way, finds it)."""
+    global _latest_shape
+    kept = _latest_shape  # (one read: another thread may replace it)
+    if kept is not None and kept[0] is ev:
+        return kept[1]
+    shape = _Shape(ev)
+    _latest_shape = (ev, shape)
+    return shape
+
+
+#: The latest events walked and their _Shape
+_latest_shape: tuple[dict, _Shape] | None = None
+
+
+def _host(g: Graph, ev: dict, shape: _Shape, replay: bool) -> None:
+    """The host's edges (_nesting's), each weighing its time but a waiting call's last piece (its wait is the
+    device's; the replay's waiting calls are its blocked launches too) and a dependency."""
+    role = ev["role"]
+    waits = np.isin(role, [BLOCKING_OP, BLOCKED_LAUNCH] if replay else [BLOCKING_OP])
+    if shape.host is None:
+        return
+    (src, dst, kind, owner, enters, dependency, reached, edge_thread), threads = shape.host
+    columns = (src, dst, kind, owner, np.where(enters, ~dependency, ~waits[reached]))
+    if not threads:
+        g.edges(*columns)
+        return
+    lists = (ev["ts"].tolist(), (ev["ts"] + ev["dur"]).tolist(), ((role >= OP) & (role <= BLOCKED_LAUNCH)).tolist(),
+             waits.tolist(), shape.start.tolist(), shape.end.tolist())
+    for t, rows in enumerate(threads):  # (thread by thread, in order)
+        if rows is not None:
+            _host_stack(g, rows, *lists)
+        else:
+            lo, hi = np.searchsorted(edge_thread, [t, t + 1])
+            g.edges(*(values[lo:hi] for values in columns))
+
+
+def _nesting(ev: dict, start: np.ndarray, end: np.ndarray, thread: np.ndarray) -> tuple | None:
+    """The host's edges, thread by thread (in the order they show): the columns of those of the threads whose
+    events nest (src, dst, kind, owner; to weigh them: whether the edge enters an op, whether it is a dependency,
+    the event whose node it reaches; and its thread), and, if some thread's events do not nest, per thread its
+    events in nesting order where they do not (for _host_stack), else None; None without host events. The events of a thread, ops and ranges, in nesting
+    order (by start, the longer first; an event that starts as another ends follows it) are entered and left
+    as a stack does: before an event is entered, those on top of the stack that ended by its start are left.
     Where each event ends within the one it was entered in, that is a sort of the entries and exits (an event is
     left before the first event that starts at or after its end is entered, the inner first), done in arrays; a
     thread where one does not (a child that ends after its parent: rounding) is walked as a stack (_host_stack).
     Between two ops entered or left one after the other lies an edge (as _host_stack says)."""
     role = ev["role"]
-    waits = np.isin(role, [BLOCKING_OP, BLOCKED_LAUNCH] if replay else [BLOCKING_OP])
     host = np.flatnonzero(thread >= 0)
     host = host[np.lexsort((ev["id"][host], -ev["dur"][host], ev["ts"][host], thread[host]))]
     n = len(host)
     if not n:
-        return
+        return None
     host_thread, ts = thread[host], ev["ts"][host]
     ends = ts + ev["dur"][host]
     first = np.flatnonzero(np.concatenate([[True], host_thread[1:] != host_thread[:-1]]))
@@ -293,19 +355,10 @@ def _host(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray, thread: np.nda
     edges = np.flatnonzero(visit_thread[a] == visit_thread[b])
     edges = edges[~stacked[visit_thread[edges]]]
     columns = (node[a][edges], node[b][edges], np.where(dependency, DEPENDENCY, OP_EDGE)[edges], owner[edges],
-               np.where(entered[b], ~dependency, ~waits[event[b]])[edges])
-    if not stacked.any():
-        g.edges(*columns)
-        return
-    edge_thread = visit_thread[edges]
-    lists = (ev["ts"].tolist(), (ev["ts"] + ev["dur"]).tolist(), ((role >= OP) & (role <= BLOCKED_LAUNCH)).tolist(),
-             waits.tolist(), start.tolist(), end.tolist())
-    for t, (a, b) in enumerate(zip(first.tolist(), last.tolist())):
-        if stacked[t]:
-            _host_stack(g, host[a:b].tolist(), *lists)
-        else:
-            lo, hi = np.searchsorted(edge_thread, [t, t + 1])
-            g.edges(*(values[lo:hi] for values in columns))
+               entered[b][edges], dependency[edges], event[b][edges], visit_thread[edges])
+    return columns, ([host[a:b].tolist() if is_stacked else None
+                      for is_stacked, a, b in zip(stacked.tolist(), first.tolist(), last.tolist())]
+                     if stacked.any() else [])
 
 
 def _host_stack(g: Graph, rows: list, ts: list, ends: list, is_op: list, waits: list, start: list, end: list) -> None:
@@ -920,20 +973,10 @@ def build(ev, windows: list[dict] | None = None, changed: bool = False) -> tuple
     doc), and with windows (the replay's) each rank's end node; changed: the replay's host calls with scale 0 wait
     for nothing (else the scales are ignored)."""
     ev = _arrays(ev)
-    role, count = ev["role"], len(ev["role"])
-    # each op's and device event's start and end, by time (an end after a start at the same time), then event
-    rows = np.flatnonzero((role >= OP) & (role <= COMMUNICATION))
-    times = np.concatenate([ev["ts"][rows], ev["ts"][rows] + ev["dur"][rows]])
-    at_end = np.repeat(np.array([False, True]), len(rows))
-    events = np.concatenate([rows, rows])
-    order = np.lexsort((events, at_end, times))
-    g = Graph(times[order], events[order], ~at_end[order])
-    start, end = np.full(count, -1, dtype=np.int64), np.full(count, -1, dtype=np.int64)
-    nodes = np.arange(len(order))
-    start[events[order][~at_end[order]]] = nodes[~at_end[order]]
-    end[events[order][at_end[order]]] = nodes[at_end[order]]
-    thread = _threads(ev)
-    _host(g, ev, start, end, thread, replay=windows is not None)
+    shape = _shape(ev)
+    g = Graph(*shape.nodes)
+    start, end, thread = shape.start, shape.end, shape.thread
+    _host(g, ev, shape, replay=windows is not None)
     _device(g, ev, start, end, replay=windows is not None)
     ends = None
     if windows is not None:
