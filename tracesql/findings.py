@@ -14,6 +14,7 @@ statement is read (what_if_change), and every step's graph is planned once and w
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import duckdb
@@ -89,13 +90,17 @@ def _computed_once(con, table: str, query, macro: str, macro_sql: str):
 def _event_lists_once(con):
     """The events of every rank's steps (critical_path_event_lists with its defaults, what each rule's what-if and
     critical path read) once, for critical_path_event_source to read in their place: on the 24× tile they took 12
-    CPU-s a rule. Each with a key of its events (walk_key), by which what_if finds the walks walk_ahead walked
-    (critical_path_walked). Other windows are computed as before: the source is the query its arguments name
-    (`query` of a string DuckDB folds as it binds), so that a call with the defaults binds the table alone
-    (binding critical_path_event_lists too took 0.11 of the 0.15 s each what_if of the rules took to plan at 24x)."""
+    CPU-s a rule. Each with a key (walk_key), by which what_if finds the walks walk_ahead walked
+    (critical_path_walked): a hash of its window and of a number drawn for this call, so that no other list's walk
+    in the process has it (a hash of the events themselves took 0.6 CPU-s at 24x). Other windows are computed as
+    before: the source is the query its arguments name (`query` of a string DuckDB folds as it binds), so that a
+    call with the defaults binds the table alone (binding critical_path_event_lists too took 0.11 of the 0.15 s
+    each what_if of the rules took to plan at 24x)."""
     literal = "CASE WHEN annotation IS NULL THEN 'NULL' ELSE '''' || replace(annotation, '''', '''''') || '''' END"
+    drawn = int.from_bytes(os.urandom(8), "little") >> 1
     return _computed_once(
-        con, "findings_event_lists", "SELECT * REPLACE (hash(run_id, rank, window_name, instance, events) AS walk_key) "
+        con, "findings_event_lists",
+        f"SELECT * REPLACE (hash(run_id, rank, window_name, instance, {drawn}) AS walk_key) "
         "FROM critical_path_event_lists()",
         "critical_path_event_source",
         "critical_path_event_source(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE "

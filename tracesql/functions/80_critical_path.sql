@@ -258,8 +258,8 @@ SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
     -- the end of its last node (op or device work; ranges and syncs are none): the what-if's measured time ends
     -- no earlier (a list_max over the list took 1 CPU-s at 24x)
     max(ts + dur) FILTER (WHERE role NOT IN ('range', 'stream_sync', 'context_sync', 'event_sync')) AS work_end,
-    -- a key of the events (none here): where `tracesql findings` has walked them ahead, critical_path_walked finds
-    -- their walks by it without reading the events again (tracesql/findings.py sets it)
+    -- a key of the list (none here): where `tracesql findings` has walked it ahead, critical_path_walked finds
+    -- its walks by it without reading the events again (tracesql/findings.py sets it)
     NULL::UBIGINT AS walk_key
 FROM events
 GROUP BY run_id, rank, window_name, instance, step, window_ts, window_te;
