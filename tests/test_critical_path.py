@@ -297,8 +297,9 @@ def test_replay_lengths_of_a_change_off_the_path_are_the_unchanged_ones(dataset,
     no walk, and the lengths a walk gives; with every event 40 % faster, or the path's events free: walked, as
     long as a walk of those weights, and shorter (the path's events free: whole weights, whose lengths are the
     distances to the ends, without listing the paths' edges)."""
-    from tracesql import critical_path
+    from tracesql import critical_path, longest_path
 
+    monkeypatch.setattr(longest_path, "_compiled", None)  # (walks in Python, whichever test ran before)
     walked = []  # (a walk: its longest-path sums, in arrays or in order)
     columns = critical_path.Plan._columns
     for name in ("_whole_distances", "_distances_in_order"):
@@ -336,13 +337,15 @@ def test_replay_lengths_of_a_change_off_the_path_are_the_unchanged_ones(dataset,
 @pytest.mark.parametrize("dataset", ["hta_trace_filter", "torch_gloo_4rank_straggler"])
 def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypatch):
     """Plan.distances walks whole-number weights in arrays (_whole_distances) and others one edge at a time in the
-    walk's order (_distances_in_order): on every walk the critical_path and what_if queries make of real steps
-    (HTA's path; the replay unchanged, with ops or communication free or no launch overhead: whole numbers; ops
-    40 % faster, the straggler at the median: fractions) both ways give the same distance and the same edge
-    (of equal paths, the first in the walk's order) at every node, and fractional weights are walked in order.
-    HTA's sampled two-rank GPU trace and the four gloo CPU ranks with a straggler (collectives across ranks)."""
-    from tracesql import critical_path
+    walk's order (_distances_in_order), or both by the loop compiled (longest_path, which `tracesql findings`
+    loads): on every walk the critical_path and what_if queries make of real steps (HTA's path; the replay
+    unchanged, with ops or communication free or no launch overhead: whole numbers; ops 40 % faster, the
+    straggler at the median: fractions) the three ways give the same distance and the same edge (of equal paths,
+    the first in the walk's order) at every node, and fractional weights are walked in order. HTA's sampled
+    two-rank GPU trace and the four gloo CPU ranks with a straggler (collectives across ranks)."""
+    from tracesql import critical_path, longest_path
 
+    monkeypatch.setattr(longest_path, "_compiled", None)  # (the walks below in Python; as it was after)
     walks = []
     distances = critical_path.Plan.distances
 
@@ -358,17 +361,21 @@ def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypa
     for changes in ({}, {"faster": "^aten::", "faster_pct": 100}, {"hide_communication": 1},
                     {"no_launch_overhead": 1}, {"faster": "^aten::", "faster_pct": 40}, {"straggler_to_median": 1}):
         tracesql.query("what_if", run, **changes)
+    in_python = [distances(plan, weight) for plan, weight in walks]
+    longest_path.load()
+    assert longest_path.compiled() is not None
     whole = fractional = 0
-    for plan, weight in walks:
+    for (plan, weight), walked in zip(walks, in_python):
         dist, via = plan._distances_in_order(weight)
         is_whole = bool((weight == np.rint(weight)).all())
         if is_whole:
             in_arrays = plan._whole_distances(weight.astype(np.int64))
             assert (in_arrays[0] == dist).all() and (in_arrays[1] == via).all()
             assert (via >= 0).sum() > len(via) // 2
-        walked = distances(plan, weight)
-        assert (walked[0] == dist).all() and (walked[1] == via).all()
-        assert walked[0].dtype == (np.int64 if is_whole else np.float64)
+        compiled = distances(plan, weight)
+        for its in (walked, compiled):
+            assert (its[0] == dist).all() and (its[1] == via).all()
+            assert its[0].dtype == (np.int64 if is_whole else np.float64)
         whole, fractional = whole + is_whole, fractional + (not is_whole)
     assert whole >= 10 and fractional >= 2, (whole, fractional)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from . import critical_path, functions, queries
+from . import critical_path, functions, longest_path, queries
 from .errors import TraceError
 from .functions import quote
 
@@ -341,7 +341,8 @@ def run(con, target: str, params: dict | None = None):
     def last(some: list) -> list:
         return [queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table() for rule in some]
 
-    with _event_lists_once(con):
+    # (the walks' loop compiled, loaded while DuckDB computes the event lists: longest_path)
+    with _in_thread(longest_path.load), _event_lists_once(con):
         lists = con.sql("FROM findings_event_lists").to_arrow_table()
         scales = _Scales(con, lists)
         with _in_thread(critical_path.walk_ahead, lists) as walked:
