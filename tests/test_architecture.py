@@ -24,7 +24,7 @@ ARCHITECTURE_DOC = REPO / "docs" / "concepts" / "architecture.md"
 #: Bottom to top. A module imports modules of its own layer or of layers below it, never above. `x.*` stands for
 #: every module of the package x.
 LAYERS = {
-    "foundation": ["version", "errors", "limits", "arrays", "db", "schema", "functions", "critical_path"],
+    "foundation": ["version", "errors", "limits", "arrays", "db", "schema", "functions", "longest_path", "critical_path"],
     "readers": ["archives", "readers", "readers.*"],
     "normalize": ["quality", "step_rules", "labels", "normalize"],
     "store": ["store", "views", "ingestion"],
