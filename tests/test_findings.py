@@ -140,6 +140,21 @@ def test_what_ifs_priced_before_the_rules_are_those_their_arguments_allow(ingest
     assert len({c["key"] for c in changes}) == 2
 
 
+def test_the_event_source_of_findings_reads_its_lists_for_the_default_windows_only(ingested):
+    """While `findings` runs, critical_path_event_source reads its lists (the table) for the default windows and
+    computes any other windows as outside it (`query` of the call's arguments, a quote in an annotation
+    included): the same windows and events."""
+    con = tracesql.connect(ingested(TRACE_FILTER))
+    calls = ["", "annotation := ''", "annotation := 'ProfilerStep', occurrence := 1", "annotation := 'it''s'",
+             "rank_filter := 1"]
+    sql = "SELECT window_name, rank, instance, len(events) FROM critical_path_event_{}({}) ORDER BY ALL"
+    outside = [con.sql(sql.format("lists", call)).fetchall() for call in calls]
+    with findings._event_lists_once(con):
+        assert con.sql("SELECT count(*) FROM findings_event_lists").fetchall() == [(4,)]
+        inside = [con.sql(sql.format("source", call)).fetchall() for call in calls]
+    assert inside == outside and [len(rows) for rows in outside] == [4, 2, 2, 0, 2]
+
+
 @pytest.mark.slow
 def test_findings_walk_each_steps_path_once(ingested, monkeypatch):
     """`findings` walks HTA's critical path of each step and each step's unchanged replay once, ahead
