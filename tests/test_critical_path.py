@@ -380,6 +380,18 @@ def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypa
     assert whole >= 10 and fractional >= 2, (whole, fractional)
 
 
+def test_without_numba_the_walks_stay_in_python(monkeypatch):
+    """longest_path.load without numba (its import fails) leaves `compiled` None: every walk in Python."""
+    import sys
+
+    from tracesql import longest_path
+
+    monkeypatch.setattr(longest_path, "_compiled", None)
+    monkeypatch.setitem(sys.modules, "numba", None)  # (import numba raises ImportError)
+    longest_path.load()
+    assert longest_path.compiled() is None
+
+
 def test_the_unchanged_replay_of_a_what_if_ignores_its_changes(ingested):
     """The what_if macro's unchanged replay walks the what-if's events with gaps_scale NULL: it is the replay of
     the unchanged events, segment for segment, whichever a process walked first (the walks are kept by a digest

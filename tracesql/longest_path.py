@@ -29,16 +29,18 @@ def relax(src, dst, weight, dist, via) -> None:
 
 def load() -> None:
     """Compile `relax` with numba (or read it from numba's cache on disk) for the weights the walks sum (int64 and
-    float64) and make it `compiled`'s; without numba, nothing (the walks stay in Python)."""
+    float64) and make it `compiled`'s. Without numba, or where it cannot compile (no compiler for the platform,
+    no cache it may write), nothing: the walks stay in Python, as fast as any other command's."""
     global _compiled
     try:
         import numba
-    except ImportError:
+
+        compiled = numba.njit(cache=True, nogil=True)(relax)
+        nodes = np.zeros(1, dtype=np.int32)
+        for dtype in (np.int64, np.float64):
+            compiled(nodes, nodes, np.zeros(1, dtype=dtype), np.zeros(1, dtype=dtype), np.full(1, -1, dtype=np.int64))
+    except Exception:  # (ImportError, numba's errors: an accelerator, not a result)
         return
-    compiled = numba.njit(cache=True, nogil=True)(relax)
-    nodes = np.zeros(1, dtype=np.int32)
-    for dtype in (np.int64, np.float64):
-        compiled(nodes, nodes, np.zeros(1, dtype=dtype), np.zeros(1, dtype=dtype), np.full(1, -1, dtype=np.int64))
     _compiled = compiled
 
 
