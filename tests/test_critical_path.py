@@ -244,21 +244,19 @@ def test_a_what_if_walks_the_graph_of_the_unchanged_replay(ingested):
 
 
 # Each event's scale as a CASE per event in SQL, with DuckDB's regular expressions: how critical_path_scales
-# computed it before change_scales (the second method)
+# computed it before change_scales (the second method), of the straggler's scale the macro gives each window
 SCALES_IN_SQL = """
 SELECT l.run_id, l.rank, l.instance, [e.id FOR e IN l.events] AS ids,
     [CAST(CASE WHEN e.role IN ('stream_sync', 'context_sync', 'event_sync') THEN CASE WHEN $remove_syncs = 1 THEN 0 END
                WHEN e.role = 'communication' AND $hide_communication = 1 THEN 0
                WHEN e.role NOT IN ('device', 'communication') AND $remove_syncs = 1 AND e.sync_call THEN 0
                WHEN regexp_matches(e.name, $faster) THEN 1 - $faster_pct / 100
-               WHEN e.straggles AND l.rank = st.rank AND st.on_host = (e.role NOT IN ('device', 'communication'))
-                   THEN st.scale
+               WHEN e.straggles AND l.straggler_on_host = (e.role NOT IN ('device', 'communication'))
+                   THEN l.straggler_scale
           END AS DOUBLE) FOR e IN l.events] AS scales,
     $faster IS NOT NULL AND COALESCE(list_bool_or([regexp_matches(e.name, $faster) FOR e IN l.events
                                                    IF e.role = 'range']), false) AS reroled
-FROM critical_path_event_lists() l
-LEFT JOIN (FROM critical_path_stragglers() WHERE $straggler_to_median = 1) st
-  ON st.run_id = l.run_id AND st.window_name = l.window_name AND st.joint = COALESCE(l.step, l.instance)
+FROM critical_path_scales(straggler_to_median := $straggler_to_median) l
 """
 
 

@@ -179,15 +179,15 @@ class _Scales:
 
     def _stragglers(self) -> tuple[np.ndarray, np.ndarray]:
         """Per row of the lists, the scale of the straggler's work (NaN: not the straggler's window) and whether
-        it is on the host (critical_path_stragglers')."""
-        found = {(run_id, window_name, joint, rank): (scale, on_host) for run_id, window_name, joint, rank, on_host,
-                 scale in self.con.execute("SELECT run_id, window_name, joint, rank, on_host, scale "
-                                           "FROM critical_path_stragglers()").fetchall()}
-        rows = self.lists.select(["run_id", "window_name", "step", "instance", "rank"]).to_pylist()
-        its = [found.get((r["run_id"], r["window_name"], r["instance"] if r["step"] is None else r["step"],
-                          r["rank"]), (None, False)) for r in rows]
+        it is on the host (critical_path_scales' straggler_scale and straggler_on_host: of those columns only,
+        DuckDB computes no scales)."""
+        found = {tuple(row[:4]): row[4:] for row in self.con.execute(
+            "SELECT run_id, rank, window_name, instance, straggler_scale, straggler_on_host "
+            "FROM critical_path_scales(straggler_to_median := 1)").fetchall()}
+        its = [found[key] for key in zip(*(self.lists.column(c).to_pylist()
+                                           for c in ("run_id", "rank", "window_name", "instance")))]
         return (np.array([np.nan if scale is None else scale for scale, _ in its], np.float64),
-                np.array([on_host for _, on_host in its], bool))
+                np.array([bool(on_host) for _, on_host in its], bool))
 
     def of(self, change: dict) -> tuple[list, np.ndarray]:
         """The change's scales (per row of the lists) and reroled."""

@@ -269,12 +269,21 @@ GROUP BY run_id, rank, window_name, instance, step, window_ts, window_te;
 CREATE OR REPLACE MACRO critical_path_event_source(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE
 FROM critical_path_event_lists(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter);
 
--- Per step (joint: step, else annotation instance) of several ranks in which straggler_to_median = 1 changes
--- something: the straggler, the rank whose device work other than communication took the longest, which does it
--- as fast as the median of the other ranks (scale: its kernels and copies scaled by that median ÷ its time); in a
--- step without device work (CPU ranks), the rank whose host ops other than communication calls took the longest
--- own time (on_host).
-CREATE OR REPLACE MACRO critical_path_stragglers(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE
+-- Per window, the scale of each of its events (a list in the order of the events' list; NULL where the change
+-- changes nothing) under the what-if's changes, which critical_path_events gives its events: `faster` (a regex
+-- of kernel, op or host range names) takes faster_pct % off their time; hide_communication = 1 makes
+-- communication kernels weigh 0; remove_syncs = 1 removes the synchronisations and the host calls that wait for
+-- them (scale 0: the host no longer waits for the device); straggler_to_median = 1: in each step (annotation
+-- instance) of several ranks, the rank whose device work other than communication took the longest (the
+-- straggler) does it as fast as the median of the other ranks (its kernels and copies scaled by that median ÷ its
+-- time: straggler_scale, on the window of the straggler's rank); in a step without device work (CPU ranks), the
+-- rank whose host ops other than communication calls took the longest own time (straggler_on_host). reroled:
+-- whether `faster` made a range of the window an op (its graph is not the unchanged one). With the event source's
+-- columns. The scales are tracesql/critical_path.py change_scales' (the SQL function critical_path_event_scales),
+-- which `tracesql findings` computes of its event lists for each of its rules' changes (of the straggler's scale
+-- it reads only straggler_scale and straggler_on_host here: DuckDB then calls no function).
+CREATE OR REPLACE MACRO critical_path_scales(annotation := NULL, occurrence := NULL, rank_filter := NULL,
+        faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0, straggler_to_median := 0) AS TABLE
 WITH lists AS (
     SELECT *, COALESCE(step, instance) AS joint
     FROM critical_path_event_source(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter)
@@ -282,7 +291,7 @@ WITH lists AS (
     SELECT run_id, window_name, joint, rank, sum(busy_ns) AS busy_ns
     FROM (SELECT run_id, window_name, joint, rank, list_sum([e.dur FOR e IN events IF e.role = 'device']) AS busy_ns
           FROM lists
-          WHERE list_bool_or([e.role = 'device' FOR e IN events]))
+          WHERE straggler_to_median = 1 AND list_bool_or([e.role = 'device' FOR e IN events]))
     GROUP BY ALL
 ), host_time AS (
     -- a step in which no rank ran device work (CPU ranks, e.g. over gloo): each rank's own time in host ops other
@@ -292,43 +301,32 @@ WITH lists AS (
     JOIN ops o ON o.run_id = w.run_id AND o.rank = w.rank AND o.ts BETWEEN w.ts AND w.te
     ANTI JOIN device_time d ON d.run_id = w.run_id AND d.window_name = w.window_name
      AND d.joint = COALESCE(w.step, w.instance)
-    WHERE NOT is_communication_call(o.name)
+    WHERE straggler_to_median = 1 AND NOT is_communication_call(o.name)
     GROUP BY ALL
+), stragglers AS (
+    -- per step of several ranks: the rank with the most device work (none: host work), scaled to the median of
+    -- the others'
+    SELECT s.run_id, s.window_name, s.joint, s.rank, s.on_host, median(o.busy_ns) / NULLIF(s.busy_ns, 0) AS scale
+    FROM (SELECT *, row_number() OVER (PARTITION BY run_id, window_name, joint ORDER BY busy_ns DESC, rank) AS n
+          FROM (SELECT *, false AS on_host FROM device_time UNION ALL SELECT *, true FROM host_time)) s
+    JOIN (SELECT * FROM device_time UNION ALL SELECT * FROM host_time) o
+      ON o.run_id = s.run_id AND o.window_name = s.window_name AND o.joint = s.joint AND o.rank <> s.rank
+    WHERE s.n = 1 AND straggler_to_median = 1
+    GROUP BY s.run_id, s.window_name, s.joint, s.rank, s.on_host, s.busy_ns
+), straggling AS (
+    SELECT l.* EXCLUDE (joint), CASE WHEN l.rank = st.rank THEN st.scale END AS straggler_scale,
+        st.on_host AS straggler_on_host
+    FROM lists l
+    LEFT JOIN stragglers st ON st.run_id = l.run_id AND st.window_name = l.window_name AND st.joint = l.joint
 )
--- per step of several ranks: the rank with the most device work (none: host work), scaled to the median of the
--- others'
-SELECT s.run_id, s.window_name, s.joint, s.rank, s.on_host, median(o.busy_ns) / NULLIF(s.busy_ns, 0) AS scale
-FROM (SELECT *, row_number() OVER (PARTITION BY run_id, window_name, joint ORDER BY busy_ns DESC, rank) AS n
-      FROM (SELECT *, false AS on_host FROM device_time UNION ALL SELECT *, true FROM host_time)) s
-JOIN (SELECT * FROM device_time UNION ALL SELECT * FROM host_time) o
-  ON o.run_id = s.run_id AND o.window_name = s.window_name AND o.joint = s.joint AND o.rank <> s.rank
-WHERE s.n = 1
-GROUP BY s.run_id, s.window_name, s.joint, s.rank, s.on_host, s.busy_ns;
-
--- Per window, the scale of each of its events (a list in the order of the events' list; NULL where the change
--- changes nothing) under the what-if's changes, which critical_path_events gives its events: `faster` (a regex
--- of kernel, op or host range names) takes faster_pct % off their time; hide_communication = 1 makes
--- communication kernels weigh 0; remove_syncs = 1 removes the synchronisations and the host calls that wait for
--- them (scale 0: the host no longer waits for the device); straggler_to_median = 1: in each step (annotation
--- instance) of several ranks, the straggler (critical_path_stragglers) does its work as fast as the median of the
--- other ranks. reroled: whether `faster` made a range of the window an op (its graph is not the unchanged one).
--- With the event source's columns. The scales are those of tracesql/critical_path.py change_scales (the SQL
--- function critical_path_event_scales), which `tracesql findings` computes of its event lists for each of its
--- rules' changes.
-CREATE OR REPLACE MACRO critical_path_scales(annotation := NULL, occurrence := NULL, rank_filter := NULL,
-        faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0, straggler_to_median := 0) AS TABLE
 SELECT * EXCLUDE (changed), changed.scales, COALESCE(changed.reroled, false) AS reroled
 FROM (
-    SELECT l.*,
+    SELECT *,
         CASE WHEN faster IS NOT NULL OR hide_communication = 1 OR remove_syncs = 1 OR straggler_to_median = 1
-             THEN critical_path_event_scales(l.events, CAST(faster AS VARCHAR), faster_pct, hide_communication,
-                                             remove_syncs, CASE WHEN l.rank = st.rank THEN st.scale END, st.on_host)
+             THEN critical_path_event_scales(events, CAST(faster AS VARCHAR), faster_pct, hide_communication,
+                                             remove_syncs, straggler_scale, straggler_on_host)
         END AS changed
-    FROM critical_path_event_source(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter) l
-    LEFT JOIN (SELECT * FROM critical_path_stragglers(annotation := annotation, occurrence := occurrence,
-                                                      rank_filter := rank_filter)
-               WHERE straggler_to_median = 1) st
-      ON st.run_id = l.run_id AND st.window_name = l.window_name AND st.joint = COALESCE(l.step, l.instance)
+    FROM straggling
 );
 
 -- Per window, the list of its events as critical_path_walk takes them (tracesql/critical_path.py EVENT_FIELDS),
