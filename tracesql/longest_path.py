@@ -32,6 +32,8 @@ def load() -> None:
     float64) and make it `compiled`'s. Without numba, or where it cannot compile (no compiler for the platform,
     no cache it may write), nothing: the walks stay in Python, as fast as any other command's."""
     global _compiled
+    if _compiled is not None:  # (a second `findings` in the process: loaded)
+        return
     try:
         import numba
 
