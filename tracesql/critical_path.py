@@ -64,6 +64,7 @@ longest path one edge at a time with it: the same results, 50 times faster.
 from __future__ import annotations
 
 import bisect
+import functools
 import gc
 import heapq
 import pickle
@@ -1082,12 +1083,46 @@ LISTED_FIELDS = EVENT_FIELDS + (("name", pa.string()), ("op_role", pa.string()),
 SCALES_SQL = "STRUCT(scales DOUBLE[], reroled BOOLEAN)"
 
 
-def change_scales(events: pa.Array | pa.ChunkedArray, faster: str | None, faster_pct: float | None,
+class ListedEvents:
+    """critical_path_event_lists' events (lists: an Arrow list array, or chunked) as change_scales reads them,
+    chunk by chunk, each column read once for all the changes priced of them (`tracesql findings` prices a dozen
+    of one run's): per chunk its rows' offsets into its events, and their roles as codes, names as a dictionary
+    (each distinct name matched once), sync_call and straggles as booleans, each read when first asked for."""
+
+    def __init__(self, events: pa.Array | pa.ChunkedArray):
+        self.chunks = [_ListedChunk(chunk) for chunk in (events.chunks if isinstance(events, pa.ChunkedArray)
+                                                          else [events])]
+
+
+class _ListedChunk:
+    def __init__(self, chunk: pa.ListArray):
+        offsets = chunk.offsets.to_numpy().astype(np.int64)
+        self.events = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
+        self.offsets = offsets - offsets[0]
+
+    @functools.cached_property
+    def role(self) -> np.ndarray:
+        return _role_codes(self.events.field("role"))
+
+    @functools.cached_property
+    def names(self) -> pa.DictionaryArray:
+        return self.events.field("name").dictionary_encode()
+
+    @functools.cached_property
+    def sync_call(self) -> np.ndarray:
+        return _true(self.events.field("sync_call"))
+
+    @functools.cached_property
+    def straggles(self) -> np.ndarray:
+        return _true(self.events.field("straggles"))
+
+
+def change_scales(events: ListedEvents | pa.Array | pa.ChunkedArray, faster: str | None, faster_pct: float | None,
                   hide_communication: int, remove_syncs: int, straggler_scale: np.ndarray | None = None,
                   straggler_on_host: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
-    """Per row of `events` (lists of critical_path_event_lists' events), the scale of each of its events under a
-    what-if's change (NaN: none) and whether `faster` names a range of it (reroled: the change makes it an op).
-    An event's scale is the first of these that holds:
+    """Per row of `events` (lists of critical_path_event_lists' events, or ListedEvents of them), the scale of each
+    of its events under a what-if's change (NaN: none) and whether `faster` names a range of it (reroled: the
+    change makes it an op). An event's scale is the first of these that holds:
     - a synchronisation: 0 if remove_syncs = 1, else none;
     - a communication kernel, with hide_communication = 1: 0;
     - a host call that waits for the device (sync_call), with remove_syncs = 1: 0;
@@ -1097,13 +1132,11 @@ def change_scales(events: pa.Array | pa.ChunkedArray, faster: str | None, faster
     What critical_path_scales gives (by critical_path_event_scales) and `tracesql findings` computes of its event
     lists for each of its rules' changes. In arrays, each distinct name matched once: a CASE per event in SQL
     took 0.3-1.2 CPU-s a change over the 24x tile's 2.75 M events."""
+    listed = events if isinstance(events, ListedEvents) else ListedEvents(events)
     scales, reroled, first = [], [], 0
-    for chunk in events.chunks if isinstance(events, pa.ChunkedArray) else [events]:
-        offsets = chunk.offsets.to_numpy().astype(np.int64)
-        flat = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
-        offsets = offsets - offsets[0]
-        role = _role_codes(flat.field("role"))
-        scale = np.full(len(flat), np.nan)
+    for chunk in listed.chunks:
+        offsets, role = chunk.offsets, chunk.role
+        scale = np.full(len(role), np.nan)
         decided = np.isin(role, SYNC_CODES)
         if remove_syncs == 1:
             scale[decided] = 0
@@ -1111,10 +1144,10 @@ def change_scales(events: pa.Array | pa.ChunkedArray, faster: str | None, faster
         if hide_communication == 1:
             _decide(scale, decided, role == COMMUNICATION, 0)
         if remove_syncs == 1:
-            _decide(scale, decided, ~kernel & _true(flat.field("sync_call")), 0)
+            _decide(scale, decided, ~kernel & chunk.sync_call, 0)
         rows = len(offsets) - 1
         if faster is not None:
-            names = flat.field("name").dictionary_encode()
+            names = chunk.names
             matched = np.append(_true(pc.match_substring_regex(names.dictionary, faster)), False)
             hit = matched[names.indices.fill_null(len(matched) - 1).to_numpy()]
             _decide(scale, decided, hit, np.nan if faster_pct is None else 1 - faster_pct / 100)
@@ -1126,8 +1159,7 @@ def change_scales(events: pa.Array | pa.ChunkedArray, faster: str | None, faster
         if straggler_scale is not None and rows:
             row_of = np.repeat(np.arange(first, first + rows), np.diff(offsets))
             its = straggler_scale[row_of]
-            _decide(scale, decided, _true(flat.field("straggles")) & ~np.isnan(its)
-                    & (straggler_on_host[row_of] == ~kernel), its)
+            _decide(scale, decided, chunk.straggles & ~np.isnan(its) & (straggler_on_host[row_of] == ~kernel), its)
         scales += [scale[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
         first += rows
     return scales, np.concatenate(reroled) if reroled else np.zeros(0, bool)

@@ -166,6 +166,7 @@ class _Scales:
 
     def __init__(self, con, lists):
         self.con, self.lists = con, lists
+        self.events = critical_path.ListedEvents(lists.column("events"))  # (each column read once for all)
         self.changes: dict[tuple, tuple[list, np.ndarray]] = {}
 
     def add(self, changes: list[dict]) -> None:
@@ -175,7 +176,7 @@ class _Scales:
                 continue
             *arguments, straggler_to_median = values
             self.changes[values] = critical_path.change_scales(
-                self.lists.column("events"), *arguments, *(self._stragglers() if straggler_to_median == 1 else ()))
+                self.events, *arguments, *(self._stragglers() if straggler_to_median == 1 else ()))
 
     def _stragglers(self) -> tuple[np.ndarray, np.ndarray]:
         """Per row of the lists, the scale of the straggler's work (NaN: not the straggler's window) and whether
