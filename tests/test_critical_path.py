@@ -378,6 +378,20 @@ def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypa
     assert whole >= 10 and fractional >= 2, (whole, fractional)
 
 
+def test_a_what_if_with_a_faster_that_is_no_regular_expression_says_so(ingested):
+    """`faster` is a regular expression (RE2); one that is not (an unclosed group) fails the what-if with one line
+    naming it, and a non-zero exit."""
+    from click.testing import CliRunner
+
+    from tracesql.cli import main
+
+    run = ingested(DATASETS / "torch_gloo_2rank")
+    done = CliRunner().invoke(main, ["query", "what_if", str(run), "-p", "faster=(aten::mm"])
+    assert done.exit_code != 0
+    (line,) = done.output.strip().splitlines()
+    assert "faster = '(aten::mm' is not a regular expression: " in line and "missing )" in line
+
+
 def test_without_numba_the_walks_stay_in_python(monkeypatch):
     """longest_path.load without numba (its import fails) leaves `compiled` None: every walk in Python."""
     import sys

@@ -1148,7 +1148,10 @@ def change_scales(events: ListedEvents | pa.Array | pa.ChunkedArray, faster: str
         rows = len(offsets) - 1
         if faster is not None:
             names = chunk.names
-            matched = np.append(_true(pc.match_substring_regex(names.dictionary, faster)), False)
+            try:
+                matched = np.append(_true(pc.match_substring_regex(names.dictionary, faster)), False)
+            except pa.ArrowInvalid as e:
+                raise ValueError(f"faster = {faster!r} is not a regular expression: {e}") from None
             hit = matched[names.indices.fill_null(len(matched) - 1).to_numpy()]
             _decide(scale, decided, hit, np.nan if faster_pct is None else 1 - faster_pct / 100)
             reroled.append(np.add.reduceat(np.append(hit & (role == RANGE), False), offsets[:-1]) > 0
