@@ -175,15 +175,18 @@ def test_findings_walk_each_steps_path_once(ingested, monkeypatch):
     unchanged = sorted(con.sql("FROM what_if(predict := 0)").fetchall(), key=repr)
     monkeypatch.setattr(critical_path, "_WALKED", {})
     monkeypatch.setattr(critical_path, "_PLANS", {})
+    listed = "SELECT count(*), count(events) FROM critical_path_events(walked_ahead := 1)"
     with findings._event_lists_once(con):
-        ahead = critical_path.walk_ahead(con.sql("FROM findings_event_lists").to_arrow_table())
+        ahead_paths, ahead = critical_path.walk_ahead(con.sql("FROM findings_event_lists").to_arrow_table())
         built, read = [], []
         plan, rows = critical_path.Plan.__init__, critical_path._rows
         monkeypatch.setattr(critical_path.Plan, "__init__", lambda *a: built.append(1) or plan(*a))
         monkeypatch.setattr(critical_path, "_rows", lambda *a: read.append(1) or rows(*a))
-        with findings._paths_once(con, ahead):
+        with critical_path.walked_ahead(ahead), findings._paths_once(con, ahead_paths):
             assert paths() == walked
-        assert sorted(con.sql("FROM what_if(predict := 0)").fetchall(), key=repr) == unchanged
+            assert sorted(con.sql("FROM what_if(predict := 0)").fetchall(), key=repr) == unchanged
+            assert con.sql(listed).fetchall() == [(4, 0)]  # (no window's list made: its walks are found)
+        assert con.sql(listed).fetchall() == [(4, 4)]  # (once findings lets them go, each list is made)
     assert built == [] and read == []
     assert 0 < len(walked[1]) < len(walked["NULL"])
 

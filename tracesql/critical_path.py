@@ -64,6 +64,7 @@ longest path one edge at a time with it: the same results, 50 times faster.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import gc
 import heapq
@@ -1050,31 +1051,43 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
 
 
 def walked(keys: pa.Array, windows: pa.Array) -> pa.Array:
-    """The DuckDB function (Arrow), per row: the unchanged walk kept of the events whose keys (their windows'
-    walk_key, in the order of the ranks) are `keys` with these windows (NULL: HTA's path), else NULL; without
-    reading the events (what the walk does first, to find a kept walk by their digest: 3 CPU-s at 24x). The
-    keys are known where `tracesql findings` walked ahead (walk_ahead)."""
+    """The DuckDB function (Arrow), per row: the unchanged walk walked ahead (walk_ahead, while `tracesql
+    findings` holds it: walked_ahead) of the events whose keys (their windows' walk_key, in the order of the
+    ranks) are `keys` with these windows (NULL: HTA's path), else NULL; without reading the events (what the walk
+    does first, to find a kept walk by their digest: 3 CPU-s at 24x)."""
     out = []
     for its_keys, spans in zip(keys.to_pylist(), windows.to_pylist()):
-        with _KEEPING:
-            digest = _BY_KEY.get(_walk_key(its_keys, _by_rank(spans)))
-            found = None if digest is None else _WALKED.get(digest)
+        found = _AHEAD.get(_walk_key(its_keys, _by_rank(spans)))
         out.append(pa.nulls(1, SEGMENT_TYPE) if found is None else found)
     return pa.concat_arrays(out) if out else pa.array([], type=SEGMENT_TYPE)
 
 
+def is_walked_ahead(keys: pa.Array) -> pa.Array:
+    """The DuckDB function (Arrow) critical_path_walked_ahead, per window's walk_key: whether its HTA path and its
+    step's unchanged replay are walked ahead (walked finds both: walk_ahead walks a step's together)."""
+    return pa.array([_walk_key([key], None) in _AHEAD for key in keys.to_pylist()], pa.bool_())
+
+
 def _walk_key(keys: list | None, spans: list | None) -> tuple | None:
-    """What _BY_KEY holds an unchanged walk's digest by: its events' keys and its windows (None: no key)."""
+    """What an unchanged walk walked ahead is found by: its events' keys and its windows (None: no key)."""
     if keys is None or None in keys:
         return None
     return tuple(keys), None if spans is None else tuple((w["rank"], w["ts"], w["te"]) for w in spans)
 
 
-def _keep_key(keys: list | None, spans: list | None, digest: bytes) -> None:
-    """Find the walk of `digest` by these keys and windows (walked)."""
-    key = _walk_key(keys, spans)
-    if key is not None:
-        _keep(_BY_KEY, WALKED_SIZE, key, digest)
+@contextlib.contextmanager
+def walked_ahead(walks: dict):
+    """While the block runs, critical_path_walked finds these walks (walk_ahead's, by _walk_key) and
+    critical_path_walked_ahead says their windows are walked ahead: for as long as `tracesql findings` runs its
+    rules (not kept by recency as other walks are, _WALKED: a window said to be walked ahead is found)."""
+    with _KEEPING:
+        _AHEAD.update(walks)
+    try:
+        yield
+    finally:
+        with _KEEPING:
+            for key in walks:
+                _AHEAD.pop(key, None)
 
 
 #: critical_path_event_lists' events: the walk's fields, and what the what-if's changes look at (change_scales)
@@ -1235,28 +1248,29 @@ PREDICTED_SCHEMA = pa.schema([("change", pa.int32()), ("run_id", pa.string()), (
                               ("window_name", pa.string()), ("instance", pa.int32()), ("predicted_ns", pa.int64())])
 
 
-def walk_ahead(lists: pa.Table) -> pa.Table:
-    """Walk each window's HTA path and each step's unchanged replay of critical_path_event_lists' rows (`lists`)
-    into the walks kept (_WALKED, with the replays' plans, _PLANS), each as the what_if macro's
-    critical_path_walk call of it will ask (_steps). `tracesql findings` runs this in a thread while DuckDB runs
-    the rules' first statements: the walks (Python, on one core) then overlap that SQL (on the other), and
-    what_if finds them walked. Returns the HTA paths as step_critical_paths' rows (run_id, rank, instance, s)."""
-    rows, paths = [], []
+def walk_ahead(lists: pa.Table) -> tuple[pa.Table, dict]:
+    """Walk each window's HTA path and each step's unchanged replay of critical_path_event_lists' rows (`lists`,
+    with their walk_key), each as the what_if macro's critical_path_walk call of it will ask (_steps), kept too
+    (_WALKED, with the replays' plans, _PLANS). `tracesql findings` runs this in a thread while DuckDB runs the
+    rules' first statements: the walks (Python, on one core) then overlap that SQL (on the other), and what_if
+    finds them walked (walked_ahead). Returns the HTA paths as step_critical_paths' rows (run_id, rank, instance,
+    s) and the walks by the keys critical_path_walked finds them by (_walk_key)."""
+    rows, paths, walks = [], [], {}
     for windows, window_events, ev, spans in _steps(lists):
         for row, one in zip(windows, window_events):
-            digest = _digest(None, one)
-            paths.append(_walk_one(one, None, None, digest).flatten())
+            path = _walk_one(one, None, None, _digest(None, one))
+            paths.append(path.flatten())
             rows.append(row)
-            _keep_key([row["walk_key"]], None, digest.digest())
-        digest = _digest(spans, ev)
-        _walk_one(ev, spans, None, digest)
-        _keep_key([row["walk_key"] for row in sorted(windows, key=lambda row: row["rank"])], spans, digest.digest())
+            walks[_walk_key([row["walk_key"]], None)] = path
+        walks[_walk_key([row["walk_key"] for row in sorted(windows, key=lambda row: row["rank"])], spans)] = (
+            _walk_one(ev, spans, None, _digest(spans, ev)))
+    walks.pop(None, None)  # (rows without a key: found by their events' digest only)
     # (each window's columns repeated for its segments: one take each, not a list of Python values per segment)
     of_row = pa.array(np.repeat(np.arange(len(rows)), [len(segments) for segments in paths]))
     return pa.table({"run_id": pa.DictionaryArray.from_arrays(of_row, [row["run_id"] for row in rows]),
                      "rank": pa.array([row["rank"] for row in rows], pa.int32()).take(of_row),
                      "instance": pa.array([row["instance"] for row in rows], pa.int32()).take(of_row),
-                     "s": pa.concat_arrays(paths) if paths else pa.array([], SEGMENT_TYPE.value_type)})
+                     "s": pa.concat_arrays(paths) if paths else pa.array([], SEGMENT_TYPE.value_type)}), walks
 
 
 def _steps(lists: pa.Table, scales: list[list[np.ndarray]] | None = None):
@@ -1401,14 +1415,14 @@ WALKED_SIZE = 1024
 #: walks a graph of its own, once, not kept.
 _PLANS: dict[bytes, Plan] = {}
 PLANS_SIZE = 256
-#: The digests of the unchanged walks walked ahead (walk_ahead), by the keys of their events and their windows
-#: (_walk_key): what critical_path_walked finds them by (as many as _WALKED holds)
-_BY_KEY: dict[tuple, bytes] = {}
+#: The unchanged walks walked ahead (walk_ahead) while `tracesql findings` holds them (walked_ahead), by the keys
+#: of their events and their windows (_walk_key): what critical_path_walked finds them by
+_AHEAD: dict[tuple, pa.Array] = {}
 
 
 def register(con) -> None:
-    """Create `critical_path_walk(events, windows, gaps_scale)` and `critical_path_walked(keys, windows)` on
-    `con`."""
+    """Create `critical_path_walk(events, windows, gaps_scale)`, `critical_path_walked(keys, windows)`,
+    `critical_path_walked_ahead(walk_key)` and `critical_path_event_scales(...)` on `con`."""
     con.create_function("critical_path_event_scales", event_scales,
                         [_struct_sql(LISTED_FIELDS), "VARCHAR", "DOUBLE", "INTEGER", "INTEGER", "DOUBLE", "BOOLEAN"],
                         SCALES_SQL, type="arrow", side_effects=False, null_handling="special")
@@ -1416,4 +1430,6 @@ def register(con) -> None:
                         type="arrow", side_effects=False, null_handling="special")
     # (side effects: what it finds changes as the walks are kept)
     con.create_function("critical_path_walked", walked, ["UBIGINT[]", WINDOW_SQL], SEGMENT_SQL,
+                        type="arrow", side_effects=True, null_handling="special")
+    con.create_function("critical_path_walked_ahead", is_walked_ahead, ["UBIGINT"], "BOOLEAN",
                         type="arrow", side_effects=True, null_handling="special")

@@ -68,47 +68,52 @@ def check(params: dict) -> dict:
 
 @contextlib.contextmanager
 def _computed_once(con, table: str, query, macro: str, macro_sql: str):
-    """While the rules run, `query` (SQL, or an Arrow table: its rows) computed once into the temporary `table`,
-    and the table macro `macro` (which the rules' SQL calls) replaced by `macro_sql`, which reads it; both dropped
-    after."""
-    if isinstance(query, str):
+    """While the rules run, `query` (SQL: computed once into the temporary `table`; or an Arrow table: its rows,
+    registered as `table`, not copied) and the table macro `macro` (which the rules' SQL calls) replaced by
+    `macro_sql`, which reads it; both dropped after."""
+    computed = isinstance(query, str)
+    if computed:
         con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {query}")
     else:
-        con.register(f"{table}_rows", query)
-        try:
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS FROM {table}_rows")
-        finally:
-            con.unregister(f"{table}_rows")
-    con.execute(f"CREATE OR REPLACE TEMP MACRO {macro_sql}")
+        con.register(table, query)
     try:
-        yield
+        con.execute(f"CREATE OR REPLACE TEMP MACRO {macro_sql}")
+        try:
+            yield
+        finally:
+            con.execute(f"DROP MACRO TABLE temp.{macro}")
     finally:
-        con.execute(f"DROP MACRO TABLE temp.{macro}")
-        con.execute(f"DROP TABLE temp.{table}")
+        if computed:
+            con.execute(f"DROP TABLE temp.{table}")
+        else:
+            con.unregister(table)
 
 
+@contextlib.contextmanager
 def _event_lists_once(con):
     """The events of every rank's steps (critical_path_event_lists with its defaults, what each rule's what-if and
-    critical path read) once, for critical_path_event_source to read in their place: on the 24× tile they took 12
-    CPU-s a rule. Each with a key (walk_key), by which what_if finds the walks walk_ahead walked
-    (critical_path_walked): a hash of its window and of a number drawn for this call, so that no other list's walk
-    in the process has it (a hash of the events themselves took 0.6 CPU-s at 24x). Other windows are computed as
-    before: the source is the query its arguments name (`query` of a string DuckDB folds as it binds), so that a
-    call with the defaults binds the table alone (binding critical_path_event_lists too took 0.11 of the 0.15 s
-    each what_if of the rules took to plan at 24x)."""
+    critical path read) once, as an Arrow table (what the walks read; made into a table of DuckDB first, then
+    read, they took 1 s more at 24x), for critical_path_event_source to read in their place (on the 24× tile
+    they took 12 CPU-s a rule); the block gets the table. Each with a key (walk_key), by which what_if finds the
+    walks walk_ahead walked (critical_path_walked): a hash of its window and of a number drawn for this call, so
+    that no other list's walk in the process has it (a hash of the events themselves took 0.6 CPU-s at 24x).
+    Other windows are computed as before: the source is the query its arguments name (`query` of a string DuckDB
+    folds as it binds), so that a call with the defaults binds the table alone (binding
+    critical_path_event_lists too took 0.11 of the 0.15 s each what_if of the rules took to plan at 24x)."""
     literal = "CASE WHEN annotation IS NULL THEN 'NULL' ELSE '''' || replace(annotation, '''', '''''') || '''' END"
     drawn = int.from_bytes(os.urandom(8), "little") >> 1
-    return _computed_once(
-        con, "findings_event_lists",
-        f"SELECT * REPLACE (hash(run_id, rank, window_name, instance, {drawn}) AS walk_key) "
-        "FROM critical_path_event_lists()",
+    lists = con.sql(f"SELECT * REPLACE (hash(run_id, rank, window_name, instance, {drawn}) AS walk_key) "
+                    "FROM critical_path_event_lists()").to_arrow_table()
+    with _computed_once(
+        con, "findings_event_lists", lists,
         "critical_path_event_source",
         "critical_path_event_source(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE "
         "FROM query(CASE WHEN annotation IS NULL AND occurrence IS NULL AND rank_filter IS NULL "
         "THEN 'FROM findings_event_lists' "
         "ELSE printf('FROM critical_path_event_lists(annotation := %s, occurrence := %s, rank_filter := %s)', "
         f"{literal}, COALESCE(CAST(occurrence AS VARCHAR), 'NULL'), COALESCE(CAST(rank_filter AS VARCHAR), 'NULL')) "
-        "END)")
+        "END)"):
+        yield lists
 
 
 def _unchanged_once(con):
@@ -343,17 +348,16 @@ def run(con, target: str, params: dict | None = None):
         return [queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table() for rule in some]
 
     # (the walks' loop compiled, loaded while DuckDB computes the event lists: longest_path)
-    with _in_thread(longest_path.load), _event_lists_once(con):
-        lists = con.sql("FROM findings_event_lists").to_arrow_table()
+    with _in_thread(longest_path.load), _event_lists_once(con) as lists:
         scales = _Scales(con, lists)
         with _in_thread(critical_path.walk_ahead, lists) as walked:
             first = prepare(first_rules)
             first_input = _lengths_input(lists, first, scales)
             prepare(unpriced)
             found = last(unpriced)
-            paths = walked()
+            paths, ahead = walked()
         with _in_thread(_replay_lengths, *first_input) as first_lengths:
-            with _unchanged_once(con), _paths_once(con, paths):
+            with critical_path.walked_ahead(ahead), _unchanged_once(con), _paths_once(con, paths):
                 priced = {c["key"] for c in first}
                 later = [c for c in prepare(walking) if c["key"] not in priced]
                 later_input = _lengths_input(lists, later, scales)
