@@ -177,7 +177,9 @@ def test_findings_walk_each_steps_path_once(ingested, monkeypatch):
     monkeypatch.setattr(critical_path, "_PLANS", {})
     listed = "SELECT count(*), count(events) FROM critical_path_events(walked_ahead := 1)"
     with findings._event_lists_once(con):
-        ahead_paths, ahead = critical_path.walk_ahead(con.sql("FROM findings_event_lists").to_arrow_table())
+        walks = critical_path.walk_ahead(con.sql("FROM findings_event_lists").to_arrow_table())
+        walks.work()
+        ahead_paths, ahead = walks.result()
         built, read = [], []
         plan, rows = critical_path.Plan.__init__, critical_path._rows
         monkeypatch.setattr(critical_path.Plan, "__init__", lambda *a: built.append(1) or plan(*a))

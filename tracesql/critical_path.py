@@ -264,19 +264,18 @@ class _Shape:
 
 
 def _shape(ev: dict) -> _Shape:
-    """The _Shape of the events (_arrays'), kept for the latest events walked (by identity: a build of the same
-    events again, HTA's path after the replay or the other way, finds it)."""
-    global _latest_shape
-    kept = _latest_shape  # (one read: another thread may replace it)
+    """The _Shape of the events (_arrays'), kept for the latest events the thread walked (by identity: a build of
+    the same events again, HTA's path after the replay or the other way, finds it)."""
+    kept = getattr(_latest_shape, "kept", None)
     if kept is not None and kept[0] is ev:
         return kept[1]
     shape = _Shape(ev)
-    _latest_shape = (ev, shape)
+    _latest_shape.kept = (ev, shape)
     return shape
 
 
-#: The latest events walked and their _Shape
-_latest_shape: tuple[dict, _Shape] | None = None
+#: Per thread, the latest events walked and their _Shape (kept)
+_latest_shape = threading.local()
 
 
 def _host(g: Graph, ev: dict, shape: _Shape, replay: bool) -> None:
@@ -1248,22 +1247,59 @@ PREDICTED_SCHEMA = pa.schema([("change", pa.int32()), ("run_id", pa.string()), (
                               ("window_name", pa.string()), ("instance", pa.int32()), ("predicted_ns", pa.int64())])
 
 
-def walk_ahead(lists: pa.Table) -> tuple[pa.Table, dict]:
+class Shared:
+    """Items (an iterable) worked on by whichever threads call `work`, each item by one, and the results combined
+    in the items' order (`result`): `tracesql findings` walks in a thread while DuckDB runs SQL, and its main
+    thread walks too once that SQL is done (two threads walk a step's graphs in 0.7 of one's time: numpy lets go
+    of the interpreter's lock in its array operations)."""
+
+    def __init__(self, items, function, combine):
+        self._items, self._lock, self._done = enumerate(items), threading.Lock(), {}
+        self._function, self._combine = function, combine
+
+    def work(self) -> None:
+        """Work on the items no thread took yet, one at a time, until none is left."""
+        while True:
+            with self._lock:
+                taken = next(self._items, None)
+            if taken is None:
+                return
+            self._done[taken[0]] = self._function(taken[1])
+
+    def result(self):
+        """combine(each item's result, in the items' order): once every thread's work returned."""
+        return self._combine([self._done[i] for i in range(len(self._done))])
+
+
+def walk_ahead(lists: pa.Table) -> Shared:
     """Walk each window's HTA path and each step's unchanged replay of critical_path_event_lists' rows (`lists`,
     with their walk_key), each as the what_if macro's critical_path_walk call of it will ask (_steps), kept too
-    (_WALKED, with the replays' plans, _PLANS). `tracesql findings` runs this in a thread while DuckDB runs the
-    rules' first statements: the walks (Python, on one core) then overlap that SQL (on the other), and what_if
-    finds them walked (walked_ahead). Returns the HTA paths as step_critical_paths' rows (run_id, rank, instance,
-    s) and the walks by the keys critical_path_walked finds them by (_walk_key)."""
-    rows, paths, walks = [], [], {}
-    for windows, window_events, ev, spans in _steps(lists):
-        for row, one in zip(windows, window_events):
-            path = _walk_one(one, None, None, _digest(None, one))
-            paths.append(path.flatten())
-            rows.append(row)
-            walks[_walk_key([row["walk_key"]], None)] = path
-        walks[_walk_key([row["walk_key"] for row in sorted(windows, key=lambda row: row["rank"])], spans)] = (
-            _walk_one(ev, spans, None, _digest(spans, ev)))
+    (_WALKED, with the replays' plans, _PLANS), step by step in the threads that work on it (Shared).
+    `tracesql findings` runs this in a thread while DuckDB runs the rules' first statements: the walks (Python,
+    on one core) then overlap that SQL (on the other), and what_if finds them walked (walked_ahead). Its result:
+    the HTA paths as step_critical_paths' rows (run_id, rank, instance, s) and the walks by the keys
+    critical_path_walked finds them by (_walk_key)."""
+    return Shared(_steps(lists), _walk_step_ahead, _walked_ahead)
+
+
+def _walk_step_ahead(step) -> tuple[list, list, dict]:
+    """One step of walk_ahead: its windows' rows, their HTA paths, and its walks by their keys."""
+    windows, window_events, ev, spans = step
+    paths, walks = [], {}
+    for row, one in zip(windows, window_events):
+        path = _walk_one(one, None, None, _digest(None, one))
+        paths.append(path.flatten())
+        walks[_walk_key([row["walk_key"]], None)] = path
+    walks[_walk_key([row["walk_key"] for row in sorted(windows, key=lambda row: row["rank"])], spans)] = (
+        _walk_one(ev, spans, None, _digest(spans, ev)))
+    return windows, paths, walks
+
+
+def _walked_ahead(steps: list) -> tuple[pa.Table, dict]:
+    """walk_ahead's result of its steps' (_walk_step_ahead's)."""
+    rows = [row for windows, _, _ in steps for row in windows]
+    paths = [path for _, its_paths, _ in steps for path in its_paths]
+    walks = {key: walk for _, _, its_walks in steps for key, walk in its_walks.items()}
     walks.pop(None, None)  # (rows without a key: found by their events' digest only)
     # (each window's columns repeated for its segments: one take each, not a list of Python values per segment)
     of_row = pa.array(np.repeat(np.arange(len(rows)), [len(segments) for segments in paths]))

@@ -350,12 +350,15 @@ def run(con, target: str, params: dict | None = None):
     # (the walks' loop compiled, loaded while DuckDB computes the event lists: longest_path)
     with _in_thread(longest_path.load), _event_lists_once(con) as lists:
         scales = _Scales(con, lists)
-        with _in_thread(critical_path.walk_ahead, lists) as walked:
+        walks = critical_path.walk_ahead(lists)
+        with _in_thread(walks.work) as walked:
             first = prepare(first_rules)
             first_input = _lengths_input(lists, first, scales)
             prepare(unpriced)
             found = last(unpriced)
-            paths, ahead = walked()
+            walks.work()  # (what is left of them, on this thread too: its SQL is done)
+            walked()
+        paths, ahead = walks.result()
         with _in_thread(_replay_lengths, *first_input) as first_lengths:
             with critical_path.walked_ahead(ahead), _unchanged_once(con), _paths_once(con, paths):
                 priced = {c["key"] for c in first}
