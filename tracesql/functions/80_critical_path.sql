@@ -331,9 +331,21 @@ FROM (
     FROM straggling
 );
 
--- Per window, the list of its events as critical_path_walk takes them (tracesql/critical_path.py EVENT_FIELDS),
--- with the what-if's changes (critical_path_scales: each event's scale; a range that `faster` names is an op of
--- its own), and the end of its last node (work_end). The changes take effect when critical_path_walk is given a
+-- A window's events as critical_path_walk takes them (tracesql/critical_path.py EVENT_FIELDS) of its listed events
+-- (critical_path_event_lists'): each with its scale (scales: a list in their order; NULL: none), and a range that
+-- `faster` names an op of its own (its op_role).
+CREATE OR REPLACE MACRO critical_path_walk_events(events, scales, faster) AS
+    [struct_pack(id := e.id,
+                 role := CASE WHEN e.role = 'range' AND COALESCE(regexp_matches(e.name, faster), false) THEN e.op_role
+                              ELSE e.role END,
+                 ts := e.ts, dur := e.dur, pid := e.pid, tid := e.tid, stream := e.stream, launch := e.launch,
+                 queue_at_launch := e.queue_at_launch, queue_at_start := e.queue_at_start, waits_on := e.waits_on,
+                 stream_free := e.stream_free, scale := scales[i], rank := e.rank, collective := e.collective)
+     FOR e, i IN events];
+
+-- Per window, the list of its events as critical_path_walk takes them (critical_path_walk_events), with the
+-- what-if's changes (critical_path_scales: each event's scale; a range that `faster` names is an op of its own),
+-- and the end of its last node (work_end). The changes take effect when critical_path_walk is given a
 -- gaps_scale. walked_ahead := 1: NULL (no list made) where the window's unchanged walks are walked ahead
 -- (critical_path_walked_ahead: `tracesql findings` walks them before its rules run), for a caller that reads
 -- those walks only (what_if's unchanged replays; making the lists took 0.8 of the 4.3 CPU-s it took at 24x).
@@ -341,14 +353,8 @@ CREATE OR REPLACE MACRO critical_path_events(annotation := NULL, occurrence := N
         faster := NULL, faster_pct := 0, hide_communication := 0, remove_syncs := 0, straggler_to_median := 0,
         walked_ahead := 0) AS TABLE
 SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
-    CASE WHEN walked_ahead = 1 AND NOT reroled AND critical_path_walked_ahead(walk_key) THEN NULL ELSE
-    [struct_pack(id := e.id,
-                 role := CASE WHEN e.role = 'range' AND COALESCE(regexp_matches(e.name, faster), false) THEN e.op_role
-                              ELSE e.role END,
-                 ts := e.ts, dur := e.dur, pid := e.pid, tid := e.tid, stream := e.stream, launch := e.launch,
-                 queue_at_launch := e.queue_at_launch, queue_at_start := e.queue_at_start, waits_on := e.waits_on,
-                 stream_free := e.stream_free, scale := scales[i], rank := e.rank, collective := e.collective)
-     FOR e, i IN events] END AS events,
+    CASE WHEN walked_ahead = 1 AND NOT reroled AND critical_path_walked_ahead(walk_key) THEN NULL
+         ELSE critical_path_walk_events(events, scales, faster) END AS events,
     reroled,
     -- (a range `faster` makes an op is a node: its end counts)
     CASE WHEN reroled THEN greatest(work_end, list_max([e.ts + e.dur FOR e IN events
