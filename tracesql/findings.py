@@ -358,8 +358,8 @@ def run(con, target: str, params: dict | None = None):
             found = last(unpriced)
             walks.work()  # (what is left of them, on this thread too: its SQL is done)
             walked()
-        paths, ahead = walks.result()
         with _in_thread(_replay_lengths, *first_input) as first_lengths:
+            paths, ahead = walks.result()
             with critical_path.walked_ahead(ahead), _unchanged_once(con), _paths_once(con, paths):
                 priced = {c["key"] for c in first}
                 later = [c for c in prepare(walking) if c["key"] not in priced]
