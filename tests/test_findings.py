@@ -194,6 +194,42 @@ def test_findings_walk_each_steps_path_once(ingested, monkeypatch):
 
 
 @pytest.mark.slow
+def test_walks_ahead_are_the_same_whichever_threads_walk_them(ingested, monkeypatch):
+    """`findings` walks ahead in two threads (its own, and its main one once its SQL is done: critical_path.Shared),
+    each step walked by one of them: the paths and walks are those one thread walks alone, in the steps' order."""
+    import threading
+
+    from tracesql import critical_path
+
+    con = tracesql.connect(ingested(TRACE_FILTER))
+    with findings._event_lists_once(con) as lists:
+        alone = critical_path.walk_ahead(lists)
+        alone.work()
+        paths, walks = alone.result()
+        monkeypatch.setattr(critical_path, "_WALKED", {})  # (walked again, not found kept)
+        monkeypatch.setattr(critical_path, "_PLANS", {})
+        both, walkers, step = threading.Barrier(2), [], critical_path._walk_step_ahead
+
+        def first_steps_together(item):  # (each thread takes one step before either walks: both walk)
+            if threading.get_ident() not in walkers:
+                walkers.append(threading.get_ident())
+                both.wait(timeout=60)
+            return step(item)
+
+        monkeypatch.setattr(critical_path, "_walk_step_ahead", first_steps_together)
+        shared = critical_path.walk_ahead(lists)
+        threads = [threading.Thread(target=shared.work) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        shared_paths, shared_walks = shared.result()
+    assert len(walkers) == 2 and len(walks) == 6  # (4 windows' paths, 2 steps' replays of 2 ranks)
+    assert shared_paths.equals(paths) and shared_walks.keys() == walks.keys()
+    assert all(shared_walks[key].equals(walk) for key, walk in walks.items())
+
+
+@pytest.mark.slow
 def test_launch_overhead_counts_launches_onto_an_idle_stream(ingested):
     """Stream starvation in launch_overhead's evidence: the launches of each step whose stream had ended all its
     earlier work when the launch call began, counted again in pandas from the device events and their launches."""
