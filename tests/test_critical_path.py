@@ -332,6 +332,27 @@ def test_replay_lengths_of_a_change_off_the_path_are_the_unchanged_ones(dataset,
     assert skipped == len(rows)  # every step's off-path change was given its lengths without a walk
 
 
+def test_a_replay_without_syncs_is_built_from_the_unchanged_shape(ingested):
+    """A what-if that removes synchronisations walks a graph of its own, built from the shape of the step's
+    unchanged replay (kept with its plan) with the events renumbered without the removed syncs (_Shape.of_rows):
+    the same graph, edge for edge, as built from its own events, on HTA's cuda_event_sync trace."""
+    from tracesql import critical_path
+
+    run = ingested(corpus_path("hta", "tests", "data", "critical_path", "cuda_event_sync"))
+    lists = tracesql.connect(run).sql("FROM critical_path_event_lists()").to_arrow_table()
+    scales = critical_path.change_scales(lists.column("events"), None, 0.0, 0, 1)[0]
+    removed = 0
+    for _, _, ev, spans in critical_path._steps(lists, [[its] for its in scales]):
+        changed = {name: values for name, values in ev.items() if name != "change_scales"}
+        changed["scale"] = ev["change_scales"][:, 0]
+        shape = critical_path.Plan(ev, spans, False).shape
+        alone, reused = critical_path.Plan(changed, spans, True), critical_path.Plan(changed, spans, True, shape)
+        removed += len(ev["id"]) - len(alone.keep)
+        for name in ("src", "dst", "kind", "owner", "weighs", "time", "nodes", "held", "keep"):
+            assert np.array_equal(getattr(alone, name), getattr(reused, name)), name
+    assert removed > 0
+
+
 @pytest.mark.parametrize("dataset", ["hta_trace_filter", "torch_gloo_4rank_straggler"])
 def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypatch):
     """Plan.distances walks whole-number weights in arrays (_whole_distances) and others one edge at a time in the
