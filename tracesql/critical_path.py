@@ -649,8 +649,9 @@ class Plan:
             self.keep = None
         shape = _shape(ev) if shape is None else shape
         g, ends = build(ev, windows, changed, shape)
-        # (a replay's plan kept for the step's changes: one that removes synchronisations builds from its shape)
-        self.shape = shape if self.keep is None or len(self.keep) == len(ev["role"]) else None
+        # (its events' shape: a replay's plan kept for the step's changes lends it to the one that removes its
+        # synchronisations, _plan)
+        self.shape = shape
         self.empty = not len(g.src)
         self.replay = windows is not None
         self.ends = [int(ev["rank"][0])] if ends is None else list(ends)
