@@ -138,6 +138,7 @@ LEFT JOIN step_windows({args}) w
 
 
 @pytest.mark.corpus
+@pytest.mark.slow  # (every corpus trace with steps ingested: 2-8 s each, over a minute of the default run)
 @pytest.mark.skipif(not TRACES, reason="corpus not available")
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: str(p.relative_to(CORPUS)))
 def test_per_step_sums_equal_the_run_totals(trace, ingested):
