@@ -104,8 +104,8 @@ def test_changes_that_walk_alike_are_walked_once(ingested):
     run = ingested(TRACE_FILTER)
     con = tracesql.connect(run)
     calls = [f"what_if(no_launch_overhead := 1, faster_pct := {pct})" for pct in (0, 100)]
-    changes = findings._changes(con, " UNION ALL ".join(f"SELECT * FROM {call}" for call in calls))
-    assert len(changes) == 2 and len({c["key"] for c in changes}) == 1
+    changes, constant = findings._changes(con, " UNION ALL ".join(f"SELECT * FROM {call}" for call in calls))
+    assert constant and len(changes) == 2 and len({c["key"] for c in changes}) == 1
     with findings._event_lists_once(con):
         lists = con.sql("FROM findings_event_lists").to_arrow_table()
         scales = findings._Scales(con, lists)
@@ -117,6 +117,17 @@ def test_changes_that_walk_alike_are_walked_once(ingested):
             assert con.sql("SELECT what_if_priced(NULL, 100, 0, 1, 0, 0), what_if_priced(NULL, 0, 0, 1, 0, 0)"
                            ).fetchall() == [(True, True)]
             priced = [sorted(con.sql(f"SELECT rank, instance, predicted_ns FROM {call}").fetchall()) for call in calls]
+            # what the rules' last statements read in what_if's place: the same rows, every column, for a priced
+            # change (what_if_known) and for calls passed on to what_if (not priced, other windows, a rank)
+            others = ["what_if(hide_communication := 1)",
+                      "what_if(annotation := 'ProfilerStep', faster := 'it''s', faster_pct := 12.5)",
+                      "what_if(no_launch_overhead := 1, rank_filter := 1)", "what_if(replay := 0)",
+                      "what_if(predict := 0)"]
+            for call in calls + others:
+                unchanged = sorted(con.sql(f"FROM {call}").fetchall(), key=repr)
+                with findings._known_what_if(con):
+                    assert sorted(con.sql(f"FROM {call}").fetchall(), key=repr) == unchanged, call
+                assert unchanged
     alone = sorted(tracesql.connect(run).sql(f"SELECT rank, instance, predicted_ns FROM {calls[0]}").fetchall())
     assert len(alone) == 4 and priced == [alone, alone]
 
@@ -134,7 +145,8 @@ def test_what_ifs_priced_before_the_rules_are_those_their_arguments_allow(ingest
         UNION ALL SELECT * FROM what_if(remove_syncs := (SELECT syncs FROM calls)) JOIN calls ON true
         UNION ALL SELECT * FROM what_if(faster := c.name) c
         UNION ALL SELECT * FROM what_if(annotation := 'ProfilerStep', hide_communication := 1)"""
-    changes = findings._changes(con, sql)
+    changes, constant = findings._changes(con, sql)
+    assert not constant  # (its last statement runs with what_if itself: findings._known_what_if needs constants)
     assert [(c["faster"], c["faster_pct"], c["remove_syncs"]) for c in changes] == [
         (None, 0.0, 1), ("^forward$", 100.0, 0)]
     assert len({c["key"] for c in changes}) == 2

@@ -69,6 +69,7 @@ import functools
 import gc
 import heapq
 import pickle
+import sys
 import threading
 
 import numpy as np
@@ -886,8 +887,8 @@ class Plan:
         segments = pa.StructArray.from_arrays(
             [pa.array(c["seq"], pa.int32()), pa.array(c["event_id"], pa.int64(), mask=~c["has_event"]),
              pa.array(c["ts"], pa.int64()), pa.array(c["dur_ns"], pa.int64()),
-             pa.DictionaryArray.from_arrays(pa.array(c["edge"].astype(np.int8)), _KIND_NAMES),
-             pa.DictionaryArray.from_arrays(pa.array(c["bound_by"].astype(np.int8)), _BOUND_NAMES),
+             pa.DictionaryArray.from_arrays(pa.array(c["edge"].astype(np.int8)), _code_names()[0]),
+             pa.DictionaryArray.from_arrays(pa.array(c["bound_by"].astype(np.int8)), _code_names()[1]),
              pa.array(c["path_rank"], pa.int64()), pa.array(c["rank"], pa.int64())],
             fields=[fields.field(i) for i in range(fields.num_fields)])
         return pa.ListArray.from_arrays(pa.array([0, len(segments)], pa.int32()), segments, type=SEGMENT_TYPE)
@@ -907,8 +908,13 @@ UNREACHED = -(2 ** 62)
 
 #: a segment's bound_by: its event's class (EVENT_BOUND), else its edge's (BOUND_BY)
 SEGMENT_BOUND = EVENT_BOUND + (BOUND_BY["launch"], BOUND_BY["kernel_gap"])
-#: the names of the segments' codes (NAMED)
-_KIND_NAMES, _BOUND_NAMES = pa.array(KINDS, pa.string()), pa.array(SEGMENT_BOUND, pa.string())
+
+
+@functools.cache
+def _code_names() -> tuple[pa.Array, pa.Array]:
+    """The names of the segments' codes (NAMED): of their edges (KINDS) and bound_by (SEGMENT_BOUND). Made when
+    first walked, not on import: pyarrow's first array imports pandas (0.25 s), which _warm_up does beside the SQL."""
+    return pa.array(KINDS, pa.string()), pa.array(SEGMENT_BOUND, pa.string())
 
 
 def _wakers(g: Graph, ev: dict, thread: np.ndarray, unanchored: np.ndarray, count: int) -> np.ndarray:
@@ -1485,7 +1491,10 @@ _AHEAD: dict[tuple, pa.Array] = {}
 
 def register(con) -> None:
     """Create `critical_path_walk(events, windows, gaps_scale)`, `critical_path_walked(keys, windows)`,
-    `critical_path_walked_ahead(walk_key)` and `critical_path_event_scales(...)` on `con`."""
+    `critical_path_walked_ahead(walk_key)` and `critical_path_event_scales(...)` on `con`; and warm up what the
+    walks' first arrays import (_warm_up) in a thread, while the SQL before them runs."""
+    if "pandas" not in sys.modules:
+        threading.Thread(target=_warm_up, name="tracesql-warm-up").start()
     con.create_function("critical_path_event_scales", event_scales,
                         [_struct_sql(LISTED_FIELDS), "VARCHAR", "DOUBLE", "INTEGER", "INTEGER", "DOUBLE", "BOOLEAN"],
                         SCALES_SQL, type="arrow", side_effects=False, null_handling="special")
@@ -1496,3 +1505,13 @@ def register(con) -> None:
                         type="arrow", side_effects=True, null_handling="special")
     con.create_function("critical_path_walked_ahead", is_walked_ahead, ["UBIGINT"], "BOOLEAN",
                         type="arrow", side_effects=True, null_handling="special")
+
+
+def _warm_up() -> None:
+    """pyarrow's first array from Python or to NumPy imports pandas (0.25 s here): done here, in a thread, while
+    DuckDB computes the windows' events (the import holds the GIL, the SQL does not), not when the first walk
+    needs it. Where it fails (the process ending: no import then), the walk imports it, as it would have."""
+    try:
+        _code_names()
+    except (ImportError, RuntimeError):  # (RuntimeError: threads may not register for the exit once it began)
+        return

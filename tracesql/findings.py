@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 
 import duckdb
@@ -48,9 +49,9 @@ def catalogue() -> list[queries.Query]:
 
 
 def names_used() -> set[str]:
-    """The identifiers the rules use, and `run` to price their what-ifs: what `engine.connect(names=...)` must
-    create for them."""
-    return set().union(*(queries.names_used(rule) for rule in catalogue())) | {"what_if_change"}
+    """The identifiers the rules use, and `run` to price their what-ifs and read their rows (_known_what_if): what
+    `engine.connect(names=...)` must create for them."""
+    return set().union(*(queries.names_used(rule) for rule in catalogue())) | {"what_if_change", "what_if_known"}
 
 
 def check(params: dict) -> dict:
@@ -146,20 +147,22 @@ def _what_if_calls(sql: str) -> list[str]:
             for call in statement.find_all(exp.Anonymous) if call.name.lower() == "what_if"]
 
 
-def _changes(con, sql: str) -> list[dict]:
+def _changes(con, sql: str) -> tuple[list[dict], bool]:
     """The change of each call of what_if in `sql` that replays the default windows (what_if_change), evaluated on
-    `con` as the rule's statement will (its variables set): those `findings` can price before its rules run."""
-    changes = []
+    `con` as the rule's statement will (its variables set): those `findings` can price before its rules run; and
+    whether every call's arguments could be evaluated so (constants: _known_what_if may stand in for what_if)."""
+    changes, constant = [], True
     for arguments in _what_if_calls(sql):
         try:
             (row,) = con.execute(f"FROM what_if_change({arguments})").fetchall()
         except (duckdb.BinderException, duckdb.CatalogException):
-            continue  # (an argument of the rule's own rows, or of a table of its own: priced as the rule runs)
+            constant = False  # (an argument of the rule's own rows, or of a table of its own: priced as it runs)
+            continue
         names = [d[0] for d in con.description]
         change = dict(zip(names, row))
         if change.pop("default_windows"):
             changes.append(change)
-    return changes
+    return changes, constant
 
 
 class _Scales:
@@ -286,6 +289,48 @@ def _priced_once(con, changes: list[dict], lengths: list):
         con.execute("DROP TABLE IF EXISTS temp.findings_predicted")
 
 
+@contextlib.contextmanager
+def _known_what_if(con):
+    """While the block runs (a rule's last statement, in _priced_once), the what_if macro replaced by one that reads
+    a priced change's rows of the default windows from what_if_known, and passes any other call on to what_if
+    itself (by its full name, its arguments written out as typed literals): query() binds only the statement it is
+    given, so what_if is not bound where it is not asked (0.06-0.1 s a rule at 24x). Its arguments must be
+    constants (_changes says whether a rule's are)."""
+    definition = dict(functions.definitions())["what_if"]
+    signature = re.search(r"\bwhat_if\((.*?)\)\s+AS\s+TABLE", definition, re.DOTALL).group(1)
+    names = [parameter.split(":=")[0].strip() for parameter in signature.split(",")]
+    # (where the session's what_if is: its own schema, else the compiled macros' database; functions.install)
+    found = con.execute("SELECT database_name, schema_name FROM duckdb_functions() WHERE function_name = 'what_if' "
+                        "AND database_name <> 'temp' ORDER BY database_name <> current_database()").fetchone()
+    where = ".".join('"' + name.replace('"', '""') + '"' for name in found)
+    change = ", ".join(WHAT_IF_CHANGE)
+    known = _call_sql("what_if_known", [(None, name) for name in WHAT_IF_CHANGE + ("rank_filter",)])
+    full = _call_sql(f"{where}.what_if", [(name, name) for name in names])
+    con.execute(f"CREATE OR REPLACE TEMP MACRO what_if({signature}) AS TABLE FROM query(CASE "
+                f"WHEN annotation IS NULL AND occurrence IS NULL AND replay = 1 AND predict = 1 "
+                f"AND what_if_priced({change}) THEN {known} ELSE {full} END)")
+    try:
+        yield
+    finally:
+        con.execute("DROP MACRO TABLE IF EXISTS temp.what_if")
+
+
+def _call_sql(macro: str, arguments: list[tuple[str | None, str]]) -> str:
+    """A SQL expression of the text `FROM macro(...)` with these arguments ((its parameter's name or None,
+    the expression whose value it passes)), each value written as a literal of its type (NULL as NULL)."""
+    def literal(value: str) -> str:
+        return (f"CASE WHEN {value} IS NULL THEN 'NULL' ELSE 'CAST(' || {quote(chr(39))} || "
+                f"replace(CAST({value} AS VARCHAR), {quote(chr(39))}, {quote(chr(39) * 2)}) || {quote(chr(39))} "
+                f"|| ' AS ' || typeof({value}) || ')' END")
+    placeholders = ", ".join("%s" if name is None else f"{name} := %s" for name, _ in arguments)
+    return f"printf({quote(f'FROM {macro}({placeholders})')}, {', '.join(literal(value) for _, value in arguments)})"
+
+
+#: The what_if macro's parameters of a change (what_if_priced's, what_if_known's)
+WHAT_IF_CHANGE = ("faster", "faster_pct", "hide_communication", "no_launch_overhead", "remove_syncs",
+                  "straggler_to_median")
+
+
 def _changes_nothing(change: dict) -> bool:
     """Whether the change changes no event and no gap: its predicted time is the unchanged replay's."""
     return change["faster"] is None and not any(change[name] for name in (
@@ -337,15 +382,26 @@ def run(con, target: str, params: dict | None = None):
     unpriced = [rule for rule in first_rules if "what_if" not in functions.words(rule.sql)]
     first_rules = [rule for rule in first_rules if rule not in unpriced]
     changes: list[dict] = []
+    constant: set[str] = set()  # the rules whose what_if calls' arguments are constants (_changes)
 
     def prepare(some: list) -> list[dict]:
-        found = [c for rule in some for c in _changes(con, queries.prepare(con, rule, given[rule.name]))]
+        found = []
+        for rule in some:
+            its, is_constant = _changes(con, queries.prepare(con, rule, given[rule.name]))
+            found += its
+            if is_constant:
+                constant.add(rule.name)
         scales.add(found)
         changes.extend(found)
         return found
 
-    def last(some: list) -> list:
-        return [queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table() for rule in some]
+    def last(some: list, priced: bool = False) -> list:
+        """The rules' last statements' rows; priced (in _priced_once): what_if's known rows read (_known_what_if)."""
+        out = []
+        for rule in some:
+            with _known_what_if(con) if priced and rule.name in constant else contextlib.nullcontext():
+                out.append(queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table())
+        return out
 
     # (the walks' loop compiled, loaded while DuckDB computes the event lists: longest_path)
     with _in_thread(longest_path.load), _event_lists_once(con) as lists:
@@ -368,10 +424,10 @@ def run(con, target: str, params: dict | None = None):
                 lengths = [first_lengths()]
                 with _in_thread(_replay_lengths, *later_input) as later_lengths:
                     with _priced_once(con, first, lengths):
-                        found += last(first_rules)
+                        found += last(first_rules, priced=True)
                     lengths.append(later_lengths())
                 with _priced_once(con, changes, lengths):
-                    found += last(walking)
+                    found += last(walking, priced=True)
     order = [("saving_ns", "descending")] + [(c, "ascending") for c in ("run_id", "rank", "step", "finding")]
     return con.from_arrow(pa.concat_tables(found).sort_by(order))
 

@@ -458,6 +458,10 @@ SELECT NULL::VARCHAR AS run_id, NULL::INTEGER AS rank, NULL::VARCHAR AS window_n
     NULL::BIGINT AS predicted_ns
 WHERE false;
 
+-- The saving of a what-if in % of the replayed time (the what_if macro's saving_pct)
+CREATE OR REPLACE MACRO what_if_saving_pct(replayed_ns, predicted_ns) AS
+    round(100 * (replayed_ns - predicted_ns) / replayed_ns, 2);
+
 -- The what_if query's rows (see queries/what_if.sql, which documents the parameters and columns): each window
 -- replayed unchanged and with the changes, its measured, replayed and predicted time, and what bounds its
 -- critical path. A table macro so that the findings rules (findings/*.sql) price their causes with it. The
@@ -603,8 +607,7 @@ WITH windows AS (
       AND (run_id, window_name, joint) NOT IN (SELECT (run_id, window_name, joint) FROM fresh)
 )
 SELECT u.run_id, u.rank, u.window_name, u.instance, u.step, u.range_ns, u.measured_ns, u.replayed_ns,
-    p.predicted_ns, u.replayed_ns - p.predicted_ns AS saving_ns,
-    round(100 * (u.replayed_ns - p.predicted_ns) / u.replayed_ns, 2) AS saving_pct,
+    p.predicted_ns, u.replayed_ns - p.predicted_ns AS saving_ns, what_if_saving_pct(u.replayed_ns, p.predicted_ns) AS saving_pct,
     u.path_ns, u.bound, u.compute_share, u.communication_share, u.host_launch_share, u.input_share, u.sync_share,
     u.memory_copy_share, u.remote_ns, u.remote_rank
 FROM unchanged u
@@ -612,3 +615,21 @@ FROM unchanged u
 LEFT JOIN (SELECT run_id, rank, window_name, instance, CAST(predicted_ns AS BIGINT) AS predicted_ns FROM predicted) p
   ON u.replayed_ns IS NOT NULL AND p.run_id = u.run_id AND p.rank = u.rank AND p.window_name = u.window_name
  AND p.instance = u.instance;
+
+-- The what_if macro's rows of the default windows (each step) with a change whose predicted times are known
+-- (what_if_priced), of the rows the caller has (what_if_unchanged, what_if_predicted): what `tracesql findings`
+-- reads in place of what_if for the changes it priced (tracesql/findings.py), without binding what_if, 0.06-0.1 s
+-- a call (its rules' statements took 0.05-0.25 s each at 24x, most of it binding what_if).
+CREATE OR REPLACE MACRO what_if_known(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs,
+        straggler_to_median, rank_filter) AS TABLE
+SELECT u.run_id, u.rank, u.window_name, u.instance, u.step, u.range_ns, u.measured_ns, u.replayed_ns,
+    p.predicted_ns, u.replayed_ns - p.predicted_ns AS saving_ns, what_if_saving_pct(u.replayed_ns, p.predicted_ns) AS saving_pct,
+    u.path_ns, u.bound, u.compute_share, u.communication_share, u.host_launch_share, u.input_share, u.sync_share,
+    u.memory_copy_share, u.remote_ns, u.remote_rank
+FROM what_if_unchanged() u
+LEFT JOIN (SELECT run_id, rank, window_name, instance, CAST(predicted_ns AS BIGINT) AS predicted_ns
+           FROM what_if_predicted(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs,
+                                  straggler_to_median)) p
+  ON u.replayed_ns IS NOT NULL AND p.run_id = u.run_id AND p.rank = u.rank AND p.window_name = u.window_name
+ AND p.instance = u.instance
+WHERE rank_filter IS NULL OR u.rank = rank_filter;
