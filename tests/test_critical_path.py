@@ -361,10 +361,13 @@ def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypa
     unchanged, with ops or communication free or no launch overhead: whole numbers; ops 40 % faster, the
     straggler at the median: fractions) the three ways give the same distance and the same edge (of equal paths,
     the first in the walk's order) at every node, and fractional weights are walked in order. HTA's sampled
-    two-rank GPU trace and the four gloo CPU ranks with a straggler (collectives across ranks)."""
+    two-rank GPU trace and the four gloo CPU ranks with a straggler (collectives across ranks). And each path's
+    edges, listed in arrays (Plan._ways) and traced back by the compiled loop, are the same."""
     from tracesql import critical_path, longest_path
 
-    monkeypatch.setattr(longest_path, "_compiled", None)  # (the walks below in Python; as it was after)
+    # (the walks below in Python; as it was after)
+    monkeypatch.setattr(longest_path, "_compiled", None)
+    monkeypatch.setattr(longest_path, "_compiled_trace", None)
     walks = []
     distances = critical_path.Plan.distances
 
@@ -381,8 +384,14 @@ def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypa
                     {"no_launch_overhead": 1}, {"faster": "^aten::", "faster_pct": 40}, {"straggler_to_median": 1}):
         tracesql.query("what_if", run, **changes)
     in_python = [distances(plan, weight) for plan, weight in walks]
+    ways = [plan._ways(via, [int(n) for n in plan.nodes[-3:]] + list(plan.end_nodes or []))
+            for (plan, _), (_, via) in zip(walks, in_python)]
     longest_path.load()
-    assert longest_path.compiled() is not None
+    assert longest_path.compiled() is not None and longest_path.compiled_trace() is not None
+    for (plan, _), (_, via), listed in zip(walks, in_python, ways):
+        traced = plan._ways(via, [int(n) for n in plan.nodes[-3:]] + list(plan.end_nodes or []))
+        assert len(traced) == len(listed) and all(np.array_equal(a, b) for a, b in zip(traced, listed))
+        assert sum(len(a) for a in listed) > 0
     whole = fractional = 0
     for (plan, weight), walked in zip(walks, in_python):
         dist, via = plan._distances_in_order(weight)
@@ -420,9 +429,10 @@ def test_without_numba_the_walks_stay_in_python(monkeypatch):
     from tracesql import longest_path
 
     monkeypatch.setattr(longest_path, "_compiled", None)
+    monkeypatch.setattr(longest_path, "_compiled_trace", None)
     monkeypatch.setitem(sys.modules, "numba", None)  # (import numba raises ImportError)
     longest_path.load()
-    assert longest_path.compiled() is None
+    assert longest_path.compiled() is None and longest_path.compiled_trace() is None
 
 
 def test_the_unchanged_replay_of_a_what_if_ignores_its_changes(ingested):

@@ -791,7 +791,12 @@ class Plan:
         ancestors, listed by doubling (each round adds those 2**k to 2**(k+1) - 1 edges up, by the ancestors
         2**k up of every node, itself a round of the one before), in one pass of arrays per round (following the
         edges back one node at a time in Python took 3 ms a step of ~25 k edges). The edges are numbered in the
-        walk's order, in which each edge of a path comes after the one before it: sorted, they are in order."""
+        walk's order, in which each edge of a path comes after the one before it: sorted, they are in order.
+        Or, once `tracesql findings` has loaded it, each path traced back edge by edge, compiled (longest_path)."""
+        trace = longest_path.compiled_trace()
+        if trace is not None:
+            edges = np.empty(self.node_count, dtype=np.int64)
+            return [edges[:trace(via, self.src, end, edges)][::-1].copy() for end in ends]
         node = np.arange(self.node_count)
         up = np.where(via >= 0, self.src[np.maximum(via, 0)], node)  # (a node nothing leads to: itself)
         found = [[np.array([v])] if via[v] >= 0 else [] for v in ends]
