@@ -48,13 +48,18 @@ WITH roots AS (
     JOIN buckets r ON r.run_id = d.run_id AND r.rank = d.rank AND r.pid = d.launch_pid AND r.tid = d.launch_tid
      AND r.bucket = d.bucket AND d.launch_ts BETWEEN r.ts AND r.te
 ), sequences AS (
-    SELECT run_id, rank, instance, root_id, any_value(root) AS root,
-        list(name ORDER BY ts, slice_id) AS kernel_names, list(slice_id ORDER BY ts, slice_id) AS ids,
-        min(ts) AS first_ts, max(ts + dur) AS last_te, sum(dur) AS own_ns,
-        count(DISTINCT stream) = 1 AND bool_and(kind = 'kernel') AS one_stream, any_value(stream) AS stream
-    FROM launched
-    GROUP BY ALL
-    HAVING count(*) >= COALESCE(getvariable('min_kernels'), 3)
+    SELECT * EXCLUDE (kernels), [k.name FOR k IN kernels] AS kernel_names, [k.slice_id FOR k IN kernels] AS ids
+    FROM (
+        -- (one list in order, split after: two lists in order sorted each root's kernels twice; and one stream
+        -- by its least and greatest, not a count of distinct streams, a pass of its own: 1.45 -> 0.9 CPU-s at 24x)
+        SELECT run_id, rank, instance, root_id, any_value(root) AS root,
+            list({'name': name, 'slice_id': slice_id} ORDER BY ts, slice_id) AS kernels,
+            min(ts) AS first_ts, max(ts + dur) AS last_te, sum(dur) AS own_ns,
+            count(stream) > 0 AND min(stream) = max(stream) AND bool_and(kind = 'kernel') AS one_stream,
+            any_value(stream) AS stream
+        FROM launched
+        GROUP BY ALL
+        HAVING count(*) >= COALESCE(getvariable('min_kernels'), 3))
 ), candidate AS (
     SELECT run_id, rank, root, kernel_names, count(*) AS occurrences
     FROM sequences

@@ -23,12 +23,18 @@
 --   query       VARCHAR  the tracesql command that shows the evidence
 WITH priced AS (
     SELECT * FROM what_if(straggler_to_median := 1)
+), windows AS (
+    SELECT * FROM window_buckets()
 ), device_time AS (
     SELECT w.run_id, w.window_name, COALESCE(w.step, w.instance) AS joint, d.rank, sum(d.dur) AS busy_ns
-    FROM device_activity() d
-    -- (by the launch's start stored on the device event, as launch_overhead.sql does)
-    JOIN critical_path_windows() w ON w.run_id = d.run_id AND w.rank = d.rank AND d.launch_ts BETWEEN w.ts AND w.te
-    WHERE d.class <> 'communication'
+    FROM (SELECT d.*, d.launch_ts // x.width AS bucket
+          FROM device_activity() d
+          JOIN (SELECT DISTINCT run_id, rank, width FROM windows) x ON x.run_id = d.run_id AND x.rank = d.rank
+          WHERE d.class <> 'communication') d
+    -- (by the launch's start stored on the device event, as launch_overhead.sql does; in its time bucket first:
+    -- window_buckets)
+    JOIN windows w ON w.run_id = d.run_id AND w.rank = d.rank AND w.bucket = d.bucket
+     AND d.launch_ts BETWEEN w.ts AND w.te
     GROUP BY ALL
 ), straggler AS (
     -- as critical_path_events picks it: the most device work, ties the lower rank

@@ -28,12 +28,19 @@
 -- The steps' kernels and the launch calls to free, worked out first and kept as a value: a what-if regex that is
 -- a subquery is compiled again for every name it is matched against.
 SET VARIABLE tiny_kernels_change = (
-WITH launched AS (
-    SELECT w.run_id, w.rank, w.instance, d.kind, d.dur, d.launch_id, d.launch_dur, l.name AS call
-    FROM critical_path_windows() w
-    JOIN slices d ON d.run_id = w.run_id AND d.rank = w.rank AND d.launch_ts BETWEEN w.ts AND w.te
-    JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
+WITH windows AS (
+    SELECT * FROM window_buckets()
+), device AS (
+    -- (with its time bucket, by which it meets its window: window_buckets)
+    SELECT d.*, d.launch_ts // x.width AS bucket
+    FROM slices d JOIN (SELECT DISTINCT run_id, rank, width FROM windows) x ON x.run_id = d.run_id AND x.rank = d.rank
     WHERE d.kind IN ('kernel', 'memcpy', 'memset')
+), launched AS (
+    SELECT w.run_id, w.rank, w.instance, d.kind, d.dur, d.launch_id, d.launch_dur, l.name AS call
+    FROM windows w
+    JOIN device d ON d.run_id = w.run_id AND d.rank = w.rank AND d.bucket = w.bucket
+     AND d.launch_ts BETWEEN w.ts AND w.te
+    JOIN slices l ON l.run_id = d.run_id AND l.rank = d.rank AND l.slice_id = d.launch_id
 ), overhead AS (
     SELECT run_id, rank, instance, quantile_cont(launch_dur, 0.5) AS launch_p50_ns, count(*) AS calls,
         sum(launch_dur) AS calls_ns

@@ -26,6 +26,16 @@ SELECT run_id, rank, name AS window_name, n AS instance, step, ts, te
 FROM numbered
 WHERE occurrence IS NULL OR n = occurrence;
 
+-- The windows (critical_path_windows') each in every time bucket it overlaps (bucket), a bucket as long as the
+-- rank's longest window (width), so at most two a window: what events meet their windows by, an event in the
+-- bucket `ts // width` of its rank's width, then by its time. (Joined by the rank alone, each event was compared
+-- with every window of its rank: 2.2 M host events x 120 steps at 24x, 0.6-1 CPU-s.) A window's first row is the
+-- one of bucket `ts // width`.
+CREATE OR REPLACE MACRO window_buckets(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE
+SELECT *, unnest(range(ts // width, te // width + 1)) AS bucket
+FROM (SELECT *, greatest(max(te - ts) OVER (PARTITION BY run_id, rank), 1) AS width
+      FROM critical_path_windows(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter));
+
 -- Per rank with device work (rank_filter: that rank's only): whether none of it has a launch (device_only_ranks),
 -- its longest event and the longest from a launch to its start (what bounds the start times of the work
 -- critical_path_event_lists reads).
@@ -71,18 +81,13 @@ CREATE OR REPLACE MACRO is_queued_launch(name) AS (
 -- straggler_to_median scales). A communication kernel carries its collective instance (collective: a digest of
 -- recorded_collective_calls' match_key), for the edges across ranks.
 CREATE OR REPLACE MACRO critical_path_event_lists(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE
-WITH windows AS (
-    SELECT * FROM critical_path_windows(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter)
+WITH buckets AS (
+    -- (the events meet their windows by time bucket, then time)
+    SELECT * FROM window_buckets(annotation := annotation, occurrence := occurrence, rank_filter := rank_filter)
+), windows AS (
+    SELECT * EXCLUDE (width, bucket) FROM buckets WHERE bucket = ts // width
 ), bounds AS (
-    -- (width: the rank's longest window, the length of the time buckets the events meet their windows in)
-    SELECT run_id, rank, min(ts) AS ts, max(te) AS te, greatest(max(te - ts), 1) AS width
-    FROM windows GROUP BY run_id, rank
-), buckets AS (
-    -- each window in each time bucket it overlaps (at most two): the events are joined to the windows by their
-    -- bucket, then their time (joined by the rank alone, each event was compared with every window of its rank:
-    -- 2.2 M host events x 120 steps at 24x, 0.6-1 CPU-s)
-    SELECT w.*, unnest(range(w.ts // b.width, w.te // b.width + 1)) AS bucket
-    FROM windows w JOIN bounds b ON b.run_id = w.run_id AND b.rank = w.rank
+    SELECT run_id, rank, min(ts) AS ts, max(te) AS te, any_value(width) AS width FROM buckets GROUP BY run_id, rank
 ), device_ranks AS (
     SELECT * FROM device_work_ranks(rank_filter := rank_filter)
 ), horizon AS (
