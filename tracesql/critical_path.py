@@ -1319,31 +1319,36 @@ def walk_ahead(lists: pa.Table) -> Shared:
     return Shared(_steps(lists), _walk_step_ahead, _walked_ahead)
 
 
-def _walk_step_ahead(step) -> tuple[list, list, dict]:
-    """One step of walk_ahead: its windows' rows, their HTA paths, and its walks by their keys."""
+def _walk_step_ahead(step) -> tuple[list, dict]:
+    """One step of walk_ahead: its windows' HTA paths (step_critical_paths' rows, a batch each) and its walks by
+    their keys."""
     windows, window_events, ev, spans = step
     paths, walks = [], {}
     for row, one in zip(windows, window_events):
         path = _walk_one(one, None, None, _digest(None, one))
-        paths.append(path.flatten())
+        segments = path.flatten()
+        # (the window's columns repeated for its segments, in arrays; a batch of its own, not copied into one)
+        count = np.zeros(len(segments), dtype=np.int32)
+        paths.append(pa.RecordBatch.from_arrays(
+            [pa.DictionaryArray.from_arrays(count, [row["run_id"]]), pa.array(count + row["rank"], pa.int32()),
+             pa.array(count + row["instance"], pa.int32()), segments], schema=_PATHS_SCHEMA))
         walks[_walk_key([row["walk_key"]], None)] = path
     walks[_walk_key([row["walk_key"] for row in sorted(windows, key=lambda row: row["rank"])], spans)] = (
         _walk_one(ev, spans, None, _digest(spans, ev)))
-    return windows, paths, walks
+    return paths, walks
 
 
 def _walked_ahead(steps: list) -> tuple[pa.Table, dict]:
     """walk_ahead's result of its steps' (_walk_step_ahead's)."""
-    rows = [row for windows, _, _ in steps for row in windows]
-    paths = [path for _, its_paths, _ in steps for path in its_paths]
-    walks = {key: walk for _, _, its_walks in steps for key, walk in its_walks.items()}
+    walks = {key: walk for _, its_walks in steps for key, walk in its_walks.items()}
     walks.pop(None, None)  # (rows without a key: found by their events' digest only)
-    # (each window's columns repeated for its segments: one take each, not a list of Python values per segment)
-    of_row = pa.array(np.repeat(np.arange(len(rows)), [len(segments) for segments in paths]))
-    return pa.table({"run_id": pa.DictionaryArray.from_arrays(of_row, [row["run_id"] for row in rows]),
-                     "rank": pa.array([row["rank"] for row in rows], pa.int32()).take(of_row),
-                     "instance": pa.array([row["instance"] for row in rows], pa.int32()).take(of_row),
-                     "s": pa.concat_arrays(paths) if paths else pa.array([], SEGMENT_TYPE.value_type)}), walks
+    # (the windows' batches as one table, not copied: concatenated, 0.3 s at 24x)
+    return pa.Table.from_batches([path for paths, _ in steps for path in paths], schema=_PATHS_SCHEMA), walks
+
+
+#: The columns of step_critical_paths (walk_ahead's paths)
+_PATHS_SCHEMA = pa.schema([("run_id", pa.dictionary(pa.int32(), pa.string())), ("rank", pa.int32()),
+                           ("instance", pa.int32()), ("s", SEGMENT_TYPE.value_type)])
 
 
 def _steps(lists: pa.Table, scales: list[list[np.ndarray]] | None = None):
