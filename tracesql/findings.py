@@ -290,38 +290,43 @@ def _priced_once(con, changes: list[dict], lengths: list):
 
 
 @contextlib.contextmanager
-def _known_what_if(con):
-    """While the block runs (a rule's last statement, in _priced_once), the what_if macro replaced by one that reads
-    a priced change's rows of the default windows from what_if_known, and passes any other call on to what_if
-    itself (by its full name, its arguments written out as typed literals): query() binds only the statement it is
-    given, so what_if is not bound where it is not asked (0.06-0.1 s a rule at 24x). Its arguments must be
-    constants (_changes says whether a rule's are)."""
-    definition = dict(functions.definitions())["what_if"]
-    signature = re.search(r"\bwhat_if\((.*?)\)\s+AS\s+TABLE", definition, re.DOTALL).group(1)
-    names = [parameter.split(":=")[0].strip() for parameter in signature.split(",")]
-    # (where the session's what_if is: its own schema, else the compiled macros' database; functions.install)
-    found = con.execute("SELECT database_name, schema_name FROM duckdb_functions() WHERE function_name = 'what_if' "
-                        "AND database_name <> 'temp' ORDER BY database_name <> current_database()").fetchone()
-    where = ".".join('"' + name.replace('"', '""') + '"' for name in found)
-    change = ", ".join(WHAT_IF_CHANGE)
-    known = _call_sql("what_if_known", [(None, name) for name in WHAT_IF_CHANGE + ("rank_filter",)])
-    full = _call_sql(f"{where}.what_if", [(name, name) for name in names])
-    con.execute(f"CREATE OR REPLACE TEMP MACRO what_if({signature}) AS TABLE FROM query(CASE "
-                f"WHEN annotation IS NULL AND occurrence IS NULL AND replay = 1 AND predict = 1 "
-                f"AND what_if_priced({change}) THEN {known} ELSE {full} END)")
+def _known_what_if(con, stand_in: str | None = None):
+    """While the block runs (a rule's last statement, in _priced_once), the what_if macro replaced by `stand_in`
+    (_what_if_stand_in's, made once for the rules' last statements; by default made here)."""
+    con.execute(stand_in or _what_if_stand_in(con))
     try:
         yield
     finally:
         con.execute("DROP MACRO TABLE IF EXISTS temp.what_if")
 
 
+def _what_if_stand_in(con) -> str:
+    """The statement that makes the macro standing in for what_if on `con`: it reads a priced change's rows of the
+    default windows from what_if_known, and passes any other call on to what_if itself (by its full name, its
+    arguments written out as typed literals): query() binds only the statement it is given, so what_if is not
+    bound where it is not asked (0.06-0.1 s a rule at 24x). Its arguments must be constants (_changes says
+    whether a rule's are)."""
+    definition = dict(functions.definitions())["what_if"]
+    signature = re.search(r"\bwhat_if\((.*?)\)\s+AS\s+TABLE", definition, re.DOTALL).group(1)
+    names = [parameter.split(":=")[0].strip() for parameter in signature.split(",")]
+    # (where the session's what_if is: its own schema, else the compiled macros' database; functions.install)
+    found = con.execute("SELECT database_name, schema_name FROM duckdb_functions() WHERE function_name = 'what_if' "
+                        "AND database_name <> 'temp' ORDER BY database_name <> current_database()").fetchall()[0]
+    where = ".".join('"' + name.replace('"', '""') + '"' for name in found)
+    change = ", ".join(WHAT_IF_CHANGE)
+    known = _call_sql("what_if_known", [(None, name) for name in WHAT_IF_CHANGE + ("rank_filter",)])
+    full = _call_sql(f"{where}.what_if", [(name, name) for name in names])
+    return (f"CREATE OR REPLACE TEMP MACRO what_if({signature}) AS TABLE FROM query(CASE "
+            f"WHEN annotation IS NULL AND occurrence IS NULL AND replay = 1 AND predict = 1 "
+            f"AND what_if_priced({change}) THEN {known} ELSE {full} END)")
+
+
 def _call_sql(macro: str, arguments: list[tuple[str | None, str]]) -> str:
     """A SQL expression of the text `FROM macro(...)` with these arguments ((its parameter's name or None,
     the expression whose value it passes)), each value written as a literal of its type (NULL as NULL)."""
-    def literal(value: str) -> str:
-        return (f"CASE WHEN {value} IS NULL THEN 'NULL' ELSE 'CAST(' || {quote(chr(39))} || "
-                f"replace(CAST({value} AS VARCHAR), {quote(chr(39))}, {quote(chr(39) * 2)}) || {quote(chr(39))} "
-                f"|| ' AS ' || typeof({value}) || ')' END")
+    def literal(value: str) -> str:  # CAST('its text, quotes doubled' AS its type)
+        return (f"CASE WHEN {value} IS NULL THEN 'NULL' ELSE printf('CAST(''%s'' AS %s)', "
+                f"replace(CAST({value} AS VARCHAR), '''', ''''''), typeof({value})) END")
     placeholders = ", ".join("%s" if name is None else f"{name} := %s" for name, _ in arguments)
     return f"printf({quote(f'FROM {macro}({placeholders})')}, {', '.join(literal(value) for _, value in arguments)})"
 
@@ -383,6 +388,7 @@ def run(con, target: str, params: dict | None = None):
     first_rules = [rule for rule in first_rules if rule not in unpriced]
     changes: list[dict] = []
     constant: set[str] = set()  # the rules whose what_if calls' arguments are constants (_changes)
+    stand_in = _what_if_stand_in(con)
 
     def prepare(some: list) -> list[dict]:
         found = []
@@ -399,7 +405,7 @@ def run(con, target: str, params: dict | None = None):
         """The rules' last statements' rows; priced (in _priced_once): what_if's known rows read (_known_what_if)."""
         out = []
         for rule in some:
-            with _known_what_if(con) if priced and rule.name in constant else contextlib.nullcontext():
+            with _known_what_if(con, stand_in) if priced and rule.name in constant else contextlib.nullcontext():
                 out.append(queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table())
         return out
 
