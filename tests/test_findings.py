@@ -112,8 +112,10 @@ def test_changes_that_walk_alike_are_walked_once(ingested):
         scales.add(changes)
         keys, *walks = findings._lengths_input(lists, changes, scales)
         assert keys == [changes[0]["key"]]
-        lengths = [findings._replay_lengths(keys, *walks)]
-        with findings._unchanged_once(con), findings._priced_once(con, changes, lengths):
+        replays = findings._replays(keys, *walks)
+        findings._walk(replays)
+        lengths = [findings._lengths(replays)]
+        with findings._unchanged_once(con, lists), findings._priced_once(con, changes, lengths):
             assert con.sql("SELECT what_if_priced(NULL, 100, 0, 1, 0, 0), what_if_priced(NULL, 0, 0, 1, 0, 0)"
                            ).fetchall() == [(True, True)]
             priced = [sorted(con.sql(f"SELECT rank, instance, predicted_ns FROM {call}").fetchall()) for call in calls]
@@ -173,7 +175,7 @@ def test_findings_walk_each_steps_path_once(ingested, monkeypatch):
     (critical_path.walk_ahead, in a thread), for the rules that read them (step_critical_paths: host_op,
     idle_bubbles; what_if); inside its sharing the macro's rows, of every rank and of one, are those it walks
     outside, and the what_if macro's unchanged replays and paths build no graph of their own and read no events:
-    it finds each walk by its events' key (critical_path_walked)."""
+    it finds each walk by its events' key (critical_path_replay_lengths, step_critical_paths_walked)."""
     from tracesql import critical_path
 
     run = ingested(TRACE_FILTER)
@@ -193,9 +195,9 @@ def test_findings_walk_each_steps_path_once(ingested, monkeypatch):
         walks.work()
         ahead_paths, ahead = walks.result()
         built, read = [], []
-        plan, rows = critical_path.Plan.__init__, critical_path._rows
+        plan, arrays = critical_path.Plan.__init__, critical_path._arrays
         monkeypatch.setattr(critical_path.Plan, "__init__", lambda *a: built.append(1) or plan(*a))
-        monkeypatch.setattr(critical_path, "_rows", lambda *a: read.append(1) or rows(*a))
+        monkeypatch.setattr(critical_path, "_arrays", lambda *a: read.append(1) or arrays(*a))
         with critical_path.walked_ahead(ahead), findings._paths_once(con, ahead_paths):
             assert paths() == walked
             assert sorted(con.sql("FROM what_if(predict := 0)").fetchall(), key=repr) == unchanged

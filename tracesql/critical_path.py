@@ -1086,21 +1086,48 @@ def walk(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array) -> pa.Array:
     return pa.concat_arrays(out) if out else pa.array([], type=SEGMENT_TYPE)
 
 
-def walked(keys: pa.Array, windows: pa.Array) -> pa.Array:
-    """The DuckDB function (Arrow), per row: the unchanged walk walked ahead (walk_ahead, while `tracesql
-    findings` holds it: walked_ahead) of the events whose keys (their windows' walk_key, in the order of the
-    ranks) are `keys` with these windows (NULL: HTA's path), else NULL; without reading the events (what the walk
-    does first, to find a kept walk by their digest: 3 CPU-s at 24x)."""
+def replay_rank_lengths(events: pa.Array, windows: pa.Array, gaps_scale: pa.Array, keys: pa.Array) -> pa.Array:
+    """The DuckDB function critical_path_replay_lengths (Arrow), per row: each rank's path of the replay of these
+    windows, as walk walks it (or, unchanged, the walk walked ahead that `keys` find, as walked finds it, its
+    events not read), summed (_rank_lengths): what the what_if macro reads of a replay, without its segments
+    (the 24x tile's 3 M, made into DuckDB's lists and unnested, took 1 CPU-s of findings' unchanged replays)."""
+    gaps, spans = gaps_scale.to_pylist(), [_by_rank(w) for w in windows.to_pylist()]
+    found = [None if g is not None else _AHEAD.get(_walk_key(k, w)) for k, w, g in zip(keys.to_pylist(), spans, gaps)]
     out = []
-    for its_keys, spans in zip(keys.to_pylist(), windows.to_pylist()):
-        found = _AHEAD.get(_walk_key(its_keys, _by_rank(spans)))
-        out.append(pa.nulls(1, SEGMENT_TYPE) if found is None else found)
-    return pa.concat_arrays(out) if out else pa.array([], type=SEGMENT_TYPE)
+    for ev, its_spans, its_gaps, path in zip(_rows(events, skip=[f is not None for f in found]), spans, gaps, found):
+        if path is None and ev is not None:
+            path = _walk_one(ev, its_spans, its_gaps, _digest(its_spans, ev))
+        out.append(None if path is None else _rank_lengths(path))
+    return pa.array(out, type=RANK_LENGTHS_TYPE)
+
+
+def _rank_lengths(path: pa.Array) -> list[dict] | None:
+    """A walk's path (a list of one row; NULL: None) per rank whose path it is, in their order: its length (its
+    segments' dur_ns summed), the part of it on other ranks' events, and the rank of the longest segment there
+    (of equal ones the first; None: none)."""
+    if not path.is_valid()[0].as_py():
+        return None
+    segments = path.flatten()
+    path_rank, rank, dur = (segments.field(name).to_numpy() for name in ("path_rank", "rank", "dur_ns"))
+    out = []
+    for its_rank in dict.fromkeys(path_rank.tolist()):
+        mine = path_rank == its_rank
+        remote = dur[mine & (rank != its_rank)], rank[mine & (rank != its_rank)]
+        out.append({"rank": its_rank, "length_ns": int(dur[mine].sum()), "remote_ns": int(remote[0].sum()),
+                    "remote_rank": int(remote[1][np.argmax(remote[0])]) if len(remote[0]) else None})
+    return out
+
+
+#: critical_path_replay_lengths' rows (replay_rank_lengths)
+RANK_LENGTHS_FIELDS = (("rank", pa.int64()), ("length_ns", pa.int64()), ("remote_ns", pa.int64()),
+                       ("remote_rank", pa.int64()))
+RANK_LENGTHS_TYPE = pa.list_(pa.struct([pa.field(n, t) for n, t in RANK_LENGTHS_FIELDS]))
 
 
 def is_walked_ahead(keys: pa.Array) -> pa.Array:
     """The DuckDB function (Arrow) critical_path_walked_ahead, per window's walk_key: whether its HTA path and its
-    step's unchanged replay are walked ahead (walked finds both: walk_ahead walks a step's together)."""
+    step's unchanged replay are walked ahead (walk_ahead walks a step's together: the what_if macro then reads the
+    path from step_critical_paths_walked, and critical_path_replay_lengths finds the replay)."""
     return pa.array([_walk_key([key], None) in _AHEAD for key in keys.to_pylist()], pa.bool_())
 
 
@@ -1113,7 +1140,7 @@ def _walk_key(keys: list | None, spans: list | None) -> tuple | None:
 
 @contextlib.contextmanager
 def walked_ahead(walks: dict):
-    """While the block runs, critical_path_walked finds these walks (walk_ahead's, by _walk_key) and
+    """While the block runs, critical_path_replay_lengths finds these walks (walk_ahead's, by _walk_key) and
     critical_path_walked_ahead says their windows are walked ahead: for as long as `tracesql findings` runs its
     rules (not kept by recency as other walks are, _WALKED: a window said to be walked ahead is found)."""
     with _KEEPING:
@@ -1255,28 +1282,35 @@ def event_scales(events, faster, faster_pct, hide_communication, remove_syncs, s
                                       mask=pa.array(~valid))
 
 
-def replay_lengths(lists: pa.Table, scales: list[list[np.ndarray]], gaps_scales: list[float]) -> pa.Table:
+def replay_lengths(lists: pa.Table, scales: list[list[np.ndarray]], gaps_scales: list[float]) -> Shared:
     """Each change's predicted time of every window of `lists` (`tracesql findings`: its rules' changes priced at
     once): critical_path_event_lists' rows (no change made a range an op); scales: per row of `lists`, each
     change's scales of its events (change_scales', NaN: none); gaps_scales: each change's. Each
     step is replayed as the what_if macro replays it (one rank's window, or a step's ranks' together: _steps), its
     graph planned once for all the changes, each change walked as critical_path_walk walks it unless it cannot
-    change a length (Plan.lengths). Returns per change (its number in gaps_scales) and window with a path:
-    run_id, rank, window_name, instance and predicted_ns, the rank's path length from the step's earliest window
-    start less its own start's offset."""
+    change a length (Plan.lengths), step by step in the threads that work on it (Shared: `findings` walks them
+    in a thread while DuckDB runs SQL, then on both). Its result: per change (its number in gaps_scales) and
+    window with a path, run_id, rank, window_name, instance and predicted_ns, the rank's path length from the
+    step's earliest window start less its own start's offset."""
+    return Shared(_steps(lists, scales), functools.partial(_step_lengths, gaps_scales=gaps_scales),
+                  lambda steps: pa.Table.from_pylist([row for rows in steps for row in rows], schema=PREDICTED_SCHEMA))
+
+
+def _step_lengths(step, gaps_scales: list[float]) -> list[dict]:
+    """One step of replay_lengths: its rows."""
+    windows, _, ev, spans = step
+    graph = _digest(spans, ev)
+    start = min(row["window_ts"] for row in windows)
     rows = []
-    for windows, _, ev, spans in _steps(lists, scales):
-        graph = _digest(spans, ev)
-        start = min(row["window_ts"] for row in windows)
-        for change, gaps in enumerate(gaps_scales):
-            changed = {name: values for name, values in ev.items() if name != "change_scales"}
-            changed["scale"] = ev["change_scales"][:, change]
-            lengths = _without_gc(lambda: _plan(changed, spans, gaps, graph).lengths(changed["scale"], gaps))
-            rows += [{"change": change, "run_id": row["run_id"], "rank": row["rank"],
-                      "window_name": row["window_name"], "instance": row["instance"],
-                      "predicted_ns": lengths[row["rank"]] - (row["window_ts"] - start)}
-                     for row in windows if row["rank"] in lengths]
-    return pa.Table.from_pylist(rows, schema=PREDICTED_SCHEMA)
+    for change, gaps in enumerate(gaps_scales):
+        changed = {name: values for name, values in ev.items() if name != "change_scales"}
+        changed["scale"] = ev["change_scales"][:, change]
+        lengths = _without_gc(lambda: _plan(changed, spans, gaps, graph).lengths(changed["scale"], gaps))
+        rows += [{"change": change, "run_id": row["run_id"], "rank": row["rank"],
+                  "window_name": row["window_name"], "instance": row["instance"],
+                  "predicted_ns": lengths[row["rank"]] - (row["window_ts"] - start)}
+                 for row in windows if row["rank"] in lengths]
+    return rows
 
 
 #: replay_lengths' rows
@@ -1315,7 +1349,7 @@ def walk_ahead(lists: pa.Table) -> Shared:
     `tracesql findings` runs this in a thread while DuckDB runs the rules' first statements: the walks (Python,
     on one core) then overlap that SQL (on the other), and what_if finds them walked (walked_ahead). Its result:
     the HTA paths as step_critical_paths' rows (run_id, rank, instance, s) and the walks by the keys
-    critical_path_walked finds them by (_walk_key)."""
+    critical_path_replay_lengths and critical_path_walked_ahead find them by (_walk_key)."""
     return Shared(_steps(lists), _walk_step_ahead, _walked_ahead)
 
 
@@ -1386,17 +1420,19 @@ def _walk_one(ev: dict, spans: list | None, gaps: float | None, graph) -> pa.Arr
     return _kept(_WALKED, WALKED_SIZE, graph.digest(), lambda: _without_gc(_walk_row, ev, spans, gaps, graph))
 
 
-def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[np.ndarray]] | None = None):
+def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[np.ndarray]] | None = None,
+          skip: list[bool] | None = None):
     """Each row's events (None where NULL) as the graph's arrays (_arrays), chunk by chunk, each from a slice of
     its chunk's events (offsets index them): one column at a time, far quicker than dicts, and a run's every
     window is never in Python objects at once. (Combining the chunks first copied every event of the call: 14 % of
     findings' time at 24×.) scales (replay_lengths'): per row, each change's scales of its events, added as
-    change_scales, one column per change (NaN: none), in the events' order."""
+    change_scales, one column per change (NaN: none), in the events' order. skip: per row, whether it is
+    yielded as None, not read (its walk is found already)."""
     row = 0
     for chunk in events.chunks if isinstance(events, pa.ChunkedArray) else [events]:
         flat, offsets, valid = chunk.values, chunk.offsets.to_pylist(), chunk.is_valid().to_pylist()
         for i, is_valid in enumerate(valid):
-            if not is_valid:
+            if not is_valid or (skip is not None and skip[row]):
                 yield None
             else:
                 ev = _arrays(flat.slice(offsets[i], offsets[i + 1] - offsets[i]))
@@ -1495,13 +1531,14 @@ WALKED_SIZE = 1024
 _PLANS: dict[bytes, Plan] = {}
 PLANS_SIZE = 256
 #: The unchanged walks walked ahead (walk_ahead) while `tracesql findings` holds them (walked_ahead), by the keys
-#: of their events and their windows (_walk_key): what critical_path_walked finds them by
+#: of their events and their windows (_walk_key): what critical_path_replay_lengths finds them by
 _AHEAD: dict[tuple, pa.Array] = {}
 
 
 def register(con) -> None:
-    """Create `critical_path_walk(events, windows, gaps_scale)`, `critical_path_walked(keys, windows)`,
-    `critical_path_walked_ahead(walk_key)` and `critical_path_event_scales(...)` on `con`; and warm up what the
+    """Create `critical_path_walk(events, windows, gaps_scale)`, `critical_path_replay_lengths(events, windows,
+    gaps_scale, keys)`, `critical_path_walked_ahead(walk_key)` and `critical_path_event_scales(...)` on `con`; and
+    warm up what the
     walks' first arrays import (_warm_up) in a thread, while the SQL before them runs."""
     if "pandas" not in sys.modules:
         threading.Thread(target=_warm_up, name="tracesql-warm-up").start()
@@ -1511,8 +1548,9 @@ def register(con) -> None:
     con.create_function("critical_path_walk", walk, [EVENT_SQL, WINDOW_SQL, "DOUBLE"], SEGMENT_SQL,
                         type="arrow", side_effects=False, null_handling="special")
     # (side effects: what it finds changes as the walks are kept)
-    con.create_function("critical_path_walked", walked, ["UBIGINT[]", WINDOW_SQL], SEGMENT_SQL,
-                        type="arrow", side_effects=True, null_handling="special")
+    con.create_function("critical_path_replay_lengths", replay_rank_lengths,
+                        [EVENT_SQL, WINDOW_SQL, "DOUBLE", "UBIGINT[]"], _struct_sql(RANK_LENGTHS_FIELDS), type="arrow",
+                        side_effects=True, null_handling="special")
     con.create_function("critical_path_walked_ahead", is_walked_ahead, ["UBIGINT"], "BOOLEAN",
                         type="arrow", side_effects=True, null_handling="special")
 

@@ -68,22 +68,22 @@ def check(params: dict) -> dict:
 
 
 @contextlib.contextmanager
-def _computed_once(con, table: str, query, macro: str, macro_sql: str):
+def _computed_once(con, table: str, query, macros: dict[str, str]):
     """While the rules run, `query` (SQL: computed once into the temporary `table`; or an Arrow table: its rows,
-    registered as `table`, not copied) and the table macro `macro` (which the rules' SQL calls) replaced by
-    `macro_sql`, which reads it; both dropped after."""
+    registered as `table`, not copied) and the table macros named in `macros` (which the rules' SQL calls)
+    replaced by their definitions there, which read it; all dropped after."""
     computed = isinstance(query, str)
     if computed:
         con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {query}")
     else:
         con.register(table, query)
     try:
-        con.execute(f"CREATE OR REPLACE TEMP MACRO {macro_sql}")
-        try:
-            yield
-        finally:
-            con.execute(f"DROP MACRO TABLE temp.{macro}")
+        for definition in macros.values():
+            con.execute(f"CREATE OR REPLACE TEMP MACRO {definition}")
+        yield
     finally:
+        for macro in macros:
+            con.execute(f"DROP MACRO TABLE IF EXISTS temp.{macro}")
         if computed:
             con.execute(f"DROP TABLE temp.{table}")
         else:
@@ -96,7 +96,7 @@ def _event_lists_once(con):
     critical path read) once, as an Arrow table (what the walks read; made into a table of DuckDB first, then
     read, they took 1 s more at 24x), for critical_path_event_source to read in their place (on the 24× tile
     they took 12 CPU-s a rule); the block gets the table. Each with a key (walk_key), by which what_if finds the
-    walks walk_ahead walked (critical_path_walked): a hash of its window and of a number drawn for this call, so
+    walks walk_ahead walked (critical_path_replay_lengths, critical_path_walked_ahead): a hash of its window and of a number drawn for this call, so
     that no other list's walk in the process has it (a hash of the events themselves took 0.6 CPU-s at 24x).
     Other windows are computed as before: the source is the query its arguments name (`query` of a string DuckDB
     folds as it binds), so that a call with the defaults binds the table alone (binding
@@ -105,36 +105,51 @@ def _event_lists_once(con):
     drawn = int.from_bytes(os.urandom(8), "little") >> 1
     lists = con.sql(f"SELECT * REPLACE (hash(run_id, rank, window_name, instance, {drawn}) AS walk_key) "
                     "FROM critical_path_event_lists()").to_arrow_table()
-    with _computed_once(
-        con, "findings_event_lists", lists,
-        "critical_path_event_source",
+    with _computed_once(con, "findings_event_lists", lists, {"critical_path_event_source":
         "critical_path_event_source(annotation := NULL, occurrence := NULL, rank_filter := NULL) AS TABLE "
         "FROM query(CASE WHEN annotation IS NULL AND occurrence IS NULL AND rank_filter IS NULL "
         "THEN 'FROM findings_event_lists' "
         "ELSE printf('FROM critical_path_event_lists(annotation := %s, occurrence := %s, rank_filter := %s)', "
         f"{literal}, COALESCE(CAST(occurrence AS VARCHAR), 'NULL'), COALESCE(CAST(rank_filter AS VARCHAR), 'NULL')) "
-        "END)"):
+        "END)"}):
         yield lists
 
 
-def _unchanged_once(con):
+@contextlib.contextmanager
+def _unchanged_once(con, lists):
     """Each default window's measured and unchanged replayed time and critical path (the what_if macro's rows
     without a change) once, for what_if_unchanged to read: each rule's what-if then walks its changed replay only
-    (and the unchanged replay and paths of the steps whose change makes a range an op: their graphs change)."""
-    return _computed_once(
-        con, "findings_unchanged",
-        "SELECT * EXCLUDE (predicted_ns, saving_ns, saving_pct) FROM what_if(predict := 0)",
-        "what_if_unchanged", "what_if_unchanged(annotation := NULL, occurrence := NULL) AS TABLE "
-        "FROM findings_unchanged WHERE annotation IS NULL AND occurrence IS NULL")
+    (and the unchanged replay and paths of the steps whose change makes a range an op: their graphs change).
+    Where every default window's walks are walked ahead (`findings` walks them first: critical_path.walk_ahead),
+    what_if finds them by their keys (`lists`' walk_key) and reads the lists without their events here (their
+    scan took 0.5 CPU-s at 24x)."""
+    import pyarrow as pa
+
+    if critical_path.is_walked_ahead(lists.column("walk_key").combine_chunks()).false_count == 0:
+        events = lists.schema.get_field_index("events")
+        con.register("findings_event_lists", lists.set_column(events, lists.field(events),
+                                                              pa.nulls(lists.num_rows, lists.field(events).type)))
+    with contextlib.ExitStack() as computed:
+        try:
+            computed.enter_context(_computed_once(
+                con, "findings_unchanged",
+                "SELECT * EXCLUDE (predicted_ns, saving_ns, saving_pct) FROM what_if(predict := 0)",
+                {"what_if_unchanged": "what_if_unchanged(annotation := NULL, occurrence := NULL) AS TABLE "
+                 "FROM findings_unchanged WHERE annotation IS NULL AND occurrence IS NULL"}))
+        finally:
+            con.register("findings_event_lists", lists)
+        yield
 
 
 def _paths_once(con, paths):
     """HTA's critical path of each default window (step_critical_paths' rows, `paths`: those walk_ahead walked)
-    as a table, for the rules that look for the host work on it (host_op, idle_bubbles): each walked them again,
-    and reading them back through critical_path_walk took 2 s at 24x."""
-    return _computed_once(con, "findings_paths", paths, "step_critical_paths",
-                          "step_critical_paths(rank_filter := NULL) AS TABLE "
-                          "FROM findings_paths WHERE rank_filter IS NULL OR rank = rank_filter")
+    as a table, for the rules that look for the host work on it (host_op, idle_bubbles: each walked them again,
+    and reading them back through critical_path_walk took 2 s at 24x), and for what_if (step_critical_paths_walked:
+    made into lists of each window's path, they took 0.6-1 CPU-s of the unchanged replays at 24x)."""
+    return _computed_once(con, "findings_paths", paths, {
+        "step_critical_paths": "step_critical_paths(rank_filter := NULL) AS TABLE "
+                               "FROM findings_paths WHERE rank_filter IS NULL OR rank = rank_filter",
+        "step_critical_paths_walked": "step_critical_paths_walked() AS TABLE FROM findings_paths"})
 
 
 def _what_if_calls(sql: str) -> list[str]:
@@ -247,15 +262,27 @@ def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple[list[st
             [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in walked])
 
 
-def _replay_lengths(keys: list[str], lists, scales: list, gaps: list[float]):
-    """critical_path.replay_lengths of _lengths_input's, with each change's key: (keys, lengths) or None."""
+def _replays(keys: list[str], lists, scales: list, gaps: list[float]):
+    """critical_path.replay_lengths of _lengths_input's (walked by the threads that call _walk), with each change's
+    key: (keys, its Shared) or None."""
     return (keys, critical_path.replay_lengths(lists, scales, gaps)) if keys else None
+
+
+def _walk(replays) -> None:
+    """Work on _replays' walks (critical_path.Shared.work) until none is left."""
+    if replays is not None:
+        replays[1].work()
+
+
+def _lengths(replays):
+    """_replays' (keys, lengths), once the threads that walk them are done; or None."""
+    return None if replays is None else (replays[0], replays[1].result())
 
 
 @contextlib.contextmanager
 def _priced_once(con, changes: list[dict], lengths: list):
     """Each change's predicted time of every default window (each step), for what_if to read while the rules run
-    (what_if_priced, what_if_predicted): those walked (`lengths`: _replay_lengths' of each batch of changes), and
+    (what_if_priced, what_if_predicted): those walked (`lengths`: _lengths' of each batch of changes), and
     those of the changes that change nothing (a rule that found nothing to price): the unchanged replay's time
     (what_if_unchanged's, which _unchanged_once keeps)."""
     import pyarrow as pa
@@ -420,18 +447,23 @@ def run(con, target: str, params: dict | None = None):
             found = last(unpriced)
             walks.work()  # (what is left of them, on this thread too: its SQL is done)
             walked()
-        with _in_thread(_replay_lengths, *first_input) as first_lengths:
+        first_replays = _replays(*first_input)
+        with _in_thread(_walk, first_replays) as first_walked:
             paths, ahead = walks.result()
-            with critical_path.walked_ahead(ahead), _unchanged_once(con), _paths_once(con, paths):
+            with critical_path.walked_ahead(ahead), _paths_once(con, paths), _unchanged_once(con, lists):
                 priced = {c["key"] for c in first}
                 later = [c for c in prepare(walking) if c["key"] not in priced]
-                later_input = _lengths_input(lists, later, scales)
+                later_replays = _replays(*_lengths_input(lists, later, scales))
                 del lists, first_input, paths, scales  # (what the walks read, no longer needed)
-                lengths = [first_lengths()]
-                with _in_thread(_replay_lengths, *later_input) as later_lengths:
+                _walk(first_replays)  # (what is left of them, on this thread too: its SQL is done)
+                first_walked()
+                lengths = [_lengths(first_replays)]
+                with _in_thread(_walk, later_replays) as later_walked:
                     with _priced_once(con, first, lengths):
                         found += last(first_rules, priced=True)
-                    lengths.append(later_lengths())
+                    _walk(later_replays)
+                    later_walked()
+                    lengths.append(_lengths(later_replays))
                 with _priced_once(con, changes, lengths):
                     found += last(walking, priced=True)
     order = [("saving_ns", "descending")] + [(c, "ascending") for c in ("run_id", "rank", "step", "finding")]

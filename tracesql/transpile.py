@@ -37,7 +37,7 @@ class Untranspilable(Exception):
 
 
 #: Functions of Python that tracesql creates in its DuckDB sessions only (tracesql/critical_path.py).
-DUCKDB_ONLY = ("critical_path_walk", "critical_path_walked", "critical_path_walked_ahead",
+DUCKDB_ONLY = ("critical_path_walk", "critical_path_replay_lengths", "critical_path_walked_ahead",
                "critical_path_event_scales")
 
 

@@ -284,8 +284,8 @@ SELECT run_id, rank, window_name, instance, step, window_ts, window_te,
     -- the time of its device work other than communication (NULL: none), which straggler_to_median compares
     -- across the ranks (critical_path_scales; summed from the list there, it read every event again: 0.8 s at 24x)
     CAST(sum(dur) FILTER (WHERE role = 'device') AS BIGINT) AS device_ns,
-    -- a key of the list (none here): where `tracesql findings` has walked it ahead, critical_path_walked finds
-    -- its walks by it without reading the events again (tracesql/findings.py sets it)
+    -- a key of the list (none here): where `tracesql findings` has walked it ahead, what_if finds its walks by it
+    -- without reading the events again (critical_path_replay_lengths; tracesql/findings.py sets it)
     NULL::UBIGINT AS walk_key
 FROM events
 GROUP BY run_id, rank, window_name, instance, step, window_ts, window_te;
@@ -427,6 +427,15 @@ CREATE OR REPLACE MACRO step_critical_paths(rank_filter := NULL) AS TABLE
 SELECT run_id, rank, instance, unnest(critical_path_walk(events, NULL, NULL)) AS s
 FROM critical_path_events(rank_filter := rank_filter);
 
+-- HTA's critical path of each default window walked ahead (critical_path_walked_ahead), as step_critical_paths'
+-- rows, where the caller has them: `tracesql findings` walks them before its rules run and what_if reads them here
+-- (tracesql/findings.py replaces this macro while they run). Else none.
+CREATE OR REPLACE MACRO step_critical_paths_walked() AS TABLE
+SELECT NULL::VARCHAR AS run_id, NULL::INTEGER AS rank, NULL::INTEGER AS instance,
+    NULL::STRUCT(seq INTEGER, event_id BIGINT, ts BIGINT, dur_ns BIGINT, edge VARCHAR, bound_by VARCHAR,
+                 path_rank BIGINT, rank BIGINT) AS s
+WHERE false;
+
 -- What the what-if's windows measure and replay without a change (the what_if macro's columns but the predicted
 -- time and the saving), where its caller has them already: `tracesql findings` computes them once for all its
 -- rules (tracesql/findings.py replaces this macro while they run; each rule's what-if then walks its changed
@@ -538,31 +547,26 @@ WITH windows AS (
     WHERE replay = 1 AND (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM shared)
     GROUP BY ALL
 ), replays AS (
-    -- (without a change the predicted replay is the unchanged one: the walk returns the one it kept,
-    -- critical_path._WALKED; one walked ahead is found by its key, its events not read: COALESCE calls the walk
-    -- on the others only)
+    -- each rank's path in the step's replay without the change and with it: its length, the part on other ranks'
+    -- work and whose (critical_path_replay_lengths: their sums, not their segments; without a change the
+    -- predicted replay is the unchanged one, the walk the one it kept, critical_path._WALKED; one walked ahead is
+    -- found by its keys, its events not read)
     SELECT run_id, window_name, joint, joint_ts,
         CASE WHEN (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
-             THEN COALESCE(critical_path_walked(walk_keys, spans), critical_path_walk(events, spans, NULL))
-             END AS replayed,
+             THEN critical_path_replay_lengths(events, spans, NULL, walk_keys) END AS replayed,
         CASE WHEN predict = 1
-             THEN critical_path_walk(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END) END
-            AS predicted
+             THEN critical_path_replay_lengths(events, spans, CASE WHEN no_launch_overhead = 1 THEN 0.0 ELSE 1.0 END,
+                                               NULL) END AS predicted
     FROM joint
 ), replayed AS (
-    -- each rank's path: its length from the earliest window start, the part on other ranks' work and whose
-    SELECT run_id, window_name, joint, joint_ts, s.path_rank AS rank, sum(s.dur_ns) AS length_ns,
-        COALESCE(sum(s.dur_ns) FILTER (WHERE s.rank <> s.path_rank), 0) AS remote_ns,
-        arg_max(s.rank, s.dur_ns) FILTER (WHERE s.rank <> s.path_rank) AS remote_rank
-    FROM (SELECT run_id, window_name, joint, joint_ts, unnest(replayed) AS s FROM replays)
-    GROUP BY ALL
+    -- (a path's length from the earliest window start)
+    SELECT run_id, window_name, joint, joint_ts, r.rank, r.length_ns, r.remote_ns, r.remote_rank
+    FROM (SELECT run_id, window_name, joint, joint_ts, unnest(replayed) AS r FROM replays)
 ), predicted AS (
-    SELECT w.run_id, w.rank, w.window_name, w.instance, p.length_ns - (w.window_ts - p.joint_ts) AS predicted_ns
+    SELECT w.run_id, w.rank, w.window_name, w.instance, p.r.length_ns - (w.window_ts - p.joint_ts) AS predicted_ns
     FROM windows w
-    JOIN (SELECT run_id, window_name, joint, joint_ts, s.path_rank AS rank, sum(s.dur_ns) AS length_ns
-          FROM (SELECT run_id, window_name, joint, joint_ts, unnest(predicted) AS s FROM replays)
-          GROUP BY ALL) p
-      ON p.run_id = w.run_id AND p.window_name = w.window_name AND p.joint = w.joint AND p.rank = w.rank
+    JOIN (SELECT run_id, window_name, joint, joint_ts, unnest(predicted) AS r FROM replays) p
+      ON p.run_id = w.run_id AND p.window_name = w.window_name AND p.joint = w.joint AND p.r.rank = w.rank
     UNION ALL
     SELECT run_id, rank, window_name, instance, predicted_ns
     FROM what_if_predicted(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs,
@@ -570,16 +574,30 @@ WITH windows AS (
     WHERE annotation IS NULL AND occurrence IS NULL AND replay = 1
       AND what_if_priced(faster, faster_pct, hide_communication, no_launch_overhead, remove_syncs, straggler_to_median)
 ), walked AS (
-    -- the fresh steps' windows: the end of their last node (op or device work; ranges and syncs are none), HTA's
-    -- path, the replayed time
+    -- the fresh steps' windows: the end of their last node (op or device work; ranges and syncs are none), the
+    -- replayed time
     SELECT w.run_id, w.rank, w.window_name, w.instance, w.step, w.window_ts, w.window_te, w.work_end,
-        COALESCE(critical_path_walked([w.walk_key], NULL), critical_path_walk(w.events, NULL, NULL)) AS path,
         r.length_ns - (w.window_ts - r.joint_ts) AS replayed_ns, r.remote_ns, r.remote_rank
     FROM windows w
     -- (a window with nothing to replay keeps its row: measured, with no replay)
     LEFT JOIN replayed r ON r.run_id = w.run_id AND r.window_name = w.window_name AND r.joint = w.joint AND r.rank = w.rank
     WHERE (rank_filter IS NULL OR w.rank = rank_filter)
       AND (w.run_id, w.window_name, w.joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
+), paths AS (
+    -- their HTA paths' segments: of a default window walked ahead, its caller's (step_critical_paths_walked),
+    -- else walked here
+    SELECT w.run_id, w.rank, w.window_name, w.instance, p.s
+    FROM windows w
+    JOIN step_critical_paths_walked() p ON p.run_id = w.run_id AND p.rank = w.rank AND p.instance = w.instance
+    WHERE annotation IS NULL AND occurrence IS NULL AND critical_path_walked_ahead(w.walk_key)
+      AND (rank_filter IS NULL OR w.rank = rank_filter)
+      AND (w.run_id, w.window_name, w.joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
+    UNION ALL
+    SELECT run_id, rank, window_name, instance, unnest(critical_path_walk(events, NULL, NULL)) AS s
+    FROM windows
+    WHERE NOT (annotation IS NULL AND occurrence IS NULL AND COALESCE(critical_path_walked_ahead(walk_key), false))
+      AND (rank_filter IS NULL OR rank = rank_filter)
+      AND (run_id, window_name, joint) IN (SELECT (run_id, window_name, joint) FROM fresh)
 ), causes AS (
     -- (the segments summed by edge and event kind, name and class first: critical_path_cause on each of the 24×
     -- tile's 2.8 M segments took 1.7 CPU-s, on these sums a few hundred rows a window. Where the runs stored
@@ -593,7 +611,7 @@ WITH windows AS (
               CASE WHEN COALESCE(getvariable('tracesql_classes_stored'), false)
                    THEN CASE WHEN e.kind IN ('kernel', 'memcpy', 'memset') THEN e.class END ELSE d.class END AS class,
               sum(w.s.dur_ns) AS dur_ns
-          FROM (SELECT run_id, rank, window_name, instance, unnest(path) AS s FROM walked) w
+          FROM paths w
           LEFT JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.s.event_id
           LEFT JOIN (SELECT * FROM device_activity() WHERE NOT COALESCE(getvariable('tracesql_classes_stored'), false)) d
             ON d.run_id = w.run_id AND d.rank = w.rank AND d.slice_id = w.s.event_id
