@@ -408,6 +408,69 @@ def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypa
     assert whole >= 10 and fractional >= 2, (whole, fractional)
 
 
+@pytest.mark.parametrize("dataset", ["hta_trace_filter", "torch_pipeline_1f1b_2stage", "tracelens_b200_eager"])
+def test_the_compiled_order_and_nesting_build_the_graphs_of_the_arrays(dataset, ingested, monkeypatch):
+    """Once `findings` has loaded numba, each graph's Kahn order where edges lead back (longest_path.kahn, else
+    critical_path._taken) and the host's edges (longest_path.nest, else _nesting in arrays and _host_stack where a
+    thread's events do not nest) are compiled loops: every step's HTA graph and replay graph of HTA's two-rank
+    sample, a pipeline's stages (threads whose events do not nest) and a B200 step are the same plan, edge for
+    edge, both ways."""
+    from tracesql import critical_path, longest_path
+
+    longest_path.load()
+    ordered = []  # (graphs where an edge leads back: Kahn's order walked)
+    kahn = longest_path.compiled_kahn()
+    compiled = {"_compiled_kahn": lambda *a: ordered.append(1) or kahn(*a),
+                "_compiled_nest": longest_path.compiled_nest()}
+    assert None not in compiled.values()
+    con = tracesql.connect(ingested(DATASETS / dataset))
+    lists = con.sql("FROM critical_path_event_lists()").to_arrow_table()
+    stacked = 0
+    for _, _, ev, spans in critical_path._steps(lists):
+        for windows in (None, spans):
+            plans = []
+            for names in ({}, compiled):
+                for name in compiled:
+                    monkeypatch.setattr(longest_path, name, names.get(name))
+                critical_path._latest_shape.kept = None  # (the shape built anew each way)
+                plans.append(critical_path.Plan(ev, windows, False))
+            for name in ("src", "dst", "kind", "owner", "weighs", "time", "nodes"):
+                assert np.array_equal(getattr(plans[0], name), getattr(plans[1], name)), name
+        monkeypatch.setattr(longest_path, "_compiled_nest", None)
+        stacked += bool(critical_path._Shape(ev).host[1])  # (a thread whose events do not nest)
+    assert ordered and (stacked or dataset != "torch_pipeline_1f1b_2stage")
+
+
+def test_the_compiled_order_takes_the_nodes_kahns_way_on_any_graph(monkeypatch):
+    """longest_path.kahn takes the nodes of a graph where edges lead back, and where some lie on cycles (never
+    taken, nor what waits on them), in critical_path._taken's order: random graphs of 2 to 200 nodes."""
+    from tracesql import critical_path, longest_path
+
+    longest_path.load()
+    kahn = longest_path.compiled_kahn()
+    rng = np.random.default_rng(27)
+    cycles = 0
+    for _ in range(300):
+        n = int(rng.integers(2, 200))
+        ts = rng.integers(0, n // 2 + 1, n)
+        m = int(rng.integers(1, 3 * n))
+        src, dst = rng.integers(0, n, m), rng.integers(0, n, m)
+        forward = rng.random(m) < 0.9  # (most edges lead to a later node, as in a trace)
+        src, dst = np.where(forward & (ts[src] > ts[dst]), dst, src), np.where(forward & (ts[src] > ts[dst]), src, dst)
+        nodes = np.argsort(ts, kind="stable")
+        position = np.empty(n, dtype=np.int64)
+        position[nodes] = np.arange(n)
+        back = position[src] >= position[dst]
+        if not back.any():
+            continue
+        expected = critical_path._taken(nodes, position, src, dst, back)
+        taken = np.empty(n, dtype=np.int64)
+        count = kahn(nodes, position, src, dst, np.unique(position[dst[back]]), taken)
+        assert np.array_equal(taken[:count], expected)
+        cycles += count < n
+    assert cycles > 10
+
+
 def test_a_what_if_with_a_faster_that_is_no_regular_expression_says_so(ingested):
     """`faster` is a regular expression (RE2); one that is not (an unclosed group) fails the what-if with one line
     naming it, and a non-zero exit."""
@@ -428,11 +491,12 @@ def test_without_numba_the_walks_stay_in_python(monkeypatch):
 
     from tracesql import longest_path
 
-    monkeypatch.setattr(longest_path, "_compiled", None)
-    monkeypatch.setattr(longest_path, "_compiled_trace", None)
+    for name in ("_compiled", "_compiled_trace", "_compiled_kahn", "_compiled_nest"):
+        monkeypatch.setattr(longest_path, name, None)
     monkeypatch.setitem(sys.modules, "numba", None)  # (import numba raises ImportError)
     longest_path.load()
-    assert longest_path.compiled() is None and longest_path.compiled_trace() is None
+    assert {longest_path.compiled(), longest_path.compiled_trace(), longest_path.compiled_kahn(),
+            longest_path.compiled_nest()} == {None}
 
 
 def test_the_unchanged_replay_of_a_what_if_ignores_its_changes(ingested):

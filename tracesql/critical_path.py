@@ -154,10 +154,22 @@ def _arrays(ev) -> dict[str, np.ndarray]:
             arrays[name] = (column.to_numpy(zero_copy_only=False).astype(np.float64) if isinstance(column, pa.Array)
                             else np.array(column, dtype=np.float64))
         elif isinstance(column, pa.Array):
-            arrays[name] = column.fill_null(NULL).to_numpy().astype(np.int64, copy=False)
+            arrays[name] = _int64s(column)
         else:
             arrays[name] = np.array([NULL if v is None else v for v in column], dtype=np.int64)
     return arrays
+
+
+def _int64s(column: pa.Array) -> np.ndarray:
+    """An int64 column as numpy, a missing value as NULL: read from its buffers (pyarrow's fill_null took ~1 ms a
+    column of a 24x window, 14 ms of its 13 columns)."""
+    if column.null_count == 0:
+        return column.to_numpy()
+    validity, data = column.buffers()[:2]
+    start, count = column.offset, len(column)
+    bits = np.frombuffer(validity, dtype=np.uint8)[start // 8:(start + count + 7) // 8]
+    valid = np.unpackbits(bits, bitorder="little")[start % 8:start % 8 + count].view(bool)
+    return np.where(valid, np.frombuffer(data, dtype=np.int64)[start:start + count], NULL)
 
 
 def _role_codes(roles: pa.Array) -> np.ndarray:
@@ -337,6 +349,13 @@ def _nesting(ev: dict, start: np.ndarray, end: np.ndarray, thread: np.ndarray) -
     n = len(host)
     if not n:
         return None
+    nest = longest_path.compiled_nest()
+    if nest is not None:  # (compiled, once `tracesql findings` has loaded it: every thread walked as a stack)
+        edges = tuple(np.empty(2 * n, dtype=t) for t in (np.int64,) * 4 + (np.bool_,) * 2 + (np.int64,) * 2)
+        count = nest(host, thread, ev["ts"], ev["ts"] + ev["dur"], (role >= OP) & (role <= BLOCKED_LAUNCH),
+                     start, end, OP_EDGE, DEPENDENCY, np.empty(len(role), dtype=np.int64),
+                     np.empty(n, dtype=np.int64), edges)
+        return tuple(column[:count] for column in edges), []
     host_thread, ts = thread[host], ev["ts"][host]
     ends = ts + ev["dur"][host]
     first = np.flatnonzero(np.concatenate([[True], host_thread[1:] != host_thread[:-1]]))
@@ -574,7 +593,12 @@ def _order(ts: np.ndarray, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray
     position[nodes] = np.arange(n)
     back = position[src] >= position[dst]
     if back.any():
-        nodes = _taken(nodes, position, src, dst, back)
+        kahn = longest_path.compiled_kahn()  # (compiled, once `tracesql findings` has loaded it)
+        if kahn is not None:
+            taken = np.empty(n, dtype=np.int64)
+            nodes = taken[:kahn(nodes, position, src, dst, np.unique(position[dst[back]]), taken)]
+        else:
+            nodes = _taken(nodes, position, src, dst, back)
         position = np.full(n, n, dtype=np.int64)  # (nodes on a cycle are never taken, nor their edges)
         position[nodes] = np.arange(len(nodes))
     edges = np.argsort(position[src], kind="stable")
