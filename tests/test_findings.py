@@ -154,6 +154,23 @@ def test_what_ifs_priced_before_the_rules_are_those_their_arguments_allow(ingest
     assert len({c["key"] for c in changes}) == 2
 
 
+def test_findings_give_the_walks_a_core_and_leave_the_threads_as_they_were(ingested, monkeypatch):
+    """While the walks run beside its SQL, `findings` runs DuckDB on one thread fewer (one of two, three of four;
+    never none), and leaves the connection with the threads it had."""
+    from tracesql import critical_path
+
+    con = tracesql.connect(ingested(TRACE_FILTER))
+    seen = []
+    walk = critical_path.walk_ahead
+    monkeypatch.setattr(critical_path, "walk_ahead", lambda lists: seen.append(
+        con.execute("SELECT current_setting('threads')").fetchone()[0]) or walk(lists))
+    for threads in (4, 2, 1):
+        con.execute(f"SET threads = {threads}")
+        findings.run(con, "RUN").fetchall()
+        assert con.execute("SELECT current_setting('threads')").fetchone()[0] == threads
+    assert seen == [3, 1, 1]
+
+
 def test_the_event_source_of_findings_reads_its_lists_for_the_default_windows_only(ingested):
     """While `findings` runs, critical_path_event_source reads its lists (the table) for the default windows and
     computes any other windows as outside it (`query` of the call's arguments, a quote in an annotation
