@@ -96,8 +96,9 @@ def _event_lists_once(con):
     critical path read) once, as an Arrow table (what the walks read; made into a table of DuckDB first, then
     read, they took 1 s more at 24x), for critical_path_event_source to read in their place (on the 24× tile
     they took 12 CPU-s a rule); the block gets the table. Each with a key (walk_key), by which what_if finds the
-    walks walk_ahead walked (critical_path_replay_lengths, critical_path_walked_ahead): a hash of its window and of a number drawn for this call, so
-    that no other list's walk in the process has it (a hash of the events themselves took 0.6 CPU-s at 24x).
+    walks walk_ahead walked (critical_path_replay_lengths, critical_path_walked_ahead): a hash of its window and
+    of a number drawn for this call, so that no other list's walk in the process has it (a hash of the events
+    themselves took 0.6 CPU-s at 24x).
     Other windows are computed as before: the source is the query its arguments name (`query` of a string DuckDB
     folds as it binds), so that a call with the defaults binds the table alone (binding
     critical_path_event_lists too took 0.11 of the 0.15 s each what_if of the rules took to plan at 24x)."""

@@ -160,7 +160,8 @@ def nest(host, thread, ts, ends, is_op, start, end, op_edge, dependency_edge, pa
                 if last >= 0:  # leaving an op: the piece up to its end
                     src[count], dst[count], kind[count] = last, end[done], op_edge
                     owner[count] = last_event if last_started else done
-                    enters[count], dependency[count], reached[count], edge_thread[count] = False, False, done, its_thread
+                    enters[count], dependency[count] = False, False
+                    reached[count], edge_thread[count] = done, its_thread
                     count += 1
                 if depth == 0:
                     last, last_top = -1, end[done]
@@ -210,8 +211,8 @@ def load() -> None:
         compiled_kahn(one, one, one, one, one[:0], one.copy())
         compiled_nest = numba.njit(cache=True, nogil=True)(nest)
         flag = np.zeros(1, dtype=np.bool_)
-        compiled_nest(one, one, one, one, flag, one, one, 0, 3, one.copy(), one.copy(),
-                      (one.copy(), one.copy(), one.copy(), one.copy(), flag.copy(), flag.copy(), one.copy(), one.copy()))
+        edges = tuple(one.copy() for _ in range(4)) + (flag.copy(), flag.copy(), one.copy(), one.copy())
+        compiled_nest(one, one, one, one, flag, one, one, 0, 3, one.copy(), one.copy(), edges)
     except Exception:  # (ImportError, numba's errors: an accelerator, not a result)
         return
     _compiled, _compiled_trace, _compiled_kahn, _compiled_nest = compiled, compiled_trace, compiled_kahn, compiled_nest
