@@ -411,8 +411,8 @@ def test_the_walk_in_arrays_equals_the_walk_in_order(dataset, ingested, monkeypa
 @pytest.mark.parametrize("dataset", ["hta_trace_filter", "torch_pipeline_1f1b_2stage", "tracelens_b200_eager"])
 def test_the_compiled_order_and_nesting_build_the_graphs_of_the_arrays(dataset, ingested, monkeypatch):
     """Once `findings` has loaded numba, each graph's Kahn order where edges lead back (longest_path.kahn, else
-    critical_path._taken) and the host's edges (longest_path.nest, else _nesting in arrays and _host_stack where a
-    thread's events do not nest) are compiled loops: every step's HTA graph and replay graph of HTA's two-rank
+    critical_path._taken) and the host's edges (longest_path.nest, else _nesting in arrays, and nest in Python
+    where a thread's events do not nest) are compiled loops: every step's HTA graph and replay graph of HTA's two-rank
     sample, a pipeline's stages (threads whose events do not nest) and a B200 step are the same plan, edge for
     edge, both ways."""
     from tracesql import critical_path, longest_path

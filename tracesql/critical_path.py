@@ -56,7 +56,7 @@ nodes have one edge leading to them and lie at a fixed offset from the last node
 in any order, so the result is the one-by-one walk's, bit for bit. What stays a loop of Python: the longest path
 of fractional weights (one relaxation per edge, in the walk's order: float sums in another order round
 otherwise), the edges into nodes several edges lead to, the few stretches of Kahn's order where an edge leads to
-an earlier node (_taken), a thread whose events do not nest (_host_stack), and the syncs. `tracesql findings`,
+an earlier node (_taken), a thread whose events do not nest (longest_path.nest), and the syncs. `tracesql findings`,
 which walks every step a dozen times, loads the relaxation compiled (tracesql/longest_path.py) and walks every
 longest path one edge at a time with it: the same results, 50 times faster.
 """
@@ -287,10 +287,9 @@ class _Shape:
         shape.start, shape.end, shape.thread = self.start[rows], self.end[rows], self.thread[rows]
         shape.host = None
         if self.host is not None:
-            (src, dst, kind, owner, enters, dependency, reached, edge_thread), threads = self.host
+            (src, dst, kind, owner, enters, dependency, reached, edge_thread), stacked = self.host
             shape.host = ((src, dst, kind, np.where(owner >= 0, number[owner], -1), enters, dependency,
-                           number[reached], edge_thread),
-                          [None if these is None else number[these].tolist() for these in threads])
+                           number[reached], edge_thread), stacked)
         return shape
 
 
@@ -312,37 +311,25 @@ _latest_shape = threading.local()
 def _host(g: Graph, ev: dict, shape: _Shape, replay: bool) -> None:
     """The host's edges (_nesting's), each weighing its time but a waiting call's last piece (its wait is the
     device's; the replay's waiting calls are its blocked launches too) and a dependency."""
-    role = ev["role"]
-    waits = np.isin(role, [BLOCKING_OP, BLOCKED_LAUNCH] if replay else [BLOCKING_OP])
-    if shape.host is None:
-        return
-    (src, dst, kind, owner, enters, dependency, reached, edge_thread), threads = shape.host
-    columns = (src, dst, kind, owner, np.where(enters, ~dependency, ~waits[reached]))
-    if not threads:
-        g.edges(*columns)
-        return
-    lists = (ev["ts"].tolist(), (ev["ts"] + ev["dur"]).tolist(), ((role >= OP) & (role <= BLOCKED_LAUNCH)).tolist(),
-             waits.tolist(), shape.start.tolist(), shape.end.tolist())
-    for t, rows in enumerate(threads):  # (thread by thread, in order)
-        if rows is not None:
-            _host_stack(g, rows, *lists)
-        else:
-            lo, hi = np.searchsorted(edge_thread, [t, t + 1])
-            g.edges(*(values[lo:hi] for values in columns))
+    waits = np.isin(ev["role"], [BLOCKING_OP, BLOCKED_LAUNCH] if replay else [BLOCKING_OP])
+    if shape.host is not None:
+        (src, dst, kind, owner, enters, dependency, reached, _), _ = shape.host
+        g.edges(src, dst, kind, owner, np.where(enters, ~dependency, ~waits[reached]))
 
 
 def _nesting(ev: dict, start: np.ndarray, end: np.ndarray, thread: np.ndarray) -> tuple | None:
     """The host's edges, thread by thread (in the order they show): the columns of those of the threads whose
     events nest (src, dst, kind, owner; to weigh them: whether the edge enters an op, whether it is a dependency,
-    the event whose node it reaches; and its thread), and, if some thread's events do not nest, per thread its
-    events in nesting order where they do not (for _host_stack), else None; None without host events. The
+    the event whose node it reaches; and its thread), and the threads whose events do not nest; None without host
+    events. The
     events of a thread, ops and ranges, in nesting order (by start, the longer first; an event that starts as
     another ends follows it) are entered and left as a stack does: before an event is entered, those on top of
     the stack that ended by its start are left.
     Where each event ends within the one it was entered in, that is a sort of the entries and exits (an event is
     left before the first event that starts at or after its end is entered, the inner first), done in arrays; a
-    thread where one does not (a child that ends after its parent: rounding) is walked as a stack (_host_stack).
-    Between two ops entered or left one after the other lies an edge (as _host_stack says)."""
+    thread where one does not (a child that ends after its parent: rounding) is walked as a stack
+    (longest_path.nest, which says what the edges are: between two ops entered or left one after the other), and
+    every thread is, once `tracesql findings` has compiled it."""
     role = ev["role"]
     host = np.flatnonzero(thread >= 0)
     host = host[np.lexsort((ev["id"][host], -ev["dur"][host], ev["ts"][host], thread[host]))]
@@ -351,11 +338,7 @@ def _nesting(ev: dict, start: np.ndarray, end: np.ndarray, thread: np.ndarray) -
         return None
     nest = longest_path.compiled_nest()
     if nest is not None:  # (compiled, once `tracesql findings` has loaded it: every thread walked as a stack)
-        edges = tuple(np.empty(2 * n, dtype=t) for t in (np.int64,) * 4 + (np.bool_,) * 2 + (np.int64,) * 2)
-        count = nest(host, thread, ev["ts"], ev["ts"] + ev["dur"], (role >= OP) & (role <= BLOCKED_LAUNCH),
-                     start, end, OP_EDGE, DEPENDENCY, np.empty(len(role), dtype=np.int64),
-                     np.empty(n, dtype=np.int64), edges)
-        return tuple(column[:count] for column in edges), []
+        return _stack_edges(nest, host, ev, start, end, thread), []
     host_thread, ts = thread[host], ev["ts"][host]
     ends = ts + ev["dur"][host]
     first = np.flatnonzero(np.concatenate([[True], host_thread[1:] != host_thread[:-1]]))
@@ -403,52 +386,26 @@ def _nesting(ev: dict, start: np.ndarray, end: np.ndarray, thread: np.ndarray) -
     edges = edges[~stacked[visit_thread[edges]]]
     columns = (node[a][edges], node[b][edges], np.where(dependency, DEPENDENCY, OP_EDGE)[edges], owner[edges],
                entered[b][edges], dependency[edges], event[b][edges], visit_thread[edges])
-    return columns, ([host[a:b].tolist() if is_stacked else None
-                      for is_stacked, a, b in zip(stacked.tolist(), first.tolist(), last.tolist())]
-                     if stacked.any() else [])
+    if not stacked.any():
+        return columns, []
+    # the threads whose events do not nest, walked as a stack (longest_path.nest, here in Python: a few threads),
+    # their edges among the others' thread by thread
+    walked = _stack_edges(longest_path.nest, np.concatenate(
+        [host[a:b] for is_stacked, a, b in zip(stacked.tolist(), first.tolist(), last.tolist()) if is_stacked]),
+        ev, start, end, thread)
+    columns = tuple(np.concatenate(pair) for pair in zip(columns, walked))
+    order = np.argsort(columns[-1], kind="stable")
+    return tuple(column[order] for column in columns), np.flatnonzero(stacked).tolist()
 
 
-def _host_stack(g: Graph, rows: list, ts: list, ends: list, is_op: list, waits: list, start: list, end: list) -> None:
-    """One thread's host edges (rows: its events in nesting order), walked as a stack: the ops entered and left,
-    each op's pieces (an op's start to the start of its first child op, one child's end to the next child's start,
-    the last child's end to the op's end; the piece belongs to the op it lies in, between two children to the
-    children's enclosing range, an op or an annotation; a waiting call's last piece weighs 0: the wait is the
-    device's), and the end of one top-level op to the start of the next (a dependency, weighing 0)."""
-    src, dst, kind, owner, weighs = g.pending
-    parent = {}
-    stack: list[int] = []
-    last = last_top = -1  # the node last entered or left (-1: none, at the top level), the end of the last top-level op
-    last_event, last_started = -1, False  # its event, whether it is its start
-    enclosing = -1  # the enclosing range of the op last entered or left
-    depth = 0
-    for i in rows + [-1]:  # (a last row of none leaves every op)
-        while stack and (i < 0 or ends[stack[-1]] <= ts[i]):
-            done = stack.pop()
-            if not is_op[done]:
-                continue
-            # leaving an op: the piece up to its end is its own, or of the op whose start it leaves
-            depth -= 1
-            if last >= 0:
-                src.append(last), dst.append(end[done]), kind.append(OP_EDGE)
-                owner.append(last_event if last_started else done), weighs.append(not waits[done])
-            if depth == 0:
-                last, last_top = -1, end[done]
-            else:
-                last, last_event, last_started, enclosing = end[done], done, False, parent[done]
-        if i < 0:
-            break
-        parent[i] = stack[-1] if stack else -1
-        stack.append(i)
-        if not is_op[i]:
-            continue
-        if depth == 0 and last_top >= 0:  # the host time between two top-level ops: their range's
-            src.append(last_top), dst.append(start[i]), kind.append(DEPENDENCY), owner.append(parent[i])
-            weighs.append(False)
-        depth += 1
-        if last >= 0:  # the piece from the last node: of the op it starts, else between two ops of their range
-            src.append(last), dst.append(start[i]), kind.append(OP_EDGE)
-            owner.append(last_event if last_started else enclosing), weighs.append(True)
-        last, last_event, last_started, enclosing = start[i], i, True, parent[i]
+def _stack_edges(nest, host: np.ndarray, ev: dict, start: np.ndarray, end: np.ndarray, thread: np.ndarray) -> tuple:
+    """_nesting's columns of the threads of the host rows `host` (in nesting order, thread by thread), each
+    walked as a stack by `nest` (longest_path.nest, compiled or not)."""
+    role = ev["role"]
+    edges = tuple(np.empty(2 * len(host), dtype=t) for t in (np.int64,) * 4 + (np.bool_,) * 2 + (np.int64,) * 2)
+    count = nest(host, thread, ev["ts"], ev["ts"] + ev["dur"], (role >= OP) & (role <= BLOCKED_LAUNCH), start, end,
+                 OP_EDGE, DEPENDENCY, np.empty(len(role), dtype=np.int64), np.empty(len(host), dtype=np.int64), edges)
+    return tuple(column[:count] for column in edges)
 
 
 def _index(ev: dict, *ids: np.ndarray) -> list[np.ndarray]:

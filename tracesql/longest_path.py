@@ -133,12 +133,16 @@ def kahn(nodes, position, src, dst, stops, taken) -> int:
 
 
 def nest(host, thread, ts, ends, is_op, start, end, op_edge, dependency_edge, parent, stack, edges) -> int:
-    """The host's edges, thread by thread, as critical_path._host_stack walks one thread's events (`host`: the host
-    events' rows in nesting order, by thread, then start, the longer first; thread, ts, ends, is_op, start and
-    end: per event row), into the columns of `edges` (src, dst, kind, owner; whether the edge enters an op,
-    whether it is a dependency, the event whose node it reaches; its thread: critical_path._nesting's); how
-    many. parent and stack: room for a row each. (critical_path._nesting does it in arrays where a thread's
-    events nest, _host_stack in Python where they do not: 4 ms a graph of the 24x tile, ~0.2 ms here.)"""
+    """The host's edges, thread by thread, each thread's events walked as a stack (`host`: the host events' rows in
+    nesting order, by thread, then start, the longer first; thread, ts, ends, is_op, start and end: per event
+    row), into the columns of `edges` (src, dst, kind, owner; whether the edge enters an op, whether it is a
+    dependency, the event whose node it reaches; its thread: critical_path._nesting's); how many. parent and
+    stack: room for a row each. The ops are entered and left: each op's pieces (its start to the start of its
+    first child op, one child's end to the next child's start, the last child's end to its end; a piece belongs
+    to the op it lies in, between two children to their enclosing range, an op or an annotation), and the end of
+    one top-level op to the start of the next (a dependency, their range's). critical_path._nesting runs it in
+    Python for the few threads whose events do not nest and does the others in arrays; compiled (`tracesql
+    findings`), it walks every thread: 4 ms a graph of the 24x tile in arrays, ~0.2 ms here."""
     src, dst, kind, owner, enters, dependency, reached, edge_thread = edges
     count, k, n = 0, 0, len(host)
     while k < n:
@@ -147,7 +151,9 @@ def nest(host, thread, ts, ends, is_op, start, end, op_edge, dependency_edge, pa
         while j < n and thread[host[j]] == its_thread:
             j += 1
         size = depth = 0
-        last = last_top = last_event = enclosing = -1  # (as _host_stack's)
+        # the node last entered or left (-1: none, at the top level), the end of the last top-level op, its
+        # event, the enclosing range of the op last entered or left
+        last = last_top = last_event = enclosing = -1
         last_started = False
         for q in range(k, j + 1):
             i = host[q] if q < j else -1  # (a last row of none leaves every op)
