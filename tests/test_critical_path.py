@@ -441,6 +441,52 @@ def test_the_compiled_order_and_nesting_build_the_graphs_of_the_arrays(dataset, 
     assert ordered and (stacked or dataset != "torch_pipeline_1f1b_2stage")
 
 
+@pytest.mark.parametrize("dataset", ["hta_trace_filter", "torch_gloo_4rank_straggler"])
+def test_the_compiled_weights_and_the_kept_arrays_price_the_changes_as_the_arrays_do(dataset, ingested, monkeypatch):
+    """`findings` prices its changes with each replay's weights and checks (whole, none longer than unchanged)
+    made in one compiled pass (longest_path.weigh) and the lists' events read once, kept by walk_ahead for
+    replay_lengths (_rows' keep and arrays): on every step of HTA's two-rank sample and four gloo ranks with a
+    straggler, with the changes the rules make (ops faster by 40 % and 100 %, communication hidden, no launch
+    overhead, no synchronisations, the straggler at the median), the weights are the arrays' bit for bit, the
+    checks the same, and replay_lengths' predictions the same as from lists read again."""
+    from tracesql import critical_path, findings, longest_path
+
+    longest_path.load()
+    weigh = longest_path.compiled_weigh()
+    assert weigh is not None
+    con = tracesql.connect(ingested(DATASETS / dataset))
+    lists = con.sql("FROM critical_path_event_lists()").to_arrow_table()
+    changes = [("^aten::", 40.0, 0, 0), ("^aten::", 100.0, 0, 0), (None, None, 1, 0), (None, None, 0, 0),
+               (None, None, 0, 1)]
+    events = critical_path.ListedEvents(lists.column("events"))
+    each = [critical_path.change_scales(events, *change)[0] for change in changes]
+    each.append(critical_path.change_scales(events, None, None, 0, 0, *findings._Scales(con, lists)._stragglers())[0])
+    scales = [list(its) for its in zip(*each)]
+    gaps = [1.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+    kept: list = []
+    for _ in critical_path._steps(lists, keep=kept):
+        pass
+    read, from_kept = (list(critical_path._steps(lists, scales, arrays=arrays)) for arrays in (None, kept))
+    fractional = 0
+    for (_, _, ev, spans), (_, _, ev_kept, _) in zip(read, from_kept, strict=True):
+        assert ev.keys() == ev_kept.keys() and all(np.array_equal(ev[k], ev_kept[k], equal_nan=True) for k in ev)
+        for change, gaps_scale in enumerate(gaps):
+            changed = {name: values for name, values in ev.items() if name != "change_scales"}
+            changed["scale"] = ev["change_scales"][:, change]
+            plan = critical_path._plan(changed, spans, gaps_scale, critical_path._digest(spans, changed))
+            monkeypatch.setattr(longest_path, "_compiled_weigh", None)
+            in_arrays = plan._weighed(changed["scale"], gaps_scale)
+            monkeypatch.setattr(longest_path, "_compiled_weigh", weigh)
+            compiled = plan._weighed(changed["scale"], gaps_scale)
+            assert np.array_equal(in_arrays[0], compiled[0]) and in_arrays[1:] == compiled[1:]
+            fractional += not compiled[1]
+    assert fractional > 0
+    predicted = [critical_path.replay_lengths(lists, scales, gaps, arrays) for arrays in (None, kept)]
+    for shared in predicted:
+        shared.work()
+    assert predicted[0].result().equals(predicted[1].result()) and predicted[0].result().num_rows > 0
+
+
 def test_the_compiled_order_takes_the_nodes_kahns_way_on_any_graph(monkeypatch):
     """longest_path.kahn takes the nodes of a graph where edges lead back, and where some lie on cycles (never
     taken, nor what waits on them), in critical_path._taken's order: random graphs of 2 to 200 nodes."""
@@ -491,12 +537,12 @@ def test_without_numba_the_walks_stay_in_python(monkeypatch):
 
     from tracesql import longest_path
 
-    for name in ("_compiled", "_compiled_trace", "_compiled_kahn", "_compiled_nest"):
+    for name in ("_compiled", "_compiled_trace", "_compiled_kahn", "_compiled_nest", "_compiled_weigh"):
         monkeypatch.setattr(longest_path, name, None)
     monkeypatch.setitem(sys.modules, "numba", None)  # (import numba raises ImportError)
     longest_path.load()
     assert {longest_path.compiled(), longest_path.compiled_trace(), longest_path.compiled_kahn(),
-            longest_path.compiled_nest()} == {None}
+            longest_path.compiled_nest(), longest_path.compiled_weigh()} == {None}
 
 
 def test_the_unchanged_replay_of_a_what_if_ignores_its_changes(ingested):

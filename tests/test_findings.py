@@ -156,19 +156,28 @@ def test_what_ifs_priced_before_the_rules_are_those_their_arguments_allow(ingest
 
 def test_findings_give_the_walks_a_core_and_leave_the_threads_as_they_were(ingested, monkeypatch):
     """While the walks run beside its SQL, `findings` runs DuckDB on one thread fewer (one of two, three of four;
-    never none), and leaves the connection with the threads it had."""
-    from tracesql import critical_path
+    never none): from the walks ahead on, through the first statements of the rules that price without the paths;
+    the first statements of those that read them (host_op, idle_bubbles: the first changes' walks end before
+    they do) on all of them. It leaves the connection with the threads it had."""
+    from tracesql import critical_path, queries
 
     con = tracesql.connect(ingested(TRACE_FILTER))
-    seen = []
-    walk = critical_path.walk_ahead
-    monkeypatch.setattr(critical_path, "walk_ahead", lambda lists: seen.append(
-        con.execute("SELECT current_setting('threads')").fetchone()[0]) or walk(lists))
-    for threads in (4, 2, 1):
-        con.execute(f"SET threads = {threads}")
+    seen, first = [], {}
+
+    def threads():
+        return con.execute("SELECT current_setting('threads')").fetchone()[0]
+
+    walk, prepare = critical_path.walk_ahead, queries.prepare
+    monkeypatch.setattr(critical_path, "walk_ahead", lambda *a: seen.append(threads()) or walk(*a))
+    monkeypatch.setattr(queries, "prepare", lambda con, rule, *a: first.setdefault(rule.name, []).append(
+        threads()) or prepare(con, rule, *a))
+    for count in (4, 2, 1):
+        con.execute(f"SET threads = {count}")
         findings.run(con, "RUN").fetchall()
-        assert con.execute("SELECT current_setting('threads')").fetchone()[0] == threads
+        assert threads() == count
     assert seen == [3, 1, 1]
+    assert first["straggler"] == first["host_sync"] == [3, 1, 1]
+    assert first["host_op"] == first["idle_bubbles"] == [4, 2, 1]
 
 
 def test_the_event_source_of_findings_reads_its_lists_for_the_default_windows_only(ingested):

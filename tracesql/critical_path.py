@@ -172,6 +172,14 @@ def _int64s(column: pa.Array) -> np.ndarray:
     return np.where(valid, np.frombuffer(data, dtype=np.int64)[start:start + count], NULL)
 
 
+def _of(codes: np.ndarray, some, count: int) -> np.ndarray:
+    """Per code (0 to count - 1, or -1: none), whether it is one of `some` (np.isin's sort took ~0.2 ms an array of
+    a 24x window)."""
+    table = np.zeros(count + 1, dtype=bool)  # (-1 reads the last: none)
+    table[list(some)] = True
+    return table[codes]
+
+
 def _role_codes(roles: pa.Array) -> np.ndarray:
     """The roles (strings) as codes (ROLES; -1: none of them)."""
     roles = roles.dictionary_encode()
@@ -311,7 +319,7 @@ _latest_shape = threading.local()
 def _host(g: Graph, ev: dict, shape: _Shape, replay: bool) -> None:
     """The host's edges (_nesting's), each weighing its time but a waiting call's last piece (its wait is the
     device's; the replay's waiting calls are its blocked launches too) and a dependency."""
-    waits = np.isin(ev["role"], [BLOCKING_OP, BLOCKED_LAUNCH] if replay else [BLOCKING_OP])
+    waits = _of(ev["role"], [BLOCKING_OP, BLOCKED_LAUNCH] if replay else [BLOCKING_OP], len(ROLES))
     if shape.host is not None:
         (src, dst, kind, owner, enters, dependency, reached, _), _ = shape.host
         g.edges(src, dst, kind, owner, np.where(enters, ~dependency, ~waits[reached]))
@@ -524,9 +532,9 @@ def _binding(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     none): of its contested edges, the one whose source came last (of those as late, the first)."""
     kind, dst, src = g.kind, g.dst, g.src
     ts = g.ts
-    contested = (np.isin(kind, (LAUNCH, KERNEL_GAP, SYNC, COLLECTIVE))
-                 | ((kind == OP_EDGE) & (~g.weighs | np.isin(dst, list(g.completions))))
-                 | ((kind == WINDOW) & np.isin(dst, list(g.rank_ends))))
+    contested = (_of(kind, (LAUNCH, KERNEL_GAP, SYNC, COLLECTIVE), len(KINDS))
+                 | ((kind == OP_EDGE) & (~g.weighs | _of(dst, list(g.completions), len(ts))))
+                 | ((kind == WINDOW) & _of(dst, list(g.rank_ends), len(ts))))
     edges = np.flatnonzero(contested)
     # per node, its contested edges by their source's time, the latest first, then by index: the first of each node
     edges = edges[np.lexsort((edges, -ts[src[edges]], dst[edges]))]
@@ -682,10 +690,7 @@ class Plan:
             return np.where(self.weighs, np.maximum(time, 0), 0.0)
         if gaps_scale is None:
             return np.where(self.held, time, 0.0)
-        scale = np.array(scales, dtype=np.float64)  # (a missing scale, None or NaN: 1)
-        if self.keep is not None:
-            scale = scale[self.keep]
-        scale = np.where(np.isnan(scale), 1.0, scale)
+        scale = self._scale(scales)
         kind = self.kind  # gaps scale by gaps_scale, an event's pieces and its collectives' edges by its scale
         changed = np.where((kind == LAUNCH) | (kind == KERNEL_GAP), time * gaps_scale,
                            np.where((kind == OP_EDGE) | (kind == COLLECTIVE), time * scale[self.owner], time))
@@ -734,14 +739,12 @@ class Plan:
         and the unchanged path of each rank is as long as before, so each rank's longest path is as long (ties
         between paths decide which path, not its length). `findings` on the 24x tile: 480 of its 1,320 walks
         (11 changes x 120 steps) were so, 0.3 CPU-s in all (a walk there: 6.6 ms)."""
-        weight = np.zeros(0) if self.empty else self.weights(scales, gaps_scale)
-        if self.unchanged is not None:
+        weight, whole, none_longer = self._weighed(scales, gaps_scale)
+        if self.unchanged is not None and whole and none_longer:
             path, lengths = self.unchanged
-            unchanged = self.weights(scales, None)
-            if ((weight[path] == unchanged[path]).all() and (weight <= unchanged).all()
-                    and (weight == np.rint(weight)).all()):
+            if (weight[path] == np.where(self.held[path], self.time[path], 0)).all():
                 return dict(lengths)
-        if not self.empty and self._whole(weight):
+        if not self.empty and whole:
             # a path of whole weights is as long as the distance to its end (it starts where nothing leads, at
             # 0): no need to list its edges (_ways, 2 of a walk's 7 ms at 24x), unless a rank's is 0 or less (it
             # may have no segment: left out)
@@ -749,6 +752,27 @@ class Plan:
             if (reached > 0).all():
                 return dict(zip(self.ends, reached.tolist()))
         return _lengths(self._columns(weight))
+
+    def _weighed(self, scales, gaps_scale: float) -> tuple[np.ndarray, bool, bool]:
+        """The replay's weights with these scales and gaps_scale (weights), whether they are whole (_whole) and
+        whether none is above its unchanged weight; compiled (longest_path.weigh) once `findings` has loaded it."""
+        if self.empty:
+            return np.zeros(0), True, True
+        weigh = longest_path.compiled_weigh()
+        if weigh is None:
+            weight = self.weights(scales, gaps_scale)
+            return weight, self._whole(weight), bool((weight <= self.weights(scales, None)).all())
+        weight = np.empty(len(self.time))
+        whole, none_longer, total = weigh(self.time, self.kind, self.owner, self.held, self._scale(scales),
+                                          float(gaps_scale), SCALED_KINDS, GAP_KINDS, weight)
+        return weight, whole and total < EXACT_SUM, none_longer
+
+    def _scale(self, scales) -> np.ndarray:
+        """Each event's scale of this plan's events (a missing one, None or NaN: 1)."""
+        scale = np.array(scales, dtype=np.float64)
+        if self.keep is not None:
+            scale = scale[self.keep]
+        return np.where(np.isnan(scale), 1.0, scale)
 
     def _longest(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The edges of each path (HTA's: the longest of all; the replay's: each rank's) with these weights, in
@@ -889,6 +913,9 @@ def _lengths(columns: dict[str, np.ndarray]) -> dict[int, int]:
 #: whole-number weights are walked in arrays while every path is shorter than this (sums of whole numbers are exact
 #: in any order below 2**53, the loop's float sums as the arrays' int64 ones)
 EXACT_SUM = 2.0 ** 52
+#: per edge kind (KINDS), whether the replay scales it by its event's scale, and whether by gaps_scale (weights)
+SCALED_KINDS = np.isin(np.arange(len(KINDS)), [OP_EDGE, COLLECTIVE])
+GAP_KINDS = np.isin(np.arange(len(KINDS)), [LAUNCH, KERNEL_GAP])
 #: the distance of a node several edges lead to before the first is relaxed (below any path's length)
 UNREACHED = -(2 ** 62)
 
@@ -975,6 +1002,8 @@ def _collectives(g: Graph, ev: dict, start: np.ndarray, end: np.ndarray) -> None
     # instance -> rank -> (arrival, completion): each a (time, node) of its earliest start and latest end
     calls: dict[int, dict[int, tuple[tuple[int, int], tuple[int, int]]]] = {}
     rows = np.flatnonzero((ev["role"] == COMMUNICATION) & (ev["collective"] != NULL))
+    if not len(rows) or (ev["rank"][rows] == ev["rank"][rows[0]]).all():
+        return  # (one rank's calls wait for no other's: 1.4 ms a replay of a 24x step, read here one by one)
     for key, rank, first, first_ts, last, last_ts in zip(
             ev["collective"][rows].tolist(), ev["rank"][rows].tolist(), start[rows].tolist(),
             g.ts[start[rows]].tolist(), end[rows].tolist(), g.ts[end[rows]].tolist()):
@@ -1194,10 +1223,10 @@ def change_scales(events: ListedEvents | pa.Array | pa.ChunkedArray, faster: str
     for chunk in listed.chunks:
         offsets, role = chunk.offsets, chunk.role
         scale = np.full(len(role), np.nan)
-        decided = np.isin(role, SYNC_CODES)
+        decided = _of(role, SYNC_CODES, len(ROLES))
         if remove_syncs == 1:
             scale[decided] = 0
-        kernel = np.isin(role, [DEVICE, COMMUNICATION])
+        kernel = _of(role, [DEVICE, COMMUNICATION], len(ROLES))
         if hide_communication == 1:
             _decide(scale, decided, role == COMMUNICATION, 0)
         if remove_syncs == 1:
@@ -1263,7 +1292,8 @@ def event_scales(events, faster, faster_pct, hide_communication, remove_syncs, s
                                       mask=pa.array(~valid))
 
 
-def replay_lengths(lists: pa.Table, scales: list[list[np.ndarray]], gaps_scales: list[float]) -> Shared:
+def replay_lengths(lists: pa.Table, scales: list[list[np.ndarray]], gaps_scales: list[float],
+                   arrays: list | None = None) -> Shared:
     """Each change's predicted time of every window of `lists` (`tracesql findings`: its rules' changes priced at
     once): critical_path_event_lists' rows (no change made a range an op); scales: per row of `lists`, each
     change's scales of its events (change_scales', NaN: none); gaps_scales: each change's. Each
@@ -1272,8 +1302,9 @@ def replay_lengths(lists: pa.Table, scales: list[list[np.ndarray]], gaps_scales:
     change a length (Plan.lengths), step by step in the threads that work on it (Shared: `findings` walks them
     in a thread while DuckDB runs SQL, then on both). Its result: per change (its number in gaps_scales) and
     window with a path, run_id, rank, window_name, instance and predicted_ns, the rank's path length from the
-    step's earliest window start less its own start's offset."""
-    return Shared(_steps(lists, scales), functools.partial(_step_lengths, gaps_scales=gaps_scales),
+    step's earliest window start less its own start's offset. arrays: the lists' events as walk_ahead read them
+    (its `keep`), not read again."""
+    return Shared(_steps(lists, scales, arrays=arrays), functools.partial(_step_lengths, gaps_scales=gaps_scales),
                   lambda steps: pa.Table.from_pylist([row for rows in steps for row in rows], schema=PREDICTED_SCHEMA))
 
 
@@ -1323,15 +1354,16 @@ class Shared:
         return self._combine([self._done[i] for i in range(len(self._done))])
 
 
-def walk_ahead(lists: pa.Table) -> Shared:
+def walk_ahead(lists: pa.Table, keep: list | None = None) -> Shared:
     """Walk each window's HTA path and each step's unchanged replay of critical_path_event_lists' rows (`lists`,
     with their walk_key), each as the what_if macro's critical_path_walk call of it will ask (_steps), kept too
     (_WALKED, with the replays' plans, _PLANS), step by step in the threads that work on it (Shared).
     `tracesql findings` runs this in a thread while DuckDB runs the rules' first statements: the walks (Python,
     on one core) then overlap that SQL (on the other), and what_if finds them walked (walked_ahead). Its result:
     the HTA paths as step_critical_paths' rows (run_id, rank, instance, s) and the walks by the keys
-    critical_path_replay_lengths and critical_path_walked_ahead find them by (_walk_key)."""
-    return Shared(_steps(lists), _walk_step_ahead, _walked_ahead)
+    critical_path_replay_lengths and critical_path_walked_ahead find them by (_walk_key). keep: a list the
+    lists' events are kept in as they are read (_rows), for replay_lengths."""
+    return Shared(_steps(lists, keep=keep), _walk_step_ahead, _walked_ahead)
 
 
 def _walk_step_ahead(step) -> tuple[list, dict]:
@@ -1366,15 +1398,17 @@ _PATHS_SCHEMA = pa.schema([("run_id", pa.dictionary(pa.int32(), pa.string())), (
                            ("instance", pa.int32()), ("s", SEGMENT_TYPE.value_type)])
 
 
-def _steps(lists: pa.Table, scales: list[list[np.ndarray]] | None = None):
+def _steps(lists: pa.Table, scales: list[list[np.ndarray]] | None = None, arrays: list | None = None,
+           keep: list | None = None):
     """Per step of critical_path_event_lists' rows (`lists`: run_id, rank, window_name, instance, step, window_ts,
-    window_te, events, walk_key; scales: replay_lengths', _rows' change_scales), as the what_if macro replays it:
+    window_te, events, walk_key; scales: replay_lengths', _rows' change_scales; arrays, keep: _rows'), as the
+    what_if macro replays it:
     its windows' rows (dicts but events), their events (_rows' arrays), the events of the replay (one rank's, or
     the step's ranks' together, in (rank, id) order) and its windows by rank (spans)."""
     steps: dict[tuple, list] = {}
     rows = lists.select(["run_id", "rank", "window_name", "instance", "step", "window_ts", "window_te",
                          "walk_key"]).to_pylist()
-    events = _rows(lists.column("events"), scales)
+    events = _rows(lists.column("events"), scales, arrays=arrays, keep=keep)
     for row, ev in zip(rows, events):
         if ev is not None:
             step = row["instance"] if row["step"] is None else row["step"]
@@ -1402,37 +1436,56 @@ def _walk_one(ev: dict, spans: list | None, gaps: float | None, graph) -> pa.Arr
 
 
 def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[np.ndarray]] | None = None,
-          skip: list[bool] | None = None):
+          skip: list[bool] | None = None, arrays: list | None = None, keep: list | None = None):
     """Each row's events (None where NULL) as the graph's arrays (_arrays), chunk by chunk, each from a slice of
     its chunk's events (offsets index them): one column at a time, far quicker than dicts, and a run's every
     window is never in Python objects at once. (Combining the chunks first copied every event of the call: 14 % of
     findings' time at 24×.) scales (replay_lengths'): per row, each change's scales of its events, added as
     change_scales, one column per change (NaN: none), in the events' order. skip: per row, whether it is
-    yielded as None, not read (its walk is found already)."""
+    yielded as None, not read (its walk is found already). keep: a list each row's arrays are appended to, with
+    the order they were taken in from the list (None: its own), for a later call to take as `arrays` instead of
+    reading `events` again (`tracesql findings` reads its lists in walk_ahead, then in replay_lengths for each
+    batch of changes: 0.45 CPU-s a read at 24x, most of it ordering the events)."""
+    if arrays is not None:
+        for row, (ev, order) in enumerate(arrays):
+            if ev is not None and scales is not None:
+                change_scales = np.column_stack(scales[row])
+                ev = ev | {"change_scales": change_scales if order is None else change_scales[order]}
+            yield ev
+        return
     row = 0
     for chunk in events.chunks if isinstance(events, pa.ChunkedArray) else [events]:
         flat, offsets, valid = chunk.values, chunk.offsets.to_pylist(), chunk.is_valid().to_pylist()
         for i, is_valid in enumerate(valid):
             if not is_valid or (skip is not None and skip[row]):
-                yield None
+                ev = order = None
             else:
                 ev = _arrays(flat.slice(offsets[i], offsets[i + 1] - offsets[i]))
                 if scales is not None:
                     ev["change_scales"] = np.column_stack(scales[row])
-                yield _in_order(ev)
+                order = _order_of(ev)
+                ev = ev if order is None else {name: values[order] for name, values in ev.items()}
+            if keep is not None:
+                keep.append((ev, order))
+            yield ev
             row += 1
 
 
 def _in_order(ev: dict) -> dict:
-    """The events by rank, then id: the order the walk breaks ties between equal paths by, whatever order the
-    list came in (SQL's list aggregates keep none unless told, at a cost; a replay's lists of several ranks come
-    in any order of the ranks)."""
+    """The events by rank, then id (_order_of)."""
+    order = _order_of(ev)
+    return ev if order is None else {name: values[order] for name, values in ev.items()}
+
+
+def _order_of(ev: dict) -> np.ndarray | None:
+    """The order of the events by rank, then id (None: in it already): the order the walk breaks ties between
+    equal paths by, whatever order the list came in (SQL's list aggregates keep none unless told, at a cost; a
+    replay's lists of several ranks come in any order of the ranks)."""
     rank, event_id = ev["rank"], ev["id"]
     later_rank = rank[1:] > rank[:-1]
     if (later_rank | ((rank[1:] == rank[:-1]) & (event_id[1:] >= event_id[:-1]))).all():
-        return ev  # (in order already, as the lists nearly always come: no sort)
-    order = np.lexsort((event_id, rank))
-    return {name: values[order] for name, values in ev.items()}
+        return None
+    return np.lexsort((event_id, rank))
 
 
 def _walk_row(ev: dict, spans: list | None, gaps: float | None, graph) -> pa.Array:
@@ -1446,7 +1499,7 @@ def _walk_row(ev: dict, spans: list | None, gaps: float | None, graph) -> pa.Arr
 def _plan(ev: dict, spans: list, gaps: float | None, graph) -> Plan:
     """The plan of a replay: of the graph a step's replays share (kept, _PLANS), unless the what-if changes the
     graph itself (synchronisations removed, host calls that wait no more): then a graph of its own, walked once."""
-    if gaps is not None and ((ev["scale"] == 0) & np.isin(ev["role"], WAITING_CODES + SYNC_CODES)).any():
+    if gaps is not None and _of(ev["role"][ev["scale"] == 0], WAITING_CODES + SYNC_CODES, len(ROLES)).any():
         unchanged = _PLANS.get(graph.digest())  # (its shape is this graph's, but the syncs removed)
         return Plan(ev, spans, True, None if unchanged is None else unchanged.shape)
     return _kept(_PLANS, PLANS_SIZE, graph.digest(), lambda: Plan(ev, spans, gaps is not None))

@@ -249,24 +249,24 @@ def _in_thread(function, *args):
         thread.join()
 
 
-def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple[list[str], pa.Table, list, list[float]]:
+def _lengths_input(lists, changes: list[dict], scales: _Scales, arrays: list | None = None) -> tuple:
     """The changes of `changes` to walk, each key once (not one that changes nothing, nor one that makes a range an
     op in some step: its graph is not the unchanged one, what_if walks it), for critical_path.replay_lengths: their
     keys, the default windows' event lists (`lists`, findings_event_lists' rows), each window's scales of each one,
-    and each one's gaps scale."""
+    each one's gaps scale, and the lists' events as walk_ahead read them (`arrays`; None: read again)."""
     walked = list({c["key"]: c for c in changes
                    if not _changes_nothing(c) and not scales.of(c)[1].any()}.values())
     if not walked:
-        return [], lists, [], []
+        return [], lists, [], [], arrays
     of_change = [scales.of(change)[0] for change in walked]
     return ([c["key"] for c in walked], lists, [list(its) for its in zip(*of_change)],
-            [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in walked])
+            [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in walked], arrays)
 
 
-def _replays(keys: list[str], lists, scales: list, gaps: list[float]):
+def _replays(keys: list[str], lists, scales: list, gaps: list[float], arrays: list | None):
     """critical_path.replay_lengths of _lengths_input's (walked by the threads that call _walk), with each change's
     key: (keys, its Shared) or None."""
-    return (keys, critical_path.replay_lengths(lists, scales, gaps)) if keys else None
+    return (keys, critical_path.replay_lengths(lists, scales, gaps, arrays)) if keys else None
 
 
 def _walk(replays) -> None:
@@ -438,12 +438,13 @@ def run(con, target: str, params: dict | None = None):
         return out
 
     # (the walks' loop compiled, loaded while DuckDB computes the event lists: longest_path)
-    with _in_thread(longest_path.load), _event_lists_once(con) as lists, _core_for_walks(con):
+    with _in_thread(longest_path.load), _event_lists_once(con) as lists, _cores(con) as cores:
         scales = _Scales(con, lists)
-        walks = critical_path.walk_ahead(lists)
+        arrays: list = []  # (the lists' events as the walks ahead read them, read again by the replays)
+        walks = critical_path.walk_ahead(lists, arrays)
         with _in_thread(walks.work) as walked:
             first = prepare(first_rules)
-            first_input = _lengths_input(lists, first, scales)
+            first_input = _lengths_input(lists, first, scales, arrays)
             prepare(unpriced)
             found = last(unpriced)
             walks.work()  # (what is left of them, on this thread too: its SQL is done)
@@ -453,18 +454,21 @@ def run(con, target: str, params: dict | None = None):
             paths, ahead = walks.result()
             with critical_path.walked_ahead(ahead), _paths_once(con, paths), _unchanged_once(con, lists):
                 priced = {c["key"] for c in first}
+                cores(walking=False)  # (the first changes' walks end before these rules' first statements do)
                 later = [c for c in prepare(walking) if c["key"] not in priced]
-                later_replays = _replays(*_lengths_input(lists, later, scales))
-                del lists, first_input, paths, scales  # (what the walks read, no longer needed)
+                later_replays = _replays(*_lengths_input(lists, later, scales, arrays))
+                del lists, first_input, paths, scales, arrays  # (what the walks read, no longer needed)
                 _walk(first_replays)  # (what is left of them, on this thread too: its SQL is done)
                 first_walked()
                 lengths = [_lengths(first_replays)]
                 with _in_thread(_walk, later_replays) as later_walked:
+                    cores(walking=later_replays is not None)
                     with _priced_once(con, first, lengths):
                         found += last(first_rules, priced=True)
                     _walk(later_replays)
                     later_walked()
                     lengths.append(_lengths(later_replays))
+                cores(walking=False)
                 with _priced_once(con, changes, lengths):
                     found += last(walking, priced=True)
     order = [("saving_ns", "descending")] + [(c, "ascending") for c in ("run_id", "rank", "step", "finding")]
@@ -472,16 +476,27 @@ def run(con, target: str, params: dict | None = None):
 
 
 @contextlib.contextmanager
-def _core_for_walks(con):
-    """DuckDB on one thread fewer (at least one) while the block runs: from the event lists on, a thread of Python
-    walks beside DuckDB's SQL. (On two cores, DuckDB's two threads and the walks' one took 8 % more time and
-    7 % more CPU at 24x than one of each.)"""
+def _cores(con):
+    """DuckDB on one thread fewer (at least one) while a thread of Python walks beside its SQL: from the block's
+    start (the event lists computed: the walks ahead start), until the block says otherwise by the function it
+    gets (walking: whether a thread walks beside the SQL to come); the threads as they were when it ends. (On two
+    cores, DuckDB's two threads and the walks' one took 8 % more time and 7 % more CPU at 24x than one of each;
+    DuckDB's one thread left a core idle for ~0.5 s at 24x where its statements outlasted the walks.)"""
     (threads,) = con.execute("SELECT current_setting('threads')").fetchone()
-    con.execute(f"SET threads = {max(1, int(threads) - 1)}")
+    threads = int(threads)
+    now = [threads]
+
+    def cores(walking: bool) -> None:
+        wanted = max(1, threads - 1) if walking else threads
+        if wanted != now[0]:
+            con.execute(f"SET threads = {wanted}")
+            now[0] = wanted
+
     try:
-        yield
+        cores(walking=True)
+        yield cores
     finally:
-        con.execute(f"SET threads = {int(threads)}")
+        con.execute(f"SET threads = {threads}")
 
 
 def _walks(sql: str) -> bool:

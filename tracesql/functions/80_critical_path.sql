@@ -607,14 +607,16 @@ WITH windows AS (
             WHEN 'compute' THEN 'compute' WHEN 'communication' THEN 'communication' WHEN 'input' THEN 'input'
             WHEN 'sync' THEN 'sync' WHEN 'memory_copy' THEN 'memory_copy' ELSE 'host_launch' END AS cause,
         sum(dur_ns) AS dur_ns
-    FROM (SELECT w.run_id, w.rank, w.window_name, w.instance, w.s.edge, e.kind, e.name,
+    FROM (SELECT w.run_id, w.rank, w.window_name, w.instance, w.edge, e.kind, e.name,
               CASE WHEN COALESCE(getvariable('tracesql_classes_stored'), false)
                    THEN CASE WHEN e.kind IN ('kernel', 'memcpy', 'memset') THEN e.class END ELSE d.class END AS class,
-              sum(w.s.dur_ns) AS dur_ns
-          FROM paths w
-          LEFT JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.s.event_id
+              sum(w.dur_ns) AS dur_ns
+          FROM (SELECT run_id, rank, window_name, instance, s.edge AS edge, s.event_id AS event_id,
+                       sum(s.dur_ns) AS dur_ns
+                FROM paths GROUP BY ALL) w
+          LEFT JOIN slices e ON e.run_id = w.run_id AND e.rank = w.rank AND e.slice_id = w.event_id
           LEFT JOIN (SELECT * FROM device_activity() WHERE NOT COALESCE(getvariable('tracesql_classes_stored'), false)) d
-            ON d.run_id = w.run_id AND d.rank = w.rank AND d.slice_id = w.s.event_id
+            ON d.run_id = w.run_id AND d.rank = w.rank AND d.slice_id = w.event_id
           GROUP BY ALL)
     GROUP BY ALL
 ), shares AS (
