@@ -292,12 +292,18 @@ def findings(target, params, fmt, columns, output):
     """
     import shlex
 
+    import threading
+
     from . import engine as duckdb_engine
     from . import findings as rules
+    from . import longest_path
 
     params = rules.check(_parse_params(params))  # before the target is opened
     check_output(output)
     picked = _show().parse_columns(columns)
+    # (the walks' compiled loops loaded while the run is opened, which keeps one core busy, not beside the event
+    # lists' SQL, on two: rules.run waits for them)
+    threading.Thread(target=longest_path.load, name="tracesql-load", daemon=True).start()
     rows, deliver = duckdb_engine.on_fresh_connection(
         target, lambda con: _prepare(rules.run(con, shlex.quote(str(target)), params), fmt, output, picked),
         names=rules.names_used())

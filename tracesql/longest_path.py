@@ -17,6 +17,8 @@ numba and reading the compiled code from its disk cache takes ~0.5 s, a fifth of
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 
@@ -225,6 +227,11 @@ def load() -> None:
     walks give (weights in int64 and float64) and make them `compiled`'s. Without numba, or where it cannot
     compile (no compiler for the platform, no cache it may write), nothing: the walks stay in Python, as fast as
     any other command's."""
+    with _LOADING:  # (the CLI starts loading before it connects; `findings` waits for it then)
+        _load()
+
+
+def _load() -> None:
     global _compiled, _compiled_trace, _compiled_kahn, _compiled_nest, _compiled_weigh
     if _compiled is not None:  # (a second `findings` in the process: loaded)
         return
@@ -278,3 +285,5 @@ def compiled_weigh():
 
 
 _compiled = _compiled_trace = _compiled_kahn = _compiled_nest = _compiled_weigh = None
+#: Held while `load` loads
+_LOADING = threading.Lock()
