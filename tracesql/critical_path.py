@@ -1172,8 +1172,9 @@ SCALES_SQL = "STRUCT(scales DOUBLE[], reroled BOOLEAN)"
 class ListedEvents:
     """critical_path_event_lists' events (lists: an Arrow list array, or chunked) as change_scales reads them,
     chunk by chunk, each column read once for all the changes priced of them (`tracesql findings` prices a dozen
-    of one run's): per chunk its rows' offsets into its events, and their roles as codes, names as a dictionary
-    (each distinct name matched once), sync_call and straggles as booleans, each read when first asked for."""
+    of one run's): per chunk its rows' offsets into its events, and their roles as codes (and which are syncs and
+    kernels), names as a dictionary (each distinct name matched once), sync_call and straggles as booleans, each
+    read when first asked for."""
 
     def __init__(self, events: pa.Array | pa.ChunkedArray):
         self.chunks = [_ListedChunk(chunk) for chunk in (events.chunks if isinstance(events, pa.ChunkedArray)
@@ -1189,6 +1190,14 @@ class _ListedChunk:
     @functools.cached_property
     def role(self) -> np.ndarray:
         return _role_codes(self.events.field("role"))
+
+    @functools.cached_property
+    def syncs(self) -> np.ndarray:
+        return _of(self.role, SYNC_CODES, len(ROLES))
+
+    @functools.cached_property
+    def kernels(self) -> np.ndarray:
+        return _of(self.role, [DEVICE, COMMUNICATION], len(ROLES))
 
     @functools.cached_property
     def names(self) -> pa.DictionaryArray:
@@ -1223,10 +1232,10 @@ def change_scales(events: ListedEvents | pa.Array | pa.ChunkedArray, faster: str
     for chunk in listed.chunks:
         offsets, role = chunk.offsets, chunk.role
         scale = np.full(len(role), np.nan)
-        decided = _of(role, SYNC_CODES, len(ROLES))
+        decided = chunk.syncs.copy()
         if remove_syncs == 1:
             scale[decided] = 0
-        kernel = _of(role, [DEVICE, COMMUNICATION], len(ROLES))
+        kernel = chunk.kernels
         if hide_communication == 1:
             _decide(scale, decided, role == COMMUNICATION, 0)
         if remove_syncs == 1:
