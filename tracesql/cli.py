@@ -291,7 +291,6 @@ def findings(target, params, fmt, columns, output):
         tracesql findings runs/1234/ -c rank,step,finding,saving_ns,evidence
     """
     import shlex
-
     import threading
 
     from . import engine as duckdb_engine

@@ -689,7 +689,7 @@ class Plan:
         if not self.replay:
             return np.where(self.weighs, np.maximum(time, 0), 0.0)
         if gaps_scale is None:
-            return np.where(self.held, time, 0.0)
+            return self._unchanged()
         scale = self._scale(scales)
         kind = self.kind  # gaps scale by gaps_scale, an event's pieces and its collectives' edges by its scale
         changed = np.where((kind == LAUNCH) | (kind == KERNEL_GAP), time * gaps_scale,
@@ -742,7 +742,7 @@ class Plan:
         weight, whole, none_longer = self._weighed(scales, gaps_scale)
         if self.unchanged is not None and whole and none_longer:
             path, lengths = self.unchanged
-            if (weight[path] == np.where(self.held[path], self.time[path], 0)).all():
+            if (weight[path] == self._unchanged(path)).all():
                 return dict(lengths)
         if not self.empty and whole:
             # a path of whole weights is as long as the distance to its end (it starts where nothing leads, at
@@ -766,6 +766,11 @@ class Plan:
         whole, none_longer, total = weigh(self.time, self.kind, self.owner, self.held, self._scale(scales),
                                           float(gaps_scale), SCALED_KINDS, GAP_KINDS, weight)
         return weight, whole and total < EXACT_SUM, none_longer
+
+    def _unchanged(self, edges=slice(None)) -> np.ndarray:
+        """The unchanged replay's weights of these edges (all by default): each its time where it held its node up,
+        else 0."""
+        return np.where(self.held[edges], self.time[edges], 0.0)
 
     def _scale(self, scales) -> np.ndarray:
         """Each event's scale of this plan's events (a missing one, None or NaN: 1)."""
@@ -914,8 +919,8 @@ def _lengths(columns: dict[str, np.ndarray]) -> dict[int, int]:
 #: in any order below 2**53, the loop's float sums as the arrays' int64 ones)
 EXACT_SUM = 2.0 ** 52
 #: per edge kind (KINDS), whether the replay scales it by its event's scale, and whether by gaps_scale (weights)
-SCALED_KINDS = np.isin(np.arange(len(KINDS)), [OP_EDGE, COLLECTIVE])
-GAP_KINDS = np.isin(np.arange(len(KINDS)), [LAUNCH, KERNEL_GAP])
+SCALED_KINDS = _of(np.arange(len(KINDS)), [OP_EDGE, COLLECTIVE], len(KINDS))
+GAP_KINDS = _of(np.arange(len(KINDS)), [LAUNCH, KERNEL_GAP], len(KINDS))
 #: the distance of a node several edges lead to before the first is relaxed (below any path's length)
 UNREACHED = -(2 ** 62)
 
@@ -1458,8 +1463,7 @@ def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[np.ndarray]] | N
     if arrays is not None:
         for row, (ev, order) in enumerate(arrays):
             if ev is not None and scales is not None:
-                change_scales = np.column_stack(scales[row])
-                ev = ev | {"change_scales": change_scales if order is None else change_scales[order]}
+                ev = ev | _reordered({"change_scales": np.column_stack(scales[row])}, order)
             yield ev
         return
     row = 0
@@ -1473,7 +1477,7 @@ def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[np.ndarray]] | N
                 if scales is not None:
                     ev["change_scales"] = np.column_stack(scales[row])
                 order = _order_of(ev)
-                ev = ev if order is None else {name: values[order] for name, values in ev.items()}
+                ev = _reordered(ev, order)
             if keep is not None:
                 keep.append((ev, order))
             yield ev
@@ -1482,7 +1486,11 @@ def _rows(events: pa.Array | pa.ChunkedArray, scales: list[list[np.ndarray]] | N
 
 def _in_order(ev: dict) -> dict:
     """The events by rank, then id (_order_of)."""
-    order = _order_of(ev)
+    return _reordered(ev, _order_of(ev))
+
+
+def _reordered(ev: dict, order: np.ndarray | None) -> dict:
+    """Each of the events' columns taken in `order` (None: as they are)."""
     return ev if order is None else {name: values[order] for name, values in ev.items()}
 
 

@@ -249,23 +249,23 @@ def _in_thread(function, *args):
         thread.join()
 
 
-def _lengths_input(lists, changes: list[dict], scales: _Scales, arrays: list | None = None) -> tuple:
+def _lengths_input(lists, changes: list[dict], scales: _Scales) -> tuple:
     """The changes of `changes` to walk, each key once (not one that changes nothing, nor one that makes a range an
     op in some step: its graph is not the unchanged one, what_if walks it), for critical_path.replay_lengths: their
     keys, the default windows' event lists (`lists`, findings_event_lists' rows), each window's scales of each one,
-    each one's gaps scale, and the lists' events as walk_ahead read them (`arrays`; None: read again)."""
+    and each one's gaps scale."""
     walked = list({c["key"]: c for c in changes
                    if not _changes_nothing(c) and not scales.of(c)[1].any()}.values())
     if not walked:
-        return [], lists, [], [], arrays
+        return [], lists, [], []
     of_change = [scales.of(change)[0] for change in walked]
     return ([c["key"] for c in walked], lists, [list(its) for its in zip(*of_change)],
-            [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in walked], arrays)
+            [1.0 if c["no_launch_overhead"] != 1 else 0.0 for c in walked])
 
 
-def _replays(keys: list[str], lists, scales: list, gaps: list[float], arrays: list | None):
-    """critical_path.replay_lengths of _lengths_input's (walked by the threads that call _walk), with each change's
-    key: (keys, its Shared) or None."""
+def _replays(keys: list[str], lists, scales: list, gaps: list[float], arrays: list | None = None):
+    """critical_path.replay_lengths of _lengths_input's (walked by the threads that call _walk; arrays: the lists'
+    events as walk_ahead read them, None: read again), with each change's key: (keys, its Shared) or None."""
     return (keys, critical_path.replay_lengths(lists, scales, gaps, arrays)) if keys else None
 
 
@@ -437,26 +437,27 @@ def run(con, target: str, params: dict | None = None):
                 out.append(queries.run(con, rule, given[rule.name], prepared=True).to_arrow_table())
         return out
 
-    # (the walks' loop compiled, loaded while DuckDB computes the event lists: longest_path)
+    # (the walks' loops compiled, loaded while DuckDB computes the event lists, unless the CLI loaded them while
+    # it opened the run: longest_path)
     with _in_thread(longest_path.load), _event_lists_once(con) as lists, _cores(con) as cores:
         scales = _Scales(con, lists)
         arrays: list = []  # (the lists' events as the walks ahead read them, read again by the replays)
         walks = critical_path.walk_ahead(lists, arrays)
         with _in_thread(walks.work) as walked:
             first = prepare(first_rules)
-            first_input = _lengths_input(lists, first, scales, arrays)
+            first_input = _lengths_input(lists, first, scales)
             prepare(unpriced)
             found = last(unpriced)
             walks.work()  # (what is left of them, on this thread too: its SQL is done)
             walked()
-        first_replays = _replays(*first_input)
+        first_replays = _replays(*first_input, arrays)
         with _in_thread(_walk, first_replays) as first_walked:
             paths, ahead = walks.result()
             with critical_path.walked_ahead(ahead), _paths_once(con, paths), _unchanged_once(con, lists):
                 priced = {c["key"] for c in first}
                 cores(walking=False)  # (the first changes' walks end before these rules' first statements do)
                 later = [c for c in prepare(walking) if c["key"] not in priced]
-                later_replays = _replays(*_lengths_input(lists, later, scales, arrays))
+                later_replays = _replays(*_lengths_input(lists, later, scales), arrays)
                 del lists, first_input, paths, scales, arrays  # (what the walks read, no longer needed)
                 _walk(first_replays)  # (what is left of them, on this thread too: its SQL is done)
                 first_walked()

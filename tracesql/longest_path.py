@@ -1,6 +1,7 @@
 """The critical path's relaxation loop (tracesql/critical_path.py, Plan.distances), the trace of a path back from
-its end (Plan._ways), and two loops of the graph's build (the host's edges, _nesting; the walk's order where edges
-lead back, _taken), compiled where many walks pay for the compiler's start.
+its end (Plan._ways), two loops of the graph's build (the host's edges, _nesting; the walk's order where edges
+lead back, _taken) and the weights of a priced change (Plan.lengths), compiled where many walks pay for the
+compiler's start.
 
 `relax` relaxes each edge once, in the walk's order (every edge into a node before any edge out of it), so a
 node's distance is final before it is read; of equal paths the first found is kept. In Python it walks lists
@@ -11,8 +12,9 @@ weights are summed as int64, others as doubles in the same order as in Python: t
 for bit. `nest` and `kahn` are loops where critical_path works in arrays (and in Python for the few threads
 whose events do not nest, and the stretches where edges lead back): the same edges and order, ~4 and ~1 ms less a
 graph of the 24x tile (tests compare them on real and random graphs); `weigh` the weights of a priced change and
-what Plan.lengths checks of them, in one pass (~0.9 ms less a change of a step there). Other commands do not load them: importing
-numba and reading the compiled code from its disk cache takes ~0.5 s, a fifth of a one-step critical path.
+what Plan.lengths checks of them, in one pass (~0.9 ms less a change of a step there). Other commands do not load
+them: importing numba and reading the compiled code from its disk cache takes ~0.5 s, a fifth of a one-step
+critical path.
 """
 
 from __future__ import annotations
@@ -223,10 +225,10 @@ def weigh(time, kind, owner, held, scale, gaps_scale, scaled_kinds, gap_kinds, w
 
 
 def load() -> None:
-    """Compile `relax` and `trace` with numba (or read them from numba's cache on disk) for the arguments the
-    walks give (weights in int64 and float64) and make them `compiled`'s. Without numba, or where it cannot
-    compile (no compiler for the platform, no cache it may write), nothing: the walks stay in Python, as fast as
-    any other command's."""
+    """Compile `relax`, `trace`, `kahn`, `nest` and `weigh` with numba (or read them from numba's cache on disk)
+    for the arguments the walks give (weights in int64 and float64) and make them `compiled`'s, `compiled_trace`'s,
+    and so on. Without numba, or where it cannot compile (no compiler for the platform, no cache it may write),
+    nothing: the walks stay in Python, as fast as any other command's."""
     with _LOADING:  # (the CLI starts loading before it connects; `findings` waits for it then)
         _load()
 

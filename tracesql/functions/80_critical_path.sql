@@ -433,7 +433,8 @@ FROM critical_path_events(rank_filter := rank_filter);
 
 -- HTA's critical path of each default window walked ahead (critical_path_walked_ahead), as step_critical_paths'
 -- rows, where the caller has them: `tracesql findings` walks them before its rules run and what_if reads them here
--- (tracesql/findings.py replaces this macro while they run). Else none.
+-- (tracesql/findings.py replaces this macro while they run). Else none. (s: critical_path.SEGMENT_FIELDS, spelt
+-- out: the macros are also made where the Python functions are not, and critical_path_walk's type is not known)
 CREATE OR REPLACE MACRO step_critical_paths_walked() AS TABLE
 SELECT NULL::VARCHAR AS run_id, NULL::INTEGER AS rank, NULL::INTEGER AS instance,
     NULL::STRUCT(seq INTEGER, event_id BIGINT, ts BIGINT, dur_ns BIGINT, edge VARCHAR, bound_by VARCHAR,
