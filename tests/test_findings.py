@@ -152,6 +152,11 @@ def test_what_ifs_priced_before_the_rules_are_those_their_arguments_allow(ingest
     assert [(c["faster"], c["faster_pct"], c["remove_syncs"]) for c in changes] == [
         (None, 0.0, 1), ("^forward$", 100.0, 0)]
     assert len({c["key"] for c in changes}) == 2
+    # (DuckDB's parse says where the calls are: in the text's order, by their bytes, past a comment's non-ASCII)
+    assert findings._what_if_calls(con, "-- ×\nSELECT 1 FROM what_if(faster := 'é', faster_pct := 50), "
+                                        "what_if( remove_syncs := 1 ) x") == ["faster := 'é', faster_pct := 50",
+                                                                             "remove_syncs := 1"]
+    assert findings._changes(con, "SET VARIABLE x = 1") == ([], False)  # (not serialized: none priced before)
 
 
 def test_findings_give_the_walks_a_core_and_leave_the_threads_as_they_were(ingested, monkeypatch):
@@ -291,7 +296,11 @@ def test_launch_overhead_counts_launches_onto_an_idle_stream(ingested):
 
 
 @pytest.mark.slow
-def test_findings_command(ingested):
+def test_findings_command(ingested, monkeypatch):
+    """`tracesql findings` as the README installs it: without the extras (sqlglot is the spark extra's)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sqlglot", None)  # (an import of it fails)
     run = ingested(TRACE_FILTER)
     done = CliRunner().invoke(main, ["findings", str(run), "-p", "min_saving_pct=0", "-f", "json"])
     assert done.exit_code == 0, done.output

@@ -1,3 +1,3 @@
-from tracesql.cli import main  # absolute: spark-submit runs this file as a script
+from tracesql.cli import command_line  # absolute: spark-submit runs this file as a script
 
-main()
+command_line()

@@ -9,7 +9,8 @@ Everything here is plain files so that a run opened in any DuckDB client gets th
 `install(con)` runs them on a connection; `sql()` is the same text, written into every run's `init.sql`.
 `install(con, cache=folder)` (tracesql.connect) attaches the macros from a database file made once in the cache
 (`compiled`) instead of creating them in each session.
-`install(con, names=...)` creates only what SQL using those names needs (the CLI: a query's macros, not all 45);
+`install(con, names=...)` creates only what SQL using those names needs (where no such file is: a query's macros,
+not all 45);
 `family_dispatch(families, temp=True)` dispatches to only some families' formulas (the ingest's op_costs).
 """
 
@@ -240,30 +241,37 @@ def once(con, statements: str | list[str]) -> None:
 def install(con, files: tuple[str, ...] | None = None, names: set[str] | None = None,
             cache: Path | None = None) -> None:
     """Create the functions on `con`: all of them, those of `files`, or only those SQL using `names` needs
-    (those not made on `con` already: `once`; a connection `db.for_trace` keeps gets each once). All of them with
-    a `cache` folder: the data tables in the session (a user may edit them), the macros from the database file
-    `compiled` keeps there, attached read-only and put on the session's search path after its own schema (its
-    views, its data tables and its temporary macros come first); where the file cannot be made or attached, the
-    session creates them. Creating the 186 macros took 0.36 CPU-s a session, as DuckDB binds each one it creates
-    (the cost model's op_flops and op_bytes 80 ms); attaching them, 0.05; 467 sessions of the default test suite
-    made them, a third of its time."""
+    (those not made on `con` already: `once`; a connection `db.for_trace` keeps gets each once). With a `cache`
+    folder (not with `files`): all of them, the data tables in the session (a user may edit them), the macros from
+    the database file `compiled` keeps there, attached read-only and put on the session's search path after its
+    own schema (its views, its data tables and its temporary macros come first); where the file cannot be made or
+    attached, the session creates them (those `names` needs, or all). Creating the 186 macros took 0.36 CPU-s a
+    session, as DuckDB binds each one it creates (the cost model's op_flops and op_bytes 80 ms); attaching them,
+    0.05; 467 sessions of the default test suite made them, a third of its time. Even a query's own macros take
+    longer to create than all of them to attach (at 24x: findings' 56, 0.35 s; critical_path's 27, 0.12 s;
+    overlap's 11, 0.22 s (a connection: 0.07 s with them attached)."""
+    database = compiled(cache) if cache is not None and files is None else None
+    if database is not None and _attached(con, database):
+        return
     if names is not None:
         once(con, needed(names)[0])
-        return
-    database = compiled(cache) if cache is not None and files is None else None
-    if database is not None:
-        import duckdb
+    else:
+        con.execute(sql(files)).fetchall()
 
-        con.execute(_compilable()[1]).fetchall()
-        try:
-            con.execute(f"ATTACH {quote(str(database))} AS {COMPILED} (READ_ONLY)").fetchall()
-        except duckdb.Error:  # a damaged or unreadable file: the session creates its own, below
-            pass
-        else:
-            own = con.execute("SELECT current_database()").fetchall()[0][0]
-            con.execute(f"SET search_path = {quote(f'{own}.main,{COMPILED}.main')}").fetchall()
-            return
-    con.execute(sql(files)).fetchall()
+
+def _attached(con, database: Path) -> bool:
+    """Attach the compiled macros' `database` to `con` (with the data tables, made in the session) and put it on
+    the search path; False where it cannot be attached (a damaged or unreadable file)."""
+    import duckdb
+
+    con.execute(_compilable()[1]).fetchall()
+    try:
+        con.execute(f"ATTACH {quote(str(database))} AS {COMPILED} (READ_ONLY)").fetchall()
+    except duckdb.Error:
+        return False
+    own = con.execute("SELECT current_database()").fetchall()[0][0]
+    con.execute(f"SET search_path = {quote(f'{own}.main,{COMPILED}.main')}").fetchall()
+    return True
 
 
 #: The name a session attaches the compiled macros' database by
