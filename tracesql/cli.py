@@ -81,6 +81,11 @@ class _OneLineErrors(click.Group):
         # numpy's OpenBLAS starts a thread per core at import, which spins a while (0.04 CPU s of each command
         # that imports numpy); tracesql does no linear algebra. Set before any command imports numpy.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        # numpy asks the kernel for huge pages for its arrays of 4 MB or more (madvise): each is zeroed and charged
+        # whole when first touched, and where huge pages are not the default the kernel compacts memory to find
+        # them. `findings` at 24x spent 0.4 CPU-s more in the kernel, 0.26 s more wall (5 runs each); other
+        # commands the same either way (docs/benchmarks.md).
+        os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
         try:
             code = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.exceptions.Exit as e:
