@@ -143,8 +143,9 @@ def connect(target, *, threads: int | None = None, names=None, sandbox: bool = F
             memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection where the run's (or fleet's) tables are views and the tracesql functions exist.
     `target` may also be a list of targets, read together as one fleet (e.g. the two runs of a diff).
-    `names` (identifiers of the SQL to be run, `functions.words(sql)`) limits the views and functions to those
-    that SQL needs: what the CLI does, to start a query sooner; by default all of them.
+    `names` (identifiers of the SQL to be run, `functions.words(sql)`) limits the views to those that SQL needs
+    (and the functions, where the compiled ones cannot be attached: functions.install): what the CLI does, to start
+    a query sooner; by default all of them.
     Unrestricted, like any DuckDB session: its SQL can read and write any file the user can. With `sandbox`, SQL
     reads the run's tables and nothing else, writes nothing, and cannot change that (see `lock_down`).
     `memory_limit` (a DuckDB size): DuckDB's working memory (default: DuckDB's, 80 % of RAM; in a sandbox
