@@ -284,12 +284,16 @@ def test_queries_are_listed_aligned():
 
 # ---- fixed cost ----
 
+def _python_after(args: list[str], then: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A fresh Python that runs the command line `args` in-process (its SystemExit caught), then the code `then`."""
+    code = ("import sys\nfrom tracesql.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n" % (args,)
+            + then)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={"PYTHONPATH": str(REPO), "PATH": "", "TRACESQL_CACHE": "/nonexistent"} | (env or {}))
+
+
 def _modules_after(*args) -> set[str]:
-    code = ("import sys\nfrom tracesql.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
-            "print(' '.join(sys.modules), file=sys.stderr)") % (list(args),)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                          env={"PYTHONPATH": str(REPO), "PATH": "", "TRACESQL_CACHE": "/nonexistent"}, timeout=300)
-    return set(done.stderr.split())
+    return set(_python_after(list(args), "print(' '.join(sys.modules), file=sys.stderr)").stderr.split())
 
 
 def test_help_loads_no_heavy_module():
@@ -386,10 +390,8 @@ def test_the_program_exits_without_collecting_garbage(monkeypatch):
 def test_numpy_asks_for_no_huge_pages_in_a_command():
     """A command's numpy arrays take the kernel's usual pages, not huge ones it zeroes whole and compacts memory
     for (NUMPY_MADVISE_HUGEPAGE=0 before numpy is imported: 0.26 s less of findings at 24x), unless the user says."""
-    code = ("from tracesql.cli import main\ntry:\n    main(['schema', 'steps'])\nexcept SystemExit:\n    pass\n"
-            "import numpy\nprint(numpy._core.multiarray._set_madvise_hugepage(True))")
     for given, expected in ((None, "False"), ("1", "True")):
-        env = {"PYTHONPATH": str(REPO), "PATH": "", "TRACESQL_CACHE": "/nonexistent"}
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
-                              env=env if given is None else env | {"NUMPY_MADVISE_HUGEPAGE": given}, check=True)
+        done = _python_after(["schema", "steps"], "import numpy\nprint(numpy._core.multiarray._set_madvise_hugepage(True))",
+                             env=None if given is None else {"NUMPY_MADVISE_HUGEPAGE": given})
+        assert done.returncode == 0, done.stderr
         assert done.stdout.split()[-1] == expected

@@ -777,7 +777,7 @@ class Plan:
         weigh = longest_path.compiled_weigh()
         if weigh is None:
             weight = self.weights(scales, gaps_scale)
-            return weight, self._whole(weight), bool((weight <= self.weights(scales, None)).all())
+            return weight, self._whole(weight), bool((weight <= self._unchanged()).all())
         weight = np.empty(len(self.time))
         whole, none_longer, total = weigh(self.time, self.kind, self.owner, self.held, self._scale(scales),
                                           float(gaps_scale), SCALED_KINDS, GAP_KINDS, weight)

@@ -198,7 +198,7 @@ def connect(target, *, threads: int | None = None, names=None, sandbox: bool = F
     con.execute(f"SET VARIABLE tracesql_classes_stored = {str(classes_stored).lower()}")
     functions.install(con, names=names, cache=cache_root())
     # the functions of Python, not SQL (see their module): for SQL that calls the walk, or a macro that does (what_if)
-    if names is None or "critical_path_walk" in names | functions.words("\n".join(functions.needed(names)[0])):
+    if names is None or functions.walks(names):
         from . import critical_path
 
         critical_path.register(con)

@@ -522,11 +522,5 @@ def _cores(con):
 
 
 def _walks(sql: str) -> bool:
-    """Whether `sql` walks a critical path: calls critical_path_walk, or a macro that does (what_if,
-    step_critical_paths, ...)."""
-    names = functions.words(sql)
-    return WALK in names or any(WALK in functions.words(text) for text in functions.needed(names)[0])
-
-
-#: The Python function that walks a critical path (tracesql/critical_path.py)
-WALK = "critical_path_walk"
+    """Whether `sql` walks a critical path (functions.walks)."""
+    return functions.walks(functions.words(sql))

@@ -173,6 +173,16 @@ def needed(names: set[str], tables: set[str] = frozenset()) -> tuple[list[str], 
     return [text for name, text in defs if name is None or name in seen], used_tables
 
 
+#: The Python function (tracesql/critical_path.py) by which SQL walks a critical path
+WALK = "critical_path_walk"
+
+
+def walks(names: set[str]) -> bool:
+    """Whether SQL using `names` walks a critical path: calls WALK, or a macro that does (what_if,
+    step_critical_paths, ...)."""
+    return WALK in needed(names, {WALK})[1]
+
+
 @functools.cache
 def _uses() -> dict[str, set[str]]:
     """The words of each named definition (`words`), worked out once a process: `needed` looks them up for each
